@@ -1,0 +1,233 @@
+/* gma: a stream-ordered GPU memory allocator runtime.
+ *
+ * This is the one public header. Every public name starts with gma_ or GMA_.
+ * Every call that can fail returns a gma_status_t (0 success, negative error)
+ * and gives results through out-parameters; gma_last_error() then says in a
+ * sentence what went wrong on the calling thread.
+ *
+ * Threads: unless a comment says otherwise, every function taking a gma_t may
+ * be called from any number of threads at once. gma_create and gma_destroy are
+ * the exceptions: no other call on the same allocator may run concurrently with
+ * gma_destroy. */
+#ifndef GMA_H
+#define GMA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gma/version.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__) && !defined(GMA_STATIC_BUILD)
+#define GMA_API __attribute__((visibility("default")))
+#else
+#define GMA_API
+#endif
+
+/* ---------------------------------------------------------------------------
+ * Statuses. One X-macro generates the enum, gma_status_name and gma_strerror.
+ * X(name, value, what it means and what to do)
+ * ------------------------------------------------------------------------- */
+#define GMA_STATUS_MAP(X)                                                                     \
+  X(GMA_OK, 0, "success")                                                                     \
+  X(GMA_ERR_INVALID_ARGUMENT, -1,                                                             \
+    "an argument is invalid (a NULL handle or out-parameter, or a value out of range); "      \
+    "see gma_last_error() for which one")                                                     \
+  X(GMA_ERR_INVALID_SIZE, -2,                                                                 \
+    "the size is zero or larger than the device could ever provide; ask for 1 byte or more, " \
+    "within the device's capacity or the configured memory_limit")                            \
+  X(GMA_ERR_OOM, -3,                                                                          \
+    "out of device memory after releasing every cached block that was safe to release; "     \
+    "free memory, lower the request, or raise memory_limit")                                  \
+  X(GMA_ERR_INVALID_POINTER, -4,                                                              \
+    "the pointer was not returned by this allocator (foreign or interior pointer); pass "     \
+    "exactly the pointer gma_alloc gave you")                                                 \
+  X(GMA_ERR_DOUBLE_FREE, -5,                                                                  \
+    "the pointer is not live: it was already freed; free each allocation once")               \
+  X(GMA_ERR_CONFIG, -6,                                                                       \
+    "the configuration is invalid (unknown key or bad value in GMA_CONF or gma_config_t); "   \
+    "see gma_last_error() and the README's configuration table")                              \
+  X(GMA_ERR_DEVICE, -7,                                                                       \
+    "a device call failed; gma_last_error() carries the device's own message")                \
+  X(GMA_ERR_NO_DEVICE, -8,                                                                    \
+    "the requested device backend is not available on this machine or in this build; "       \
+    "use device:sim or device:auto")                                                          \
+  X(GMA_ERR_UNSUPPORTED, -9, "the operation is not supported by this allocator's device")    \
+  X(GMA_ERR_LEAK, -10,                                                                        \
+    "the allocator was destroyed with live allocations; gma freed them, gma_last_error() "    \
+    "says how many and how large")                                                            \
+  X(GMA_ERR_INTERNAL, -11,                                                                    \
+    "an internal invariant was violated; this is a bug in gma, please report it with "        \
+    "gma_last_error()")
+
+typedef enum gma_status {
+#define GMA_STATUS_ENUM_(name, value, text) name = value,
+  GMA_STATUS_MAP(GMA_STATUS_ENUM_)
+#undef GMA_STATUS_ENUM_
+} gma_status_t;
+
+/* "GMA_ERR_OOM" for GMA_ERR_OOM; "GMA_UNKNOWN_STATUS" for values outside the map.
+ * Any thread; wait-free. */
+GMA_API const char *gma_status_name(gma_status_t status);
+/* What the status means and what to do about it, one sentence. Any thread; wait-free. */
+GMA_API const char *gma_strerror(gma_status_t status);
+/* The detail of the last failing gma call on the calling thread (sizes, stream,
+ * what was reserved and free at an OOM); "" if no call on this thread failed yet.
+ * The text stays valid until the next failing gma call on this thread. */
+GMA_API const char *gma_last_error(void);
+/* The library's version, "major.minor.patch". Any thread; wait-free. */
+GMA_API const char *gma_version(void);
+
+/* ---------------------------------------------------------------------------
+ * Configuration. Every field's zero means "the default", so GMA_CONFIG_INIT
+ * only sets the size; later versions append fields without breaking callers.
+ * GMA_CONF="key:value,key:value" in the environment overrides the struct at
+ * gma_create (unless ignore_env is set); the README lists the keys.
+ * ------------------------------------------------------------------------- */
+typedef enum gma_device_kind {
+  GMA_DEVICE_AUTO = 0, /* CUDA if a driver loads and this build has the backend, else sim */
+  GMA_DEVICE_SIM = 1,  /* the simulated device: host memory, host-thread streams */
+  GMA_DEVICE_CUDA = 2  /* the CUDA driver; gma_create fails with GMA_ERR_NO_DEVICE without it */
+} gma_device_kind_t;
+
+typedef struct gma_config {
+  size_t size;                 /* sizeof(gma_config_t) as the caller compiled it */
+  gma_device_kind_t device;    /* GMA_CONF key "device": auto | sim | cuda */
+  int device_ordinal;          /* "device_id": which GPU (default 0) */
+  int ignore_env;              /* nonzero: do not read GMA_CONF */
+  uint64_t memory_limit;       /* "memory_limit": most bytes gma reserves; 0 = the device's */
+  uint64_t small_size;         /* "small_size": requests up to this use the small pool (1 MiB) */
+  uint64_t small_segment_size; /* "small_segment": segment size of the small pool (2 MiB) */
+  uint64_t large_segment_size; /* "large_segment": least segment of the large pool (20 MiB) */
+  /* Simulated device (ignored by CUDA). */
+  uint64_t sim_capacity;         /* "sim_capacity": device memory in bytes (80 GiB) */
+  uint64_t sim_alloc_latency_ns; /* "sim_alloc_ns": time one device allocation takes (0) */
+  uint64_t sim_free_latency_ns;  /* "sim_free_ns": time one device free takes (0) */
+  uint64_t sim_event_latency_ns; /* "sim_event_ns": time one event record/query takes (0) */
+  uint64_t sim_fail_alloc;       /* "sim_fail_alloc": fail the Nth device allocation (1-based) */
+  uint64_t sim_fail_event;       /* "sim_fail_event": fail the Nth event call (1-based) */
+} gma_config_t;
+
+/* Designated in C (and C++20) so -Wextra stays quiet about the other fields. */
+#if defined(__cplusplus) && __cplusplus < 202002L
+#define GMA_CONFIG_INIT {sizeof(gma_config_t)}
+#else
+#define GMA_CONFIG_INIT {.size = sizeof(gma_config_t)}
+#endif
+
+/* Applies "key:value,key:value" to *config, as GMA_CONF does. Sizes accept K, M,
+ * G, T suffixes (powers of 1024). Unknown keys and bad values give
+ * GMA_ERR_CONFIG with the offending key in gma_last_error(); *config is then
+ * left unchanged. Any thread, on distinct configs. */
+GMA_API gma_status_t gma_config_parse(gma_config_t *config, const char *text);
+
+/* ---------------------------------------------------------------------------
+ * Allocator lifecycle
+ * ------------------------------------------------------------------------- */
+typedef struct gma gma_t;
+
+/* Streams are the driver's handles: pass a CUstream or cudaStream_t as it is.
+ * NULL is the device's default stream. On the simulated device, streams come
+ * from gma_stream_create. */
+typedef void *gma_stream_t;
+
+/* Creates an allocator; config may be NULL for all defaults. One thread. */
+GMA_API gma_status_t gma_create(const gma_config_t *config, gma_t **out);
+/* Waits for the device work gma knows of, returns every byte to the device and
+ * frees the allocator. Live allocations are a leak: they are freed too, a
+ * report goes to stderr and gma_last_error(), and GMA_ERR_LEAK is returned.
+ * No other call on g may run concurrently or follow. NULL is a no-op. */
+GMA_API gma_status_t gma_destroy(gma_t *g);
+/* Which device backend g runs on: "sim" or "cuda". Any thread; wait-free. */
+GMA_API const char *gma_device_name(const gma_t *g);
+
+/* ---------------------------------------------------------------------------
+ * Allocation
+ * ------------------------------------------------------------------------- */
+/* Allocates at least size bytes for use on stream; the pointer is aligned to at
+ * least 256 bytes and safe to use on stream at once: no earlier device work on
+ * any stream still touches it. Sizes are rounded up to 512 bytes. Any thread. */
+GMA_API gma_status_t gma_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out);
+/* Frees ptr, ordered on the stream it was allocated on: work already queued on
+ * that stream may still use it, and gma reuses the memory elsewhere only once
+ * that work (and the work of every stream named in gma_record_stream) is done.
+ * A foreign pointer gives GMA_ERR_INVALID_POINTER, a second free
+ * GMA_ERR_DOUBLE_FREE; neither changes anything. Any thread. */
+GMA_API gma_status_t gma_free(gma_t *g, void *ptr);
+/* Declares that work on stream (other than the allocation's own) uses ptr, so
+ * its free waits for that work too. Call it after queueing the work and before
+ * gma_free. Any thread. */
+GMA_API gma_status_t gma_record_stream(gma_t *g, void *ptr, gma_stream_t stream);
+/* Returns to the device every segment with no live allocation whose device work
+ * is known to be done. Never waits for the device. Any thread. */
+GMA_API gma_status_t gma_empty_cache(gma_t *g);
+
+/* ---------------------------------------------------------------------------
+ * Statistics. Byte counts: reserved = allocated + stream_cached + pending + free.
+ * ------------------------------------------------------------------------- */
+typedef struct gma_stat {
+  uint64_t current; /* now */
+  uint64_t peak;    /* highest current since gma_create */
+  uint64_t total;   /* bytes ever added (cumulative) */
+} gma_stat_t;
+
+typedef struct gma_stats {
+  size_t size;          /* sizeof(gma_stats_t) as the caller compiled it */
+  gma_stat_t allocated; /* bytes in live allocations (rounded block sizes) */
+  gma_stat_t requested; /* bytes callers asked for in live allocations */
+  gma_stat_t reserved;  /* bytes held from the device in segments */
+  gma_stat_t active;    /* allocated + pending: memory the device may still use */
+  gma_stat_t cached;    /* reserved - allocated: memory gma holds for reuse */
+  uint64_t stream_cached_bytes; /* freed, reusable at once on its own stream only */
+  uint64_t pending_bytes;       /* freed, waiting for other streams' work (record_stream) */
+  uint64_t free_bytes;          /* reusable on any stream */
+  uint64_t num_allocs;          /* successful gma_alloc calls */
+  uint64_t num_frees;           /* successful gma_free calls */
+  uint64_t num_device_allocs;   /* segments taken from the device */
+  uint64_t num_device_frees;    /* segments given back to the device */
+  uint64_t num_ooms;            /* allocations that failed with GMA_ERR_OOM */
+  uint64_t num_oom_retries;     /* device OOMs answered by releasing cache and retrying */
+  uint64_t hits_stream;         /* allocations served from the stream's own cache */
+  uint64_t hits_pool;           /* allocations served from the shared free pool */
+  uint64_t hits_device;         /* allocations that needed a new segment */
+  uint64_t num_segments;        /* segments held now */
+  uint64_t largest_free_block;  /* largest block in stream caches or the free pool */
+  double fragmentation;         /* 1 - largest_free_block / (stream_cached + free); 0 if none */
+} gma_stats_t;
+
+#if defined(__cplusplus) && __cplusplus < 202002L
+#define GMA_STATS_INIT {sizeof(gma_stats_t)}
+#else
+#define GMA_STATS_INIT {.size = sizeof(gma_stats_t)}
+#endif
+
+/* Fills *out (whose size field the caller set, e.g. with GMA_STATS_INIT).
+ * A consistent snapshot. Any thread. */
+GMA_API gma_status_t gma_stats(gma_t *g, gma_stats_t *out);
+
+/* ---------------------------------------------------------------------------
+ * Streams and simulated kernels. Streams work on every device; gma_sim_launch
+ * only on the simulated device, where it lets programs and tests run "kernels"
+ * (host functions) in stream order against block memory.
+ * ------------------------------------------------------------------------- */
+GMA_API gma_status_t gma_stream_create(gma_t *g, gma_stream_t *out);
+/* Waits for the stream's queued work, then destroys it. */
+GMA_API gma_status_t gma_stream_destroy(gma_t *g, gma_stream_t stream);
+/* Blocks until all work queued on stream so far has finished. */
+GMA_API gma_status_t gma_stream_synchronize(gma_t *g, gma_stream_t stream);
+
+typedef void (*gma_sim_kernel_fn)(void *arg);
+/* Queues fn(arg) on a simulated stream: it runs on that stream's own thread
+ * after all earlier work on the stream (and earlier waits on events) finished,
+ * and later work starts only after it returns. On CUDA: GMA_ERR_UNSUPPORTED. */
+GMA_API gma_status_t gma_sim_launch(gma_t *g, gma_stream_t stream, gma_sim_kernel_fn fn,
+                                    void *arg);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GMA_H */

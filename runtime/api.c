@@ -1,0 +1,159 @@
+/* Owns the public entry points: argument checks, clear error messages, the
+ * allocator object, device selection, and routing each call to its owner. */
+#include <dlfcn.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "config.h"
+#include "device/device.h"
+#include "pool.h"
+
+struct gma {
+  gma__device_t *dev; /* immutable after gma_create */
+  gma_config_t cfg;   /* resolved; immutable after gma_create */
+  gma__pool_t pool;
+};
+
+#define CHECK_ARG(cond, ...) \
+  do {                       \
+    if (!(cond)) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, __VA_ARGS__); \
+  } while (0)
+
+/* True when a CUDA driver could be loaded on this machine. */
+static bool cuda_driver_present(void) {
+  void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (!h) return false;
+  dlclose(h);
+  return true;
+}
+
+static gma_status_t open_device(const gma_config_t *cfg, gma__device_t **out) {
+  switch (cfg->device) {
+    case GMA_DEVICE_CUDA:
+      return gma__set_error(GMA_ERR_NO_DEVICE,
+                            "device:cuda was asked for, but this build of gma has only the "
+                            "simulated device; use device:sim or device:auto");
+    case GMA_DEVICE_AUTO:
+      if (cuda_driver_present())
+        fprintf(stderr, "gma: a CUDA driver is present but this build of gma has only the "
+                        "simulated device; using device:sim\n");
+      return gma__sim_create(cfg, out);
+    case GMA_DEVICE_SIM:
+      return gma__sim_create(cfg, out);
+  }
+  return gma__set_error(GMA_ERR_CONFIG, "unknown device kind %d", (int)cfg->device);
+}
+
+gma_status_t gma_create(const gma_config_t *config, gma_t **out) {
+  CHECK_ARG(out, "gma_create: out is NULL");
+  *out = NULL;
+  gma_t *g = calloc(1, sizeof *g);
+  if (!g) return gma__set_error(GMA_ERR_OOM, "gma_create: no host memory for the allocator");
+  gma_status_t st = gma__config_resolve(config, &g->cfg);
+  if (st == GMA_OK) st = open_device(&g->cfg, &g->dev);
+  if (st != GMA_OK) {
+    free(g);
+    return st;
+  }
+  uint64_t dev_free = 0, dev_total = 0;
+  st = g->dev->ops->mem_info(g->dev, &dev_free, &dev_total);
+  if (st == GMA_OK) {
+    if (!g->cfg.memory_limit || g->cfg.memory_limit > dev_total) g->cfg.memory_limit = dev_total;
+    st = gma__pool_init(&g->pool, g->dev, &g->cfg);
+  }
+  if (st != GMA_OK) {
+    g->dev->ops->destroy(g->dev);
+    free(g);
+    return st;
+  }
+  *out = g;
+  return GMA_OK;
+}
+
+gma_status_t gma_destroy(gma_t *g) {
+  if (!g) return GMA_OK;
+  /* Device work may still use cached blocks; let it finish before the memory
+   * goes back, so the device never touches memory it no longer owns. */
+  g->dev->ops->device_synchronize(g->dev);
+  gma_status_t st = gma__pool_fini(&g->pool);
+  g->dev->ops->destroy(g->dev);
+  free(g);
+  return st;
+}
+
+const char *gma_device_name(const gma_t *g) { return g ? g->dev->name : "none"; }
+
+gma_status_t gma_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out) {
+  CHECK_ARG(g, "gma_alloc: allocator is NULL");
+  CHECK_ARG(out, "gma_alloc: out is NULL");
+  *out = NULL;
+  if (size == 0)
+    return gma__set_error(GMA_ERR_INVALID_SIZE, "gma_alloc: size is 0; ask for 1 byte or more");
+  if (size > g->cfg.memory_limit)
+    return gma__set_error(GMA_ERR_INVALID_SIZE,
+                          "gma_alloc: %zu bytes is more than this allocator can ever hold "
+                          "(memory_limit / device capacity %" PRIu64 " bytes)",
+                          size, g->cfg.memory_limit);
+  return gma__pool_alloc(&g->pool, size, stream, out);
+}
+
+gma_status_t gma_free(gma_t *g, void *ptr) {
+  CHECK_ARG(g, "gma_free: allocator is NULL");
+  if (!ptr) return GMA_OK; /* like free(NULL) and cudaFree(NULL) */
+  return gma__pool_free(&g->pool, ptr);
+}
+
+gma_status_t gma_record_stream(gma_t *g, void *ptr, gma_stream_t stream) {
+  CHECK_ARG(g, "gma_record_stream: allocator is NULL");
+  CHECK_ARG(ptr, "gma_record_stream: ptr is NULL");
+  return gma__pool_record_stream(&g->pool, ptr, stream);
+}
+
+gma_status_t gma_empty_cache(gma_t *g) {
+  CHECK_ARG(g, "gma_empty_cache: allocator is NULL");
+  return gma__pool_empty_cache(&g->pool);
+}
+
+gma_status_t gma_stats(gma_t *g, gma_stats_t *out) {
+  CHECK_ARG(g, "gma_stats: allocator is NULL");
+  CHECK_ARG(out, "gma_stats: out is NULL");
+  CHECK_ARG(out->size >= sizeof(size_t) && out->size <= sizeof(gma_stats_t),
+            "gma_stats: out->size is %zu; initialize with GMA_STATS_INIT", out->size);
+  gma__pool_stats(&g->pool, out);
+  return GMA_OK;
+}
+
+gma_status_t gma_stream_create(gma_t *g, gma_stream_t *out) {
+  CHECK_ARG(g, "gma_stream_create: allocator is NULL");
+  CHECK_ARG(out, "gma_stream_create: out is NULL");
+  return g->dev->ops->stream_create(g->dev, out);
+}
+
+gma_status_t gma_stream_destroy(gma_t *g, gma_stream_t stream) {
+  CHECK_ARG(g, "gma_stream_destroy: allocator is NULL");
+  /* Synchronize first (this also checks the handle), so every block cached on
+   * the stream is safe; then forget the stream before its handle value can be
+   * reused by a new stream. */
+  gma_status_t st = g->dev->ops->stream_synchronize(g->dev, stream);
+  if (st != GMA_OK) return st;
+  gma__pool_stream_retired(&g->pool, stream);
+  return g->dev->ops->stream_destroy(g->dev, stream);
+}
+
+gma_status_t gma_stream_synchronize(gma_t *g, gma_stream_t stream) {
+  CHECK_ARG(g, "gma_stream_synchronize: allocator is NULL");
+  return g->dev->ops->stream_synchronize(g->dev, stream);
+}
+
+gma_status_t gma_sim_launch(gma_t *g, gma_stream_t stream, gma_sim_kernel_fn fn, void *arg) {
+  CHECK_ARG(g, "gma_sim_launch: allocator is NULL");
+  CHECK_ARG(fn, "gma_sim_launch: fn is NULL");
+  if (!g->dev->ops->sim_launch)
+    return gma__set_error(GMA_ERR_UNSUPPORTED, "gma_sim_launch: the %s device cannot run "
+                                               "simulated kernels", g->dev->name);
+  return g->dev->ops->sim_launch(g->dev, stream, fn, arg);
+}
+
+/* For internal tests: the pool behind an allocator. */
+gma__pool_t *gma__pool_of(gma_t *g) { return &g->pool; }

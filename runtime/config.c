@@ -1,0 +1,218 @@
+/* Owns configuration: the table of GMA_CONF keys, parsing "key:value,..."
+ * strings, defaults for zero fields, and range checks. */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "device/device.h"
+
+#define KiB (1ull << 10)
+#define MiB (1ull << 20)
+#define GiB (1ull << 30)
+#define TiB (1ull << 40)
+
+typedef enum { KIND_SIZE, KIND_COUNT, KIND_DEVICE } value_kind_t;
+
+/* One row per key: where it lives in gma_config_t and its allowed range
+ * (checked after defaults are applied; 0 in a config means "default"). */
+typedef struct key_spec {
+  const char *key;
+  size_t offset;
+  value_kind_t kind;
+  uint64_t min, max;
+} key_spec_t;
+
+#define FIELD(f) offsetof(gma_config_t, f)
+static const key_spec_t keys[] = {
+    {"device", FIELD(device), KIND_DEVICE, 0, 2},
+    {"device_id", FIELD(device_ordinal), KIND_COUNT, 0, 1023},
+    {"memory_limit", FIELD(memory_limit), KIND_SIZE, 1 * MiB, 1024 * TiB},
+    {"small_size", FIELD(small_size), KIND_SIZE, 512, 64 * MiB},
+    {"small_segment", FIELD(small_segment_size), KIND_SIZE, 512, 1 * GiB},
+    {"large_segment", FIELD(large_segment_size), KIND_SIZE, 2 * MiB, 64 * GiB},
+    {"sim_capacity", FIELD(sim_capacity), KIND_SIZE, 1 * MiB, 1024 * TiB},
+    {"sim_alloc_ns", FIELD(sim_alloc_latency_ns), KIND_COUNT, 0, 10000000000ull},
+    {"sim_free_ns", FIELD(sim_free_latency_ns), KIND_COUNT, 0, 10000000000ull},
+    {"sim_event_ns", FIELD(sim_event_latency_ns), KIND_COUNT, 0, 10000000000ull},
+    {"sim_fail_alloc", FIELD(sim_fail_alloc), KIND_COUNT, 0, UINT64_MAX},
+    {"sim_fail_event", FIELD(sim_fail_event), KIND_COUNT, 0, UINT64_MAX},
+};
+#define NKEYS (sizeof keys / sizeof keys[0])
+
+static uint64_t get_field(const gma_config_t *c, const key_spec_t *k) {
+  const char *at = (const char *)c + k->offset;
+  if (k->kind == KIND_DEVICE) return (uint64_t)*(const gma_device_kind_t *)at;
+  if (k->offset == FIELD(device_ordinal)) return (uint64_t)(int64_t)*(const int *)at;
+  return *(const uint64_t *)at;
+}
+
+static void set_field(gma_config_t *c, const key_spec_t *k, uint64_t v) {
+  char *at = (char *)c + k->offset;
+  if (k->kind == KIND_DEVICE)
+    *(gma_device_kind_t *)at = (gma_device_kind_t)v;
+  else if (k->offset == FIELD(device_ordinal))
+    *(int *)at = (int)v;
+  else
+    *(uint64_t *)at = v;
+}
+
+/* Parses a decimal count, or a size with an optional K/M/G/T suffix (powers of
+ * 1024, optionally followed by "B" or "iB"). */
+static bool parse_number(const char *s, size_t len, bool size, uint64_t *out) {
+  char buf[64];
+  if (len == 0 || len >= sizeof buf) return false;
+  memcpy(buf, s, len);
+  buf[len] = '\0';
+  if (!isdigit((unsigned char)buf[0])) return false;
+  errno = 0;
+  char *end;
+  unsigned long long v = strtoull(buf, &end, 10);
+  if (errno) return false;
+  uint64_t mult = 1;
+  if (size && *end) {
+    switch (toupper((unsigned char)*end)) {
+      case 'K': mult = KiB; break;
+      case 'M': mult = MiB; break;
+      case 'G': mult = GiB; break;
+      case 'T': mult = TiB; break;
+      case 'B': mult = 1; end--; break;
+      default: return false;
+    }
+    end++;
+    if (strcasecmp(end, "") != 0 && strcasecmp(end, "B") != 0 && strcasecmp(end, "iB") != 0)
+      return false;
+  } else if (*end) {
+    return false;
+  }
+  if (v > UINT64_MAX / mult) return false;
+  *out = (uint64_t)v * mult;
+  return true;
+}
+
+static bool parse_device(const char *s, size_t len, uint64_t *out) {
+  static const char *names[] = {"auto", "sim", "cuda"};
+  for (uint64_t i = 0; i < 3; i++)
+    if (strlen(names[i]) == len && strncasecmp(s, names[i], len) == 0) {
+      *out = i;
+      return true;
+    }
+  return false;
+}
+
+static void trim(const char **s, size_t *len) {
+  while (*len && isspace((unsigned char)**s)) (*s)++, (*len)--;
+  while (*len && isspace((unsigned char)(*s)[*len - 1])) (*len)--;
+}
+
+static void list_keys(char *buf, size_t len) {
+  size_t at = 0;
+  for (size_t i = 0; i < NKEYS && at < len; i++) {
+    int n = snprintf(buf + at, len - at, "%s%s", i ? ", " : "", keys[i].key);
+    if (n < 0) break;
+    at += (size_t)n;
+  }
+}
+
+gma_status_t gma_config_parse(gma_config_t *config, const char *text) {
+  if (!config || !text)
+    return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_config_parse: NULL %s",
+                          config ? "text" : "config");
+  gma_config_t work = *config; /* applied only when every entry is valid */
+  const char *p = text;
+  while (*p) {
+    const char *comma = strchr(p, ',');
+    size_t len = comma ? (size_t)(comma - p) : strlen(p);
+    const char *entry = p;
+    p += len + (comma ? 1 : 0);
+    trim(&entry, &len);
+    if (len == 0) continue; /* tolerate "a:1,,b:2" and a trailing comma */
+    const char *colon = memchr(entry, ':', len);
+    if (!colon)
+      return gma__set_error(GMA_ERR_CONFIG, "'%.*s' has no ':'; write key:value", (int)len, entry);
+    const char *key = entry, *val = colon + 1;
+    size_t klen = (size_t)(colon - entry), vlen = len - klen - 1;
+    trim(&key, &klen);
+    trim(&val, &vlen);
+    const key_spec_t *k = NULL;
+    for (size_t i = 0; i < NKEYS; i++)
+      if (strlen(keys[i].key) == klen && strncmp(keys[i].key, key, klen) == 0) k = &keys[i];
+    if (!k) {
+      char known[512];
+      list_keys(known, sizeof known);
+      return gma__set_error(GMA_ERR_CONFIG, "unknown key '%.*s'; known keys: %s", (int)klen, key,
+                            known);
+    }
+    uint64_t v;
+    bool ok = k->kind == KIND_DEVICE ? parse_device(val, vlen, &v)
+                                     : parse_number(val, vlen, k->kind == KIND_SIZE, &v);
+    if (!ok)
+      return gma__set_error(GMA_ERR_CONFIG, "key '%s': bad value '%.*s' (expected %s)", k->key,
+                            (int)vlen, val,
+                            k->kind == KIND_DEVICE ? "auto, sim or cuda"
+                            : k->kind == KIND_SIZE ? "a size such as 512, 64K, 2M, 1G"
+                                                   : "a non-negative integer");
+    if (v < k->min || v > k->max)
+      return gma__set_error(GMA_ERR_CONFIG,
+                            "key '%s': %" PRIu64 " is out of range [%" PRIu64 ", %" PRIu64 "]",
+                            k->key, v, k->min, k->max);
+    set_field(&work, k, v);
+  }
+  *config = work;
+  return GMA_OK;
+}
+
+gma_status_t gma__config_resolve(const gma_config_t *in, gma_config_t *out) {
+  gma_config_t c;
+  memset(&c, 0, sizeof c);
+  if (in) {
+    if (in->size < sizeof(size_t) || in->size > sizeof c)
+      return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
+                            "gma_create: config.size is %zu; initialize the config with "
+                            "GMA_CONFIG_INIT (this library's size is %zu)",
+                            in->size, sizeof c);
+    memcpy(&c, in, in->size);
+  }
+  c.size = sizeof c;
+  if (!c.ignore_env) {
+    const char *env = getenv("GMA_CONF");
+    if (env && *env) {
+      gma_status_t st = gma_config_parse(&c, env);
+      if (st != GMA_OK) {
+        char detail[768];
+        snprintf(detail, sizeof detail, "%s", gma_last_error());
+        return gma__set_error(st, "in GMA_CONF=\"%s\": %s", env, detail);
+      }
+    }
+  }
+  if (!c.small_size) c.small_size = 1 * MiB;
+  if (!c.small_segment_size) c.small_segment_size = 2 * MiB;
+  if (!c.large_segment_size) c.large_segment_size = 20 * MiB;
+  if (!c.sim_capacity) c.sim_capacity = 80 * GiB;
+  /* Range checks again: the struct may have been filled without the parser. */
+  for (size_t i = 0; i < NKEYS; i++) {
+    uint64_t v = get_field(&c, &keys[i]);
+    bool defaulted_zero = v == 0 && (keys[i].offset == FIELD(memory_limit));
+    if (!defaulted_zero && (v < keys[i].min || v > keys[i].max))
+      return gma__set_error(GMA_ERR_CONFIG,
+                            "%s = %" PRIu64 " is out of range [%" PRIu64 ", %" PRIu64 "]",
+                            keys[i].key, v, keys[i].min, keys[i].max);
+  }
+  c.small_size = (c.small_size + 511) / 512 * 512;
+  if (c.small_segment_size < c.small_size || c.small_segment_size % 512)
+    return gma__set_error(GMA_ERR_CONFIG,
+                          "small_segment (%" PRIu64 ") must be a multiple of 512 and at least "
+                          "small_size (%" PRIu64 ")",
+                          c.small_segment_size, c.small_size);
+  if (c.large_segment_size % (2 * MiB))
+    return gma__set_error(GMA_ERR_CONFIG, "large_segment (%" PRIu64 ") must be a multiple of 2M",
+                          c.large_segment_size);
+  *out = c;
+  return GMA_OK;
+}

@@ -1,0 +1,78 @@
+/* The one device boundary: a table of functions every backend fills in.
+ *
+ * Everything above this line is device-neutral; only runtime/device/cuda.c
+ * talks to CUDA and only runtime/device/sim.c simulates. Each function returns
+ * a gma_status_t and, on failure, sets the thread's last-error message (via
+ * gma__set_error) with the backend's own words. Device addresses are uintptr_t
+ * (a CUdeviceptr on CUDA, a host address on the simulated device).
+ *
+ * Threads: every function may be called from any thread concurrently, unless
+ * its comment says otherwise. None of them takes an allocator lock. */
+#ifndef GMA_DEVICE_H
+#define GMA_DEVICE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "gma.h"
+
+typedef struct gma__device gma__device_t;
+typedef void *gma__event_t; /* a backend's event handle (CUevent on CUDA) */
+
+typedef struct gma__device_ops {
+  /* Memory. alloc returns GMA_ERR_OOM when the device (or, on the simulated
+   * device, its capacity) is exhausted, GMA_ERR_DEVICE on other failures. The
+   * address is aligned to at least 512 bytes. free is not stream-ordered: the
+   * caller makes sure no device work still uses the range (CUDA's cuMemFree
+   * also synchronizes). */
+  gma_status_t (*mem_alloc)(gma__device_t *dev, uint64_t size, uintptr_t *out);
+  gma_status_t (*mem_free)(gma__device_t *dev, uintptr_t addr, uint64_t size);
+  /* Bytes free on the device now and its total capacity. */
+  gma_status_t (*mem_info)(gma__device_t *dev, uint64_t *free_bytes, uint64_t *total_bytes);
+
+  /* Events. A created event that was never recorded counts as complete, as in
+   * CUDA. record captures all work queued on stream before the call; query
+   * sets *done when that work has finished (never blocks); synchronize blocks
+   * until it has. Recording again re-arms the event. */
+  gma_status_t (*event_create)(gma__device_t *dev, gma__event_t *out);
+  gma_status_t (*event_destroy)(gma__device_t *dev, gma__event_t ev);
+  gma_status_t (*event_record)(gma__device_t *dev, gma__event_t ev, gma_stream_t stream);
+  gma_status_t (*event_query)(gma__device_t *dev, gma__event_t ev, bool *done);
+  gma_status_t (*event_synchronize)(gma__device_t *dev, gma__event_t ev);
+
+  /* Work queued on stream after this call starts only once ev's recorded work
+   * has finished; the host does not block. */
+  gma_status_t (*stream_wait_event)(gma__device_t *dev, gma_stream_t stream, gma__event_t ev);
+
+  /* Streams. NULL is the default stream and always exists. */
+  gma_status_t (*stream_create)(gma__device_t *dev, gma_stream_t *out);
+  gma_status_t (*stream_destroy)(gma__device_t *dev, gma_stream_t stream);
+  gma_status_t (*stream_synchronize)(gma__device_t *dev, gma_stream_t stream);
+  /* Blocks until every stream's queued work has finished. */
+  gma_status_t (*device_synchronize)(gma__device_t *dev);
+
+  /* Simulated kernels; NULL on backends that cannot run them. */
+  gma_status_t (*sim_launch)(gma__device_t *dev, gma_stream_t stream, gma_sim_kernel_fn fn,
+                             void *arg);
+
+  /* Stops the backend's threads and frees it. Memory still allocated from it
+   * is released. Called once, with no other call in flight. */
+  void (*destroy)(gma__device_t *dev);
+} gma__device_ops_t;
+
+/* Every backend's device struct starts with this header. */
+struct gma__device {
+  const gma__device_ops_t *ops;
+  const char *name; /* "sim" or "cuda" */
+};
+
+/* Creates the simulated device from the sim_* fields of config (already merged
+ * with GMA_CONF and defaults). One thread. */
+gma_status_t gma__sim_create(const gma_config_t *config, gma__device_t **out);
+
+/* Sets the calling thread's last-error message (printf format) and returns
+ * status, so a failure path reads: return gma__set_error(GMA_ERR_OOM, "..."). */
+gma_status_t gma__set_error(gma_status_t status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+#endif /* GMA_DEVICE_H */

@@ -1,0 +1,688 @@
+/* Owns segments and blocks: best-fit lookup in size trees, splitting,
+ * coalescing, growth from the device, the OOM retry, and the structural check.
+ * Every function here runs under gma__pool_t.lock (see pool.h). */
+#include "pool.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Large requests below this get a shared segment of segment_size[LARGE]; above
+ * it, a segment of their own rounded to 2 MiB (as PyTorch does). */
+#define LARGE_SHARED_MAX (10ull << 20)
+#define SEGMENT_ROUND (2ull << 20)
+
+static uint64_t round_up(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
+
+/* ---- Size trees: treaps keyed by (size, addr) -------------------------------
+ * A best fit is the lowest key with size >= request: the smallest block that
+ * fits, lowest address first, which keeps memory packed toward segment starts. */
+
+static bool key_less(const gma__block_t *a, const gma__block_t *b) {
+  return a->size < b->size || (a->size == b->size && a->addr < b->addr);
+}
+
+static gma__block_t *treap_insert(gma__block_t *root, gma__block_t *b) {
+  if (!root) {
+    b->left = b->right = NULL;
+    return b;
+  }
+  if (key_less(b, root)) {
+    root->left = treap_insert(root->left, b);
+    if (root->left->prio > root->prio) { /* rotate right */
+      gma__block_t *l = root->left;
+      root->left = l->right;
+      l->right = root;
+      return l;
+    }
+  } else {
+    root->right = treap_insert(root->right, b);
+    if (root->right->prio > root->prio) { /* rotate left */
+      gma__block_t *r = root->right;
+      root->right = r->left;
+      r->left = root;
+      return r;
+    }
+  }
+  return root;
+}
+
+static gma__block_t *treap_merge(gma__block_t *a, gma__block_t *b) {
+  if (!a) return b;
+  if (!b) return a;
+  if (a->prio > b->prio) {
+    a->right = treap_merge(a->right, b);
+    return a;
+  }
+  b->left = treap_merge(a, b->left);
+  return b;
+}
+
+static gma__block_t *treap_remove(gma__block_t *root, gma__block_t *b) {
+  GMA__ASSERT(root != NULL);
+  if (root == b) return treap_merge(b->left, b->right);
+  if (key_less(b, root))
+    root->left = treap_remove(root->left, b);
+  else
+    root->right = treap_remove(root->right, b);
+  return root;
+}
+
+static gma__block_t *treap_best_fit(gma__block_t *n, uint64_t size) {
+  gma__block_t *best = NULL;
+  while (n) {
+    if (n->size >= size) {
+      best = n;
+      n = n->left;
+    } else {
+      n = n->right;
+    }
+  }
+  return best;
+}
+
+static uint64_t treap_max_size(const gma__block_t *n) {
+  if (!n) return 0;
+  while (n->right) n = n->right;
+  return n->size;
+}
+
+/* ---- Block containers -------------------------------------------------------
+ * Each idle state has its container and byte counter; these keep them in step. */
+
+static gma__block_t *block_new(gma__pool_t *p) {
+  gma__block_t *b = calloc(1, sizeof *b);
+  if (!b) return NULL;
+  p->rng ^= p->rng << 13; /* xorshift32 */
+  p->rng ^= p->rng >> 17;
+  p->rng ^= p->rng << 5;
+  b->prio = p->rng;
+  return b;
+}
+
+static void block_delete(gma__block_t *b) {
+  free(b->gates);
+  free(b);
+}
+
+static void free_link(gma__pool_t *p, gma__block_t *b) {
+  b->state = GMA__FREE;
+  b->stream = NULL;
+  b->ngates = 0;
+  p->free_tree[b->seg->kind] = treap_insert(p->free_tree[b->seg->kind], b);
+  p->c.free += b->size;
+}
+
+static void free_unlink(gma__pool_t *p, gma__block_t *b) {
+  p->free_tree[b->seg->kind] = treap_remove(p->free_tree[b->seg->kind], b);
+  p->c.free -= b->size;
+}
+
+/* Links a CACHED block into its stream's tree and FIFO, after `after` (or at
+ * the tail when after is NULL) so the FIFO stays ordered by epoch. */
+static void cached_link(gma__pool_t *p, gma__block_t *b, gma__block_t *after) {
+  gma__stream_t *s = b->stream;
+  b->state = GMA__CACHED;
+  s->cached_tree[b->seg->kind] = treap_insert(s->cached_tree[b->seg->kind], b);
+  if (!after) after = s->fifo_tail;
+  b->qprev = after;
+  b->qnext = after ? after->qnext : s->fifo_head;
+  if (b->qprev) b->qprev->qnext = b; else s->fifo_head = b;
+  if (b->qnext) b->qnext->qprev = b; else s->fifo_tail = b;
+  s->cached_bytes += b->size;
+  p->c.stream_cached += b->size;
+}
+
+void gma__cached_unlink(gma__pool_t *p, gma__block_t *b) {
+  gma__stream_t *s = b->stream;
+  s->cached_tree[b->seg->kind] = treap_remove(s->cached_tree[b->seg->kind], b);
+  if (b->qprev) b->qprev->qnext = b->qnext; else s->fifo_head = b->qnext;
+  if (b->qnext) b->qnext->qprev = b->qprev; else s->fifo_tail = b->qprev;
+  b->qprev = b->qnext = NULL;
+  s->cached_bytes -= b->size;
+  p->c.stream_cached -= b->size;
+}
+
+static void pending_link(gma__pool_t *p, gma__block_t *b) {
+  b->state = GMA__PENDING;
+  b->qprev = NULL;
+  b->qnext = p->pending_head;
+  if (p->pending_head) p->pending_head->qprev = b;
+  p->pending_head = b;
+  p->c.pending += b->size; /* active already counts it: it was LIVE */
+}
+
+static void pending_unlink(gma__pool_t *p, gma__block_t *b) {
+  if (b->qprev) b->qprev->qnext = b->qnext; else p->pending_head = b->qnext;
+  if (b->qnext) b->qnext->qprev = b->qprev;
+  b->qprev = b->qnext = NULL;
+  p->c.pending -= b->size;
+  gma__stat_sub(&p->c.active, b->size);
+}
+
+/* Absorbs next into b (address neighbours, same segment); frees next's record. */
+static void absorb_next(gma__block_t *b) {
+  gma__block_t *n = b->next;
+  b->size += n->size;
+  b->next = n->next;
+  if (b->next) b->next->prev = b;
+  block_delete(n);
+}
+
+/* Makes an unlinked block FREE, coalescing with FREE neighbours. */
+void gma__block_make_free(gma__pool_t *p, gma__block_t *b) {
+  if (b->prev && b->prev->state == GMA__FREE) {
+    gma__block_t *prev = b->prev;
+    free_unlink(p, prev);
+    absorb_next(prev);
+    b = prev;
+  }
+  if (b->next && b->next->state == GMA__FREE) {
+    free_unlink(p, b->next);
+    absorb_next(b);
+  }
+  free_link(p, b);
+}
+
+/* Caches a freed block on its stream, merging with neighbours cached on the
+ * same stream. The merged block takes the newest epoch of its parts, so it is
+ * released only when all of them are safe, and it goes to the FIFO's tail. */
+static void cache_block(gma__pool_t *p, gma__block_t *b) {
+  gma__stream_t *s = b->stream;
+  if (b->prev && b->prev->state == GMA__CACHED && b->prev->stream == s) {
+    gma__block_t *prev = b->prev;
+    gma__cached_unlink(p, prev);
+    absorb_next(prev);
+    prev->epoch = b->epoch; /* b's epoch is the stream's open one: the newest */
+    b = prev;
+  }
+  if (b->next && b->next->state == GMA__CACHED && b->next->stream == s) {
+    gma__cached_unlink(p, b->next);
+    absorb_next(b);
+  }
+  cached_link(p, b, NULL);
+}
+
+/* ---- Segments ----------------------------------------------------------------*/
+
+static size_t seg_index_at_or_before(const gma__pool_t *p, uintptr_t addr) {
+  size_t lo = 0, hi = p->nsegs; /* first segment with base > addr */
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (p->segs[mid]->base <= addr) lo = mid + 1; else hi = mid;
+  }
+  return lo; /* segs[lo-1] is the candidate; lo == 0 means none */
+}
+
+static gma__segment_t *seg_find(const gma__pool_t *p, uintptr_t addr) {
+  size_t i = seg_index_at_or_before(p, addr);
+  if (i == 0) return NULL;
+  gma__segment_t *s = p->segs[i - 1];
+  return addr < s->base + s->size ? s : NULL;
+}
+
+static gma_status_t seg_create(gma__pool_t *p, int kind, uint64_t size, gma__block_t **out) {
+  if (p->c.reserved.current + size > p->limit)
+    return gma__set_error(GMA_ERR_OOM, "memory_limit of %" PRIu64 " bytes reached", p->limit);
+  if (p->nsegs == p->segs_cap) {
+    size_t cap = p->segs_cap ? p->segs_cap * 2 : 64;
+    gma__segment_t **segs = realloc(p->segs, cap * sizeof *segs);
+    if (!segs) return gma__set_error(GMA_ERR_OOM, "host memory for the segment table");
+    p->segs = segs;
+    p->segs_cap = cap;
+  }
+  gma__segment_t *seg = calloc(1, sizeof *seg);
+  gma__block_t *b = block_new(p);
+  if (!seg || !b) {
+    free(seg);
+    free(b);
+    return gma__set_error(GMA_ERR_OOM, "host memory for segment metadata");
+  }
+  uintptr_t base;
+  gma_status_t st = p->dev->ops->mem_alloc(p->dev, size, &base);
+  if (st != GMA_OK) {
+    free(seg);
+    free(b);
+    return st;
+  }
+  seg->base = base;
+  seg->size = size;
+  seg->kind = kind;
+  seg->first = b;
+  b->seg = seg;
+  b->addr = base;
+  b->size = size;
+  size_t i = seg_index_at_or_before(p, base);
+  memmove(&p->segs[i + 1], &p->segs[i], (p->nsegs - i) * sizeof *p->segs);
+  p->segs[i] = seg;
+  p->nsegs++;
+  gma__stat_add(&p->c.reserved, size);
+  gma__stat_add(&p->c.cached, size);
+  p->c.device_allocs++;
+  free_link(p, b);
+  *out = b;
+  return GMA_OK;
+}
+
+/* Returns every segment that is one FREE block to the device. */
+static void release_free_segments(gma__pool_t *p) {
+  size_t kept = 0;
+  for (size_t i = 0; i < p->nsegs; i++) {
+    gma__segment_t *seg = p->segs[i];
+    gma__block_t *b = seg->first;
+    if (b->state == GMA__FREE && b->size == seg->size &&
+        p->dev->ops->mem_free(p->dev, seg->base, seg->size) == GMA_OK) {
+      free_unlink(p, b);
+      block_delete(b);
+      gma__stat_sub(&p->c.reserved, seg->size);
+      gma__stat_sub(&p->c.cached, seg->size);
+      p->c.device_frees++;
+      free(seg);
+      continue;
+    }
+    p->segs[kept++] = seg;
+  }
+  p->nsegs = kept;
+}
+
+/* ---- Public pool operations -------------------------------------------------*/
+
+gma_status_t gma__pool_init(gma__pool_t *p, gma__device_t *dev, const gma_config_t *cfg) {
+  memset(p, 0, sizeof *p);
+  if (pthread_mutex_init(&p->lock, NULL) != 0)
+    return gma__set_error(GMA_ERR_INTERNAL, "pthread_mutex_init failed");
+  p->dev = dev;
+  p->small_size = cfg->small_size;
+  p->segment_size[GMA__SMALL] = cfg->small_segment_size;
+  p->segment_size[GMA__LARGE] = cfg->large_segment_size;
+  p->limit = cfg->memory_limit;
+  p->rng = 0x9E3779B9u;
+  return GMA_OK;
+}
+
+/* Takes b (FREE or CACHED on s) for a LIVE allocation of size bytes on s,
+ * splitting off the rest, which stays in b's state and place. */
+static gma_status_t take_block(gma__pool_t *p, gma__block_t *b, uint64_t size, size_t requested,
+                               gma__stream_t *s) {
+  if (!gma__ptrmap_put(&p->live, b->addr, b))
+    return gma__set_error(GMA_ERR_OOM, "host memory for the live-block index");
+  if (b->size - size >= GMA__MIN_SPLIT) {
+    gma__block_t *rest = block_new(p);
+    if (rest) {
+      rest->seg = b->seg;
+      rest->addr = b->addr + size;
+      rest->size = b->size - size;
+      rest->prev = b;
+      rest->next = b->next;
+      if (b->next) b->next->prev = rest;
+      b->next = rest;
+      if (b->state == GMA__CACHED) {
+        /* The rest keeps b's epoch and FIFO place (it was freed when b was):
+         * link it right after b while b is still linked, then unlink b. */
+        rest->stream = b->stream;
+        rest->epoch = b->epoch;
+        cached_link(p, rest, b);
+        gma__cached_unlink(p, b);
+      } else {
+        free_unlink(p, b);
+        free_link(p, rest);
+      }
+      b->size = size;
+      goto linked_out;
+    }
+  }
+  if (b->state == GMA__CACHED) gma__cached_unlink(p, b); else free_unlink(p, b);
+linked_out:
+  b->state = GMA__LIVE;
+  b->stream = s;
+  b->requested = requested;
+  b->ngates = 0;
+  gma__stat_add(&p->c.allocated, b->size);
+  gma__stat_add(&p->c.requested, requested);
+  gma__stat_add(&p->c.active, b->size);
+  gma__stat_sub(&p->c.cached, b->size);
+  p->c.allocs++;
+  return GMA_OK;
+}
+
+/* Best fit for size among the stream's cached blocks and the shared free tree;
+ * the smaller candidate wins, the stream's own on a tie (its memory is warm). */
+static gma__block_t *find_fit(gma__pool_t *p, gma__stream_t *s, int kind, uint64_t size) {
+  gma__block_t *c = treap_best_fit(s->cached_tree[kind], size);
+  gma__block_t *f = treap_best_fit(p->free_tree[kind], size);
+  return c && (!f || c->size <= f->size) ? c : f;
+}
+
+/* Segment size for a request: small requests share small segments, mid-size
+ * large ones share large segments, big ones get their own rounded to 2 MiB. */
+static uint64_t segment_size_for(const gma__pool_t *p, int kind, uint64_t size) {
+  if (kind == GMA__SMALL) return p->segment_size[GMA__SMALL];
+  uint64_t own = round_up(size, SEGMENT_ROUND);
+  if (size <= LARGE_SHARED_MAX && own < p->segment_size[GMA__LARGE])
+    return p->segment_size[GMA__LARGE];
+  return own;
+}
+
+static gma_status_t oom_error(gma__pool_t *p, uint64_t size, size_t requested,
+                              gma_stream_t stream) {
+  uint64_t dev_free = 0, dev_total = 0;
+  p->dev->ops->mem_info(p->dev, &dev_free, &dev_total);
+  p->c.ooms++;
+  return gma__set_error(
+      GMA_ERR_OOM,
+      "cannot allocate %zu bytes (%" PRIu64 " rounded) on stream %p: allocated %" PRIu64
+      ", reserved %" PRIu64 " (of which %" PRIu64 " cached on streams, %" PRIu64
+      " pending other streams' work, %" PRIu64 " free), device free %" PRIu64 " of %" PRIu64
+      ", memory_limit %" PRIu64 ". Free memory, call gma_empty_cache, or raise memory_limit",
+      requested, size, stream, p->c.allocated.current, p->c.reserved.current, p->c.stream_cached,
+      p->c.pending, p->c.free, dev_free, dev_total, p->limit);
+}
+
+/* Grows the pool by one segment that can hold size bytes. On device OOM it
+ * releases cached memory that is already safe (never waiting for the device)
+ * and retries, the second time with the smallest segment that fits. */
+static gma_status_t grow(gma__pool_t *p, int kind, uint64_t size, gma__block_t **out) {
+  uint64_t seg_size = segment_size_for(p, kind, size);
+  gma_status_t st = seg_create(p, kind, seg_size, out);
+  if (st != GMA_ERR_OOM) return st;
+  p->c.oom_retries++;
+  gma__streams_poll(p);
+  release_free_segments(p);
+  *out = treap_best_fit(p->free_tree[kind], size); /* polling may have freed a fit */
+  if (*out) return GMA_OK;
+  st = seg_create(p, kind, seg_size, out);
+  uint64_t least = kind == GMA__LARGE ? round_up(size, SEGMENT_ROUND) : seg_size;
+  if (st == GMA_ERR_OOM && least < seg_size) st = seg_create(p, kind, least, out);
+  return st;
+}
+
+gma_status_t gma__pool_alloc(gma__pool_t *p, size_t requested, gma_stream_t stream, void **out) {
+  uint64_t size = round_up(requested, GMA__ROUND);
+  int kind = size <= p->small_size ? GMA__SMALL : GMA__LARGE;
+  gma_status_t st;
+  pthread_mutex_lock(&p->lock);
+  gma__stream_t *s = gma__stream_get(p, stream);
+  if (!s) {
+    st = gma__set_error(GMA_ERR_OOM, "host memory for a stream record");
+    goto out;
+  }
+  gma__block_t *b = find_fit(p, s, kind, size);
+  if (!b) {
+    gma__streams_poll(p);
+    b = find_fit(p, s, kind, size);
+  }
+  uint64_t *level;
+  if (b) {
+    level = b->state == GMA__CACHED ? &p->c.hits_stream : &p->c.hits_pool;
+  } else {
+    level = &p->c.hits_device;
+    st = grow(p, kind, size, &b);
+    if (st == GMA_ERR_OOM) st = oom_error(p, size, requested, stream);
+    if (st != GMA_OK) goto out;
+  }
+  st = take_block(p, b, size, requested, s);
+  if (st == GMA_OK) {
+    (*level)++;
+    *out = (void *)b->addr;
+  }
+out:
+  GMA__VALIDATE(p);
+  pthread_mutex_unlock(&p->lock);
+  return st;
+}
+
+/* Finds the block containing addr, or NULL (walks one segment: error path only). */
+static gma__block_t *block_containing(const gma__pool_t *p, uintptr_t addr) {
+  gma__segment_t *seg = seg_find(p, addr);
+  if (!seg) return NULL;
+  gma__block_t *b = seg->first;
+  while (b && addr >= b->addr + b->size) b = b->next;
+  return b;
+}
+
+/* Says why addr is not a live allocation: foreign, interior, or already freed. */
+static gma_status_t bad_pointer(const gma__pool_t *p, uintptr_t addr, const char *op) {
+  gma__block_t *b = block_containing(p, addr);
+  if (!b)
+    return gma__set_error(GMA_ERR_INVALID_POINTER,
+                          "%s(%p): the pointer was not allocated by this allocator (it lies in "
+                          "none of its %zu segments)",
+                          op, (void *)addr, p->nsegs);
+  if (b->state == GMA__LIVE)
+    return gma__set_error(GMA_ERR_INVALID_POINTER,
+                          "%s(%p): interior pointer, %" PRIu64
+                          " bytes into the live allocation at %p; pass the pointer gma_alloc "
+                          "returned",
+                          op, (void *)addr, (uint64_t)(addr - b->addr), (void *)b->addr);
+  return gma__set_error(strcmp(op, "gma_free") == 0 ? GMA_ERR_DOUBLE_FREE
+                                                    : GMA_ERR_INVALID_POINTER,
+                        "%s(%p): the pointer is not live: it lies in memory that was already "
+                        "freed (double free or use after free?)",
+                        op, (void *)addr);
+}
+
+gma_status_t gma__pool_free(gma__pool_t *p, void *ptr) {
+  uintptr_t addr = (uintptr_t)ptr;
+  pthread_mutex_lock(&p->lock);
+  gma__block_t *b = gma__ptrmap_remove(&p->live, addr);
+  if (!b) {
+    gma_status_t st = bad_pointer(p, addr, "gma_free");
+    pthread_mutex_unlock(&p->lock);
+    return st;
+  }
+  gma__stream_t *s = b->stream;
+  gma__stat_sub(&p->c.allocated, b->size);
+  gma__stat_sub(&p->c.requested, b->requested);
+  gma__stat_add(&p->c.cached, b->size);
+  p->c.frees++;
+  b->epoch = s->epoch;
+  s->dirty = true;
+  if (b->ngates && !(p->test_flags & GMA__TEST_NO_RECORD_GATING)) {
+    /* Other streams used it: it waits for the owner's and their open epochs. */
+    for (uint32_t i = 0; i < b->ngates; i++) {
+      b->gates[i].epoch = b->gates[i].stream->epoch;
+      b->gates[i].stream->dirty = true;
+    }
+    pending_link(p, b);
+  } else {
+    b->ngates = 0;
+    gma__stat_sub(&p->c.active, b->size);
+    /* A retired stream was synchronized when it was destroyed, so nothing of
+     * its work can still use the block. */
+    if (s->retired || (p->test_flags & GMA__TEST_NO_EPOCH_GATING))
+      gma__block_make_free(p, b);
+    else
+      cache_block(p, b);
+  }
+  GMA__VALIDATE(p);
+  pthread_mutex_unlock(&p->lock);
+  return GMA_OK;
+}
+
+gma_status_t gma__pool_record_stream(gma__pool_t *p, void *ptr, gma_stream_t stream) {
+  gma_status_t st = GMA_OK;
+  pthread_mutex_lock(&p->lock);
+  gma__block_t *b = gma__ptrmap_get(&p->live, (uintptr_t)ptr);
+  gma__stream_t *u = b ? gma__stream_get(p, stream) : NULL;
+  if (!b) {
+    st = bad_pointer(p, (uintptr_t)ptr, "gma_record_stream");
+  } else if (!u) {
+    st = gma__set_error(GMA_ERR_OOM, "host memory for a stream record");
+  } else if (u != b->stream) {
+    uint32_t i = 0;
+    while (i < b->ngates && b->gates[i].stream != u) i++;
+    if (i == b->ngates) {
+      if (b->ngates == b->gates_cap) {
+        uint32_t cap = b->gates_cap ? b->gates_cap * 2 : 2;
+        gma__gate_t *g = realloc(b->gates, cap * sizeof *g);
+        if (!g) {
+          st = gma__set_error(GMA_ERR_OOM, "host memory for record_stream");
+          goto out;
+        }
+        b->gates = g;
+        b->gates_cap = cap;
+      }
+      b->gates[b->ngates++] = (gma__gate_t){u, 0};
+    }
+  }
+out:
+  pthread_mutex_unlock(&p->lock);
+  return st;
+}
+
+/* PENDING -> FREE for every block whose owner epoch and gates have passed. */
+void gma__pending_poll(gma__pool_t *p) {
+  gma__block_t *b = p->pending_head;
+  while (b) {
+    gma__block_t *next = b->qnext;
+    bool ready = b->stream->safe_epoch >= b->epoch;
+    for (uint32_t i = 0; ready && i < b->ngates; i++) ready = gma__gate_passed(&b->gates[i]);
+    if (ready || (p->test_flags & GMA__TEST_NO_EPOCH_GATING)) {
+      pending_unlink(p, b);
+      gma__block_make_free(p, b);
+    }
+    b = next;
+  }
+}
+
+gma_status_t gma__pool_empty_cache(gma__pool_t *p) {
+  pthread_mutex_lock(&p->lock);
+  gma__streams_poll(p);
+  release_free_segments(p);
+  GMA__VALIDATE(p);
+  pthread_mutex_unlock(&p->lock);
+  return GMA_OK;
+}
+
+gma_status_t gma__pool_stream_retired(gma__pool_t *p, gma_stream_t stream) {
+  pthread_mutex_lock(&p->lock);
+  gma__stream_t *s = gma__stream_find(p, stream, false);
+  if (s) gma__stream_retire(p, s);
+  GMA__VALIDATE(p);
+  pthread_mutex_unlock(&p->lock);
+  return GMA_OK;
+}
+
+gma_status_t gma__pool_fini(gma__pool_t *p) {
+  uint64_t leaked_bytes = 0, leaked = 0;
+  for (size_t i = 0; i < p->nsegs; i++) {
+    gma__segment_t *seg = p->segs[i];
+    for (gma__block_t *b = seg->first, *next; b; b = next) {
+      next = b->next;
+      if (b->state == GMA__LIVE) {
+        leaked++;
+        leaked_bytes += b->size;
+      }
+      block_delete(b);
+    }
+    p->dev->ops->mem_free(p->dev, seg->base, seg->size);
+    free(seg);
+  }
+  free(p->segs);
+  gma__streams_fini(p);
+  gma__ptrmap_free(&p->live);
+  gma__ptrmap_free(&p->streams);
+  pthread_mutex_destroy(&p->lock);
+  if (leaked == 0) return GMA_OK;
+  fprintf(stderr, "gma: destroyed with %" PRIu64 " live allocations (%" PRIu64 " bytes); freed\n",
+          leaked, leaked_bytes);
+  return gma__set_error(GMA_ERR_LEAK,
+                        "gma_destroy: %" PRIu64 " live allocations (%" PRIu64
+                        " bytes) were never freed; gma freed them",
+                        leaked, leaked_bytes);
+}
+
+/* ---- Validation --------------------------------------------------------------*/
+
+static uint64_t tree_check(const gma__block_t *n, int state, uint64_t *bytes) {
+  if (!n) return 0;
+  if (n->state != state) return UINT64_MAX / 4;
+  if (n->left && !key_less(n->left, n)) return UINT64_MAX / 4;
+  if (n->right && !key_less(n, n->right)) return UINT64_MAX / 4;
+  *bytes += n->size;
+  return 1 + tree_check(n->left, state, bytes) + tree_check(n->right, state, bytes);
+}
+
+#define VALID_OR(cond, ...)                                         \
+  do {                                                              \
+    if (!(cond)) {                                                  \
+      gma__set_error(GMA_ERR_INTERNAL, "pool invariant: " __VA_ARGS__); \
+      return false;                                                 \
+    }                                                               \
+  } while (0)
+
+bool gma__pool_is_valid(gma__pool_t *p) {
+  uint64_t by_state[4] = {0}, count[4] = {0}, reserved = 0;
+  for (size_t i = 0; i < p->nsegs; i++) {
+    gma__segment_t *seg = p->segs[i];
+    VALID_OR(i == 0 || p->segs[i - 1]->base + p->segs[i - 1]->size <= seg->base,
+             "segments overlap or are unsorted at %zu", i);
+    uintptr_t at = seg->base;
+    VALID_OR(seg->first && !seg->first->prev, "segment %zu has no first block", i);
+    for (gma__block_t *b = seg->first; b; b = b->next) {
+      VALID_OR(b->seg == seg && b->addr == at, "block at %p does not tile its segment",
+               (void *)b->addr);
+      VALID_OR(b->size > 0 && b->size % GMA__ROUND == 0 && b->addr % 512 == 0,
+               "block %p has size %" PRIu64, (void *)b->addr, b->size);
+      VALID_OR(!b->next || b->next->prev == b, "broken neighbour links at %p", (void *)b->addr);
+      VALID_OR(!(b->state == GMA__FREE && b->next && b->next->state == GMA__FREE),
+               "uncoalesced free neighbours at %p", (void *)b->addr);
+      VALID_OR(b->state <= GMA__PENDING, "bad state %d", b->state);
+      VALID_OR(b->state != GMA__LIVE || gma__ptrmap_get(&p->live, b->addr) == b,
+               "live block %p missing from the live map", (void *)b->addr);
+      by_state[b->state] += b->size;
+      count[b->state]++;
+      at += b->size;
+    }
+    VALID_OR(at == seg->base + seg->size, "blocks of segment %zu do not cover it", i);
+    reserved += seg->size;
+  }
+  const gma__counters_t *c = &p->c;
+  VALID_OR(reserved == c->reserved.current, "reserved %" PRIu64 " != segments %" PRIu64,
+           c->reserved.current, reserved);
+  VALID_OR(by_state[GMA__LIVE] == c->allocated.current && by_state[GMA__FREE] == c->free &&
+               by_state[GMA__CACHED] == c->stream_cached && by_state[GMA__PENDING] == c->pending,
+           "byte counters disagree with blocks");
+  VALID_OR(c->reserved.current == c->allocated.current + c->stream_cached + c->pending + c->free,
+           "reserved != allocated + stream_cached + pending + free");
+  VALID_OR(c->active.current == c->allocated.current + c->pending, "active != allocated+pending");
+  VALID_OR(c->cached.current == c->reserved.current - c->allocated.current,
+           "cached != reserved - allocated");
+  VALID_OR(count[GMA__LIVE] == p->live.count, "live map holds %zu, blocks %" PRIu64,
+           p->live.count, count[GMA__LIVE]);
+  uint64_t free_bytes = 0, free_count = 0;
+  for (int k = 0; k < GMA__NKINDS; k++) free_count += tree_check(p->free_tree[k], GMA__FREE, &free_bytes);
+  VALID_OR(free_count == count[GMA__FREE] && free_bytes == c->free, "free trees disagree");
+  uint64_t cached_count = 0;
+  for (gma__stream_t *s = p->stream_list; s; s = s->next_all) {
+    uint64_t bytes = 0, n = 0, fifo = 0, last_epoch = 0;
+    for (int k = 0; k < GMA__NKINDS; k++) n += tree_check(s->cached_tree[k], GMA__CACHED, &bytes);
+    for (gma__block_t *b = s->fifo_head; b; b = b->qnext, fifo++) {
+      VALID_OR(b->stream == s && b->epoch >= last_epoch, "stream FIFO out of order");
+      last_epoch = b->epoch;
+    }
+    VALID_OR(n == fifo && bytes == s->cached_bytes, "stream cache tree and FIFO disagree");
+    VALID_OR(s->safe_epoch < s->epoch || s->retired, "safe epoch ahead of open epoch");
+    cached_count += n;
+  }
+  VALID_OR(cached_count == count[GMA__CACHED], "cached blocks outside stream caches");
+  uint64_t pending = 0;
+  for (gma__block_t *b = p->pending_head; b; b = b->qnext) pending += b->state == GMA__PENDING;
+  VALID_OR(pending == count[GMA__PENDING], "pending list disagrees");
+  return true;
+}
+
+/* Largest idle block (stream caches and free trees); lock held. */
+uint64_t gma__pool_largest_idle(const gma__pool_t *p) {
+  uint64_t best = 0;
+  for (int k = 0; k < GMA__NKINDS; k++) {
+    uint64_t m = treap_max_size(p->free_tree[k]);
+    if (m > best) best = m;
+    for (const gma__stream_t *s = p->stream_list; s; s = s->next_all) {
+      m = treap_max_size(s->cached_tree[k]);
+      if (m > best) best = m;
+    }
+  }
+  return best;
+}

@@ -1,0 +1,185 @@
+/* Pool mechanics: best fit, splitting, coalescing (on a stream and in the
+ * free pool), small/large segment sizing, the OOM retry, and the accounting
+ * invariant after a seeded random workload checked by gma__pool_is_valid. */
+#include <inttypes.h>
+
+#include "pool.h"
+#include "simkit.h"
+
+static void check_valid(gma_t *g) {
+  gma__pool_t *p = gma__pool_of(g);
+  pthread_mutex_lock(&p->lock);
+  bool ok = gma__pool_is_valid(p);
+  pthread_mutex_unlock(&p->lock);
+  CHECK(ok);
+}
+
+static void best_fit_prefers_smallest(void) {
+  gma_t *g = sim_allocator(NULL);
+  void *p[6];
+  size_t sizes[6] = {4096, 8192, 4096, 16384, 4096, 6144};
+  for (int i = 0; i < 6; i++) CHECK_OK(gma_alloc(g, sizes[i], NULL, &p[i]));
+  /* One small segment, blocks laid out in order. */
+  for (int i = 1; i < 6; i++) CHECK((char *)p[i] == (char *)p[i - 1] + sizes[i - 1]);
+  CHECK_OK(gma_free(g, p[1])); /* 8K hole */
+  CHECK_OK(gma_free(g, p[3])); /* 16K hole */
+  void *q;
+  CHECK_OK(gma_alloc(g, 7000, NULL, &q)); /* rounds to 7168: best fit is the 8K hole */
+  CHECK(q == p[1]);
+  void *r;
+  CHECK_OK(gma_alloc(g, 1024, NULL, &r)); /* the 1K rest of the 8K hole, not the 16K one */
+  CHECK((char *)r == (char *)p[1] + 7168);
+  void *t;
+  CHECK_OK(gma_alloc(g, 16384, NULL, &t));
+  CHECK(t == p[3]);
+  gma_stats_t s = stats_of(g);
+  CHECK(s.hits_stream == 3 && s.hits_device == 1 && s.num_device_allocs == 1);
+  CHECK(s.allocated.current == 4096 + 7168 + 1024 + 4096 + 16384 + 4096 + 6144);
+  check_valid(g);
+  void *all[] = {p[0], q, r, p[2], t, p[4], p[5]};
+  for (int i = 0; i < 7; i++) CHECK_OK(gma_free(g, all[i]));
+  CHECK_OK(gma_destroy(g));
+}
+
+static void coalesce_then_release(void) {
+  gma_t *g = sim_allocator(NULL);
+  void *a, *b, *c;
+  CHECK_OK(gma_alloc(g, 512, NULL, &a));
+  CHECK_OK(gma_alloc(g, 1000, NULL, &b)); /* 1024 */
+  CHECK_OK(gma_alloc(g, 512, NULL, &c));
+  CHECK(a != NULL && (uintptr_t)a % 256 == 0 && (uintptr_t)b % 256 == 0);
+  gma_stats_t s = stats_of(g);
+  CHECK(s.reserved.current == 2u << 20 && s.allocated.current == 2048);
+  CHECK(s.requested.current == 512 + 1000 + 512);
+  CHECK(s.free_bytes == (2u << 20) - 2048);
+  CHECK_OK(gma_free(g, a));
+  CHECK_OK(gma_free(g, c));
+  CHECK_OK(gma_free(g, b)); /* joins a and c: one cached block of 2048 */
+  s = stats_of(g);
+  CHECK(s.stream_cached_bytes == 2048 && s.largest_free_block == (2u << 20) - 2048);
+  check_valid(g);
+  void *d;
+  CHECK_OK(gma_alloc(g, 2048, NULL, &d)); /* exactly the merged block */
+  CHECK(d == a);
+  CHECK_OK(gma_free(g, d));
+  /* empty_cache: the epoch completes (idle stream), the cached block joins the
+   * free rest of its segment, and the whole segment goes back. */
+  CHECK_OK(gma_empty_cache(g));
+  s = stats_of(g);
+  CHECK(s.reserved.current == 0 && s.num_segments == 0 && s.num_device_frees == 1);
+  CHECK(s.reserved.peak == 2u << 20 && s.allocated.total == 2048 + 2048);
+  check_valid(g);
+  CHECK_OK(gma_destroy(g));
+}
+
+static void segment_sizes(void) {
+  gma_t *g = sim_allocator(NULL);
+  void *s1, *l1, *l2, *l3;
+  CHECK_OK(gma_alloc(g, 1 << 20, NULL, &s1));        /* small pool: 2 MiB segment */
+  CHECK_OK(gma_alloc(g, (1 << 20) + 1, NULL, &l1));  /* large: shared 20 MiB segment */
+  CHECK_OK(gma_alloc(g, 5 << 20, NULL, &l2));        /* fits in the same segment */
+  CHECK_OK(gma_alloc(g, 33 << 20, NULL, &l3));       /* own segment, 34 MiB */
+  gma_stats_t s = stats_of(g);
+  CHECK(s.num_segments == 3);
+  CHECK(s.reserved.current == (2ull << 20) + (20ull << 20) + (34ull << 20));
+  CHECK((char *)l2 == (char *)l1 + (1 << 20) + 512);
+  CHECK_OK(gma_free(g, s1));
+  CHECK_OK(gma_free(g, l1));
+  CHECK_OK(gma_free(g, l2));
+  CHECK_OK(gma_free(g, l3));
+  CHECK_OK(gma_destroy(g));
+}
+
+static void oom_retry_releases_cache(void) {
+  gma_t *g = sim_allocator("sim_capacity:64M");
+  void *a, *b;
+  CHECK_OK(gma_alloc(g, 40 << 20, NULL, &a));
+  CHECK_OK(gma_free(g, a)); /* cached on the default stream */
+  CHECK_OK(gma_alloc(g, 50 << 20, NULL, &b)); /* needs the 40 MiB back first */
+  gma_stats_t s = stats_of(g);
+  CHECK(s.num_oom_retries == 1 && s.num_device_frees == 1 && s.num_ooms == 0);
+  CHECK(s.reserved.current == 50ull << 20);
+  /* Now a real OOM: a clear message with the numbers, nothing lost. */
+  void *c;
+  CHECK_ST(gma_alloc(g, 20 << 20, NULL, &c), GMA_ERR_OOM);
+  CHECK(strstr(gma_last_error(), "allocated 52428800") != NULL);
+  CHECK(strstr(gma_last_error(), "reserved 52428800") != NULL);
+  s = stats_of(g);
+  CHECK(s.num_ooms == 1 && s.allocated.current == 50ull << 20);
+  CHECK_OK(gma_free(g, b));
+  CHECK_OK(gma_alloc(g, 20 << 20, NULL, &c)); /* usable again */
+  CHECK_OK(gma_free(g, c));
+  check_valid(g);
+  CHECK_OK(gma_destroy(g));
+}
+
+static void memory_limit_is_honoured(void) {
+  gma_t *g = sim_allocator("memory_limit:8M");
+  void *a, *b;
+  CHECK_ST(gma_alloc(g, 9 << 20, NULL, &a), GMA_ERR_INVALID_SIZE);
+  CHECK_OK(gma_alloc(g, 6 << 20, NULL, &a)); /* 20 MiB segment won't fit: 6 MiB one */
+  CHECK_ST(gma_alloc(g, 3 << 20, NULL, &b), GMA_ERR_OOM);
+  gma_stats_t s = stats_of(g);
+  CHECK(s.reserved.current <= 8u << 20);
+  CHECK_OK(gma_free(g, a));
+  CHECK_OK(gma_destroy(g));
+}
+
+/* Seeded random alloc/free/record_stream over 3 streams; the full structural
+ * check runs throughout and stats must balance at the end. */
+static void random_workload(uint64_t seed) {
+  gma_t *g = sim_allocator("small_size:256K,small_segment:1M,large_segment:4M,sim_capacity:512M");
+  gma_stream_t st[3] = {NULL};
+  CHECK_OK(gma_stream_create(g, &st[1]));
+  CHECK_OK(gma_stream_create(g, &st[2]));
+  enum { N = 256 };
+  void *ptr[N] = {0};
+  size_t size[N] = {0};
+  uint64_t x = seed, live_bytes = 0;
+  for (int step = 0; step < 20000; step++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    int i = (int)(x % N);
+    if (ptr[i]) {
+      if ((x >> 20) % 4 == 0) CHECK_OK(gma_record_stream(g, ptr[i], st[(x >> 24) % 3]));
+      CHECK_OK(gma_free(g, ptr[i]));
+      live_bytes -= (size[i] + 511) / 512 * 512;
+      ptr[i] = NULL;
+    } else {
+      size[i] = (x >> 8) % 4 == 0 ? 1 + (x >> 32) % (2 << 20) : 1 + (x >> 32) % 65536;
+      CHECK_OK(gma_alloc(g, size[i], st[(x >> 40) % 3], &ptr[i]));
+      live_bytes += (size[i] + 511) / 512 * 512;
+    }
+    if (step % 997 == 0) {
+      check_valid(g);
+      if (step % 5 == 0) CHECK_OK(gma_empty_cache(g));
+    }
+  }
+  gma_stats_t s = stats_of(g);
+  CHECK(s.allocated.current == live_bytes);
+  CHECK(s.reserved.current == s.allocated.current + s.stream_cached_bytes + s.pending_bytes +
+                                  s.free_bytes);
+  CHECK(s.hits_stream + s.hits_pool + s.hits_device == s.num_allocs);
+  for (int i = 0; i < N; i++)
+    if (ptr[i]) CHECK_OK(gma_free(g, ptr[i]));
+  CHECK_OK(gma_stream_destroy(g, st[1]));
+  CHECK_OK(gma_stream_destroy(g, st[2]));
+  CHECK_OK(gma_empty_cache(g));
+  s = stats_of(g);
+  CHECK(s.allocated.current == 0 && s.reserved.current == 0 && s.pending_bytes == 0);
+  printf("random workload seed %" PRIu64 ": %" PRIu64 " allocs, hits stream/pool/device %" PRIu64
+         "/%" PRIu64 "/%" PRIu64 ", peak reserved %" PRIu64 "\n",
+         seed, s.num_allocs, s.hits_stream, s.hits_pool, s.hits_device, s.reserved.peak);
+  CHECK_OK(gma_destroy(g));
+}
+
+int main(void) {
+  best_fit_prefers_smallest();
+  coalesce_then_release();
+  segment_sizes();
+  oom_retry_releases_cache();
+  memory_limit_is_honoured();
+  random_workload(0x5eed1234);
+  random_workload(42);
+  printf("ok\n");
+  return 0;
+}
