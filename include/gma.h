@@ -96,14 +96,18 @@ typedef enum gma_device_kind {
 typedef struct gma_config {
   size_t size;                 /* sizeof(gma_config_t) as the caller compiled it */
   gma_device_kind_t device;    /* GMA_CONF key "device": auto | sim | cuda */
-  int device_ordinal;          /* "device_id": which GPU (default 0) */
+  int device_ordinal;          /* "device_id": which GPU (default 0; 0..1023) */
   int ignore_env;              /* nonzero: do not read GMA_CONF */
-  uint64_t memory_limit;       /* "memory_limit": most bytes gma reserves; 0 = the device's */
-  uint64_t small_size;         /* "small_size": requests up to this use the small pool (1 MiB) */
-  uint64_t small_segment_size; /* "small_segment": segment size of the small pool (2 MiB) */
-  uint64_t large_segment_size; /* "large_segment": least segment of the large pool (20 MiB) */
+  uint64_t memory_limit;       /* "memory_limit": most bytes gma reserves; 0 = the device's;
+                                  else 1M..1024T */
+  uint64_t small_size;         /* "small_size": requests up to this use the small pool
+                                  (1 MiB; 512..64M) */
+  uint64_t small_segment_size; /* "small_segment": segment size of the small pool (2 MiB;
+                                  a multiple of 512, small_size..1G) */
+  uint64_t large_segment_size; /* "large_segment": segment shared by large requests up to
+                                  10 MiB (20 MiB; a multiple of 2M, up to 64G) */
   /* Simulated device (ignored by CUDA). */
-  uint64_t sim_capacity;         /* "sim_capacity": device memory in bytes (80 GiB) */
+  uint64_t sim_capacity;         /* "sim_capacity": device memory in bytes (80 GiB; 1M..1024T) */
   uint64_t sim_alloc_latency_ns; /* "sim_alloc_ns": time one device allocation takes (0) */
   uint64_t sim_free_latency_ns;  /* "sim_free_ns": time one device free takes (0) */
   uint64_t sim_event_latency_ns; /* "sim_event_ns": time one event record/query takes (0) */

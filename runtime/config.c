@@ -158,7 +158,8 @@ gma_status_t gma_config_parse(gma_config_t *config, const char *text) {
                             k->kind == KIND_DEVICE ? "auto, sim or cuda"
                             : k->kind == KIND_SIZE ? "a size such as 512, 64K, 2M, 1G"
                                                    : "a non-negative integer");
-    if (v < k->min || v > k->max)
+    /* For sizes, 0 asks for the default, as it does in gma_config_t. */
+    if ((v != 0 || k->kind != KIND_SIZE) && (v < k->min || v > k->max))
       return gma__set_error(GMA_ERR_CONFIG,
                             "key '%s': %" PRIu64 " is out of range [%" PRIu64 ", %" PRIu64 "]",
                             k->key, v, k->min, k->max);

@@ -193,8 +193,8 @@ static void cache_block(gma__pool_t *p, gma__block_t *b) {
   if (b->prev && b->prev->state == GMA__CACHED && b->prev->stream == s) {
     gma__block_t *prev = b->prev;
     gma__cached_unlink(p, prev);
-    absorb_next(prev);
     prev->epoch = b->epoch; /* b's epoch is the stream's open one: the newest */
+    absorb_next(prev);      /* frees b */
     b = prev;
   }
   if (b->next && b->next->state == GMA__CACHED && b->next->stream == s) {

@@ -33,29 +33,41 @@ static inline void sleep_us(long us) {
 }
 
 /* A kernel that writes a pattern over a buffer, optionally waits for a gate
- * (or a fixed time), then checks the pattern is intact. */
+ * (or a fixed time), then checks the pattern is intact. Memory is accessed as
+ * relaxed atomic words: when a test plants a reuse bug, two kernels touch the
+ * same bytes on purpose, and the pattern check (not TSan) is the detector. */
 typedef struct pattern_kernel {
-  uint8_t *buf;
-  size_t len;
+  void *buf;
+  size_t len;              /* bytes; the kernel touches len / 8 whole words */
   uint8_t value;
   atomic_int *gate;        /* if set, hold until *gate != 0 (at most 5 s) */
   long hold_us;            /* else hold this long */
   atomic_int *corruptions; /* incremented when the pattern was overwritten */
+  atomic_int started;      /* set once the pattern is written */
 } pattern_kernel_t;
 
 static inline void pattern_kernel_run(void *arg) {
   pattern_kernel_t *k = arg;
-  memset(k->buf, k->value, k->len);
+  uint64_t *w = k->buf, v = 0x0101010101010101ull * k->value;
+  size_t n = k->len / 8;
+  for (size_t i = 0; i < n; i++) __atomic_store_n(&w[i], v, __ATOMIC_RELAXED);
+  atomic_store(&k->started, 1);
   if (k->gate) {
     for (int i = 0; i < 50000 && !atomic_load(k->gate); i++) sleep_us(100);
   } else if (k->hold_us) {
     sleep_us(k->hold_us);
   }
-  for (size_t i = 0; i < k->len; i++)
-    if (k->buf[i] != k->value) {
+  for (size_t i = 0; i < n; i++)
+    if (__atomic_load_n(&w[i], __ATOMIC_RELAXED) != v) {
       atomic_fetch_add(k->corruptions, 1);
       break;
     }
+}
+
+/* Waits (at most 5 s) until a launched pattern kernel has written its pattern. */
+static inline void pattern_kernel_wait_started(pattern_kernel_t *k) {
+  for (int i = 0; i < 50000 && !atomic_load(&k->started); i++) sleep_us(100);
+  CHECK(atomic_load(&k->started));
 }
 
 #endif /* GMA_TEST_SIMKIT_H */

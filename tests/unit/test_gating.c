@@ -24,13 +24,14 @@ static outcome_t record_stream_scenario(unsigned test_flags) {
 
   void *x, *y;
   CHECK_OK(gma_alloc(g, len, a, &x));
-  pattern_kernel_t kb = {x, len, 0xB0, &gate, 0, &corruptions};
+  pattern_kernel_t kb = {x, len, 0xB0, &gate, 0, &corruptions, 0};
   CHECK_OK(gma_sim_launch(g, b, pattern_kernel_run, &kb));
+  pattern_kernel_wait_started(&kb);
   CHECK_OK(gma_record_stream(g, x, b));
   CHECK_OK(gma_free(g, x));
 
   CHECK_OK(gma_alloc(g, len, a, &y));
-  pattern_kernel_t ka = {y, len, 0xA0, NULL, 0, &corruptions};
+  pattern_kernel_t ka = {y, len, 0xA0, NULL, 0, &corruptions, 0};
   CHECK_OK(gma_sim_launch(g, a, pattern_kernel_run, &ka));
   CHECK_OK(gma_stream_synchronize(g, a));
   atomic_store(&gate, 1);
@@ -57,12 +58,13 @@ static outcome_t epoch_scenario(unsigned test_flags) {
 
   void *x, *y;
   CHECK_OK(gma_alloc(g, len, a, &x));
-  pattern_kernel_t ka = {x, len, 0xA1, &gate, 0, &corruptions};
+  pattern_kernel_t ka = {x, len, 0xA1, &gate, 0, &corruptions, 0};
   CHECK_OK(gma_sim_launch(g, a, pattern_kernel_run, &ka));
+  pattern_kernel_wait_started(&ka);
   CHECK_OK(gma_free(g, x));
 
   CHECK_OK(gma_alloc(g, len, b, &y));
-  pattern_kernel_t kb = {y, len, 0xB1, NULL, 0, &corruptions};
+  pattern_kernel_t kb = {y, len, 0xB1, NULL, 0, &corruptions, 0};
   CHECK_OK(gma_sim_launch(g, b, pattern_kernel_run, &kb));
   CHECK_OK(gma_stream_synchronize(g, b));
   atomic_store(&gate, 1);

@@ -1,0 +1,573 @@
+/* Unit test of the simulated device (runtime/device/sim.c) through the device
+ * boundary: stream order, stream concurrency, event semantics, cross-stream
+ * waits, memory capacity and bad frees, fault injection, latencies, the
+ * per-thread default stream, bad handles, and teardown with work pending.
+ * Kernels block on gates instead of sleeping wherever order matters, so the
+ * test is deterministic and fast even under TSan. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+
+#include "check.h"
+#include "device/device.h"
+
+#define LEGACY ((gma_stream_t)(uintptr_t)0x1)
+#define PER_THREAD ((gma_stream_t)(uintptr_t)0x2)
+#define MS 1000000ull
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void sleep_ns(uint64_t ns) {
+  struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+  nanosleep(&ts, NULL);
+}
+
+/* Waits until *flag is nonzero; fails the test after 10 s instead of hanging. */
+static bool wait_flag(atomic_int *flag, uint64_t timeout_ns) {
+  uint64_t end = now_ns() + timeout_ns;
+  while (!atomic_load(flag)) {
+    if (now_ns() > end) return false;
+    sleep_ns(100000);
+  }
+  return true;
+}
+
+static gma__device_t *make_dev(gma_config_t *cfg) {
+  gma__device_t *dev = NULL;
+  CHECK_OK(gma__sim_create(cfg, &dev));
+  CHECK(dev && dev->ops && strcmp(dev->name, "sim") == 0 && dev->ops->sim_launch);
+  return dev;
+}
+
+/* ---- kernels ---------------------------------------------------------------- */
+static void k_gate(void *arg) { CHECK(wait_flag(arg, 10000 * MS)); }
+static void k_set(void *arg) { atomic_store((atomic_int *)arg, 1); }
+static void k_count(void *arg) { atomic_fetch_add((atomic_int *)arg, 1); }
+static void k_tid(void *arg) { *(pthread_t *)arg = pthread_self(); }
+static void k_sleep_set(void *arg) {
+  sleep_ns(30 * MS);
+  atomic_store((atomic_int *)arg, 1);
+}
+
+typedef struct order_arg {
+  int *log, *n, v;
+} order_arg_t;
+/* Plain (non-atomic) accesses: only stream order and synchronization make
+ * them race-free, which is what TSan then checks. */
+static void k_append(void *arg) {
+  order_arg_t *a = arg;
+  if (a->v % 17 == 0) sleep_ns(200000);
+  a->log[(*a->n)++] = a->v;
+}
+
+typedef struct meet_arg {
+  atomic_int *mine, *other;
+  int met;
+} meet_arg_t;
+static void k_meet(void *arg) {
+  meet_arg_t *m = arg;
+  atomic_store(m->mine, 1);
+  m->met = wait_flag(m->other, 5000 * MS);
+}
+
+static int shared_value;
+static void k_write42(void *arg) { shared_value = 42; }
+static void k_read(void *arg) { *(int *)arg = shared_value; }
+
+/* ---- tests ------------------------------------------------------------------ */
+static void test_in_order(void) {
+  gma__device_t *dev = make_dev(NULL);
+  const gma__device_ops_t *o = dev->ops;
+  gma_stream_t s;
+  CHECK_OK(o->stream_create(dev, &s));
+  enum { N = 200 };
+  static int log[N];
+  int n = 0;
+  static order_arg_t args[N];
+  for (int i = 0; i < N; i++) {
+    args[i] = (order_arg_t){log, &n, i};
+    CHECK_OK(o->sim_launch(dev, s, k_append, &args[i]));
+  }
+  CHECK_OK(o->stream_synchronize(dev, s));
+  CHECK(n == N);
+  for (int i = 0; i < N; i++) CHECK(log[i] == i);
+
+  /* NULL and 0x1 name the same stream, which is not the caller's thread nor s's. */
+  pthread_t t_null, t_legacy, t_user;
+  CHECK_OK(o->sim_launch(dev, NULL, k_tid, &t_null));
+  CHECK_OK(o->sim_launch(dev, LEGACY, k_tid, &t_legacy));
+  CHECK_OK(o->sim_launch(dev, s, k_tid, &t_user));
+  CHECK_OK(o->device_synchronize(dev));
+  CHECK(pthread_equal(t_null, t_legacy));
+  CHECK(!pthread_equal(t_null, pthread_self()) && !pthread_equal(t_null, t_user));
+  CHECK_OK(o->stream_destroy(dev, s));
+  o->destroy(dev);
+}
+
+static void test_concurrency(void) {
+  gma__device_t *dev = make_dev(NULL);
+  const gma__device_ops_t *o = dev->ops;
+  gma_stream_t a, b;
+  CHECK_OK(o->stream_create(dev, &a));
+  CHECK_OK(o->stream_create(dev, &b));
+  atomic_int fa = 0, fb = 0;
+  /* Each kernel waits to see the other one running: both succeed only if
+   * the two streams execute at the same time. */
+  meet_arg_t ma = {&fa, &fb, 0}, mb = {&fb, &fa, 0};
+  CHECK_OK(o->sim_launch(dev, a, k_meet, &ma));
+  CHECK_OK(o->sim_launch(dev, b, k_meet, &mb));
+  CHECK_OK(o->stream_synchronize(dev, a));
+  CHECK_OK(o->stream_synchronize(dev, b));
+  CHECK(ma.met && mb.met);
+  CHECK_OK(o->stream_destroy(dev, a));
+  CHECK_OK(o->stream_destroy(dev, b));
+  o->destroy(dev);
+}
+
+static void test_events(void) {
+  gma__device_t *dev = make_dev(NULL);
+  const gma__device_ops_t *o = dev->ops;
+  gma_stream_t a, b;
+  CHECK_OK(o->stream_create(dev, &a));
+  CHECK_OK(o->stream_create(dev, &b));
+  gma__event_t ev;
+  bool done = false;
+  CHECK_OK(o->event_create(dev, &ev));
+  /* Never recorded: complete. */
+  CHECK_OK(o->event_query(dev, ev, &done));
+  CHECK(done);
+  CHECK_OK(o->event_synchronize(dev, ev));
+  /* Recorded on an idle stream: complete at once. */
+  CHECK_OK(o->event_record(dev, ev, a));
+  CHECK_OK(o->event_query(dev, ev, &done));
+  CHECK(done);
+  /* Recorded behind a blocked kernel: pending until it runs. */
+  atomic_int gate = 0;
+  CHECK_OK(o->sim_launch(dev, a, k_gate, &gate));
+  CHECK_OK(o->event_record(dev, ev, a));
+  CHECK_OK(o->event_query(dev, ev, &done));
+  CHECK(!done);
+  sleep_ns(5 * MS);
+  CHECK_OK(o->event_query(dev, ev, &done));
+  CHECK(!done);
+  atomic_store(&gate, 1);
+  CHECK_OK(o->event_synchronize(dev, ev));
+  CHECK_OK(o->event_query(dev, ev, &done));
+  CHECK(done);
+  /* synchronize really waits for the recorded work. */
+  atomic_int flag = 0;
+  CHECK_OK(o->sim_launch(dev, b, k_sleep_set, &flag));
+  CHECK_OK(o->event_record(dev, ev, b));
+  CHECK_OK(o->event_synchronize(dev, ev));
+  CHECK(atomic_load(&flag) == 1);
+  /* Re-recorded: the latest record counts, in both directions. */
+  atomic_int gate2 = 0;
+  CHECK_OK(o->sim_launch(dev, a, k_gate, &gate2));
+  CHECK_OK(o->event_record(dev, ev, a));
+  CHECK_OK(o->event_query(dev, ev, &done));
+  CHECK(!done);
+  /* event_synchronize does not wait for b's thread to go idle; this does. */
+  CHECK_OK(o->stream_synchronize(dev, b));
+  CHECK_OK(o->event_record(dev, ev, b)); /* b is idle: complete at once */
+  CHECK_OK(o->event_query(dev, ev, &done));
+  CHECK(done);
+  atomic_int gate3 = 0;
+  CHECK_OK(o->sim_launch(dev, b, k_gate, &gate3));
+  CHECK_OK(o->event_record(dev, ev, b));
+  atomic_store(&gate2, 1); /* a's older record completes; the event stays pending */
+  CHECK_OK(o->stream_synchronize(dev, a));
+  CHECK_OK(o->event_query(dev, ev, &done));
+  CHECK(!done);
+  atomic_store(&gate3, 1);
+  CHECK_OK(o->event_synchronize(dev, ev));
+  CHECK_OK(o->event_query(dev, ev, &done));
+  CHECK(done);
+  /* Unknown and destroyed event handles are errors, not crashes. */
+  gma__event_t bogus = (gma__event_t)(uintptr_t)0xbad000;
+  CHECK_ST(o->event_query(dev, bogus, &done), GMA_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(gma_last_error(), "not a live event"));
+  CHECK_ST(o->event_record(dev, bogus, a), GMA_ERR_INVALID_ARGUMENT);
+  CHECK_ST(o->event_synchronize(dev, bogus), GMA_ERR_INVALID_ARGUMENT);
+  CHECK_ST(o->stream_wait_event(dev, a, bogus), GMA_ERR_INVALID_ARGUMENT);
+  CHECK_OK(o->event_destroy(dev, ev));
+  CHECK_ST(o->event_destroy(dev, ev), GMA_ERR_INVALID_ARGUMENT);
+  CHECK_ST(o->event_query(dev, ev, &done), GMA_ERR_INVALID_ARGUMENT);
+  CHECK_OK(o->stream_destroy(dev, a));
+  CHECK_OK(o->stream_destroy(dev, b));
+  o->destroy(dev);
+}
+
+static void test_wait_event(void) {
+  gma__device_t *dev = make_dev(NULL);
+  const gma__device_ops_t *o = dev->ops;
+  gma_stream_t a, b;
+  CHECK_OK(o->stream_create(dev, &a));
+  CHECK_OK(o->stream_create(dev, &b));
+  gma__event_t ev, never;
+  CHECK_OK(o->event_create(dev, &ev));
+  CHECK_OK(o->event_create(dev, &never));
+  /* Waiting on a never-recorded event does not hold b up. */
+  atomic_int ran0 = 0;
+  CHECK_OK(o->stream_wait_event(dev, b, never));
+  CHECK_OK(o->sim_launch(dev, b, k_set, &ran0));
+  CHECK_OK(o->stream_synchronize(dev, b));
+  CHECK(atomic_load(&ran0) == 1);
+
+  atomic_int gate = 0, ran = 0;
+  int seen = 0;
+  shared_value = 0;
+  CHECK_OK(o->sim_launch(dev, a, k_gate, &gate));
+  CHECK_OK(o->sim_launch(dev, a, k_write42, NULL));
+  CHECK_OK(o->event_record(dev, ev, a));
+  /* The host returns from the wait while a is still blocked. */
+  CHECK_OK(o->stream_wait_event(dev, b, ev));
+  CHECK_OK(o->sim_launch(dev, b, k_read, &seen));
+  CHECK_OK(o->sim_launch(dev, b, k_set, &ran));
+  /* A later record of ev does not change what b waits for. */
+  CHECK_OK(o->event_record(dev, ev, NULL));
+  sleep_ns(20 * MS);
+  CHECK(atomic_load(&ran) == 0);
+  atomic_store(&gate, 1);
+  CHECK_OK(o->stream_synchronize(dev, b));
+  CHECK(seen == 42 && atomic_load(&ran) == 1);
+  CHECK_OK(o->event_destroy(dev, ev));
+  CHECK_OK(o->event_destroy(dev, never));
+  CHECK_OK(o->stream_destroy(dev, a));
+  CHECK_OK(o->stream_destroy(dev, b));
+  o->destroy(dev);
+}
+
+static void test_memory(void) {
+  gma_config_t cfg = GMA_CONFIG_INIT;
+  cfg.sim_capacity = 1 << 20;
+  gma__device_t *dev = make_dev(&cfg);
+  const gma__device_ops_t *o = dev->ops;
+  uint64_t fr, tot;
+  uintptr_t a, b, c;
+  CHECK_OK(o->mem_info(dev, &fr, &tot));
+  CHECK(fr == 1 << 20 && tot == 1 << 20);
+  CHECK_OK(o->mem_alloc(dev, 512 << 10, &a));
+  CHECK_OK(o->mem_alloc(dev, 512 << 10, &b));
+  CHECK(a % 512 == 0 && b % 512 == 0 && a != b);
+  memset((void *)a, 0xab, 512 << 10);
+  memset((void *)b, 0xcd, 512 << 10);
+  CHECK(((unsigned char *)a)[1000] == 0xab);
+  CHECK_ST(o->mem_alloc(dev, 1, &c), GMA_ERR_OOM);
+  CHECK(strstr(gma_last_error(), "requested 1 bytes") && strstr(gma_last_error(), "1048576"));
+  CHECK_ST(o->mem_alloc(dev, 0, &c), GMA_ERR_INVALID_SIZE);
+  CHECK_OK(o->mem_info(dev, &fr, &tot));
+  CHECK(fr == 0 && tot == 1 << 20);
+  CHECK_OK(o->mem_free(dev, a, 512 << 10));
+  CHECK_OK(o->mem_info(dev, &fr, NULL));
+  CHECK(fr == 512 << 10);
+  CHECK_OK(o->mem_alloc(dev, 256 << 10, &c));
+  CHECK_ST(o->mem_alloc(dev, (256 << 10) + 1, &a), GMA_ERR_OOM);
+  CHECK_OK(o->mem_free(dev, c, 256 << 10));
+  /* Bad frees change nothing. */
+  CHECK_ST(o->mem_free(dev, (uintptr_t)0x12340000, 4096), GMA_ERR_DEVICE);
+  CHECK(strstr(gma_last_error(), "not a live device allocation"));
+  CHECK_ST(o->mem_free(dev, b, 100), GMA_ERR_DEVICE);
+  CHECK(strstr(gma_last_error(), "524288"));
+  CHECK_OK(o->mem_info(dev, &fr, NULL));
+  CHECK(fr == 512 << 10);
+  CHECK_OK(o->mem_free(dev, b, 512 << 10));
+  CHECK_ST(o->mem_free(dev, b, 512 << 10), GMA_ERR_DEVICE);
+  CHECK_OK(o->mem_alloc(dev, 4096, &a)); /* left live: destroy releases it */
+  o->destroy(dev);
+
+  /* Default capacity is 80 GiB, and untouched memory costs nothing. */
+  dev = make_dev(NULL);
+  o = dev->ops;
+  CHECK_OK(o->mem_info(dev, &fr, &tot));
+  CHECK(tot == 80ull << 30 && fr == tot);
+  CHECK_OK(o->mem_alloc(dev, 37ull << 30, &a));
+  ((volatile char *)a)[(37ull << 30) - 1] = 1;
+  CHECK_OK(o->mem_info(dev, &fr, NULL));
+  CHECK(fr == 43ull << 30);
+  CHECK_ST(o->mem_alloc(dev, 44ull << 30, &b), GMA_ERR_OOM);
+  CHECK_OK(o->mem_free(dev, a, 37ull << 30));
+  o->destroy(dev);
+}
+
+static void test_faults(void) {
+  gma_config_t cfg = GMA_CONFIG_INIT;
+  cfg.sim_fail_alloc = 3;
+  cfg.sim_fail_event = 4;
+  gma__device_t *dev = make_dev(&cfg);
+  const gma__device_ops_t *o = dev->ops;
+  uintptr_t p[8];
+  int failed = 0;
+  for (int i = 0; i < 8; i++) {
+    gma_status_t st = o->mem_alloc(dev, 4096, &p[i]);
+    if (i == 2) {
+      CHECK(st == GMA_ERR_DEVICE && strstr(gma_last_error(), "device allocation #3"));
+      failed++;
+      p[i] = 0;
+    } else {
+      CHECK(st == GMA_OK);
+    }
+  }
+  CHECK(failed == 1);
+  for (int i = 0; i < 8; i++) {
+    if (p[i]) CHECK_OK(o->mem_free(dev, p[i], 4096));
+  }
+  /* Event calls 1..3 succeed, call 4 (event_synchronize) fails, later ones succeed. */
+  gma__event_t ev;
+  bool done;
+  CHECK_OK(o->event_create(dev, &ev));                     /* 1 */
+  CHECK_OK(o->event_record(dev, ev, NULL));                /* 2 */
+  CHECK_OK(o->event_query(dev, ev, &done));                /* 3 */
+  CHECK_ST(o->event_synchronize(dev, ev), GMA_ERR_DEVICE); /* 4 */
+  CHECK(strstr(gma_last_error(), "event call #4"));
+  for (int i = 0; i < 4; i++) {
+    CHECK_OK(o->stream_wait_event(dev, NULL, ev));
+    CHECK_OK(o->event_record(dev, ev, NULL));
+    CHECK_OK(o->event_query(dev, ev, &done));
+    CHECK_OK(o->event_synchronize(dev, ev));
+  }
+  CHECK_OK(o->event_destroy(dev, ev));
+  o->destroy(dev);
+}
+
+static void test_latency(void) {
+  gma_config_t cfg = GMA_CONFIG_INIT;
+  cfg.sim_alloc_latency_ns = 20 * MS;
+  cfg.sim_free_latency_ns = 10 * MS;
+  cfg.sim_event_latency_ns = 15 * MS;
+  gma__device_t *dev = make_dev(&cfg);
+  const gma__device_ops_t *o = dev->ops;
+  uintptr_t p;
+  gma__event_t ev;
+  bool done;
+  uint64_t t0 = now_ns();
+  CHECK_OK(o->mem_alloc(dev, 4096, &p));
+  uint64_t t1 = now_ns();
+  CHECK_OK(o->mem_free(dev, p, 4096));
+  uint64_t t2 = now_ns();
+  CHECK_OK(o->event_create(dev, &ev));
+  uint64_t t3 = now_ns();
+  CHECK_OK(o->event_record(dev, ev, NULL));
+  uint64_t t4 = now_ns();
+  CHECK_OK(o->event_query(dev, ev, &done));
+  uint64_t t5 = now_ns();
+  CHECK(t1 - t0 >= 20 * MS && t1 - t0 < 2000 * MS);
+  CHECK(t2 - t1 >= 10 * MS && t2 - t1 < 2000 * MS);
+  CHECK(t4 - t3 >= 15 * MS && t4 - t3 < 2000 * MS);
+  CHECK(t5 - t4 >= 15 * MS && t5 - t4 < 2000 * MS);
+  CHECK_OK(o->event_destroy(dev, ev));
+  o->destroy(dev);
+}
+
+typedef struct ptds_arg {
+  gma__device_t *dev;
+  atomic_int *gate, *launched, *t2_done;
+  pthread_t tid;
+} ptds_arg_t;
+
+/* T1 blocks its own per-thread stream and stays alive (so its pthread_t is
+ * not recycled for T2) until T2 has finished. */
+static void *ptds_t1(void *arg) {
+  ptds_arg_t *a = arg;
+  CHECK_OK(a->dev->ops->sim_launch(a->dev, PER_THREAD, k_gate, a->gate));
+  CHECK_OK(a->dev->ops->sim_launch(a->dev, PER_THREAD, k_tid, &a->tid));
+  atomic_store(a->launched, 1);
+  CHECK(wait_flag(a->t2_done, 10000 * MS));
+  return NULL;
+}
+
+/* T2's per-thread stream runs although T1's is blocked: they are distinct. */
+static void *ptds_t2(void *arg) {
+  ptds_arg_t *a = arg;
+  CHECK(wait_flag(a->launched, 10000 * MS));
+  CHECK_OK(a->dev->ops->sim_launch(a->dev, PER_THREAD, k_tid, &a->tid));
+  CHECK_OK(a->dev->ops->stream_synchronize(a->dev, PER_THREAD));
+  atomic_store(a->t2_done, 1);
+  return NULL;
+}
+
+static void test_per_thread_stream(void) {
+  gma__device_t *dev = make_dev(NULL);
+  const gma__device_ops_t *o = dev->ops;
+  pthread_t m1, m2, legacy;
+  CHECK_OK(o->sim_launch(dev, PER_THREAD, k_tid, &m1));
+  CHECK_OK(o->sim_launch(dev, PER_THREAD, k_tid, &m2));
+  CHECK_OK(o->sim_launch(dev, NULL, k_tid, &legacy));
+  CHECK_OK(o->stream_synchronize(dev, PER_THREAD));
+  CHECK_OK(o->stream_synchronize(dev, NULL));
+  CHECK(pthread_equal(m1, m2) && !pthread_equal(m1, legacy));
+  CHECK_ST(o->stream_destroy(dev, PER_THREAD), GMA_ERR_INVALID_ARGUMENT);
+
+  atomic_int gate = 0, launched = 0, t2_done = 0;
+  ptds_arg_t a1 = {dev, &gate, &launched, &t2_done, 0}, a2 = a1;
+  pthread_t th1, th2;
+  CHECK(pthread_create(&th1, NULL, ptds_t1, &a1) == 0);
+  CHECK(pthread_create(&th2, NULL, ptds_t2, &a2) == 0);
+  pthread_join(th2, NULL);
+  pthread_join(th1, NULL);
+  atomic_store(&gate, 1);
+  CHECK_OK(o->device_synchronize(dev)); /* drains T1's stream, whose thread exited */
+  CHECK(!pthread_equal(a1.tid, a2.tid) && !pthread_equal(a1.tid, m1) &&
+        !pthread_equal(a2.tid, m1) && !pthread_equal(a1.tid, legacy) &&
+        !pthread_equal(a2.tid, legacy));
+  o->destroy(dev);
+}
+
+static void test_bad_streams(void) {
+  gma__device_t *dev = make_dev(NULL);
+  const gma__device_ops_t *o = dev->ops;
+  gma_stream_t bogus = (gma_stream_t)(uintptr_t)0xdead0, s;
+  gma__event_t ev;
+  atomic_int flag = 0;
+  CHECK_OK(o->event_create(dev, &ev));
+  CHECK_ST(o->sim_launch(dev, bogus, k_set, &flag), GMA_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(gma_last_error(), "not a live stream"));
+  CHECK_ST(o->event_record(dev, ev, bogus), GMA_ERR_INVALID_ARGUMENT);
+  CHECK_ST(o->stream_wait_event(dev, bogus, ev), GMA_ERR_INVALID_ARGUMENT);
+  CHECK_ST(o->stream_synchronize(dev, bogus), GMA_ERR_INVALID_ARGUMENT);
+  CHECK_ST(o->stream_destroy(dev, bogus), GMA_ERR_INVALID_ARGUMENT);
+  CHECK_ST(o->sim_launch(dev, NULL, NULL, NULL), GMA_ERR_INVALID_ARGUMENT);
+  CHECK_ST(o->stream_destroy(dev, NULL), GMA_ERR_INVALID_ARGUMENT);
+  CHECK_ST(o->stream_destroy(dev, LEGACY), GMA_ERR_INVALID_ARGUMENT);
+  CHECK_ST(o->stream_destroy(dev, PER_THREAD), GMA_ERR_INVALID_ARGUMENT);
+  /* A destroyed stream is unknown afterwards; its queued work ran first. */
+  CHECK_OK(o->stream_create(dev, &s));
+  CHECK_OK(o->sim_launch(dev, s, k_sleep_set, &flag));
+  CHECK_OK(o->stream_destroy(dev, s));
+  CHECK(atomic_load(&flag) == 1);
+  CHECK_ST(o->sim_launch(dev, s, k_set, &flag), GMA_ERR_INVALID_ARGUMENT);
+  CHECK_ST(o->stream_synchronize(dev, s), GMA_ERR_INVALID_ARGUMENT);
+  CHECK_ST(o->stream_destroy(dev, s), GMA_ERR_INVALID_ARGUMENT);
+  CHECK_OK(o->event_destroy(dev, ev));
+  o->destroy(dev);
+}
+
+static void test_event_destroy_queued(void) {
+  gma__device_t *dev = make_dev(NULL);
+  const gma__device_ops_t *o = dev->ops;
+  gma_stream_t a, b;
+  CHECK_OK(o->stream_create(dev, &a));
+  CHECK_OK(o->stream_create(dev, &b));
+  gma__event_t ev;
+  CHECK_OK(o->event_create(dev, &ev));
+  atomic_int gate = 0, ran = 0;
+  bool done;
+  CHECK_OK(o->sim_launch(dev, a, k_gate, &gate));
+  CHECK_OK(o->event_record(dev, ev, a));      /* a RECORD op holds ev's mark */
+  CHECK_OK(o->stream_wait_event(dev, b, ev)); /* a WAIT op holds ev's mark */
+  CHECK_OK(o->sim_launch(dev, b, k_set, &ran));
+  CHECK_OK(o->event_destroy(dev, ev));
+  CHECK_ST(o->event_query(dev, ev, &done), GMA_ERR_INVALID_ARGUMENT);
+  sleep_ns(5 * MS);
+  CHECK(atomic_load(&ran) == 0); /* the wait still holds b */
+  atomic_store(&gate, 1);
+  CHECK_OK(o->stream_synchronize(dev, b));
+  CHECK(atomic_load(&ran) == 1);
+  CHECK_OK(o->stream_destroy(dev, a));
+  CHECK_OK(o->stream_destroy(dev, b));
+  o->destroy(dev);
+}
+
+static void test_destroy_pending(void) {
+  gma__device_t *dev = make_dev(NULL);
+  const gma__device_ops_t *o = dev->ops;
+  gma_stream_t a, b;
+  CHECK_OK(o->stream_create(dev, &a));
+  CHECK_OK(o->stream_create(dev, &b));
+  gma__event_t ev;
+  CHECK_OK(o->event_create(dev, &ev));
+  atomic_int count = 0, flag = 0;
+  uintptr_t p;
+  CHECK_OK(o->mem_alloc(dev, 1 << 20, &p));
+  /* b waits on a's slow kernel; everything is left queued and alive. */
+  CHECK_OK(o->sim_launch(dev, a, k_sleep_set, &flag));
+  CHECK_OK(o->event_record(dev, ev, a));
+  CHECK_OK(o->stream_wait_event(dev, b, ev));
+  for (int i = 0; i < 10; i++) {
+    CHECK_OK(o->sim_launch(dev, a, k_count, &count));
+    CHECK_OK(o->sim_launch(dev, b, k_count, &count));
+    CHECK_OK(o->sim_launch(dev, NULL, k_count, &count));
+    CHECK_OK(o->sim_launch(dev, PER_THREAD, k_count, &count));
+  }
+  CHECK_OK(o->event_record(dev, ev, b));
+  o->destroy(dev);
+  CHECK(atomic_load(&flag) == 1 && atomic_load(&count) == 40);
+}
+
+/* Several host threads hammer shared streams, their per-thread streams,
+ * events and memory at once; TSan checks the locking. */
+enum { MT_THREADS = 4, MT_ITERS = 150 };
+typedef struct mt_arg {
+  gma__device_t *dev;
+  gma_stream_t *streams;
+  gma__event_t *events;
+  atomic_int *count;
+  int id;
+} mt_arg_t;
+
+static void *mt_main(void *arg) {
+  mt_arg_t *m = arg;
+  const gma__device_ops_t *o = m->dev->ops;
+  unsigned seed = (unsigned)m->id * 2654435761u + 1;
+  for (int i = 0; i < MT_ITERS; i++) {
+    seed = seed * 1103515245u + 12345u;
+    gma_stream_t s = (seed >> 8) % 4 == 3 ? PER_THREAD : m->streams[(seed >> 8) % 3];
+    gma__event_t other = m->events[(seed >> 12) % MT_THREADS];
+    bool done;
+    uintptr_t p;
+    CHECK_OK(o->sim_launch(m->dev, s, k_count, m->count));
+    CHECK_OK(o->event_record(m->dev, m->events[m->id], s));
+    CHECK_OK(o->stream_wait_event(m->dev, s, other));
+    CHECK_OK(o->event_query(m->dev, other, &done));
+    if (i % 16 == 0) CHECK_OK(o->event_synchronize(m->dev, m->events[m->id]));
+    if (i % 8 == 0) {
+      CHECK_OK(o->mem_alloc(m->dev, 8192, &p));
+      CHECK_OK(o->mem_free(m->dev, p, 8192));
+    }
+  }
+  CHECK_OK(o->stream_synchronize(m->dev, PER_THREAD));
+  return NULL;
+}
+
+static void test_threads(void) {
+  gma__device_t *dev = make_dev(NULL);
+  const gma__device_ops_t *o = dev->ops;
+  gma_stream_t streams[3];
+  gma__event_t events[MT_THREADS];
+  atomic_int count = 0;
+  for (int i = 0; i < 3; i++) CHECK_OK(o->stream_create(dev, &streams[i]));
+  for (int i = 0; i < MT_THREADS; i++) CHECK_OK(o->event_create(dev, &events[i]));
+  pthread_t th[MT_THREADS];
+  mt_arg_t args[MT_THREADS];
+  for (int i = 0; i < MT_THREADS; i++) {
+    args[i] = (mt_arg_t){dev, streams, events, &count, i};
+    CHECK(pthread_create(&th[i], NULL, mt_main, &args[i]) == 0);
+  }
+  for (int i = 0; i < MT_THREADS; i++) pthread_join(th[i], NULL);
+  CHECK_OK(o->device_synchronize(dev));
+  CHECK(atomic_load(&count) == MT_THREADS * MT_ITERS);
+  for (int i = 0; i < MT_THREADS; i++) CHECK_OK(o->event_destroy(dev, events[i]));
+  for (int i = 0; i < 3; i++) CHECK_OK(o->stream_destroy(dev, streams[i]));
+  o->destroy(dev);
+}
+
+int main(void) {
+  test_in_order();
+  test_concurrency();
+  test_events();
+  test_wait_event();
+  test_memory();
+  test_faults();
+  test_latency();
+  test_per_thread_stream();
+  test_bad_streams();
+  test_event_destroy_queued();
+  test_destroy_pending();
+  test_threads();
+  printf("test_sim: ok\n");
+  return 0;
+}

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# gma's main job: build a Release gma, then run the demo workload and the
+# allocation benchmark. This version of gma has only the simulated device
+# (host memory and host-thread streams), so this runs on any machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash tools/bootstrap.sh
+jobs=$(nproc 2>/dev/null || echo 2)
+cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DGMA_BUILD_TESTS=OFF >/dev/null
+cmake --build build/release -j "$jobs" >/dev/null
+echo "gma $(sed -n 's/#define GMA_VERSION_STRING "\(.*\)"/\1/p' include/gma/version.h): running on the SIMULATED device (no CUDA backend in this version; no GPU needed)"
+echo
+./build/release/gma-demo
+echo
+./build/release/bench/gma-bench-alloc --json build/release/bench_alloc.json "$@"
+echo
+echo "benchmark results (JSON): build/release/bench_alloc.json"
