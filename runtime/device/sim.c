@@ -207,9 +207,20 @@ struct sim_device {
 
 static sim_device_t *sim_of(gma__device_t *d) { return (sim_device_t *)d; }
 
-/* Sleeps ns nanoseconds, resuming after signals; any thread. */
+/* Takes ns nanoseconds, as a device call would; any thread. Waits shorter
+ * than 200 us spin on the clock, because nanosleep overshoots them several
+ * times over (timer slack and wake-up cost) and would distort benchmarks. */
 static void sim_sleep(uint64_t ns) {
   if (ns == 0) return;
+  if (ns < 200000) {
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do {
+      clock_gettime(CLOCK_MONOTONIC, &t);
+    } while ((uint64_t)(t.tv_sec - t0.tv_sec) * 1000000000u + (uint64_t)t.tv_nsec -
+                 (uint64_t)t0.tv_nsec < ns);
+    return;
+  }
   struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
   while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
   }
