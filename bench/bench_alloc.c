@@ -241,10 +241,11 @@ static void write_json(const options_t *o, const result_t *res, int n) {
     }
     const gma_stats_t *st = &r->stats;
     fprintf(f,
-            "     \"gma_stats\": {\"num_allocs\": %" PRIu64 ", \"hits_stream\": %" PRIu64
+            "     \"gma_stats\": {\"num_allocs\": %" PRIu64 ", \"hits_bin\": %" PRIu64
+            ", \"hits_stream\": %" PRIu64
             ", \"hits_pool\": %" PRIu64 ", \"hits_device\": %" PRIu64
             ", \"num_device_allocs\": %" PRIu64 ", \"reserved_peak\": %" PRIu64 "},\n",
-            st->num_allocs, st->hits_stream, st->hits_pool, st->hits_device,
+            st->num_allocs, st->hits_bin, st->hits_stream, st->hits_pool, st->hits_device,
             st->num_device_allocs, st->reserved.peak);
     fprintf(f, "     \"ratio_direct_over_gma\": %.2f}%s\n", r->ratio, i + 1 < n ? "," : "");
   }
@@ -321,12 +322,13 @@ int main(int argc, char **argv) {
   printf("(median and p99 across %d batches; direct n: pairs per baseline batch, sized to "
          "~100 ms)\n",
          o.reps);
-  printf("\n%-30s %10s %10s %10s %12s\n", "gma hits (incl. warm-up)", "stream", "pool", "device",
-         "device allocs");
+  printf("\n%-30s %10s %10s %10s %10s %12s\n", "gma hits (incl. warm-up)", "bin", "stream", "pool",
+         "device", "device allocs");
   for (int i = 0; i < NSC; i++) {
     const gma_stats_t *s = &res[i].stats;
-    printf("%-30s %10" PRIu64 " %10" PRIu64 " %10" PRIu64 " %12" PRIu64 "\n", res[i].sc->name,
-           s->hits_stream, s->hits_pool, s->hits_device, s->num_device_allocs);
+    printf("%-30s %10" PRIu64 " %10" PRIu64 " %10" PRIu64 " %10" PRIu64 " %12" PRIu64 "\n",
+           res[i].sc->name, s->hits_bin, s->hits_stream, s->hits_pool, s->hits_device,
+           s->num_device_allocs);
   }
   write_json(&o, res, NSC);
   printf("\nwrote %s\n", o.json_path);

@@ -93,6 +93,15 @@ typedef enum gma_device_kind {
   GMA_DEVICE_CUDA = 2  /* the CUDA driver; gma_create fails with GMA_ERR_NO_DEVICE without it */
 } gma_device_kind_t;
 
+/* Cross-stream reuse: when may a block freed on stream S serve stream U? */
+typedef enum gma_reuse {
+  GMA_REUSE_QUERY = 0, /* once the host has seen S's work on it complete (default) */
+  GMA_REUSE_WAIT = 1,  /* also before that: U is made to wait on S's event on the device
+                          (no host blocking), when that saves growing the pool */
+  GMA_REUSE_NONE = 2   /* never automatically: S keeps its freed blocks until
+                          gma_empty_cache or gma_stream_retire */
+} gma_reuse_t;
+
 typedef struct gma_config {
   size_t size;                 /* sizeof(gma_config_t) as the caller compiled it */
   gma_device_kind_t device;    /* GMA_CONF key "device": auto | sim | cuda */
@@ -106,6 +115,11 @@ typedef struct gma_config {
                                   a multiple of 512, small_size..1G) */
   uint64_t large_segment_size; /* "large_segment": segment shared by large requests up to
                                   10 MiB (20 MiB; a multiple of 2M, up to 64G) */
+  gma_reuse_t reuse;           /* "reuse": query | wait | none */
+  uint64_t bin_max;            /* "bin_max": largest request served by the lock-free
+                                  per-stream bins (4 MiB; 512..1G) */
+  uint64_t bin_depth;          /* "bin_depth": most blocks one bin holds (64; 1..65536) */
+  int bins_off;                /* "bins": on | off (off: every call goes to the pool) */
   /* Simulated device (ignored by CUDA). */
   uint64_t sim_capacity;         /* "sim_capacity": device memory in bytes (80 GiB; 1M..1024T) */
   uint64_t sim_alloc_latency_ns; /* "sim_alloc_ns": time one device allocation takes (0) */
@@ -134,9 +148,13 @@ GMA_API gma_status_t gma_config_parse(gma_config_t *config, const char *text);
 typedef struct gma gma_t;
 
 /* Streams are the driver's handles: pass a CUstream or cudaStream_t as it is.
- * NULL is the device's default stream. On the simulated device, streams come
- * from gma_stream_create. */
+ * NULL and GMA_STREAM_LEGACY are the device's default stream;
+ * GMA_STREAM_PER_THREAD is the calling thread's own default stream (a
+ * different stream on each thread; the values are CUDA's). On the simulated
+ * device, other streams come from gma_stream_create. */
 typedef void *gma_stream_t;
+#define GMA_STREAM_LEGACY ((gma_stream_t)0x1)
+#define GMA_STREAM_PER_THREAD ((gma_stream_t)0x2)
 
 /* Creates an allocator; config may be NULL for all defaults. One thread. */
 GMA_API gma_status_t gma_create(const gma_config_t *config, gma_t **out);
@@ -168,6 +186,13 @@ GMA_API gma_status_t gma_record_stream(gma_t *g, void *ptr, gma_stream_t stream)
 /* Returns to the device every segment with no live allocation whose device work
  * is known to be done. Never waits for the device. Any thread. */
 GMA_API gma_status_t gma_empty_cache(gma_t *g);
+/* Call before destroying a stream that gma has seen (unless you destroy it
+ * with gma_stream_destroy, which does this). gma closes the stream's epoch
+ * with one event and forgets the handle: the stream's cached blocks go to the
+ * shared pool once its work is done, and a new stream that gets the same
+ * handle value starts clean. Never blocks. Live allocations made on the stream
+ * stay valid and may be freed later. Any thread. */
+GMA_API gma_status_t gma_stream_retire(gma_t *g, gma_stream_t stream);
 
 /* ---------------------------------------------------------------------------
  * Statistics. Byte counts: reserved = allocated + stream_cached + pending + free.
@@ -194,12 +219,16 @@ typedef struct gma_stats {
   uint64_t num_device_frees;    /* segments given back to the device */
   uint64_t num_ooms;            /* allocations that failed with GMA_ERR_OOM */
   uint64_t num_oom_retries;     /* device OOMs answered by releasing cache and retrying */
-  uint64_t hits_stream;         /* allocations served from the stream's own cache */
-  uint64_t hits_pool;           /* allocations served from the shared free pool */
-  uint64_t hits_device;         /* allocations that needed a new segment */
+  uint64_t hits_bin;            /* served by the stream's lock-free bin (no lock taken) */
+  uint64_t hits_stream;         /* served by the stream's own cache in the pool */
+  uint64_t hits_pool;           /* served by the shared free pool */
+  uint64_t hits_device;         /* needed a new segment from the device */
   uint64_t num_segments;        /* segments held now */
   uint64_t largest_free_block;  /* largest block in stream caches or the free pool */
   double fragmentation;         /* 1 - largest_free_block / (stream_cached + free); 0 if none */
+  uint64_t num_streams;         /* streams gma keeps a record of (retired ones excluded) */
+  uint64_t num_cross_stream_waits; /* reuse:wait: device-side waits made instead of growing */
+  uint64_t num_epoch_events;    /* events recorded to close stream epochs */
 } gma_stats_t;
 
 #if defined(__cplusplus) && __cplusplus < 202002L
@@ -209,8 +238,35 @@ typedef struct gma_stats {
 #endif
 
 /* Fills *out (whose size field the caller set, e.g. with GMA_STATS_INIT).
- * A consistent snapshot. Any thread. */
+ * Counters kept per stream on the lock-free path are summed on read, so while
+ * other threads allocate the sums may be a few operations apart; when no call
+ * is in flight the snapshot is exact and the equation above holds. Peaks of
+ * allocated/requested/active are sampled at every pool operation and read.
+ * Any thread. */
 GMA_API gma_status_t gma_stats(gma_t *g, gma_stats_t *out);
+
+/* What gma knows of one stream. */
+typedef struct gma_stream_stats {
+  size_t size;            /* sizeof(gma_stream_stats_t) as the caller compiled it */
+  uint64_t allocs;        /* successful gma_alloc calls on the stream */
+  uint64_t frees;         /* frees of blocks allocated on the stream */
+  uint64_t hits;          /* allocations served by the stream's lock-free bins */
+  uint64_t misses;        /* allocations that went to the pool */
+  uint64_t allocated_bytes; /* live bytes allocated on the stream */
+  uint64_t cached_bytes;  /* freed bytes cached for the stream (bins and pool) */
+  uint64_t epoch;         /* the stream's open epoch */
+  uint64_t safe_epoch;    /* every epoch up to this one has completed */
+} gma_stream_stats_t;
+
+#if defined(__cplusplus) && __cplusplus < 202002L
+#define GMA_STREAM_STATS_INIT {sizeof(gma_stream_stats_t)}
+#else
+#define GMA_STREAM_STATS_INIT {.size = sizeof(gma_stream_stats_t)}
+#endif
+
+/* Statistics of one stream; GMA_ERR_INVALID_ARGUMENT if gma has no record of
+ * it (never used, or retired). Any thread. */
+GMA_API gma_status_t gma_stream_stats(gma_t *g, gma_stream_t stream, gma_stream_stats_t *out);
 
 /* ---------------------------------------------------------------------------
  * Streams and simulated kernels. Streams work on every device; gma_sim_launch
@@ -218,7 +274,9 @@ GMA_API gma_status_t gma_stats(gma_t *g, gma_stats_t *out);
  * (host functions) in stream order against block memory.
  * ------------------------------------------------------------------------- */
 GMA_API gma_status_t gma_stream_create(gma_t *g, gma_stream_t *out);
-/* Waits for the stream's queued work, then destroys it. */
+/* Retires the stream in gma (see gma_stream_retire), then destroys it. Like
+ * cuStreamDestroy it returns at once; queued work still runs to completion.
+ * The handle value may be given to a stream created later. */
 GMA_API gma_status_t gma_stream_destroy(gma_t *g, gma_stream_t stream);
 /* Blocks until all work queued on stream so far has finished. */
 GMA_API gma_status_t gma_stream_synchronize(gma_t *g, gma_stream_t stream);

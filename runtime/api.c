@@ -95,13 +95,19 @@ gma_status_t gma_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out) {
                           "gma_alloc: %zu bytes is more than this allocator can ever hold "
                           "(memory_limit / device capacity %" PRIu64 " bytes)",
                           size, g->cfg.memory_limit);
-  return gma__pool_alloc(&g->pool, size, stream, out);
+  if (size <= g->pool.bin_max && gma__bin_alloc(&g->pool, size, stream, out) == GMA_OK)
+    return GMA_OK;
+  uint64_t id;
+  gma_status_t st = g->dev->ops->stream_id(g->dev, stream, &id);
+  if (st != GMA_OK) return st;
+  return gma__pool_alloc_slow(&g->pool, size, stream, id, out);
 }
 
 gma_status_t gma_free(gma_t *g, void *ptr) {
   CHECK_ARG(g, "gma_free: allocator is NULL");
   if (!ptr) return GMA_OK; /* like free(NULL) and cudaFree(NULL) */
-  return gma__pool_free(&g->pool, ptr);
+  if (gma__bin_free(&g->pool, ptr) == GMA_OK) return GMA_OK;
+  return gma__pool_free_slow(&g->pool, ptr);
 }
 
 gma_status_t gma_record_stream(gma_t *g, void *ptr, gma_stream_t stream) {
@@ -132,13 +138,26 @@ gma_status_t gma_stream_create(gma_t *g, gma_stream_t *out) {
 
 gma_status_t gma_stream_destroy(gma_t *g, gma_stream_t stream) {
   CHECK_ARG(g, "gma_stream_destroy: allocator is NULL");
-  /* Synchronize first (this also checks the handle), so every block cached on
-   * the stream is safe; then forget the stream before its handle value can be
-   * reused by a new stream. */
-  gma_status_t st = g->dev->ops->stream_synchronize(g->dev, stream);
-  if (st != GMA_OK) return st;
-  gma__pool_stream_retired(&g->pool, stream);
-  return g->dev->ops->stream_destroy(g->dev, stream);
+  CHECK_ARG(stream != NULL && stream != GMA_STREAM_LEGACY && stream != GMA_STREAM_PER_THREAD,
+            "gma_stream_destroy(%p): the default streams cannot be destroyed", stream);
+  /* Forget the stream before its handle value can be reused by a new one. */
+  gma_status_t st = gma__pool_stream_retire(&g->pool, stream);
+  gma_status_t dst = g->dev->ops->stream_destroy(g->dev, stream);
+  return dst != GMA_OK ? dst : st;
+}
+
+gma_status_t gma_stream_retire(gma_t *g, gma_stream_t stream) {
+  CHECK_ARG(g, "gma_stream_retire: allocator is NULL");
+  return gma__pool_stream_retire(&g->pool, stream);
+}
+
+gma_status_t gma_stream_stats(gma_t *g, gma_stream_t stream, gma_stream_stats_t *out) {
+  CHECK_ARG(g, "gma_stream_stats: allocator is NULL");
+  CHECK_ARG(out, "gma_stream_stats: out is NULL");
+  CHECK_ARG(out->size >= sizeof(size_t) && out->size <= sizeof(gma_stream_stats_t),
+            "gma_stream_stats: out->size is %zu; initialize with GMA_STREAM_STATS_INIT",
+            out->size);
+  return gma__pool_stream_stats(&g->pool, stream, out);
 }
 
 gma_status_t gma_stream_synchronize(gma_t *g, gma_stream_t stream) {

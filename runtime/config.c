@@ -18,7 +18,7 @@
 #define GiB (1ull << 30)
 #define TiB (1ull << 40)
 
-typedef enum { KIND_SIZE, KIND_COUNT, KIND_DEVICE } value_kind_t;
+typedef enum { KIND_SIZE, KIND_COUNT, KIND_DEVICE, KIND_REUSE, KIND_ONOFF } value_kind_t;
 
 /* One row per key: where it lives in gma_config_t and its allowed range
  * (checked after defaults are applied; 0 in a config means "default"). */
@@ -37,6 +37,10 @@ static const key_spec_t keys[] = {
     {"small_size", FIELD(small_size), KIND_SIZE, 512, 64 * MiB},
     {"small_segment", FIELD(small_segment_size), KIND_SIZE, 512, 1 * GiB},
     {"large_segment", FIELD(large_segment_size), KIND_SIZE, 2 * MiB, 64 * GiB},
+    {"reuse", FIELD(reuse), KIND_REUSE, 0, 2},
+    {"bin_max", FIELD(bin_max), KIND_SIZE, 512, 1 * GiB},
+    {"bin_depth", FIELD(bin_depth), KIND_COUNT, 1, 65536},
+    {"bins", FIELD(bins_off), KIND_ONOFF, 0, 1},
     {"sim_capacity", FIELD(sim_capacity), KIND_SIZE, 1 * MiB, 1024 * TiB},
     {"sim_alloc_ns", FIELD(sim_alloc_latency_ns), KIND_COUNT, 0, 10000000000ull},
     {"sim_free_ns", FIELD(sim_free_latency_ns), KIND_COUNT, 0, 10000000000ull},
@@ -49,7 +53,9 @@ static const key_spec_t keys[] = {
 static uint64_t get_field(const gma_config_t *c, const key_spec_t *k) {
   const char *at = (const char *)c + k->offset;
   if (k->kind == KIND_DEVICE) return (uint64_t)*(const gma_device_kind_t *)at;
-  if (k->offset == FIELD(device_ordinal)) return (uint64_t)(int64_t)*(const int *)at;
+  if (k->kind == KIND_REUSE) return (uint64_t)*(const gma_reuse_t *)at;
+  if (k->kind == KIND_ONOFF || k->offset == FIELD(device_ordinal))
+    return (uint64_t)(int64_t)*(const int *)at;
   return *(const uint64_t *)at;
 }
 
@@ -57,7 +63,9 @@ static void set_field(gma_config_t *c, const key_spec_t *k, uint64_t v) {
   char *at = (char *)c + k->offset;
   if (k->kind == KIND_DEVICE)
     *(gma_device_kind_t *)at = (gma_device_kind_t)v;
-  else if (k->offset == FIELD(device_ordinal))
+  else if (k->kind == KIND_REUSE)
+    *(gma_reuse_t *)at = (gma_reuse_t)v;
+  else if (k->kind == KIND_ONOFF || k->offset == FIELD(device_ordinal))
     *(int *)at = (int)v;
   else
     *(uint64_t *)at = v;
@@ -96,15 +104,21 @@ static bool parse_number(const char *s, size_t len, bool size, uint64_t *out) {
   return true;
 }
 
-static bool parse_device(const char *s, size_t len, uint64_t *out) {
-  static const char *names[] = {"auto", "sim", "cuda"};
-  for (uint64_t i = 0; i < 3; i++)
+/* Parses one of a key's names; the value is the name's index. */
+static bool parse_name(const char *s, size_t len, const char *const *names, uint64_t n,
+                       uint64_t *out) {
+  for (uint64_t i = 0; i < n; i++)
     if (strlen(names[i]) == len && strncasecmp(s, names[i], len) == 0) {
       *out = i;
       return true;
     }
   return false;
 }
+
+static const char *const device_names[] = {"auto", "sim", "cuda"};
+static const char *const reuse_names[] = {"query", "wait", "none"};
+/* "bins" sets bins_off: index 0 is "on" (bins_off = 0). */
+static const char *const onoff_names[] = {"on", "off"};
 
 static void trim(const char **s, size_t *len) {
   while (*len && isspace((unsigned char)**s)) (*s)++, (*len)--;
@@ -150,14 +164,33 @@ gma_status_t gma_config_parse(gma_config_t *config, const char *text) {
                             known);
     }
     uint64_t v;
-    bool ok = k->kind == KIND_DEVICE ? parse_device(val, vlen, &v)
-                                     : parse_number(val, vlen, k->kind == KIND_SIZE, &v);
+    bool ok;
+    const char *expected;
+    switch (k->kind) {
+      case KIND_DEVICE:
+        ok = parse_name(val, vlen, device_names, 3, &v);
+        expected = "auto, sim or cuda";
+        break;
+      case KIND_REUSE:
+        ok = parse_name(val, vlen, reuse_names, 3, &v);
+        expected = "query, wait or none";
+        break;
+      case KIND_ONOFF:
+        ok = parse_name(val, vlen, onoff_names, 2, &v);
+        expected = "on or off";
+        break;
+      case KIND_SIZE:
+        ok = parse_number(val, vlen, true, &v);
+        expected = "a size such as 512, 64K, 2M, 1G";
+        break;
+      default:
+        ok = parse_number(val, vlen, false, &v);
+        expected = "a non-negative integer";
+        break;
+    }
     if (!ok)
       return gma__set_error(GMA_ERR_CONFIG, "key '%s': bad value '%.*s' (expected %s)", k->key,
-                            (int)vlen, val,
-                            k->kind == KIND_DEVICE ? "auto, sim or cuda"
-                            : k->kind == KIND_SIZE ? "a size such as 512, 64K, 2M, 1G"
-                                                   : "a non-negative integer");
+                            (int)vlen, val, expected);
     /* For sizes, 0 asks for the default, as it does in gma_config_t. */
     if ((v != 0 || k->kind != KIND_SIZE) && (v < k->min || v > k->max))
       return gma__set_error(GMA_ERR_CONFIG,
@@ -196,6 +229,8 @@ gma_status_t gma__config_resolve(const gma_config_t *in, gma_config_t *out) {
   if (!c.small_segment_size) c.small_segment_size = 2 * MiB;
   if (!c.large_segment_size) c.large_segment_size = 20 * MiB;
   if (!c.sim_capacity) c.sim_capacity = 80 * GiB;
+  if (!c.bin_max) c.bin_max = 4 * MiB;
+  if (!c.bin_depth) c.bin_depth = 64;
   /* Range checks again: the struct may have been filled without the parser. */
   for (size_t i = 0; i < NKEYS; i++) {
     uint64_t v = get_field(&c, &keys[i]);

@@ -2,6 +2,7 @@
  * coalescing, growth from the device, the OOM retry, and the structural check.
  * Every function here runs under gma__pool_t.lock (see pool.h). */
 #include "pool.h"
+#include "sizeclass.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -88,12 +89,37 @@ static uint64_t treap_max_size(const gma__block_t *n) {
   return n->size;
 }
 
-/* ---- Block containers -------------------------------------------------------
- * Each idle state has its container and byte counter; these keep them in step. */
+/* ---- Block records -------------------------------------------------------------
+ * Records come from chunks and are recycled, never freed before destroy: the
+ * lock-free free path and ck_stack's pop may still read a record that was just
+ * recycled, and must find mapped memory there. */
+
+#define BLOCK_CHUNK 256
 
 static gma__block_t *block_new(gma__pool_t *p) {
-  gma__block_t *b = calloc(1, sizeof *b);
-  if (!b) return NULL;
+  if (!p->spare_blocks) {
+    if (p->nchunks == p->chunks_cap) {
+      size_t cap = p->chunks_cap ? p->chunks_cap * 2 : 16;
+      void **a = realloc(p->block_chunks, cap * sizeof *a);
+      if (!a) return NULL;
+      p->block_chunks = a;
+      p->chunks_cap = cap;
+    }
+    gma__block_t *chunk = calloc(BLOCK_CHUNK, sizeof *chunk);
+    if (!chunk) return NULL;
+    p->block_chunks[p->nchunks++] = chunk;
+    for (int i = BLOCK_CHUNK - 1; i >= 0; i--) {
+      chunk[i].next = p->spare_blocks;
+      p->spare_blocks = &chunk[i];
+    }
+  }
+  gma__block_t *b = p->spare_blocks;
+  p->spare_blocks = b->next;
+  gma__gate_t *gates = b->gates;
+  uint32_t gates_cap = b->gates_cap;
+  memset(b, 0, sizeof *b); /* no other thread can reach a spare record */
+  b->gates = gates; /* keep the gate array: record_stream reuses it */
+  b->gates_cap = gates_cap;
   p->rng ^= p->rng << 13; /* xorshift32 */
   p->rng ^= p->rng >> 17;
   p->rng ^= p->rng << 5;
@@ -101,15 +127,22 @@ static gma__block_t *block_new(gma__pool_t *p) {
   return b;
 }
 
-static void block_delete(gma__block_t *b) {
-  free(b->gates);
-  free(b);
+static void block_recycle(gma__pool_t *p, gma__block_t *b) {
+  gma__store_relaxed(&b->state, GMA__FREE);
+  b->addr = 0;
+  b->next = p->spare_blocks;
+  p->spare_blocks = b;
 }
 
+static uint8_t state_of(gma__block_t *b) { return gma__load_relaxed(&b->state); }
+
+/* ---- Block containers -------------------------------------------------------
+ * Each idle state has its container and byte counter; these keep them in step. */
+
 static void free_link(gma__pool_t *p, gma__block_t *b) {
-  b->state = GMA__FREE;
+  gma__store_relaxed(&b->state, GMA__FREE);
   b->stream = NULL;
-  b->ngates = 0;
+  gma__store_relaxed(&b->ngates, 0);
   p->free_tree[b->seg->kind] = treap_insert(p->free_tree[b->seg->kind], b);
   p->c.free += b->size;
 }
@@ -119,13 +152,18 @@ static void free_unlink(gma__pool_t *p, gma__block_t *b) {
   p->c.free -= b->size;
 }
 
-/* Links a CACHED block into its stream's tree and FIFO, after `after` (or at
- * the tail when after is NULL) so the FIFO stays ordered by epoch. */
+/* Links a CACHED block into its stream's tree and FIFO. The FIFO stays ordered
+ * by epoch: b goes after `after` when given (a split keeps its place), else
+ * after the last block whose epoch is not newer than b's (drained bins bring
+ * older epochs than the tail's). */
 static void cached_link(gma__pool_t *p, gma__block_t *b, gma__block_t *after) {
   gma__stream_t *s = b->stream;
-  b->state = GMA__CACHED;
+  gma__store_relaxed(&b->state, GMA__CACHED);
   s->cached_tree[b->seg->kind] = treap_insert(s->cached_tree[b->seg->kind], b);
-  if (!after) after = s->fifo_tail;
+  if (!after) {
+    after = s->fifo_tail;
+    while (after && after->epoch > b->epoch) after = after->qprev;
+  }
   b->qprev = after;
   b->qnext = after ? after->qnext : s->fifo_head;
   if (b->qprev) b->qprev->qnext = b; else s->fifo_head = b;
@@ -145,12 +183,12 @@ void gma__cached_unlink(gma__pool_t *p, gma__block_t *b) {
 }
 
 static void pending_link(gma__pool_t *p, gma__block_t *b) {
-  b->state = GMA__PENDING;
+  gma__store_relaxed(&b->state, GMA__PENDING);
   b->qprev = NULL;
   b->qnext = p->pending_head;
   if (p->pending_head) p->pending_head->qprev = b;
   p->pending_head = b;
-  p->c.pending += b->size; /* active already counts it: it was LIVE */
+  p->c.pending += b->size;
 }
 
 static void pending_unlink(gma__pool_t *p, gma__block_t *b) {
@@ -158,48 +196,50 @@ static void pending_unlink(gma__pool_t *p, gma__block_t *b) {
   if (b->qnext) b->qnext->qprev = b->qprev;
   b->qprev = b->qnext = NULL;
   p->c.pending -= b->size;
-  gma__stat_sub(&p->c.active, b->size);
 }
 
-/* Absorbs next into b (address neighbours, same segment); frees next's record. */
-static void absorb_next(gma__block_t *b) {
+/* Absorbs next into b (address neighbours, same segment); recycles next. */
+static void absorb_next(gma__pool_t *p, gma__block_t *b) {
   gma__block_t *n = b->next;
   b->size += n->size;
   b->next = n->next;
   if (b->next) b->next->prev = b;
-  block_delete(n);
+  gma__pagemap_set(&p->pagemap, n->addr, NULL); /* clearing never allocates */
+  block_recycle(p, n);
 }
 
 /* Makes an unlinked block FREE, coalescing with FREE neighbours. */
 void gma__block_make_free(gma__pool_t *p, gma__block_t *b) {
-  if (b->prev && b->prev->state == GMA__FREE) {
+  if (b->prev && state_of(b->prev) == GMA__FREE) {
     gma__block_t *prev = b->prev;
     free_unlink(p, prev);
-    absorb_next(prev);
+    absorb_next(p, prev);
     b = prev;
   }
-  if (b->next && b->next->state == GMA__FREE) {
+  if (b->next && state_of(b->next) == GMA__FREE) {
     free_unlink(p, b->next);
-    absorb_next(b);
+    absorb_next(p, b);
   }
   free_link(p, b);
 }
 
-/* Caches a freed block on its stream, merging with neighbours cached on the
- * same stream. The merged block takes the newest epoch of its parts, so it is
- * released only when all of them are safe, and it goes to the FIFO's tail. */
-static void cache_block(gma__pool_t *p, gma__block_t *b) {
+/* Caches an unlinked block on its stream (b->stream, b->epoch set), merging
+ * with neighbours cached on the same stream. The merged block takes the
+ * newest epoch of its parts, so it is released only when all are safe. */
+void gma__cache_block(gma__pool_t *p, gma__block_t *b) {
   gma__stream_t *s = b->stream;
-  if (b->prev && b->prev->state == GMA__CACHED && b->prev->stream == s) {
+  if (b->prev && state_of(b->prev) == GMA__CACHED && b->prev->stream == s) {
     gma__block_t *prev = b->prev;
     gma__cached_unlink(p, prev);
-    prev->epoch = b->epoch; /* b's epoch is the stream's open one: the newest */
-    absorb_next(prev);      /* frees b */
+    if (b->epoch > prev->epoch) prev->epoch = b->epoch;
+    absorb_next(p, prev); /* recycles b */
     b = prev;
   }
-  if (b->next && b->next->state == GMA__CACHED && b->next->stream == s) {
-    gma__cached_unlink(p, b->next);
-    absorb_next(b);
+  if (b->next && state_of(b->next) == GMA__CACHED && b->next->stream == s) {
+    gma__block_t *next = b->next;
+    gma__cached_unlink(p, next);
+    if (next->epoch > b->epoch) b->epoch = next->epoch;
+    absorb_next(p, b);
   }
   cached_link(p, b, NULL);
 }
@@ -236,14 +276,18 @@ static gma_status_t seg_create(gma__pool_t *p, int kind, uint64_t size, gma__blo
   gma__block_t *b = block_new(p);
   if (!seg || !b) {
     free(seg);
-    free(b);
+    if (b) block_recycle(p, b);
     return gma__set_error(GMA_ERR_OOM, "host memory for segment metadata");
   }
   uintptr_t base;
   gma_status_t st = p->dev->ops->mem_alloc(p->dev, size, &base);
+  if (st == GMA_OK && !gma__pagemap_set(&p->pagemap, base, b)) {
+    p->dev->ops->mem_free(p->dev, base, size);
+    st = gma__set_error(GMA_ERR_OOM, "host memory for the page map");
+  }
   if (st != GMA_OK) {
     free(seg);
-    free(b);
+    block_recycle(p, b);
     return st;
   }
   seg->base = base;
@@ -258,7 +302,6 @@ static gma_status_t seg_create(gma__pool_t *p, int kind, uint64_t size, gma__blo
   p->segs[i] = seg;
   p->nsegs++;
   gma__stat_add(&p->c.reserved, size);
-  gma__stat_add(&p->c.cached, size);
   p->c.device_allocs++;
   free_link(p, b);
   *out = b;
@@ -271,12 +314,12 @@ static void release_free_segments(gma__pool_t *p) {
   for (size_t i = 0; i < p->nsegs; i++) {
     gma__segment_t *seg = p->segs[i];
     gma__block_t *b = seg->first;
-    if (b->state == GMA__FREE && b->size == seg->size &&
+    if (state_of(b) == GMA__FREE && b->size == seg->size &&
         p->dev->ops->mem_free(p->dev, seg->base, seg->size) == GMA_OK) {
       free_unlink(p, b);
-      block_delete(b);
+      gma__pagemap_set(&p->pagemap, b->addr, NULL);
+      block_recycle(p, b);
       gma__stat_sub(&p->c.reserved, seg->size);
-      gma__stat_sub(&p->c.cached, seg->size);
       p->c.device_frees++;
       free(seg);
       continue;
@@ -286,64 +329,64 @@ static void release_free_segments(gma__pool_t *p) {
   p->nsegs = kept;
 }
 
-/* ---- Public pool operations -------------------------------------------------*/
+/* ---- Allocation ----------------------------------------------------------------*/
 
 gma_status_t gma__pool_init(gma__pool_t *p, gma__device_t *dev, const gma_config_t *cfg) {
   memset(p, 0, sizeof *p);
-  if (pthread_mutex_init(&p->lock, NULL) != 0)
+  if (pthread_mutex_init(&p->lock, NULL) != 0 || pthread_mutex_init(&p->count_lock, NULL) != 0)
     return gma__set_error(GMA_ERR_INTERNAL, "pthread_mutex_init failed");
   p->dev = dev;
   p->small_size = cfg->small_size;
   p->segment_size[GMA__SMALL] = cfg->small_segment_size;
   p->segment_size[GMA__LARGE] = cfg->large_segment_size;
   p->limit = cfg->memory_limit;
+  p->reuse = cfg->reuse;
+  if (!cfg->bins_off) {
+    p->nbins = gma__class_of(cfg->bin_max) + 1;
+    p->bin_max = gma__class_size(p->nbins - 1);
+    p->bin_depth = (uint32_t)cfg->bin_depth;
+  }
   p->rng = 0x9E3779B9u;
   return GMA_OK;
 }
 
-/* Takes b (FREE or CACHED on s) for a LIVE allocation of size bytes on s,
- * splitting off the rest, which stays in b's state and place. */
-static gma_status_t take_block(gma__pool_t *p, gma__block_t *b, uint64_t size, size_t requested,
-                               gma__stream_t *s) {
-  if (!gma__ptrmap_put(&p->live, b->addr, b))
-    return gma__set_error(GMA_ERR_OOM, "host memory for the live-block index");
-  if (b->size - size >= GMA__MIN_SPLIT) {
-    gma__block_t *rest = block_new(p);
-    if (rest) {
-      rest->seg = b->seg;
-      rest->addr = b->addr + size;
-      rest->size = b->size - size;
-      rest->prev = b;
-      rest->next = b->next;
-      if (b->next) b->next->prev = rest;
-      b->next = rest;
-      if (b->state == GMA__CACHED) {
-        /* The rest keeps b's epoch and FIFO place (it was freed when b was):
-         * link it right after b while b is still linked, then unlink b. */
-        rest->stream = b->stream;
-        rest->epoch = b->epoch;
-        cached_link(p, rest, b);
-        gma__cached_unlink(p, b);
-      } else {
-        free_unlink(p, b);
-        free_link(p, rest);
-      }
-      b->size = size;
-      goto linked_out;
+/* Takes b (FREE, or CACHED on s) for a LIVE allocation of size bytes on s,
+ * splitting off the rest, which stays in b's state and FIFO place. */
+static void take_block(gma__pool_t *p, gma__block_t *b, uint64_t size, size_t requested,
+                       gma__stream_t *s) {
+  gma__block_t *rest = b->size - size >= GMA__MIN_SPLIT ? block_new(p) : NULL;
+  if (rest && !gma__pagemap_set(&p->pagemap, b->addr + size, rest)) {
+    block_recycle(p, rest);
+    rest = NULL; /* no host memory for the map: hand out the whole block */
+  }
+  bool cached = state_of(b) == GMA__CACHED;
+  if (rest) {
+    rest->seg = b->seg;
+    rest->addr = b->addr + size;
+    rest->size = b->size - size;
+    rest->prev = b;
+    rest->next = b->next;
+    if (b->next) b->next->prev = rest;
+    b->next = rest;
+    if (cached) {
+      rest->stream = b->stream;
+      rest->epoch = b->epoch;
+      cached_link(p, rest, b); /* right after b, while b is still linked */
     }
   }
-  if (b->state == GMA__CACHED) gma__cached_unlink(p, b); else free_unlink(p, b);
-linked_out:
-  b->state = GMA__LIVE;
+  if (cached) gma__cached_unlink(p, b); else free_unlink(p, b);
+  if (rest) {
+    b->size = size;
+    if (!cached) free_link(p, rest);
+  }
   b->stream = s;
   b->requested = requested;
-  b->ngates = 0;
-  gma__stat_add(&p->c.allocated, b->size);
-  gma__stat_add(&p->c.requested, requested);
-  gma__stat_add(&p->c.active, b->size);
-  gma__stat_sub(&p->c.cached, b->size);
-  p->c.allocs++;
-  return GMA_OK;
+  gma__store_relaxed(&b->ngates, 0);
+  gma__store_relaxed(&b->state, GMA__LIVE);
+  gma__tcount_t *c = gma__tcount(p, s);
+  gma__counter_add_owner(&c->allocs, 1);
+  gma__counter_add_owner(&c->alloc_bytes, b->size);
+  gma__counter_add_owner(&c->req_bytes, requested);
 }
 
 /* Best fit for size among the stream's cached blocks and the shared free tree;
@@ -369,10 +412,11 @@ static gma_status_t oom_error(gma__pool_t *p, uint64_t size, size_t requested,
   uint64_t dev_free = 0, dev_total = 0;
   p->dev->ops->mem_info(p->dev, &dev_free, &dev_total);
   p->c.ooms++;
+  gma__stats_sample(p);
   return gma__set_error(
       GMA_ERR_OOM,
       "cannot allocate %zu bytes (%" PRIu64 " rounded) on stream %p: allocated %" PRIu64
-      ", reserved %" PRIu64 " (of which %" PRIu64 " cached on streams, %" PRIu64
+      ", reserved %" PRIu64 " (of which %" PRIu64 " cached in stream trees, %" PRIu64
       " pending other streams' work, %" PRIu64 " free), device free %" PRIu64 " of %" PRIu64
       ", memory_limit %" PRIu64 ". Free memory, call gma_empty_cache, or raise memory_limit",
       requested, size, stream, p->c.allocated.current, p->c.reserved.current, p->c.stream_cached,
@@ -387,7 +431,7 @@ static gma_status_t grow(gma__pool_t *p, int kind, uint64_t size, gma__block_t *
   gma_status_t st = seg_create(p, kind, seg_size, out);
   if (st != GMA_ERR_OOM) return st;
   p->c.oom_retries++;
-  gma__streams_poll(p);
+  gma__streams_poll(p, true);
   release_free_segments(p);
   *out = treap_best_fit(p->free_tree[kind], size); /* polling may have freed a fit */
   if (*out) return GMA_OK;
@@ -397,40 +441,46 @@ static gma_status_t grow(gma__pool_t *p, int kind, uint64_t size, gma__block_t *
   return st;
 }
 
-gma_status_t gma__pool_alloc(gma__pool_t *p, size_t requested, gma_stream_t stream, void **out) {
-  uint64_t size = round_up(requested, GMA__ROUND);
+gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t stream,
+                                  uint64_t stream_id, void **out) {
+  /* Requests the bins serve get their class's size, so the block can go
+   * into a bin when freed. */
+  uint64_t size = requested <= p->bin_max ? gma__class_size(gma__class_of(requested))
+                                          : round_up(requested, GMA__ROUND);
   int kind = size <= p->small_size ? GMA__SMALL : GMA__LARGE;
-  gma_status_t st;
+  gma_status_t st = GMA_OK;
   pthread_mutex_lock(&p->lock);
-  gma__stream_t *s = gma__stream_get(p, stream);
+  gma__stream_t *s = gma__stream_resolve(p, stream, stream_id);
   if (!s) {
     st = gma__set_error(GMA_ERR_OOM, "host memory for a stream record");
     goto out;
   }
   gma__block_t *b = find_fit(p, s, kind, size);
   if (!b) {
-    gma__streams_poll(p);
+    gma__streams_poll(p, false);
     b = find_fit(p, s, kind, size);
   }
-  uint64_t *level;
+  if (!b && p->reuse == GMA_REUSE_WAIT) b = gma__streams_wait_fit(p, s, kind, size);
   if (b) {
-    level = b->state == GMA__CACHED ? &p->c.hits_stream : &p->c.hits_pool;
+    if (state_of(b) == GMA__FREE) p->c.hits_pool++;
+    else if (b->stream == s) p->c.hits_stream++;
+    else p->c.hits_pool++; /* another stream's block, reached through a device wait */
   } else {
-    level = &p->c.hits_device;
     st = grow(p, kind, size, &b);
     if (st == GMA_ERR_OOM) st = oom_error(p, size, requested, stream);
     if (st != GMA_OK) goto out;
+    p->c.hits_device++;
   }
-  st = take_block(p, b, size, requested, s);
-  if (st == GMA_OK) {
-    (*level)++;
-    *out = (void *)b->addr;
-  }
+  take_block(p, b, size, requested, s);
+  *out = (void *)b->addr;
+  gma__stats_sample(p);
 out:
   GMA__VALIDATE(p);
   pthread_mutex_unlock(&p->lock);
   return st;
 }
+
+/* ---- Free and record_stream -----------------------------------------------------*/
 
 /* Finds the block containing addr, or NULL (walks one segment: error path only). */
 static gma__block_t *block_containing(const gma__pool_t *p, uintptr_t addr) {
@@ -449,7 +499,7 @@ static gma_status_t bad_pointer(const gma__pool_t *p, uintptr_t addr, const char
                           "%s(%p): the pointer was not allocated by this allocator (it lies in "
                           "none of its %zu segments)",
                           op, (void *)addr, p->nsegs);
-  if (b->state == GMA__LIVE)
+  if (state_of(b) == GMA__LIVE && b->addr != addr)
     return gma__set_error(GMA_ERR_INVALID_POINTER,
                           "%s(%p): interior pointer, %" PRIu64
                           " bytes into the live allocation at %p; pass the pointer gma_alloc "
@@ -462,38 +512,47 @@ static gma_status_t bad_pointer(const gma__pool_t *p, uintptr_t addr, const char
                         op, (void *)addr);
 }
 
-gma_status_t gma__pool_free(gma__pool_t *p, void *ptr) {
+/* The LIVE block starting at addr, or NULL. Lock held. */
+static gma__block_t *live_block(gma__pool_t *p, uintptr_t addr) {
+  gma__block_t *b = gma__pagemap_get(&p->pagemap, addr);
+  return b && b->addr == addr && state_of(b) == GMA__LIVE ? b : NULL;
+}
+
+gma_status_t gma__pool_free_slow(gma__pool_t *p, void *ptr) {
   uintptr_t addr = (uintptr_t)ptr;
   pthread_mutex_lock(&p->lock);
-  gma__block_t *b = gma__ptrmap_remove(&p->live, addr);
-  if (!b) {
+  gma__block_t *b = live_block(p, addr);
+  uint8_t live = GMA__LIVE;
+  /* The CAS settles a race with a lock-free free of the same pointer. */
+  if (!b || !gma__cas_acq_rel(&b->state, &live, GMA__PENDING)) {
     gma_status_t st = bad_pointer(p, addr, "gma_free");
     pthread_mutex_unlock(&p->lock);
     return st;
   }
   gma__stream_t *s = b->stream;
-  gma__stat_sub(&p->c.allocated, b->size);
-  gma__stat_sub(&p->c.requested, b->requested);
-  gma__stat_add(&p->c.cached, b->size);
-  p->c.frees++;
-  b->epoch = s->epoch;
-  s->dirty = true;
-  if (b->ngates && !(p->test_flags & GMA__TEST_NO_RECORD_GATING)) {
+  gma__tcount_t *c = gma__tcount(p, s);
+  gma__counter_add_owner(&c->frees, 1);
+  gma__counter_add_owner(&c->free_bytes, b->size);
+  gma__counter_add_owner(&c->req_freed, b->requested);
+  bool retired = gma__load_relaxed(&s->retired);
+  b->epoch = retired ? s->free_epoch : gma__load_relaxed(&s->epoch);
+  if (!retired) gma__store_relaxed(&s->dirty, true);
+  uint32_t ngates = gma__load_relaxed(&b->ngates);
+  if (ngates && !(p->test_flags & GMA__TEST_NO_RECORD_GATING)) {
     /* Other streams used it: it waits for the owner's and their open epochs. */
-    for (uint32_t i = 0; i < b->ngates; i++) {
-      b->gates[i].epoch = b->gates[i].stream->epoch;
-      b->gates[i].stream->dirty = true;
+    for (uint32_t i = 0; i < ngates; i++) {
+      gma__stream_t *u = b->gates[i].stream;
+      bool u_retired = gma__load_relaxed(&u->retired);
+      b->gates[i].epoch = u_retired ? u->free_epoch : gma__load_relaxed(&u->epoch);
+      if (!u_retired) gma__store_relaxed(&u->dirty, true);
     }
     pending_link(p, b);
   } else {
-    b->ngates = 0;
-    gma__stat_sub(&p->c.active, b->size);
-    /* A retired stream was synchronized when it was destroyed, so nothing of
-     * its work can still use the block. */
-    if (s->retired || (p->test_flags & GMA__TEST_NO_EPOCH_GATING))
+    gma__store_relaxed(&b->ngates, 0);
+    if (p->test_flags & GMA__TEST_NO_EPOCH_GATING)
       gma__block_make_free(p, b);
     else
-      cache_block(p, b);
+      gma__cache_block(p, b);
   }
   GMA__VALIDATE(p);
   pthread_mutex_unlock(&p->lock);
@@ -501,19 +560,21 @@ gma_status_t gma__pool_free(gma__pool_t *p, void *ptr) {
 }
 
 gma_status_t gma__pool_record_stream(gma__pool_t *p, void *ptr, gma_stream_t stream) {
-  gma_status_t st = GMA_OK;
+  uint64_t id;
+  gma_status_t st = p->dev->ops->stream_id(p->dev, stream, &id);
+  if (st != GMA_OK) return st;
   pthread_mutex_lock(&p->lock);
-  gma__block_t *b = gma__ptrmap_get(&p->live, (uintptr_t)ptr);
-  gma__stream_t *u = b ? gma__stream_get(p, stream) : NULL;
+  gma__block_t *b = live_block(p, (uintptr_t)ptr);
+  gma__stream_t *u = b ? gma__stream_resolve(p, stream, id) : NULL;
   if (!b) {
     st = bad_pointer(p, (uintptr_t)ptr, "gma_record_stream");
   } else if (!u) {
     st = gma__set_error(GMA_ERR_OOM, "host memory for a stream record");
   } else if (u != b->stream) {
-    uint32_t i = 0;
-    while (i < b->ngates && b->gates[i].stream != u) i++;
-    if (i == b->ngates) {
-      if (b->ngates == b->gates_cap) {
+    uint32_t n = gma__load_relaxed(&b->ngates), i = 0;
+    while (i < n && b->gates[i].stream != u) i++;
+    if (i == n) {
+      if (n == b->gates_cap) {
         uint32_t cap = b->gates_cap ? b->gates_cap * 2 : 2;
         gma__gate_t *g = realloc(b->gates, cap * sizeof *g);
         if (!g) {
@@ -523,7 +584,8 @@ gma_status_t gma__pool_record_stream(gma__pool_t *p, void *ptr, gma_stream_t str
         b->gates = g;
         b->gates_cap = cap;
       }
-      b->gates[b->ngates++] = (gma__gate_t){u, 0};
+      b->gates[n] = (gma__gate_t){u, 0};
+      gma__store_relaxed(&b->ngates, n + 1);
     }
   }
 out:
@@ -531,16 +593,22 @@ out:
   return st;
 }
 
-/* PENDING -> FREE for every block whose owner epoch and gates have passed. */
+/* PENDING -> FREE (or, under reuse:none, back to the owner's cache) for every
+ * block whose owner epoch and gates have passed. */
 void gma__pending_poll(gma__pool_t *p) {
   gma__block_t *b = p->pending_head;
   while (b) {
     gma__block_t *next = b->qnext;
     bool ready = b->stream->safe_epoch >= b->epoch;
-    for (uint32_t i = 0; ready && i < b->ngates; i++) ready = gma__gate_passed(&b->gates[i]);
+    uint32_t n = gma__load_relaxed(&b->ngates);
+    for (uint32_t i = 0; ready && i < n; i++) ready = gma__gate_passed(&b->gates[i]);
     if (ready || (p->test_flags & GMA__TEST_NO_EPOCH_GATING)) {
       pending_unlink(p, b);
-      gma__block_make_free(p, b);
+      gma__store_relaxed(&b->ngates, 0);
+      if (p->reuse == GMA_REUSE_NONE && !gma__load_relaxed(&b->stream->retired))
+        gma__cache_block(p, b); /* safe everywhere now, but kept for its own stream */
+      else
+        gma__block_make_free(p, b);
     }
     b = next;
   }
@@ -548,41 +616,47 @@ void gma__pending_poll(gma__pool_t *p) {
 
 gma_status_t gma__pool_empty_cache(gma__pool_t *p) {
   pthread_mutex_lock(&p->lock);
-  gma__streams_poll(p);
+  gma__streams_poll(p, true);
   release_free_segments(p);
   GMA__VALIDATE(p);
   pthread_mutex_unlock(&p->lock);
   return GMA_OK;
 }
 
-gma_status_t gma__pool_stream_retired(gma__pool_t *p, gma_stream_t stream) {
+gma_status_t gma__pool_stream_retire(gma__pool_t *p, gma_stream_t stream) {
+  gma_status_t st = GMA_OK;
   pthread_mutex_lock(&p->lock);
-  gma__stream_t *s = gma__stream_find(p, stream, false);
-  if (s) gma__stream_retire(p, s);
+  gma__stream_t *s = gma__stream_find(p, stream);
+  if (s) st = gma__stream_retire(p, s, false);
   GMA__VALIDATE(p);
   pthread_mutex_unlock(&p->lock);
-  return GMA_OK;
+  return st;
 }
 
 gma_status_t gma__pool_fini(gma__pool_t *p) {
   uint64_t leaked_bytes = 0, leaked = 0;
   for (size_t i = 0; i < p->nsegs; i++) {
     gma__segment_t *seg = p->segs[i];
-    for (gma__block_t *b = seg->first, *next; b; b = next) {
-      next = b->next;
-      if (b->state == GMA__LIVE) {
+    for (gma__block_t *b = seg->first; b; b = b->next) {
+      if (state_of(b) == GMA__LIVE) {
         leaked++;
         leaked_bytes += b->size;
       }
-      block_delete(b);
     }
     p->dev->ops->mem_free(p->dev, seg->base, seg->size);
     free(seg);
   }
   free(p->segs);
+  for (size_t i = 0; i < p->nchunks; i++) {
+    gma__block_t *chunk = p->block_chunks[i];
+    for (int j = 0; j < BLOCK_CHUNK; j++) free(chunk[j].gates);
+    free(chunk);
+  }
+  free(p->block_chunks);
+  gma__stream_cache_fini(p);
   gma__streams_fini(p);
-  gma__ptrmap_free(&p->live);
-  gma__ptrmap_free(&p->streams);
+  gma__pagemap_free(&p->pagemap);
+  pthread_mutex_destroy(&p->count_lock);
   pthread_mutex_destroy(&p->lock);
   if (leaked == 0) return GMA_OK;
   fprintf(stderr, "gma: destroyed with %" PRIu64 " live allocations (%" PRIu64 " bytes); freed\n",
@@ -597,23 +671,26 @@ gma_status_t gma__pool_fini(gma__pool_t *p) {
 
 static uint64_t tree_check(const gma__block_t *n, int state, uint64_t *bytes) {
   if (!n) return 0;
-  if (n->state != state) return UINT64_MAX / 4;
+  if (gma__load_relaxed(&((gma__block_t *)n)->state) != state) return UINT64_MAX / 4;
   if (n->left && !key_less(n->left, n)) return UINT64_MAX / 4;
   if (n->right && !key_less(n, n->right)) return UINT64_MAX / 4;
   *bytes += n->size;
   return 1 + tree_check(n->left, state, bytes) + tree_check(n->right, state, bytes);
 }
 
-#define VALID_OR(cond, ...)                                         \
-  do {                                                              \
-    if (!(cond)) {                                                  \
+#define VALID_OR(cond, ...)                                             \
+  do {                                                                  \
+    if (!(cond)) {                                                      \
       gma__set_error(GMA_ERR_INTERNAL, "pool invariant: " __VA_ARGS__); \
-      return false;                                                 \
-    }                                                               \
+      return false;                                                     \
+    }                                                                   \
   } while (0)
 
+/* Lock held. LIVE and BINNED blocks change into each other without the lock,
+ * so they are checked together: the pool side is exact even while other
+ * threads hit their bins. */
 bool gma__pool_is_valid(gma__pool_t *p) {
-  uint64_t by_state[4] = {0}, count[4] = {0}, reserved = 0;
+  uint64_t by_state[5] = {0}, count[5] = {0}, reserved = 0;
   for (size_t i = 0; i < p->nsegs; i++) {
     gma__segment_t *seg = p->segs[i];
     VALID_OR(i == 0 || p->segs[i - 1]->base + p->segs[i - 1]->size <= seg->base,
@@ -621,18 +698,19 @@ bool gma__pool_is_valid(gma__pool_t *p) {
     uintptr_t at = seg->base;
     VALID_OR(seg->first && !seg->first->prev, "segment %zu has no first block", i);
     for (gma__block_t *b = seg->first; b; b = b->next) {
+      uint8_t st = state_of(b);
       VALID_OR(b->seg == seg && b->addr == at, "block at %p does not tile its segment",
                (void *)b->addr);
       VALID_OR(b->size > 0 && b->size % GMA__ROUND == 0 && b->addr % 512 == 0,
                "block %p has size %" PRIu64, (void *)b->addr, b->size);
       VALID_OR(!b->next || b->next->prev == b, "broken neighbour links at %p", (void *)b->addr);
-      VALID_OR(!(b->state == GMA__FREE && b->next && b->next->state == GMA__FREE),
+      VALID_OR(!(st == GMA__FREE && b->next && state_of(b->next) == GMA__FREE),
                "uncoalesced free neighbours at %p", (void *)b->addr);
-      VALID_OR(b->state <= GMA__PENDING, "bad state %d", b->state);
-      VALID_OR(b->state != GMA__LIVE || gma__ptrmap_get(&p->live, b->addr) == b,
-               "live block %p missing from the live map", (void *)b->addr);
-      by_state[b->state] += b->size;
-      count[b->state]++;
+      VALID_OR(st <= GMA__BINNED, "bad state %d", st);
+      VALID_OR(gma__pagemap_get(&p->pagemap, b->addr) == b, "block %p missing from the page map",
+               (void *)b->addr);
+      by_state[st] += b->size;
+      count[st]++;
       at += b->size;
     }
     VALID_OR(at == seg->base + seg->size, "blocks of segment %zu do not cover it", i);
@@ -641,18 +719,15 @@ bool gma__pool_is_valid(gma__pool_t *p) {
   const gma__counters_t *c = &p->c;
   VALID_OR(reserved == c->reserved.current, "reserved %" PRIu64 " != segments %" PRIu64,
            c->reserved.current, reserved);
-  VALID_OR(by_state[GMA__LIVE] == c->allocated.current && by_state[GMA__FREE] == c->free &&
-               by_state[GMA__CACHED] == c->stream_cached && by_state[GMA__PENDING] == c->pending,
+  VALID_OR(by_state[GMA__FREE] == c->free && by_state[GMA__CACHED] == c->stream_cached &&
+               by_state[GMA__PENDING] == c->pending,
            "byte counters disagree with blocks");
-  VALID_OR(c->reserved.current == c->allocated.current + c->stream_cached + c->pending + c->free,
-           "reserved != allocated + stream_cached + pending + free");
-  VALID_OR(c->active.current == c->allocated.current + c->pending, "active != allocated+pending");
-  VALID_OR(c->cached.current == c->reserved.current - c->allocated.current,
-           "cached != reserved - allocated");
-  VALID_OR(count[GMA__LIVE] == p->live.count, "live map holds %zu, blocks %" PRIu64,
-           p->live.count, count[GMA__LIVE]);
+  VALID_OR(reserved == by_state[GMA__LIVE] + by_state[GMA__BINNED] + c->stream_cached +
+                           c->pending + c->free,
+           "reserved != live + binned + stream_cached + pending + free");
   uint64_t free_bytes = 0, free_count = 0;
-  for (int k = 0; k < GMA__NKINDS; k++) free_count += tree_check(p->free_tree[k], GMA__FREE, &free_bytes);
+  for (int k = 0; k < GMA__NKINDS; k++)
+    free_count += tree_check(p->free_tree[k], GMA__FREE, &free_bytes);
   VALID_OR(free_count == count[GMA__FREE] && free_bytes == c->free, "free trees disagree");
   uint64_t cached_count = 0;
   for (gma__stream_t *s = p->stream_list; s; s = s->next_all) {
@@ -663,17 +738,19 @@ bool gma__pool_is_valid(gma__pool_t *p) {
       last_epoch = b->epoch;
     }
     VALID_OR(n == fifo && bytes == s->cached_bytes, "stream cache tree and FIFO disagree");
-    VALID_OR(s->safe_epoch < s->epoch || s->retired, "safe epoch ahead of open epoch");
+    VALID_OR(s->safe_epoch < gma__load_relaxed(&s->epoch) || gma__load_relaxed(&s->retired),
+             "safe epoch ahead of open epoch");
     cached_count += n;
   }
   VALID_OR(cached_count == count[GMA__CACHED], "cached blocks outside stream caches");
   uint64_t pending = 0;
-  for (gma__block_t *b = p->pending_head; b; b = b->qnext) pending += b->state == GMA__PENDING;
+  for (gma__block_t *b = p->pending_head; b; b = b->qnext) pending += state_of(b) == GMA__PENDING;
   VALID_OR(pending == count[GMA__PENDING], "pending list disagrees");
   return true;
 }
 
-/* Largest idle block (stream caches and free trees); lock held. */
+/* Largest idle block in the stream trees and free trees (bins not included:
+ * their blocks have class sizes and are reused as they are); lock held. */
 uint64_t gma__pool_largest_idle(const gma__pool_t *p) {
   uint64_t best = 0;
   for (int k = 0; k < GMA__NKINDS; k++) {

@@ -1,44 +1,52 @@
-/* The pool: segments taken from the device, the blocks they are cut into, the
- * shared free trees, the stream records with their epochs, and the counters.
+/* The allocator's shared state: segments and blocks, the shared free trees,
+ * stream records with their lock-free bins and epochs, and the counters.
  *
- * Lock order (the whole of it, for now): gma__pool_t.lock is the only lock in
- * the allocator; device calls are made while holding it, and device backends
- * take only their own internal locks, never calling back into the pool.
- * Everything in this header is guarded by gma__pool_t.lock unless a field says
- * otherwise. */
+ * Lock order (the whole of it): gma__pool_t.lock, then gma__pool_t.count_lock.
+ * Device calls are made while holding the pool lock; device backends take
+ * only their own internal locks and never call back. The lock-free paths
+ * (stream_cache.c) take no lock when a bin can serve them.
+ *
+ * Unless a field says otherwise it is guarded by gma__pool_t.lock. Fields
+ * marked "atomic" are also touched by the lock-free paths. */
 #ifndef GMA_POOL_H
 #define GMA_POOL_H
 
+#include <ck_stack.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "atomics.h"
 #include "device/device.h"
 #include "gma.h"
-#include "ptrmap.h"
+#include "pagemap.h"
 
 #define GMA__ROUND 512u       /* every block size is a multiple of this */
 #define GMA__MIN_SPLIT 512u   /* a split leaves a remainder at least this large */
 #define GMA__EPOCH_EVENTS 16u /* outstanding epoch events per stream */
+#define GMA__TL_SLOTS 8u      /* per-thread cache of (stream -> counters) */
 
 enum { GMA__SMALL = 0, GMA__LARGE = 1, GMA__NKINDS = 2 };
 
 /* Block states; see design.md's lifecycle. FREE: in the pool's free tree,
- * usable on any stream. LIVE: handed out. CACHED: freed on its stream, usable
- * there at once, FREE once its epoch completes. PENDING: freed but used by
- * other streams too, FREE once every gate has passed. */
+ * usable on any stream. LIVE: handed out. BINNED: freed into its stream's
+ * lock-free bin, reusable there at once. CACHED: the same, but in the stream's
+ * tree in the pool (bin full, drained, or too large for bins); FREE once its
+ * epoch completes. PENDING: freed but used by other streams too, FREE once
+ * every gate has passed. LIVE <-> BINNED transitions happen without the lock;
+ * every other transition holds it. */
 typedef enum gma__block_state {
   GMA__FREE = 0,
   GMA__LIVE = 1,
   GMA__CACHED = 2,
-  GMA__PENDING = 3
+  GMA__PENDING = 3,
+  GMA__BINNED = 4
 } gma__block_state_t;
 
 struct gma__stream;
 struct gma__segment;
 
-/* A gate is passed once stream->safe_epoch >= epoch: all work queued on the
- * stream before the block was freed has finished. */
+/* A gate is passed once stream->safe_epoch >= epoch. */
 typedef struct gma__gate {
   struct gma__stream *stream;
   uint64_t epoch;
@@ -46,11 +54,14 @@ typedef struct gma__gate {
 
 /* Invariants (checked by gma__pool_is_valid):
  *   addr == prev->addr + prev->size, and the blocks of a segment tile it;
- *   size % GMA__ROUND == 0 and addr % 512 == 0;
+ *   size % GMA__ROUND == 0 and addr % 512 == 0; the page map maps addr to it;
  *   two FREE neighbours never coexist (they are coalesced);
- *   state FREE <=> in free_tree[seg->kind]; CACHED <=> in stream's tree and FIFO;
- *   PENDING <=> in pool pending list; LIVE <=> in the live map. */
+ *   FREE <=> in free_tree[seg->kind]; CACHED <=> in its stream's tree and FIFO;
+ *   PENDING <=> in the pending list; BINNED <=> in one bin of its stream.
+ * Block records are never freed while the allocator lives (recycled through
+ * spare_blocks), so a lock-free reader may hold a stale pointer safely. */
 typedef struct gma__block {
+  ck_stack_entry_t bin_link;     /* BINNED: link in its bin (ck_stack, mpmc) */
   uintptr_t addr;
   uint64_t size;
   uint64_t requested;            /* LIVE: bytes the caller asked for */
@@ -58,12 +69,13 @@ typedef struct gma__block {
   struct gma__block *prev, *next;  /* address neighbours in the segment */
   struct gma__block *left, *right; /* size tree, keyed by (size, addr) */
   struct gma__block *qprev, *qnext; /* CACHED: stream FIFO; PENDING: pending list */
-  struct gma__stream *stream;    /* LIVE/CACHED: owner stream; PENDING: freeing stream */
-  uint64_t epoch;                /* CACHED: owner's epoch when freed */
+  struct gma__stream *stream;    /* LIVE/BINNED/CACHED: owner stream; PENDING: freeing one */
+  uint64_t epoch;                /* BINNED/CACHED/PENDING: owner's epoch when freed */
   gma__gate_t *gates;            /* LIVE: streams from record_stream; PENDING: gates */
-  uint32_t ngates, gates_cap;
+  _Atomic uint32_t ngates;       /* atomic: read by the lock-free free path */
+  uint32_t gates_cap;
   uint32_t prio;                 /* treap priority */
-  uint8_t state;                 /* gma__block_state_t */
+  _Atomic uint8_t state;         /* atomic: gma__block_state_t */
 } gma__block_t;
 
 typedef struct gma__segment {
@@ -73,109 +85,186 @@ typedef struct gma__segment {
   gma__block_t *first;
 } gma__segment_t;
 
-/* A stream record: what the pool knows of one stream. Epoch k is the span of
- * frees between the (k-1)th and kth event recorded on the stream; when the kth
- * event completes every block freed in epochs <= k is safe for every stream.
- * Invariants: safe_epoch < epoch; ev_epoch[] increasing from ev_head; the FIFO
- * holds this stream's CACHED blocks with nondecreasing epoch. */
+/* One lock-free bin: blocks of one size class freed on one stream.
+ * ck_stack in mpmc mode (push_mpmc / pop_mpmc / batch_pop_mpmc): any thread
+ * pushes and pops, and pop_mpmc's generation counter makes a block popped and
+ * pushed again safe (ABA). The 16-byte CAS needs 16-byte alignment. count is
+ * a soft bound on the depth (reserved before a push, given back after a pop). */
+typedef struct gma__bin {
+  _Alignas(16) ck_stack_t stack;
+  _Atomic uint32_t count;
+} gma__bin_t;
+
+/* Counters of one (stream, thread) pair. Only the owning thread writes them
+ * (gma__counter_add_owner: no locked instruction); readers sum all of a
+ * stream's with relaxed loads. All are totals that only grow, so currents are
+ * differences: allocated = alloc_bytes - free_bytes. */
+typedef struct gma__tcount {
+  _Atomic uint64_t allocs, frees, hits;
+  _Atomic uint64_t alloc_bytes, free_bytes, req_bytes, req_freed;
+  _Atomic uint64_t bin_in, bin_out; /* bytes pushed into / taken out of bins */
+  uint64_t owner_tid;
+  struct gma__tcount *_Atomic next; /* atomic: append-only list, read lock-free */
+} gma__tcount_t;
+
+/* A stream record. Epoch k is the span of frees between the (k-1)th and kth
+ * event recorded on the stream; when the kth event completes every block freed
+ * in epochs <= k is safe for every stream.
+ * Invariants: safe_epoch < epoch unless retired; ev_epoch[] increasing from
+ * ev_head; the FIFO holds this stream's CACHED blocks by nondecreasing epoch.
+ * Records are freed only at destroy (lock-free readers may hold them). */
 typedef struct gma__stream {
-  gma_stream_t handle; /* as passed to the device */
-  uintptr_t key;       /* key in the stream map (see streams.c) */
-  uint64_t owner_tid;  /* per-thread default stream: the thread that owns it, else 0 */
-  uint64_t epoch;      /* the open epoch: blocks freed now carry this number */
-  uint64_t safe_epoch; /* every epoch <= this has completed */
-  bool dirty;          /* something was freed in the open epoch */
-  bool retired;        /* destroyed: everything done, record kept for gates */
+  gma_stream_t handle;       /* as passed to the device */
+  uintptr_t key;             /* key in the stream table (see stream_cache.c) */
+  uint64_t id;               /* the device's unique stream id */
+  uint64_t serial;           /* never reused: validates per-thread caches */
+  uint64_t owner_tid;        /* per-thread default stream: its thread, else 0 */
+  _Atomic uint64_t epoch;    /* atomic: the open epoch, read by the lock-free free */
+  _Atomic bool dirty;        /* atomic: something was freed in the open epoch */
+  _Atomic bool retired;      /* atomic: retired or orphaned; lock-free paths stay away */
+  uint64_t free_epoch;       /* retired: the epoch later frees carry */
+  uint64_t safe_epoch;       /* every epoch <= this has completed */
   gma__event_t ev[GMA__EPOCH_EVENTS];
   uint64_t ev_epoch[GMA__EPOCH_EVENTS];
   unsigned ev_head, ev_count;
   gma__block_t *cached_tree[GMA__NKINDS];
   gma__block_t *fifo_head, *fifo_tail;
-  uint64_t cached_bytes;
+  uint64_t cached_bytes;     /* CACHED bytes (bins not included) */
+  gma__bin_t *bins;          /* nbins bins, or NULL when bins are off */
+  gma__tcount_t *_Atomic counts; /* atomic: per-thread counters, append-only */
   struct gma__stream *next_all;
 } gma__stream_t;
 
-/* Counters. Invariant: reserved = allocated + stream_cached + pending + free,
- * and each equals the sum of its blocks' sizes. */
+/* The stream table: open addressing, keys and records published with release
+ * stores, read lock-free; inserts and removals under the pool lock. Grown by
+ * copying into a new table; old tables are kept until destroy so a reader
+ * still probing one is safe. */
+#define GMA__KEY_EMPTY ((uintptr_t)0)
+#define GMA__KEY_TOMB ((uintptr_t)0x8)
+typedef struct gma__stable_slot {
+  _Atomic uintptr_t key;
+  gma__stream_t *_Atomic rec;
+} gma__stable_slot_t;
+typedef struct gma__stable {
+  size_t capacity, used; /* used counts tombstones too */
+  struct gma__stable *older;
+  gma__stable_slot_t slots[];
+} gma__stable_t;
+
+/* Counters kept under the lock. Invariant (pool side, exact at all times):
+ * reserved = (LIVE + BINNED bytes) + stream_cached + pending + free. */
 typedef struct gma__counters {
-  gma_stat_t allocated, requested, reserved, active, cached;
+  gma_stat_t reserved;
+  gma_stat_t allocated, requested, active; /* peaks sampled, see stats.c */
   uint64_t stream_cached, pending, free;
-  uint64_t allocs, frees, device_allocs, device_frees, ooms, oom_retries;
+  uint64_t device_allocs, device_frees, ooms, oom_retries;
   uint64_t hits_stream, hits_pool, hits_device;
+  uint64_t cross_stream_waits, epoch_events;
   uint64_t device_errors; /* event failures absorbed while polling epochs */
 } gma__counters_t;
 
 /* Test-only switches that plant bugs, so tests can show their detectors work. */
 enum {
   GMA__TEST_NO_RECORD_GATING = 1u << 0, /* free ignores record_stream users */
-  GMA__TEST_NO_EPOCH_GATING = 1u << 1   /* CACHED blocks become FREE at once */
+  GMA__TEST_NO_EPOCH_GATING = 1u << 1   /* freed blocks become FREE at once */
 };
 
 typedef struct gma__pool {
   pthread_mutex_t lock;
-  gma__device_t *dev;          /* immutable after init */
-  uint64_t small_size;         /* immutable: largest request of the small pool */
+  pthread_mutex_t count_lock;   /* guards appends to stream->counts */
+  gma__device_t *dev;           /* immutable after init */
+  uint64_t serial;              /* immutable: never reused, validates thread caches */
+  uint64_t small_size;          /* immutable: largest request of the small pool */
   uint64_t segment_size[GMA__NKINDS];
-  uint64_t limit;              /* immutable: most bytes to reserve */
+  uint64_t limit;               /* immutable: most bytes to reserve */
+  gma_reuse_t reuse;            /* immutable */
+  uint64_t bin_max;             /* immutable: largest request the bins serve; 0 = bins off */
+  uint32_t bin_depth;           /* immutable */
+  unsigned nbins;               /* immutable: classes 0..nbins-1 */
+  unsigned test_flags;          /* GMA__TEST_*; set by tests before use */
+  gma__pagemap_t pagemap;       /* own synchronization (see pagemap.h) */
+  gma__stable_t *_Atomic stable; /* atomic: the stream table */
   gma__block_t *free_tree[GMA__NKINDS];
-  gma__block_t *pending_head;  /* PENDING blocks, linked by qnext/qprev */
-  gma__segment_t **segs;       /* sorted by base */
+  gma__block_t *pending_head;   /* PENDING blocks, linked by qnext/qprev */
+  gma__segment_t **segs;        /* sorted by base */
   size_t nsegs, segs_cap;
-  gma__ptrmap_t live;          /* addr -> LIVE block */
-  gma__ptrmap_t streams;       /* key -> stream record */
-  gma__stream_t *stream_list;  /* every record, retired ones too */
-  gma__event_t *spare_events;  /* created, unused events for reuse */
+  gma__stream_t *stream_list;   /* every record, retired ones too */
+  gma__block_t *spare_blocks;   /* recycled block records (linked by next) */
+  void **block_chunks;          /* every block chunk, freed at destroy */
+  size_t nchunks, chunks_cap;
+  gma__event_t *spare_events;   /* created, unused events for reuse */
   size_t nspare, spare_cap;
   gma__counters_t c;
-  uint32_t rng;                /* treap priorities */
-  unsigned test_flags;         /* GMA__TEST_*; set by tests before use */
+  uint32_t rng;                 /* treap priorities */
 } gma__pool_t;
 
-/* pool.c: all take the pool lock themselves, from any thread. */
+/* pool.c: public operations; each takes the lock itself. Any thread. */
 gma_status_t gma__pool_init(gma__pool_t *p, gma__device_t *dev, const gma_config_t *cfg);
-/* Frees every block and segment; counts and reports live blocks. */
 gma_status_t gma__pool_fini(gma__pool_t *p);
-gma_status_t gma__pool_alloc(gma__pool_t *p, size_t size, gma_stream_t stream, void **out);
-gma_status_t gma__pool_free(gma__pool_t *p, void *ptr);
+gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t size, gma_stream_t stream,
+                                  uint64_t stream_id, void **out);
+gma_status_t gma__pool_free_slow(gma__pool_t *p, void *ptr);
 gma_status_t gma__pool_record_stream(gma__pool_t *p, void *ptr, gma_stream_t stream);
 gma_status_t gma__pool_empty_cache(gma__pool_t *p);
-/* Forgets a stream the caller has synchronized and is about to destroy. */
-gma_status_t gma__pool_stream_retired(gma__pool_t *p, gma_stream_t stream);
+gma_status_t gma__pool_stream_retire(gma__pool_t *p, gma_stream_t stream);
 void gma__pool_stats(gma__pool_t *p, gma_stats_t *out);
+gma_status_t gma__pool_stream_stats(gma__pool_t *p, gma_stream_t stream, gma_stream_stats_t *out);
 /* Full structural and accounting check; returns false and sets the last error
  * on the first violation. Caller holds the lock. */
 bool gma__pool_is_valid(gma__pool_t *p);
 
-/* Internal helpers shared between pool.c and streams.c (lock held). */
+/* pool.c helpers shared with streams.c (lock held). */
 void gma__block_make_free(gma__pool_t *p, gma__block_t *b);
 void gma__cached_unlink(gma__pool_t *p, gma__block_t *b);
-/* PENDING -> FREE for every block whose gates have all passed. */
+void gma__cache_block(gma__pool_t *p, gma__block_t *b);
 void gma__pending_poll(gma__pool_t *p);
-/* Largest block in the stream caches and free trees. */
 uint64_t gma__pool_largest_idle(const gma__pool_t *p);
 
-/* streams.c (lock held). */
-/* The record of a stream, made on first use (NULL only when host memory ran
- * out, or when create is false and the stream is unknown). */
-gma__stream_t *gma__stream_find(gma__pool_t *p, gma_stream_t handle, bool create);
-static inline gma__stream_t *gma__stream_get(gma__pool_t *p, gma_stream_t handle) {
-  return gma__stream_find(p, handle, true);
-}
-/* Closes dirty epochs by recording events, advances safe epochs, and moves
- * blocks whose gates passed to FREE. Never waits for the device. */
-void gma__streams_poll(gma__pool_t *p);
-void gma__stream_retire(gma__pool_t *p, gma__stream_t *s);
+/* stream_cache.c: the lock-free paths and the stream table. */
+/* Serves size from the stream's bin without a lock; GMA_OK with *out set, or
+ * GMA_ERR_OOM meaning "miss: take the slow path" (never reported as such). */
+gma_status_t gma__bin_alloc(gma__pool_t *p, size_t size, gma_stream_t stream, void **out);
+gma_status_t gma__bin_free(gma__pool_t *p, void *ptr);
+uintptr_t gma__stream_key(gma_stream_t handle, uint64_t *owner_tid);
+gma__stream_t *gma__stable_lookup(gma__pool_t *p, uintptr_t key);
+/* Lock held: the live record for handle whose device id is id, made (and a
+ * stale record with a recycled handle orphaned) as needed; NULL without host
+ * memory. */
+gma__stream_t *gma__stream_resolve(gma__pool_t *p, gma_stream_t handle, uint64_t id);
+gma__stream_t *gma__stream_find(gma__pool_t *p, gma_stream_t handle);
+void gma__stable_remove(gma__pool_t *p, gma__stream_t *s);
+/* The calling thread's counters for stream s (made on first use). */
+gma__tcount_t *gma__tcount(gma__pool_t *p, gma__stream_t *s);
+uint64_t gma__thread_id(void);
+void gma__stream_cache_fini(gma__pool_t *p);
+
+/* streams.c: epochs (lock held). */
+/* Moves every binned block of s into its stream tree in the pool. */
+void gma__stream_drain_bins(gma__pool_t *p, gma__stream_t *s);
+/* Drains bins, closes dirty epochs by recording events, advances safe epochs,
+ * and moves blocks whose gates passed to FREE (unless reuse is none and
+ * force is false). Never waits for the device. */
+void gma__streams_poll(gma__pool_t *p, bool force);
+/* reuse:wait: a CACHED block of another stream fitting size whose closed
+ * epoch the stream u can wait on; makes u wait and returns the block, or NULL. */
+gma__block_t *gma__streams_wait_fit(gma__pool_t *p, gma__stream_t *u, int kind, uint64_t size);
+/* Retires s: closes its epoch (one event) unless orphan; later frees carry
+ * the closed epoch, or never become safe when orphan (a recycled handle whose
+ * old stream gma cannot name any more). */
+gma_status_t gma__stream_retire(gma__pool_t *p, gma__stream_t *s, bool orphan);
 void gma__streams_fini(gma__pool_t *p);
 static inline bool gma__gate_passed(const gma__gate_t *g) {
   return g->stream->safe_epoch >= g->epoch;
 }
 
-/* api.c: the pool behind an allocator, for internal tests. */
-gma__pool_t *gma__pool_of(gma_t *g);
-
 /* stats.c */
 void gma__stat_add(gma_stat_t *s, uint64_t bytes);
 void gma__stat_sub(gma_stat_t *s, uint64_t bytes);
+/* Sums the per-thread counters of every stream; updates sampled peaks. Lock held. */
+void gma__stats_sample(gma__pool_t *p);
+
+/* api.c: the pool behind an allocator, for internal tests. */
+gma__pool_t *gma__pool_of(gma_t *g);
 
 #if GMA_DEBUG >= 1
 #include <stdio.h>
@@ -191,7 +280,7 @@ void gma__stat_sub(gma_stat_t *s, uint64_t bytes);
 #define GMA__ASSERT(cond) ((void)0)
 #endif
 
-/* Level 2 validates the whole pool after every operation (lock held). */
+/* Level 2 validates the whole pool after every locked operation. */
 #if GMA_DEBUG >= 2
 #define GMA__VALIDATE(p) GMA__ASSERT(gma__pool_is_valid(p))
 #else

@@ -1,5 +1,6 @@
-/* Owns the statistics arithmetic (current/peak/total updates) and the
- * snapshot handed to callers by gma_stats. */
+/* Owns statistics: current/peak/total arithmetic, summing the per-(stream,
+ * thread) counters written by the lock-free paths, sampled peaks, and the
+ * snapshots handed to callers by gma_stats and gma_stream_stats. */
 #include <string.h>
 
 #include "pool.h"
@@ -15,6 +16,54 @@ void gma__stat_sub(gma_stat_t *s, uint64_t bytes) {
   s->current -= bytes;
 }
 
+typedef struct sums {
+  uint64_t allocs, frees, hits, alloc_bytes, free_bytes, req_bytes, req_freed, bin_in, bin_out;
+} sums_t;
+
+/* Adds one stream's counters to *t. Relaxed loads: each counter is exact,
+ * the set is as consistent as the calls in flight allow. */
+static void sum_stream(const gma__stream_t *s, sums_t *t) {
+  for (gma__tcount_t *c = gma__load_acquire(&((gma__stream_t *)s)->counts); c;
+       c = gma__load_acquire(&c->next)) {
+    t->allocs += gma__load_relaxed(&c->allocs);
+    t->frees += gma__load_relaxed(&c->frees);
+    t->hits += gma__load_relaxed(&c->hits);
+    t->alloc_bytes += gma__load_relaxed(&c->alloc_bytes);
+    t->free_bytes += gma__load_relaxed(&c->free_bytes);
+    t->req_bytes += gma__load_relaxed(&c->req_bytes);
+    t->req_freed += gma__load_relaxed(&c->req_freed);
+    t->bin_in += gma__load_relaxed(&c->bin_in);
+    t->bin_out += gma__load_relaxed(&c->bin_out);
+  }
+}
+
+static sums_t sum_all(const gma__pool_t *p) {
+  sums_t t;
+  memset(&t, 0, sizeof t);
+  for (const gma__stream_t *s = p->stream_list; s; s = s->next_all) sum_stream(s, &t);
+  return t;
+}
+
+/* A sampled peak: allocations served by the bins raise allocated without the
+ * lock, so peaks are taken here, at every locked allocation and read. */
+static void sample(gma_stat_t *st, uint64_t current, uint64_t total) {
+  st->current = current;
+  st->total = total;
+  if (current > st->peak) st->peak = current;
+}
+
+static void sample_from(gma__pool_t *p, const sums_t *t) {
+  uint64_t allocated = t->alloc_bytes - t->free_bytes;
+  sample(&p->c.allocated, allocated, t->alloc_bytes);
+  sample(&p->c.requested, t->req_bytes - t->req_freed, t->req_bytes);
+  sample(&p->c.active, allocated + p->c.pending, t->alloc_bytes);
+}
+
+void gma__stats_sample(gma__pool_t *p) {
+  sums_t t = sum_all(p);
+  sample_from(p, &t);
+}
+
 void gma__pool_stats(gma__pool_t *p, gma_stats_t *out) {
   gma_stats_t st;
   memset(&st, 0, sizeof st);
@@ -22,31 +71,72 @@ void gma__pool_stats(gma__pool_t *p, gma_stats_t *out) {
 #if GMA_DEBUG >= 1
   GMA__ASSERT(gma__pool_is_valid(p));
 #endif
+  sums_t t = sum_all(p);
+  sample_from(p, &t);
   const gma__counters_t *c = &p->c;
   st.allocated = c->allocated;
   st.requested = c->requested;
   st.reserved = c->reserved;
   st.active = c->active;
-  st.cached = c->cached;
-  st.stream_cached_bytes = c->stream_cached;
+  uint64_t allocated = c->allocated.current;
+  st.cached.current = c->reserved.current > allocated ? c->reserved.current - allocated : 0;
+  st.cached.peak = c->reserved.peak; /* reserved - allocated never exceeds reserved's peak */
+  st.cached.total = t.free_bytes;
+  st.stream_cached_bytes = c->stream_cached + (t.bin_in - t.bin_out);
   st.pending_bytes = c->pending;
   st.free_bytes = c->free;
-  st.num_allocs = c->allocs;
-  st.num_frees = c->frees;
+  st.num_allocs = t.allocs;
+  st.num_frees = t.frees;
   st.num_device_allocs = c->device_allocs;
   st.num_device_frees = c->device_frees;
   st.num_ooms = c->ooms;
   st.num_oom_retries = c->oom_retries;
+  st.hits_bin = t.hits;
   st.hits_stream = c->hits_stream;
   st.hits_pool = c->hits_pool;
   st.hits_device = c->hits_device;
   st.num_segments = p->nsegs;
   st.largest_free_block = gma__pool_largest_idle(p);
+  for (const gma__stream_t *s = p->stream_list; s; s = s->next_all)
+    st.num_streams += !gma__load_relaxed(&((gma__stream_t *)s)->retired);
+  st.num_cross_stream_waits = c->cross_stream_waits;
+  st.num_epoch_events = c->epoch_events;
   pthread_mutex_unlock(&p->lock);
   uint64_t idle = st.stream_cached_bytes + st.free_bytes;
   st.fragmentation = idle ? 1.0 - (double)st.largest_free_block / (double)idle : 0.0;
+  if (st.fragmentation < 0) st.fragmentation = 0; /* binned blocks are not in the trees */
   /* Copy only what the caller's (possibly older, smaller) struct holds. */
   size_t n = out->size < sizeof st ? out->size : sizeof st;
   st.size = out->size;
   memcpy(out, &st, n);
+}
+
+gma_status_t gma__pool_stream_stats(gma__pool_t *p, gma_stream_t stream, gma_stream_stats_t *out) {
+  gma_stream_stats_t st;
+  memset(&st, 0, sizeof st);
+  pthread_mutex_lock(&p->lock);
+  gma__stream_t *s = gma__stream_find(p, stream);
+  if (!s) {
+    pthread_mutex_unlock(&p->lock);
+    return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
+                          "gma_stream_stats(%p): gma has no record of this stream (never used "
+                          "with gma, or retired)",
+                          stream);
+  }
+  sums_t t;
+  memset(&t, 0, sizeof t);
+  sum_stream(s, &t);
+  st.allocs = t.allocs;
+  st.frees = t.frees;
+  st.hits = t.hits;
+  st.misses = t.allocs - t.hits;
+  st.allocated_bytes = t.alloc_bytes - t.free_bytes;
+  st.cached_bytes = s->cached_bytes + (t.bin_in - t.bin_out);
+  st.epoch = gma__load_relaxed(&s->epoch);
+  st.safe_epoch = s->safe_epoch;
+  pthread_mutex_unlock(&p->lock);
+  size_t n = out->size < sizeof st ? out->size : sizeof st;
+  st.size = out->size;
+  memcpy(out, &st, n);
+  return GMA_OK;
 }

@@ -1,54 +1,13 @@
-/* Owns the stream records: the stream table (handle -> record), stream epochs
- * and their events, the spare-event pool, and moving blocks whose epochs have
- * completed from the stream caches and the pending list to the free pool.
- * Every function here runs under gma__pool_t.lock. */
-#include <stdatomic.h>
+/* Owns stream epochs: closing them with events, observing their completion,
+ * the spare-event pool, draining the lock-free bins into the pool, moving
+ * blocks whose epochs completed to the shared free pool, the device-side wait
+ * of reuse:wait, and retiring streams. Every function here runs under the
+ * pool lock. */
+#include <stddef.h>
 #include <stdlib.h>
 
 #include "pool.h"
-
-/* Handle values with a meaning of their own, as in CUDA. */
-#define STREAM_LEGACY ((gma_stream_t)0x1)
-#define STREAM_PER_THREAD ((gma_stream_t)0x2)
-/* Keys: real stream handles are pointers aligned to 8 or more, so keys with
- * low bits set cannot collide with them. The default stream (NULL or legacy)
- * maps to KEY_DEFAULT; a thread's per-thread stream to (thread id << 3) | 2. */
-#define KEY_DEFAULT ((uintptr_t)0x4)
-
-/* Thread ids are never reused, unlike pthread_t values or TLS addresses. */
-static atomic_uint_fast64_t next_thread_id = 1;
-static _Thread_local uint64_t thread_id;
-
-static uint64_t my_thread_id(void) {
-  if (thread_id == 0) thread_id = atomic_fetch_add_explicit(&next_thread_id, 1, memory_order_relaxed);
-  return thread_id;
-}
-
-gma__stream_t *gma__stream_find(gma__pool_t *p, gma_stream_t handle, bool create) {
-  uintptr_t key = (uintptr_t)handle;
-  uint64_t owner = 0;
-  if (handle == NULL || handle == STREAM_LEGACY) {
-    key = KEY_DEFAULT;
-  } else if (handle == STREAM_PER_THREAD) {
-    owner = my_thread_id();
-    key = (uintptr_t)(owner << 3) | 2;
-  }
-  gma__stream_t *s = gma__ptrmap_get(&p->streams, key);
-  if (s || !create) return s;
-  s = calloc(1, sizeof *s);
-  if (!s) return NULL;
-  s->handle = handle;
-  s->key = key;
-  s->owner_tid = owner;
-  s->epoch = 1; /* epochs start at 1 so that safe_epoch 0 means "none yet" */
-  if (!gma__ptrmap_put(&p->streams, key, s)) {
-    free(s);
-    return NULL;
-  }
-  s->next_all = p->stream_list;
-  p->stream_list = s;
-  return s;
-}
+#include "tsan.h"
 
 static gma__event_t event_get(gma__pool_t *p) {
   if (p->nspare) return p->spare_events[--p->nspare];
@@ -74,24 +33,52 @@ static void event_put(gma__pool_t *p, gma__event_t ev) {
   p->spare_events[p->nspare++] = ev;
 }
 
-/* Closes the open epoch of s by recording an event, if anything was freed in
- * it. A failed device call leaves the epoch open: blocks then stay where they
- * are (safe), and the next poll tries again. */
+void gma__stream_drain_bins(gma__pool_t *p, gma__stream_t *s) {
+  if (!s->bins) return;
+  gma__tcount_t *c = gma__tcount(p, s);
+  for (unsigned i = 0; i < p->nbins; i++) {
+    if (!gma__load_relaxed(&s->bins[i].count)) continue;
+    /* One swap takes the whole stack; frees racing with it push onto the
+     * now empty stack and are drained next time. */
+    ck_stack_entry_t *e = ck_stack_batch_pop_mpmc(&s->bins[i].stack);
+    uint32_t n = 0;
+    while (e) {
+      gma__block_t *b = (gma__block_t *)((char *)e - offsetof(gma__block_t, bin_link));
+      e = e->next;
+      gma__tsan_acquire(b); /* pairs with gma__bin_free's release */
+      n++;
+      gma__counter_add_owner(&c->bin_out, b->size);
+      gma__store_relaxed(&b->state, GMA__CACHED);
+      gma__cache_block(p, b);
+    }
+    gma__fas_relaxed(&s->bins[i].count, n);
+  }
+}
+
+/* Closes the open epoch of s by recording one event, if anything was freed
+ * in it. The epoch is raised before the record (see gma__bin_free for why).
+ * A failed device call leaves blocks where they are (safe); the next poll
+ * tries again. Another thread's per-thread stream cannot be named from here. */
 static void close_epoch(gma__pool_t *p, gma__stream_t *s) {
-  if (!s->dirty || s->ev_count == GMA__EPOCH_EVENTS) return;
+  if (!gma__load_relaxed(&s->dirty) || s->ev_count == GMA__EPOCH_EVENTS) return;
+  if (s->owner_tid && s->owner_tid != gma__thread_id()) return;
   gma__event_t ev = event_get(p);
   if (!ev) return;
+  gma__store_relaxed(&s->dirty, false);
+  uint64_t closing = gma__faa_relaxed(&s->epoch, 1);
   if (p->dev->ops->event_record(p->dev, ev, s->handle) != GMA_OK) {
+    /* The epoch stays raised: blocks of `closing` are merely not yet gated by
+     * an event; the next close covers them, since it covers all earlier work. */
     p->c.device_errors++;
+    gma__store_relaxed(&s->dirty, true);
     event_put(p, ev);
     return;
   }
   unsigned slot = (s->ev_head + s->ev_count) % GMA__EPOCH_EVENTS;
   s->ev[slot] = ev;
-  s->ev_epoch[slot] = s->epoch;
+  s->ev_epoch[slot] = closing;
   s->ev_count++;
-  s->epoch++;
-  s->dirty = false;
+  p->c.epoch_events++;
 }
 
 /* Advances safe_epoch past every completed epoch event, oldest first. */
@@ -119,34 +106,70 @@ static void release_safe_cached(gma__pool_t *p, gma__stream_t *s) {
   }
 }
 
-void gma__streams_poll(gma__pool_t *p) {
-  uint64_t me = my_thread_id();
+void gma__streams_poll(gma__pool_t *p, bool force) {
   for (gma__stream_t *s = p->stream_list; s; s = s->next_all) {
-    /* Another thread's per-thread stream cannot be named from this thread:
-     * its blocks wait until that thread polls. */
-    if (s->retired || (s->owner_tid && s->owner_tid != me)) continue;
-    close_epoch(p, s);
+    gma__stream_drain_bins(p, s);
+    if (!gma__load_relaxed(&s->retired)) close_epoch(p, s);
     observe_epochs(p, s);
-    release_safe_cached(p, s);
+    if (force || p->reuse != GMA_REUSE_NONE) release_safe_cached(p, s);
   }
   gma__pending_poll(p);
 }
 
-void gma__stream_retire(gma__pool_t *p, gma__stream_t *s) {
-  /* The caller synchronized the stream: every epoch, open ones included, is
-   * complete. The record stays (pending blocks' gates point at it) but leaves
-   * the table, so a new stream reusing the handle value gets a fresh record. */
-  while (s->ev_count) {
-    event_put(p, s->ev[s->ev_head]);
-    s->ev_head = (s->ev_head + 1) % GMA__EPOCH_EVENTS;
-    s->ev_count--;
+/* Best fit for size among the CACHED blocks of streams other than u whose
+ * epoch is closed, then a device-side wait of u on the event closing it. */
+gma__block_t *gma__streams_wait_fit(gma__pool_t *p, gma__stream_t *u, int kind, uint64_t size) {
+  gma__block_t *best = NULL;
+  for (gma__stream_t *s = p->stream_list; s; s = s->next_all) {
+    if (s == u) continue;
+    for (gma__block_t *n = s->cached_tree[kind]; n;) { /* best fit in s's tree */
+      if (n->size >= size) {
+        if (!best || n->size < best->size) best = n;
+        n = n->left;
+      } else {
+        n = n->right;
+      }
+    }
   }
-  s->safe_epoch = UINT64_MAX;
-  s->retired = true;
-  s->dirty = false;
-  gma__ptrmap_remove(&p->streams, s->key);
+  if (!best) return NULL;
+  gma__stream_t *s = best->stream;
+  for (unsigned i = 0; i < s->ev_count; i++) {
+    unsigned slot = (s->ev_head + i) % GMA__EPOCH_EVENTS;
+    if (s->ev_epoch[slot] < best->epoch) continue;
+    /* This event covers every block freed on s up to its epoch. */
+    if (p->dev->ops->stream_wait_event(p->dev, u->handle, s->ev[slot]) != GMA_OK) {
+      p->c.device_errors++;
+      return NULL;
+    }
+    p->c.cross_stream_waits++;
+    return best;
+  }
+  return NULL; /* its epoch is still open (or its event failed): not usable yet */
+}
+
+gma_status_t gma__stream_retire(gma__pool_t *p, gma__stream_t *s, bool orphan) {
+  gma_status_t st = GMA_OK;
+  gma__stream_drain_bins(p, s);
+  if (!orphan) {
+    gma__store_relaxed(&s->dirty, true); /* close even an empty epoch: one last event */
+    uint64_t before = s->ev_count;
+    close_epoch(p, s);
+    if (s->ev_count == before && s->owner_tid == 0) {
+      st = gma__set_error(GMA_ERR_DEVICE, "gma_stream_retire(%p): could not record the closing "
+                          "event; the stream's cached memory stays reserved until gma_destroy",
+                          s->handle);
+      orphan = true;
+    }
+  }
+  /* Later frees of blocks allocated on s carry free_epoch: the closed epoch,
+   * or, for an orphan, one that never completes. */
+  s->free_epoch = orphan ? UINT64_MAX : gma__load_relaxed(&s->epoch) - 1;
+  gma__store_release(&s->retired, true); /* pairs with the lock-free paths' loads */
+  gma__stable_remove(p, s);
+  observe_epochs(p, s);
   release_safe_cached(p, s);
   gma__pending_poll(p);
+  return st;
 }
 
 void gma__streams_fini(gma__pool_t *p) {

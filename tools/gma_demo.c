@@ -92,7 +92,9 @@ static void print_stats(const gma_stats_t *s) {
 
   double n = s->num_allocs ? (double)s->num_allocs : 1.0;
   printf("\n%-28s %10s %8s\n", "allocations served from", "count", "share");
-  printf("%-28s %10" PRIu64 " %7.1f%%\n", "the stream's own cache", s->hits_stream,
+  printf("%-28s %10" PRIu64 " %7.1f%%\n", "the stream's lock-free bin", s->hits_bin,
+         100.0 * (double)s->hits_bin / n);
+  printf("%-28s %10" PRIu64 " %7.1f%%\n", "the stream's cache in the pool", s->hits_stream,
          100.0 * (double)s->hits_stream / n);
   printf("%-28s %10" PRIu64 " %7.1f%%\n", "the shared free pool", s->hits_pool,
          100.0 * (double)s->hits_pool / n);
@@ -185,7 +187,8 @@ int main(void) {
     gma_stats_t now = {.size = sizeof(gma_stats_t)};
     TRY(gma_stats(g, &now));
     printf("%-5d %8" PRIu64 " %8" PRIu64 " %8" PRIu64 " %8" PRIu64 " %18.2f %14.2f\n", it,
-           now.num_allocs - prev.num_allocs, now.hits_stream - prev.hits_stream,
+           now.num_allocs - prev.num_allocs,
+           (now.hits_bin + now.hits_stream) - (prev.hits_bin + prev.hits_stream),
            now.hits_pool - prev.hits_pool, now.hits_device - prev.hits_device,
            mib(mid.allocated.current), mib(now.reserved.current));
     prev = now;

@@ -44,9 +44,17 @@ typedef struct gma__device_ops {
    * has finished; the host does not block. */
   gma_status_t (*stream_wait_event)(gma__device_t *dev, gma_stream_t stream, gma__event_t ev);
 
-  /* Streams. NULL is the default stream and always exists. */
+  /* Streams. NULL (and 0x1) is the default stream and always exists; 0x2 is
+   * the calling thread's per-thread default stream. destroy returns at once,
+   * as cuStreamDestroy does: queued work still runs, and the handle value may
+   * be handed to the next stream created. */
   gma_status_t (*stream_create)(gma__device_t *dev, gma_stream_t *out);
   gma_status_t (*stream_destroy)(gma__device_t *dev, gma_stream_t stream);
+  /* A nonzero id that no other stream of this device ever has, even one that
+   * later gets the same handle value (cuStreamGetId on CUDA). For 0x2 it is
+   * the calling thread's per-thread stream's id. Called on every allocation:
+   * must be fast and must not block (no lock shared with stream threads). */
+  gma_status_t (*stream_id)(gma__device_t *dev, gma_stream_t stream, uint64_t *id);
   gma_status_t (*stream_synchronize)(gma__device_t *dev, gma_stream_t stream);
   /* Blocks until every stream's queued work has finished. */
   gma_status_t (*device_synchronize)(gma__device_t *dev);

@@ -1,7 +1,8 @@
 /* The simulated device: owns its host memory (device allocations), its
  * simulated streams (one host thread each, executing queued kernels, event
- * records and event waits strictly in order), its events, and the latency and
- * fault-injection knobs from the sim_* config fields.
+ * records and event waits strictly in order), the stream handle slots, its
+ * events, and the latency and fault-injection knobs from the sim_* config
+ * fields.
  *
  * Memory comes from mmap(MAP_NORESERVE), so untouched bytes cost nothing and a
  * trace of 37 GiB replays on a smaller machine; capacity is enforced by
@@ -17,8 +18,23 @@
  * reference marks, never the event, so destroying an event with queued ops is
  * safe.
  *
- * Lock order: stream->mu before dev->ev_mu. dev->streams_mu and dev->mem_mu are
- * leaves: no other lock is taken while holding them. */
+ * Streams behave like CUDA's, including the case gma must survive: destroy
+ * returns at once, the stream's queued work still runs on its thread, and the
+ * handle VALUE goes to the next stream created (LIFO), possibly while the old
+ * stream's work is still running. A user stream's handle is the address of a
+ * slot: slots live in chunks that are freed only with the device, so an old
+ * handle always points at readable memory and is validated by a range check,
+ * never by dereferencing a stream that may be gone. The slot carries its
+ * current stream and that stream's id; ids come from a process-wide 64-bit
+ * counter and are never reused, so stream_id tells a recycled handle's new
+ * stream from the old one without a lock. A stream object is freed by its own
+ * thread once it was stopped (destroy), drained its queue and no caller holds
+ * a reference. Per-thread default streams (0x2) are found through a small
+ * thread-local cache keyed by the device's never-reused serial number.
+ *
+ * Lock order: dev->streams_mu before stream->mu before dev->ev_mu. dev->mem_mu
+ * is a leaf. A stream thread holds no lock while it runs an op, so a kernel
+ * may call into the device. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -39,6 +55,8 @@
 #define SIM_DEFAULT_CAPACITY (80ull << 30)
 #define SIM_LEGACY_STREAM ((gma_stream_t)(uintptr_t)0x1)     /* CU_STREAM_LEGACY */
 #define SIM_PER_THREAD_STREAM ((gma_stream_t)(uintptr_t)0x2) /* CU_STREAM_PER_THREAD */
+#define SIM_FIRST_CHUNK_SLOTS 64 /* slots in the first chunk; each next one doubles */
+#define SIM_PTDS_CACHE 4         /* devices a thread remembers its per-thread stream for */
 
 /* ---------------------------------------------------------------------------
  * An intrusive chained hash table from uintptr_t keys to links embedded as the
@@ -162,19 +180,27 @@ typedef struct sim_op {
   sim_mark_t *mark;     /* RECORD: the mark it completes; WAIT: the one it awaits */
 } sim_op_t;
 
-/* A simulated stream. link.key is the handle (the struct's address) for a
- * user stream in dev->streams, the owning host thread's id for a per-thread
- * default stream in dev->ptds; the legacy default stream is in no table.
- * Fields below mu are guarded by mu. Invariant: the stream is idle iff
- * head == NULL && !busy; stop is set only once no caller can reach the
- * stream, so nothing is queued after it, and the thread exits once idle.
- * refs (guarded by dev->streams_mu) counts callers using the stream outside
- * streams_mu; a stream removed from its table is freed only when refs = 0. */
+/* A simulated stream: the legacy default stream (dev->legacy), a per-thread
+ * default stream (in dev->ptds, link.key = the owning host thread's pthread_t),
+ * or a user stream (named by a slot; link unused). Every stream whose thread
+ * runs is on dev->all.
+ *
+ * Lifetime (refs, all_prev/all_next guarded by dev->streams_mu): refs = 1 for
+ * the stream's thread until it exits + callers between stream_get and
+ * stream_put; whoever drops refs to 0 frees the stream. The thread exits once
+ * stop is set and the queue is empty, so the stream outlives its slot exactly
+ * as long as its queued work and its callers need it.
+ *
+ * Queue (fields below mu, guarded by mu). Invariant: the stream is idle iff
+ * head == NULL && !busy. stop goes from false to true only; once it is set no
+ * op is queued (stream_push checks it under mu), so the thread's last look at
+ * an empty queue with stop set is final. */
 typedef struct sim_stream {
   sim_link_t link;
   sim_device_t *dev;
-  pthread_t thread;
+  uint64_t id; /* immutable; unique in the process, never reused */
   unsigned refs;
+  struct sim_stream *all_prev, *all_next;
   pthread_mutex_t mu;
   pthread_cond_t work_cv; /* signalled when an op is queued or stop is set */
   pthread_cond_t idle_cv; /* broadcast when the stream becomes idle */
@@ -183,10 +209,51 @@ typedef struct sim_stream {
   bool stop;
 } sim_stream_t;
 
+/* A user stream handle points at one of these. id is read without a lock by
+ * stream_id (acquire, pairing with the release stores in stream_create and
+ * stream_destroy); the other fields are guarded by dev->streams_mu.
+ * Invariant: id == 0 iff stream == NULL iff the slot is free (on the free
+ * list, or never handed out); otherwise id == stream->id. The slot's size is a
+ * power of two so validating a handle's alignment is a mask. */
+typedef struct sim_slot {
+  _Atomic uint64_t id;
+  sim_stream_t *stream;
+  struct sim_slot *next_free;
+  uint64_t pad_;
+} sim_slot_t;
+_Static_assert((sizeof(sim_slot_t) & (sizeof(sim_slot_t) - 1)) == 0,
+               "slot size must be a power of two");
+
+/* Slots are carved from chunks that are never freed before the device, so a
+ * destroyed stream's handle stays a readable address that can be checked.
+ * next and n are immutable once the chunk is published on dev->chunks. */
+typedef struct sim_chunk {
+  struct sim_chunk *next; /* the previously published (smaller) chunk */
+  size_t n;
+  sim_slot_t slots[];
+} sim_chunk_t;
+
+/* One thread's memory of its per-thread stream on one device. serial is the
+ * device's never-reused serial number: an entry left behind by a destroyed
+ * device can never match a later one at the same address. Thread-local, so
+ * no synchronization; stream stays valid while its device lives. */
+typedef struct sim_ptds_entry {
+  uint64_t serial; /* 0: empty */
+  sim_stream_t *stream;
+  uint64_t id;
+} sim_ptds_entry_t;
+
+static _Thread_local sim_ptds_entry_t ptds_cache[SIM_PTDS_CACHE];
+/* Process-wide counters; relaxed is enough, each only hands out unique tickets. */
+static _Atomic uint64_t sim_next_stream_id = 1;
+static _Atomic uint64_t sim_next_serial = 1;
+
 struct sim_device {
   gma__device_t base; /* must stay first: the device boundary passes &base */
   /* Immutable after creation. */
   uint64_t capacity, alloc_ns, free_ns, event_ns, fail_alloc, fail_event;
+  uint64_t serial;    /* never reused by another device in this process */
+  uint64_t legacy_id; /* the NULL / 0x1 stream's id */
   /* Calls so far, for fault injection; written concurrently, relaxed is
    * enough because each only needs a unique ticket number. */
   _Atomic uint64_t alloc_calls, event_calls;
@@ -196,10 +263,17 @@ struct sim_device {
   uint64_t used;      /* mem_mu */
   uint64_t reserving; /* mem_mu: bytes of mem_alloc calls between reserve and mmap */
   pthread_mutex_t streams_mu;
-  pthread_cond_t streams_cv; /* broadcast when a removed stream's refs reach 0 */
-  sim_table_t streams;       /* streams_mu: user streams by handle */
-  sim_table_t ptds;          /* streams_mu: per-thread default streams by thread id */
+  pthread_cond_t streams_cv; /* broadcast when threads reaches 0 */
+  sim_stream_t *all;         /* streams_mu: every stream whose thread runs */
+  unsigned threads;          /* streams_mu: stream threads not yet exited */
+  sim_table_t ptds;          /* streams_mu: per-thread default streams by pthread_t */
   sim_stream_t *legacy;      /* the NULL / 0x1 stream; immutable after creation */
+  /* Slot chunks, newest (largest) first. Written under streams_mu with a
+   * release store; read without a lock with an acquire load (slot_find),
+   * which makes the chunk's next and n visible. */
+  _Atomic(sim_chunk_t *) chunks;
+  size_t chunk_used;      /* streams_mu: slots of the newest chunk handed out */
+  sim_slot_t *free_slots; /* streams_mu: destroyed streams' slots, reused LIFO */
   pthread_mutex_t ev_mu;
   pthread_cond_t ev_cv; /* broadcast whenever any mark becomes done */
   sim_table_t events;   /* ev_mu: live event handles */
@@ -465,14 +539,46 @@ static void op_run(sim_device_t *dev, sim_op_t *op) {
   pthread_mutex_unlock(&dev->ev_mu);
 }
 
-/* The stream's own thread: runs ops in queue order until stopped and idle. */
+/* Frees a stream nobody references any more (or whose thread never started). */
+static void stream_fini(sim_stream_t *s) {
+  pthread_mutex_destroy(&s->mu);
+  pthread_cond_destroy(&s->work_cv);
+  pthread_cond_destroy(&s->idle_cv);
+  free(s);
+}
+
+/* Drops a reference (a stream_get's or the thread's own); true when it was
+ * the last, and the caller then frees the stream after releasing streams_mu.
+ * Caller holds streams_mu. */
+static bool stream_unref_locked(sim_stream_t *s) {
+  SIM_ASSERT(s->refs > 0);
+  return --s->refs == 0;
+}
+
+/* Called by the stream's thread as its last act: leaves dev->all, drops the
+ * thread's reference, and lets sim_destroy go on when it was the last thread.
+ * After streams_mu is released nothing of dev is touched, because sim_destroy
+ * may free it from then on. */
+static void stream_exit(sim_stream_t *s) {
+  sim_device_t *dev = s->dev;
+  pthread_mutex_lock(&dev->streams_mu);
+  *(s->all_prev ? &s->all_prev->all_next : &dev->all) = s->all_next;
+  if (s->all_next) s->all_next->all_prev = s->all_prev;
+  bool last = stream_unref_locked(s);
+  if (--dev->threads == 0) pthread_cond_broadcast(&dev->streams_cv);
+  pthread_mutex_unlock(&dev->streams_mu);
+  if (last) stream_fini(s);
+}
+
+/* The stream's own thread (detached): runs ops in queue order until stopped
+ * and idle, then retires the stream. */
 static void *stream_main(void *arg) {
   sim_stream_t *s = arg;
   pthread_mutex_lock(&s->mu);
   for (;;) {
     while (!s->head && !s->stop) pthread_cond_wait(&s->work_cv, &s->mu);
     sim_op_t *op = s->head;
-    if (!op) break; /* stopped and idle */
+    if (!op) break; /* stopped and idle: stream_push queues nothing more */
     s->head = op->next;
     if (!s->head) s->tail = NULL;
     s->busy = true;
@@ -484,29 +590,51 @@ static void *stream_main(void *arg) {
     if (!s->head) pthread_cond_broadcast(&s->idle_cv);
   }
   pthread_mutex_unlock(&s->mu);
+  stream_exit(s);
   return NULL;
 }
 
-/* Frees a stream whose thread has exited or never started. */
-static void stream_fini(sim_stream_t *s) {
-  pthread_mutex_destroy(&s->mu);
-  pthread_cond_destroy(&s->work_cv);
-  pthread_cond_destroy(&s->idle_cv);
-  free(s);
-}
-
-/* Allocates a stream and starts its thread; NULL if either fails. Any thread. */
-static sim_stream_t *stream_new(sim_device_t *dev, uintptr_t key) {
+/* Allocates a stream with a fresh id, starts its (detached) thread and puts it
+ * on dev->all; NULL if memory or the thread is lacking. Any thread. The thread
+ * cannot exit before it is on dev->all: it exits only after stop, and stop is
+ * set only on streams that callers can reach. */
+static sim_stream_t *stream_new(sim_device_t *dev) {
   sim_stream_t *s = calloc(1, sizeof *s);
   if (!s) return NULL;
   s->dev = dev;
-  s->link.key = key ? key : (uintptr_t)s;
+  s->id = atomic_fetch_add_explicit(&sim_next_stream_id, 1, memory_order_relaxed);
+  s->refs = 1; /* the thread's */
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->work_cv, NULL);
   pthread_cond_init(&s->idle_cv, NULL);
-  if (pthread_create(&s->thread, NULL, stream_main, s) == 0) return s;
-  stream_fini(s);
-  return NULL;
+  pthread_attr_t attr;
+  pthread_t th;
+  int rc = pthread_attr_init(&attr);
+  if (rc == 0) {
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    rc = pthread_create(&th, &attr, stream_main, s);
+    pthread_attr_destroy(&attr);
+  }
+  if (rc != 0) {
+    stream_fini(s);
+    return NULL;
+  }
+  pthread_mutex_lock(&dev->streams_mu);
+  s->all_next = dev->all;
+  if (dev->all) dev->all->all_prev = s;
+  dev->all = s;
+  dev->threads++;
+  pthread_mutex_unlock(&dev->streams_mu);
+  return s;
+}
+
+/* Lets the stream's thread finish the queued work and exit; returns at once.
+ * The caller makes sure s is still alive (its thread cannot exit before this). */
+static void stream_stop(sim_stream_t *s) {
+  pthread_mutex_lock(&s->mu);
+  s->stop = true;
+  pthread_cond_signal(&s->work_cv);
+  pthread_mutex_unlock(&s->mu);
 }
 
 /* Blocks until the stream is idle. Any thread but the stream's own. */
@@ -516,70 +644,151 @@ static void stream_wait_idle(sim_stream_t *s) {
   pthread_mutex_unlock(&s->mu);
 }
 
-/* Lets the thread finish the queued work, joins it and frees the stream. The
- * caller has made sure nobody else references s. */
-static void stream_free(sim_stream_t *s) {
-  pthread_mutex_lock(&s->mu);
-  s->stop = true;
-  pthread_cond_signal(&s->work_cv);
-  pthread_mutex_unlock(&s->mu);
-  pthread_join(s->thread, NULL);
-  stream_fini(s);
+/* Maps a handle to its slot, or NULL when it is not a slot of this device.
+ * Only chunk addresses are compared, nothing is dereferenced but the chunk
+ * headers, so any value is safe. Any thread; lock-free (the chunk list only
+ * grows, and each chunk is immutable once published). */
+static sim_slot_t *slot_find(sim_device_t *dev, gma_stream_t h) {
+  /* Acquire pairs with the release store in slot_take. */
+  for (sim_chunk_t *c = atomic_load_explicit(&dev->chunks, memory_order_acquire); c; c = c->next) {
+    uintptr_t off = (uintptr_t)h - (uintptr_t)c->slots;
+    if (off < c->n * sizeof(sim_slot_t)) {
+      return off & (sizeof(sim_slot_t) - 1) ? NULL : &c->slots[off / sizeof(sim_slot_t)];
+    }
+  }
+  return NULL;
+}
+
+#if defined(GMA_DEBUG) && GMA_DEBUG >= 2
+/* Checks the slot invariant (see sim_slot_t) over every handed-out slot and
+ * that the free list holds only free slots; caller holds streams_mu. */
+static bool slots_are_valid(sim_device_t *dev) {
+  size_t n_free = 0, n_unused = 0;
+  for (sim_slot_t *f = dev->free_slots; f; f = f->next_free, n_free++) {
+    if (f->stream || atomic_load_explicit(&f->id, memory_order_relaxed) != 0) return false;
+  }
+  sim_chunk_t *newest = atomic_load_explicit(&dev->chunks, memory_order_relaxed);
+  for (sim_chunk_t *c = newest; c; c = c->next) {
+    size_t used = c == newest ? dev->chunk_used : c->n;
+    for (size_t i = 0; i < c->n; i++) {
+      const sim_slot_t *sl = &c->slots[i];
+      uint64_t id = atomic_load_explicit(&sl->id, memory_order_relaxed);
+      if (i >= used && (sl->stream || id != 0)) return false;
+      if (sl->stream ? id != sl->stream->id : id != 0) return false;
+      n_unused += i < used && !sl->stream;
+    }
+  }
+  return n_free == n_unused;
+}
+#define SIM_SLOTS_CHECK(dev) assert(slots_are_valid(dev))
+#else
+#define SIM_SLOTS_CHECK(dev) ((void)0)
+#endif
+
+/* Takes a free slot: the most recently freed one (so a destroyed stream's
+ * handle value is the next one created, as with CUDA), else a fresh one, from
+ * a new chunk twice the size of the last when needed. NULL when out of host
+ * memory. Caller holds streams_mu. */
+static sim_slot_t *slot_take(sim_device_t *dev) {
+  sim_slot_t *slot = dev->free_slots;
+  if (slot) {
+    dev->free_slots = slot->next_free;
+    return slot;
+  }
+  sim_chunk_t *c = atomic_load_explicit(&dev->chunks, memory_order_relaxed);
+  if (!c || dev->chunk_used == c->n) {
+    size_t n = c ? c->n * 2 : SIM_FIRST_CHUNK_SLOTS;
+    sim_chunk_t *nc = calloc(1, sizeof *nc + n * sizeof(sim_slot_t));
+    if (!nc) return NULL;
+    nc->next = c;
+    nc->n = n;
+    for (size_t i = 0; i < n; i++) atomic_init(&nc->slots[i].id, 0);
+    /* Release: a slot_find that sees nc also sees its next, n and zero ids. */
+    atomic_store_explicit(&dev->chunks, nc, memory_order_release);
+    dev->chunk_used = 0;
+    c = nc;
+  }
+  return &c->slots[dev->chunk_used++];
+}
+
+/* Finds (or creates, on the thread's first use) the calling thread's
+ * per-thread default stream. The thread-local cache answers without a lock;
+ * a miss looks the thread up in dev->ptds. Keying that table by pthread_t
+ * means a new thread may inherit an exited thread's stream (at worst behind
+ * work the old thread queued, which stream order handles) and keeps the
+ * number of these streams bounded by the threads alive at once. A stream
+ * found here lives until the device is destroyed. Any thread. */
+static gma_status_t ptds_get(sim_device_t *dev, const char *what, sim_stream_t **out) {
+  sim_ptds_entry_t *e = &ptds_cache[dev->serial % SIM_PTDS_CACHE];
+  if (e->serial == dev->serial) {
+    *out = e->stream;
+    return GMA_OK;
+  }
+  uintptr_t tid = (uintptr_t)pthread_self();
+  pthread_mutex_lock(&dev->streams_mu);
+  sim_stream_t *s = (sim_stream_t *)table_find(&dev->ptds, tid);
+  pthread_mutex_unlock(&dev->streams_mu);
+  if (!s) {
+    /* Only this thread inserts under its own pthread_t, so nobody can add
+     * the key between the find above and the insert below. */
+    s = stream_new(dev);
+    if (!s) {
+      return gma__set_error(GMA_ERR_DEVICE, "sim: %s: cannot start the per-thread stream", what);
+    }
+    s->link.key = tid;
+    pthread_mutex_lock(&dev->streams_mu);
+    table_insert(&dev->ptds, &s->link);
+    pthread_mutex_unlock(&dev->streams_mu);
+  }
+  *e = (sim_ptds_entry_t){dev->serial, s, s->id};
+  *out = s;
+  return GMA_OK;
 }
 
 /* Resolves a handle to a stream and takes a reference; release it with
  * stream_put. NULL and 0x1 are the legacy default stream, 0x2 the calling
- * thread's own default stream (created on first use, kept until device
- * destroy). Unknown handles are looked up, never dereferenced. Any thread. */
+ * thread's own default stream. A user handle is checked against the slot
+ * chunks, never dereferenced blindly, so a stale or made-up handle gives an
+ * error instead of a crash. Any thread. */
 static gma_status_t stream_get(sim_device_t *dev, gma_stream_t h, const char *what,
                                sim_stream_t **out) {
-  sim_stream_t *s;
-  gma_status_t st = GMA_OK;
-  pthread_mutex_lock(&dev->streams_mu);
+  sim_stream_t *s = NULL;
   if (h == NULL || h == SIM_LEGACY_STREAM) {
     s = dev->legacy;
   } else if (h == SIM_PER_THREAD_STREAM) {
-    /* Keyed by pthread_t, which is recycled only after a thread exits: a new
-     * thread may inherit a dead one's stream (at worst behind work the dead
-     * thread queued, which stream order handles), and the number of these
-     * streams stays bounded by the number of threads alive at once. */
-    uintptr_t tid = (uintptr_t)pthread_self();
-    s = (sim_stream_t *)table_find(&dev->ptds, tid);
-    if (!s) {
-      s = stream_new(dev, tid);
-      if (s) {
-        table_insert(&dev->ptds, &s->link);
-      } else {
-        st = gma__set_error(GMA_ERR_DEVICE, "sim: %s: cannot start the per-thread stream", what);
-      }
-    }
-  } else {
-    s = (sim_stream_t *)table_find(&dev->streams, (uintptr_t)h);
-    if (!s) {
-      st = gma__set_error(GMA_ERR_INVALID_ARGUMENT,
-                          "sim: %s: stream %p is not a live stream of this device (never "
-                          "created here, or already destroyed)",
-                          what, h);
-    }
+    gma_status_t st = ptds_get(dev, what, &s);
+    if (st != GMA_OK) return st;
+  }
+  pthread_mutex_lock(&dev->streams_mu);
+  if (!s) {
+    sim_slot_t *slot = slot_find(dev, h);
+    s = slot ? slot->stream : NULL;
   }
   if (s) s->refs++;
   pthread_mutex_unlock(&dev->streams_mu);
   *out = s;
-  return st;
+  if (s) return GMA_OK;
+  return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
+                        "sim: %s: stream %p is not a live stream of this device (never created "
+                        "here, or already destroyed)",
+                        what, h);
 }
 
 /* Drops a reference taken by stream_get. Any thread. */
 static void stream_put(sim_device_t *dev, sim_stream_t *s) {
   pthread_mutex_lock(&dev->streams_mu);
-  if (--s->refs == 0) pthread_cond_broadcast(&dev->streams_cv);
+  bool last = stream_unref_locked(s);
   pthread_mutex_unlock(&dev->streams_mu);
+  if (last) stream_fini(s);
 }
 
 /* Queues op on stream h, taking ownership of op (freed if not queued). For
  * RECORD and WAIT, the event evh is resolved and its mark taken under s->mu,
  * so "the stream is idle at record time" is decided atomically with queueing;
  * an op with nothing left to do (a record on an idle stream, a wait on a
- * complete event) is not queued at all. Any thread. */
+ * complete event) is not queued at all. A stream destroyed between the lookup
+ * and s->mu refuses the op, so nothing is queued behind its thread's exit.
+ * Any thread. */
 static gma_status_t stream_push(sim_device_t *dev, gma_stream_t h, const char *what, sim_op_t *op,
                                 gma__event_t evh) {
   sim_stream_t *s;
@@ -590,7 +799,10 @@ static gma_status_t stream_push(sim_device_t *dev, gma_stream_t h, const char *w
   }
   pthread_mutex_lock(&s->mu);
   bool idle = !s->head && !s->busy;
-  if (op->kind != SIM_OP_KERNEL) {
+  if (s->stop) {
+    st = gma__set_error(GMA_ERR_INVALID_ARGUMENT,
+                        "sim: %s: stream %p was destroyed during the call", what, h);
+  } else if (op->kind != SIM_OP_KERNEL) {
     pthread_mutex_lock(&dev->ev_mu);
     sim_event_t *ev = event_find(dev, evh, what);
     if (!ev) {
@@ -666,20 +878,33 @@ static gma_status_t sim_launch(gma__device_t *d, gma_stream_t stream, gma_sim_ke
   return stream_push(sim_of(d), stream, "sim_launch", op, NULL);
 }
 
-/* Any thread. The handle is the stream struct's address. */
+/* Any thread. The handle is a slot's address: the most recently destroyed
+ * stream's, if any (see slot_take). */
 static gma_status_t sim_stream_create(gma__device_t *d, gma_stream_t *out) {
   sim_device_t *dev = sim_of(d);
   if (!out) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "sim: stream_create: out is NULL");
-  sim_stream_t *s = stream_new(dev, 0);
+  sim_stream_t *s = stream_new(dev);
   if (!s) return gma__set_error(GMA_ERR_DEVICE, "sim: stream_create: cannot start a stream thread");
   pthread_mutex_lock(&dev->streams_mu);
-  table_insert(&dev->streams, &s->link);
+  sim_slot_t *slot = slot_take(dev);
+  if (slot) {
+    slot->stream = s;
+    /* Release pairs with the acquire in sim_stream_id. */
+    atomic_store_explicit(&slot->id, s->id, memory_order_release);
+  }
+  SIM_SLOTS_CHECK(dev);
   pthread_mutex_unlock(&dev->streams_mu);
-  *out = s;
+  if (!slot) {
+    stream_stop(s); /* nobody else can reach s; its thread frees it */
+    return gma__set_error(GMA_ERR_DEVICE, "sim: stream_create: out of host memory for a slot");
+  }
+  *out = slot;
   return GMA_OK;
 }
 
-/* Any thread but the stream's own. Waits for the queued work first. */
+/* Any thread, the stream's own included; returns at once. The slot is freed
+ * first, so the next stream_create may reuse the handle value while this
+ * stream's queued work still runs; the stream frees itself after that. */
 static gma_status_t sim_stream_destroy(gma__device_t *d, gma_stream_t h) {
   sim_device_t *dev = sim_of(d);
   if (h == NULL || h == SIM_LEGACY_STREAM || h == SIM_PER_THREAD_STREAM) {
@@ -688,15 +913,57 @@ static gma_status_t sim_stream_destroy(gma__device_t *d, gma_stream_t h) {
                           h);
   }
   pthread_mutex_lock(&dev->streams_mu);
-  sim_stream_t *s = (sim_stream_t *)table_remove(&dev->streams, (uintptr_t)h);
-  /* Removed from the table, s gets no new users; wait for current ones. */
-  while (s && s->refs > 0) pthread_cond_wait(&dev->streams_cv, &dev->streams_mu);
+  sim_slot_t *slot = slot_find(dev, h);
+  sim_stream_t *s = slot ? slot->stream : NULL;
+  if (s) {
+    slot->stream = NULL;
+    /* Release pairs with the acquire in sim_stream_id (0: destroyed). */
+    atomic_store_explicit(&slot->id, 0, memory_order_release);
+    slot->next_free = dev->free_slots;
+    dev->free_slots = slot;
+  }
+  SIM_SLOTS_CHECK(dev);
   pthread_mutex_unlock(&dev->streams_mu);
   if (!s) {
     return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
                           "sim: stream_destroy: stream %p is not a live stream of this device", h);
   }
-  stream_free(s);
+  /* s is still alive: its thread exits only after this stop. */
+  stream_stop(s);
+  return GMA_OK;
+}
+
+/* Any thread; wait-free on a hit of the slot chunks or the per-thread cache
+ * (a few loads), takes streams_mu only on a thread's first use of 0x2 on this
+ * device (or a cache collision between devices). Never waits for a stream. */
+static gma_status_t sim_stream_id(gma__device_t *d, gma_stream_t h, uint64_t *id) {
+  sim_device_t *dev = sim_of(d);
+  if (!id) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "sim: stream_id: id is NULL");
+  if (h == NULL || h == SIM_LEGACY_STREAM) {
+    *id = dev->legacy_id;
+    return GMA_OK;
+  }
+  if (h == SIM_PER_THREAD_STREAM) {
+    const sim_ptds_entry_t *e = &ptds_cache[dev->serial % SIM_PTDS_CACHE];
+    if (e->serial == dev->serial) {
+      *id = e->id;
+      return GMA_OK;
+    }
+    sim_stream_t *s;
+    gma_status_t st = ptds_get(dev, "stream_id", &s);
+    if (st == GMA_OK) *id = s->id;
+    return st;
+  }
+  sim_slot_t *slot = slot_find(dev, h);
+  /* Acquire pairs with the release stores in stream_create/stream_destroy. */
+  uint64_t v = slot ? atomic_load_explicit(&slot->id, memory_order_acquire) : 0;
+  if (v == 0) {
+    return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
+                          "sim: stream_id: stream %p is not a live stream of this device (never "
+                          "created here, or already destroyed)",
+                          h);
+  }
+  *id = v;
   return GMA_OK;
 }
 
@@ -711,26 +978,23 @@ static gma_status_t sim_stream_synchronize(gma__device_t *d, gma_stream_t h) {
   return GMA_OK;
 }
 
-/* Any thread but a stream thread. Streams are snapshotted with references
- * held, so each is synchronized without holding streams_mu (a kernel may
- * itself call into the device). */
+/* Any thread but a stream thread. Every stream with a running thread counts,
+ * destroyed ones still draining included, as on a real device. Streams are
+ * snapshotted with references held, so each is synchronized without holding
+ * streams_mu (a kernel may itself call into the device). */
 static gma_status_t sim_device_synchronize(gma__device_t *d) {
   sim_device_t *dev = sim_of(d);
   pthread_mutex_lock(&dev->streams_mu);
-  size_t n = 0, cap = dev->streams.count + dev->ptds.count + 1;
-  sim_stream_t **all = malloc(cap * sizeof *all);
+  size_t n = 0;
+  sim_stream_t **all = malloc((dev->threads + 1) * sizeof *all);
   if (!all) {
     pthread_mutex_unlock(&dev->streams_mu);
     return gma__set_error(GMA_ERR_DEVICE, "sim: device_synchronize: out of host memory");
   }
-  all[n++] = dev->legacy;
-  const sim_table_t *tables[2] = {&dev->streams, &dev->ptds};
-  for (int t = 0; t < 2; t++) {
-    for (size_t i = 0; i <= tables[t]->mask; i++) {
-      for (sim_link_t *l = tables[t]->buckets[i]; l; l = l->next) all[n++] = (sim_stream_t *)l;
-    }
+  for (sim_stream_t *s = dev->all; s; s = s->all_next) {
+    s->refs++;
+    all[n++] = s;
   }
-  for (size_t i = 0; i < n; i++) all[i]->refs++;
   pthread_mutex_unlock(&dev->streams_mu);
   for (size_t i = 0; i < n; i++) stream_wait_idle(all[i]);
   for (size_t i = 0; i < n; i++) stream_put(dev, all[i]);
@@ -741,16 +1005,29 @@ static gma_status_t sim_device_synchronize(gma__device_t *d) {
 /* ---------------------------------------------------------------------------
  * Lifecycle
  * ------------------------------------------------------------------------- */
-/* One thread, with no other call in flight. Streams are stopped one by one;
- * the rest keep running meanwhile, so a WAIT on another stream's record can
- * still be satisfied while its own stream drains. */
+/* One thread, with no other call in flight. Every stream is told to stop at
+ * once and drains its queue concurrently with the others, so a WAIT on
+ * another stream's record can still be satisfied, and work left on streams
+ * destroyed earlier finishes too. Blocks until every stream thread has
+ * exited; each frees its own stream (no caller holds a reference now). */
 static void sim_destroy(gma__device_t *d) {
   sim_device_t *dev = sim_of(d);
-  sim_link_t *l;
-  while ((l = table_pop(&dev->streams))) stream_free((sim_stream_t *)l);
-  while ((l = table_pop(&dev->ptds))) stream_free((sim_stream_t *)l);
-  if (dev->legacy) stream_free(dev->legacy);
+  pthread_mutex_lock(&dev->streams_mu);
+  /* The per-thread streams are dropped from the table while still alive; the
+   * table's links live in the streams, which free themselves below. */
+  while (table_pop(&dev->ptds)) {
+  }
+  for (sim_stream_t *s = dev->all; s; s = s->all_next) stream_stop(s);
+  while (dev->threads > 0) pthread_cond_wait(&dev->streams_cv, &dev->streams_mu);
+  SIM_ASSERT(dev->all == NULL);
+  pthread_mutex_unlock(&dev->streams_mu);
+  for (sim_chunk_t *c = atomic_load_explicit(&dev->chunks, memory_order_relaxed), *next; c;
+       c = next) {
+    next = c->next;
+    free(c);
+  }
   /* Every queued op has run, so each remaining mark is held by its event only. */
+  sim_link_t *l;
   while ((l = table_pop(&dev->events))) {
     mark_unref(((sim_event_t *)l)->last);
     free(l);
@@ -759,7 +1036,6 @@ static void sim_destroy(gma__device_t *d) {
     munmap((void *)l->key, (size_t)((sim_alloc_t *)l)->size);
     free(l);
   }
-  free(dev->streams.buckets);
   free(dev->ptds.buckets);
   free(dev->events.buckets);
   free(dev->allocs.buckets);
@@ -783,6 +1059,7 @@ static const gma__device_ops_t sim_ops = {
     .stream_wait_event = sim_stream_wait_event,
     .stream_create = sim_stream_create,
     .stream_destroy = sim_stream_destroy,
+    .stream_id = sim_stream_id,
     .stream_synchronize = sim_stream_synchronize,
     .device_synchronize = sim_device_synchronize,
     .sim_launch = sim_launch,
@@ -803,20 +1080,22 @@ gma_status_t gma__sim_create(const gma_config_t *config, gma__device_t **out) {
   dev->event_ns = c->sim_event_latency_ns;
   dev->fail_alloc = c->sim_fail_alloc;
   dev->fail_event = c->sim_fail_event;
+  dev->serial = atomic_fetch_add_explicit(&sim_next_serial, 1, memory_order_relaxed);
   atomic_init(&dev->alloc_calls, 0);
   atomic_init(&dev->event_calls, 0);
+  atomic_init(&dev->chunks, NULL);
   pthread_mutex_init(&dev->mem_mu, NULL);
   pthread_mutex_init(&dev->streams_mu, NULL);
   pthread_cond_init(&dev->streams_cv, NULL);
   pthread_mutex_init(&dev->ev_mu, NULL);
   pthread_cond_init(&dev->ev_cv, NULL);
-  bool ok = table_init(&dev->allocs) && table_init(&dev->streams) && table_init(&dev->ptds) &&
-            table_init(&dev->events);
-  if (ok) dev->legacy = stream_new(dev, 0);
+  bool ok = table_init(&dev->allocs) && table_init(&dev->ptds) && table_init(&dev->events);
+  if (ok) dev->legacy = stream_new(dev);
   if (!ok || !dev->legacy) {
     sim_destroy(&dev->base);
     return gma__set_error(GMA_ERR_DEVICE, "sim: cannot create the device (host memory or threads)");
   }
+  dev->legacy_id = dev->legacy->id;
   *out = &dev->base;
   return GMA_OK;
 }

@@ -116,13 +116,15 @@ static void test_alloc_free_alignment(void) {
   CHECK_OK(gma_destroy(g));
 }
 
-/* Sizes are rounded up to a multiple of 512: allocated counts rounded block
- * sizes, requested counts what the caller asked for. */
+/* Sizes up to bin_max (4 MiB) get their size class: 512-byte steps up to
+ * 4 KiB, then 8 classes per doubling; larger ones are rounded up to a multiple
+ * of 512. allocated counts block sizes, requested what the caller asked for. */
 static void test_rounding(void) {
   static const struct {
     size_t ask, rounded;
   } cases[] = {{1, 512}, {511, 512}, {512, 512}, {513, 1024}, {1536, 1536},
-               {4097, 4608}, {(1 << 20) + 1, (1 << 20) + 512}};
+               {4097, 4608}, {5000, 5120}, {(1 << 20) + 1, (1 << 20) + (1 << 17)},
+               {(4 << 20) + 1, (4 << 20) + 512}};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     /* A fresh allocator each time, so no cached block larger than needed can
      * serve the request and blur the rounded size. */
@@ -142,8 +144,9 @@ static void test_rounding(void) {
 }
 
 /* alloc, free, alloc of one size on one stream is served from that stream's
- * cache: stream order makes the block safe at once, so no device allocation
- * and no waiting is needed. Checked on the default stream and a created one. */
+ * cache (its lock-free bin up to bin_max, its tree in the pool above): stream
+ * order makes the block safe at once, so no device allocation and no waiting
+ * is needed. Checked on the default stream and a created one. */
 static void test_reuse_same_stream(void) {
   gma_t *g = new_sim();
   gma_stream_t created = NULL;
@@ -158,7 +161,8 @@ static void test_reuse_same_stream(void) {
       gma_stats_t before = stats_of(g);
       CHECK_OK(gma_alloc(g, sizes[k], streams[si], &q));
       gma_stats_t after = stats_of(g);
-      CHECK(after.hits_stream == before.hits_stream + 1);
+      CHECK(after.hits_bin + after.hits_stream == before.hits_bin + before.hits_stream + 1);
+      CHECK(sizes[k] > (4u << 20) || after.hits_bin == before.hits_bin + 1);
       CHECK(after.num_device_allocs == before.num_device_allocs);
       CHECK(after.hits_device == before.hits_device);
       /* With one cached block of exactly this size, best fit finds that one. */
@@ -188,7 +192,7 @@ static void test_steady_state(void) {
   }
   gma_stats_t s = stats_of(g);
   CHECK(s.num_allocs == 50 * NS && s.num_frees == 50 * NS);
-  CHECK(s.hits_stream + s.hits_pool + s.hits_device == s.num_allocs);
+  CHECK(s.hits_bin + s.hits_stream + s.hits_pool + s.hits_device == s.num_allocs);
   CHECK_OK(gma_destroy(g));
 }
 

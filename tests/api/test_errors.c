@@ -45,7 +45,7 @@ static void check_unchanged(const gma_stats_t *a, const gma_stats_t *b, int line
              a->allocated.total == b->allocated.total &&
              a->requested.current == b->requested.current &&
              a->requested.total == b->requested.total && a->num_allocs == b->num_allocs &&
-             a->num_frees == b->num_frees && a->hits_stream == b->hits_stream &&
+             a->num_frees == b->num_frees && a->hits_bin == b->hits_bin && a->hits_stream == b->hits_stream &&
              a->hits_pool == b->hits_pool && a->hits_device == b->hits_device &&
              a->num_device_allocs == b->num_device_allocs;
   if (!same) {

@@ -193,12 +193,13 @@ int main(int argc, char **argv) {
   gma_stats_t s = GMA_STATS_INIT;
   CHECK_OK(gma_stats(sh.g, &s));
   printf("kernels %llu queued / %llu run, %llu shared blocks, corruptions %llu, failures %llu\n"
-         "allocs %llu frees %llu, hits stream/pool/device %llu/%llu/%llu, device allocs %llu, "
+         "allocs %llu frees %llu, hits bin/stream/pool/device %llu/%llu/%llu/%llu, device allocs %llu, "
          "peak reserved %.1f MiB\n",
          (unsigned long long)sh.kernels_queued, (unsigned long long)sh.kernels_run,
          (unsigned long long)sh.shared_blocks, (unsigned long long)sh.corruptions,
          (unsigned long long)sh.failures, (unsigned long long)s.num_allocs,
-         (unsigned long long)s.num_frees, (unsigned long long)s.hits_stream,
+         (unsigned long long)s.num_frees, (unsigned long long)s.hits_bin,
+         (unsigned long long)s.hits_stream,
          (unsigned long long)s.hits_pool, (unsigned long long)s.hits_device,
          (unsigned long long)s.num_device_allocs, s.reserved.peak / 1048576.0);
 
@@ -210,7 +211,7 @@ int main(int argc, char **argv) {
   CHECK(s.allocated.current == 0);
   CHECK(s.reserved.current ==
         s.allocated.current + s.stream_cached_bytes + s.pending_bytes + s.free_bytes);
-  CHECK(s.hits_stream + s.hits_pool + s.hits_device == s.num_allocs);
+  CHECK(s.hits_bin + s.hits_stream + s.hits_pool + s.hits_device == s.num_allocs);
 
   for (int i = 0; i < NSTREAMS; i++) CHECK_OK(gma_stream_destroy(sh.g, sh.streams[i]));
   CHECK_OK(gma_destroy(sh.g));

@@ -1,10 +1,19 @@
 /* Pool mechanics: best fit, splitting, coalescing (on a stream and in the
- * free pool), small/large segment sizing, the OOM retry, and the accounting
- * invariant after a seeded random workload checked by gma__pool_is_valid. */
+ * free pool), small/large segment sizing, the OOM retry, the lock-free bins
+ * (size classes, hits, overflow, draining), and the accounting invariant after
+ * a seeded random workload checked by gma__pool_is_valid. The tree tests run
+ * with bins off, so that every call reaches the pool's trees. */
 #include <inttypes.h>
 
 #include "pool.h"
+#include "sizeclass.h"
 #include "simkit.h"
+
+/* The size of the block a request gets (its class size when bins serve it). */
+static uint64_t block_size(gma_t *g, size_t size) {
+  gma__pool_t *p = gma__pool_of(g);
+  return size <= p->bin_max ? gma__class_size(gma__class_of(size)) : (size + 511) / 512 * 512;
+}
 
 static void check_valid(gma_t *g) {
   gma__pool_t *p = gma__pool_of(g);
@@ -15,7 +24,7 @@ static void check_valid(gma_t *g) {
 }
 
 static void best_fit_prefers_smallest(void) {
-  gma_t *g = sim_allocator(NULL);
+  gma_t *g = sim_allocator("bins:off");
   void *p[6];
   size_t sizes[6] = {4096, 8192, 4096, 16384, 4096, 6144};
   for (int i = 0; i < 6; i++) CHECK_OK(gma_alloc(g, sizes[i], NULL, &p[i]));
@@ -42,7 +51,7 @@ static void best_fit_prefers_smallest(void) {
 }
 
 static void coalesce_then_release(void) {
-  gma_t *g = sim_allocator(NULL);
+  gma_t *g = sim_allocator("bins:off");
   void *a, *b, *c;
   CHECK_OK(gma_alloc(g, 512, NULL, &a));
   CHECK_OK(gma_alloc(g, 1000, NULL, &b)); /* 1024 */
@@ -73,7 +82,7 @@ static void coalesce_then_release(void) {
 }
 
 static void segment_sizes(void) {
-  gma_t *g = sim_allocator(NULL);
+  gma_t *g = sim_allocator("bins:off");
   void *s1, *l1, *l2, *l3;
   CHECK_OK(gma_alloc(g, 1 << 20, NULL, &s1));        /* small pool: 2 MiB segment */
   CHECK_OK(gma_alloc(g, (1 << 20) + 1, NULL, &l1));  /* large: shared 20 MiB segment */
@@ -91,7 +100,7 @@ static void segment_sizes(void) {
 }
 
 static void oom_retry_releases_cache(void) {
-  gma_t *g = sim_allocator("sim_capacity:64M");
+  gma_t *g = sim_allocator("sim_capacity:64M,bins:off");
   void *a, *b;
   CHECK_OK(gma_alloc(g, 40 << 20, NULL, &a));
   CHECK_OK(gma_free(g, a)); /* cached on the default stream */
@@ -114,7 +123,7 @@ static void oom_retry_releases_cache(void) {
 }
 
 static void memory_limit_is_honoured(void) {
-  gma_t *g = sim_allocator("memory_limit:8M");
+  gma_t *g = sim_allocator("memory_limit:8M,bins:off");
   void *a, *b;
   CHECK_ST(gma_alloc(g, 9 << 20, NULL, &a), GMA_ERR_INVALID_SIZE);
   CHECK_OK(gma_alloc(g, 6 << 20, NULL, &a)); /* 20 MiB segment won't fit: 6 MiB one */
@@ -127,8 +136,11 @@ static void memory_limit_is_honoured(void) {
 
 /* Seeded random alloc/free/record_stream over 3 streams; the full structural
  * check runs throughout and stats must balance at the end. */
-static void random_workload(uint64_t seed) {
-  gma_t *g = sim_allocator("small_size:256K,small_segment:1M,large_segment:4M,sim_capacity:512M");
+static void random_workload(uint64_t seed, const char *bins) {
+  char conf[160];
+  snprintf(conf, sizeof conf, "small_size:256K,small_segment:1M,large_segment:4M,"
+           "sim_capacity:512M,bin_max:256K,bin_depth:4,%s", bins);
+  gma_t *g = sim_allocator(conf);
   gma_stream_t st[3] = {NULL};
   CHECK_OK(gma_stream_create(g, &st[1]));
   CHECK_OK(gma_stream_create(g, &st[2]));
@@ -142,12 +154,12 @@ static void random_workload(uint64_t seed) {
     if (ptr[i]) {
       if ((x >> 20) % 4 == 0) CHECK_OK(gma_record_stream(g, ptr[i], st[(x >> 24) % 3]));
       CHECK_OK(gma_free(g, ptr[i]));
-      live_bytes -= (size[i] + 511) / 512 * 512;
+      live_bytes -= block_size(g, size[i]);
       ptr[i] = NULL;
     } else {
       size[i] = (x >> 8) % 4 == 0 ? 1 + (x >> 32) % (2 << 20) : 1 + (x >> 32) % 65536;
       CHECK_OK(gma_alloc(g, size[i], st[(x >> 40) % 3], &ptr[i]));
-      live_bytes += (size[i] + 511) / 512 * 512;
+      live_bytes += block_size(g, size[i]);
     }
     if (step % 997 == 0) {
       check_valid(g);
@@ -158,7 +170,7 @@ static void random_workload(uint64_t seed) {
   CHECK(s.allocated.current == live_bytes);
   CHECK(s.reserved.current == s.allocated.current + s.stream_cached_bytes + s.pending_bytes +
                                   s.free_bytes);
-  CHECK(s.hits_stream + s.hits_pool + s.hits_device == s.num_allocs);
+  CHECK(s.hits_bin + s.hits_stream + s.hits_pool + s.hits_device == s.num_allocs);
   for (int i = 0; i < N; i++)
     if (ptr[i]) CHECK_OK(gma_free(g, ptr[i]));
   CHECK_OK(gma_stream_destroy(g, st[1]));
@@ -166,20 +178,83 @@ static void random_workload(uint64_t seed) {
   CHECK_OK(gma_empty_cache(g));
   s = stats_of(g);
   CHECK(s.allocated.current == 0 && s.reserved.current == 0 && s.pending_bytes == 0);
-  printf("random workload seed %" PRIu64 ": %" PRIu64 " allocs, hits stream/pool/device %" PRIu64
-         "/%" PRIu64 "/%" PRIu64 ", peak reserved %" PRIu64 "\n",
-         seed, s.num_allocs, s.hits_stream, s.hits_pool, s.hits_device, s.reserved.peak);
+  printf("random workload seed %" PRIu64 " (%s): %" PRIu64 " allocs, hits bin/stream/pool/device "
+         "%" PRIu64 "/%" PRIu64 "/%" PRIu64 "/%" PRIu64 ", peak reserved %" PRIu64 "\n",
+         seed, bins, s.num_allocs, s.hits_bin, s.hits_stream, s.hits_pool, s.hits_device,
+         s.reserved.peak);
+  CHECK_OK(gma_destroy(g));
+}
+
+/* Size classes: <= 4 KiB in 512 B steps; above, 8 per doubling (waste < 1/8). */
+static void size_classes(void) {
+  for (uint64_t size = 1; size <= (64u << 20); size += 1 + size / 37) {
+    unsigned c = gma__class_of(size);
+    uint64_t cs = gma__class_size(c);
+    CHECK(cs >= size && cs % 512 == 0);
+    CHECK(c == 0 || gma__class_size(c - 1) < size); /* the smallest class that fits */
+    if (size > 4096) CHECK((cs - size) * 8 < cs);
+    CHECK(gma__class_floor(cs) == c);
+    if (cs > 512) CHECK(gma__class_floor(cs - 512) == c - 1 || gma__class_size(c - 1) <= cs - 512);
+  }
+  CHECK(gma__class_size(gma__class_of(4096)) == 4096);
+  CHECK(gma__class_size(gma__class_of(4097)) == 4608);
+  CHECK(gma__class_size(gma__class_of(1000000)) == 1048576);
+  CHECK(gma__class_size(gma__class_of(1100000)) == 1179648);
+}
+
+/* The bins: a free goes into the stream's bin and the next alloc of the same
+ * class takes it without the lock; a full bin overflows into the stream's
+ * tree; a poll drains bins into the pool. */
+static void bins(void) {
+  gma_t *g = sim_allocator("bin_depth:2");
+  void *a, *b, *c, *d;
+  CHECK_OK(gma_alloc(g, 5000, NULL, &a)); /* class 5120 */
+  gma_stats_t s = stats_of(g);
+  CHECK(s.allocated.current == 5120 && s.requested.current == 5000 && s.hits_device == 1);
+  CHECK_OK(gma_free(g, a));
+  s = stats_of(g);
+  CHECK(s.stream_cached_bytes == 5120 && s.allocated.current == 0);
+  CHECK_OK(gma_alloc(g, 4700, NULL, &b)); /* same class: the bin serves it */
+  CHECK(b == a);
+  s = stats_of(g);
+  CHECK(s.hits_bin == 1 && s.num_allocs == 2 && s.num_device_allocs == 1);
+  CHECK(s.allocated.current == 5120 && s.requested.current == 4700);
+  /* Three frees into a bin of depth 2: the third overflows to the tree. */
+  CHECK_OK(gma_alloc(g, 5000, NULL, &c));
+  CHECK_OK(gma_alloc(g, 5000, NULL, &d));
+  CHECK_OK(gma_free(g, b));
+  CHECK_OK(gma_free(g, c));
+  CHECK_OK(gma_free(g, d));
+  gma__pool_t *p = gma__pool_of(g);
+  CHECK(p->c.stream_cached == 5120); /* the overflow, in the tree */
+  s = stats_of(g);
+  CHECK(s.stream_cached_bytes == 3 * 5120);
+  /* Double free is caught on the lock-free path too. */
+  CHECK_ST(gma_free(g, d), GMA_ERR_DOUBLE_FREE);
+  CHECK_ST(gma_free(g, b), GMA_ERR_DOUBLE_FREE);
+  gma_stream_stats_t ss = GMA_STREAM_STATS_INIT;
+  CHECK_OK(gma_stream_stats(g, NULL, &ss));
+  CHECK(ss.allocs == 4 && ss.frees == 4 && ss.hits == 1 && ss.misses == 3);
+  CHECK(ss.cached_bytes == 3 * 5120 && ss.allocated_bytes == 0);
+  /* empty_cache drains the bins, the epoch completes, the segment goes back. */
+  CHECK_OK(gma_empty_cache(g));
+  s = stats_of(g);
+  CHECK(s.reserved.current == 0 && s.stream_cached_bytes == 0 && s.num_epoch_events >= 1);
+  check_valid(g);
   CHECK_OK(gma_destroy(g));
 }
 
 int main(void) {
+  size_classes();
+  bins();
   best_fit_prefers_smallest();
   coalesce_then_release();
   segment_sizes();
   oom_retry_releases_cache();
   memory_limit_is_honoured();
-  random_workload(0x5eed1234);
-  random_workload(42);
+  random_workload(0x5eed1234, "bins:on");
+  random_workload(42, "bins:on");
+  random_workload(7, "bins:off");
   printf("ok\n");
   return 0;
 }

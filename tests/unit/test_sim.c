@@ -1,7 +1,9 @@
 /* Unit test of the simulated device (runtime/device/sim.c) through the device
  * boundary: stream order, stream concurrency, event semantics, cross-stream
  * waits, memory capacity and bad frees, fault injection, latencies, the
- * per-thread default stream, bad handles, and teardown with work pending.
+ * per-thread default stream, bad handles, teardown with work pending, and
+ * CUDA-like stream destroy: it returns at once, queued work still runs, the
+ * handle value is recycled, and stream_id tells the old stream from the new.
  * Kernels block on gates instead of sleeping wherever order matters, so the
  * test is deterministic and fast even under TSan. */
 #include <pthread.h>
@@ -434,14 +436,17 @@ static void test_bad_streams(void) {
   CHECK_ST(o->stream_destroy(dev, NULL), GMA_ERR_INVALID_ARGUMENT);
   CHECK_ST(o->stream_destroy(dev, LEGACY), GMA_ERR_INVALID_ARGUMENT);
   CHECK_ST(o->stream_destroy(dev, PER_THREAD), GMA_ERR_INVALID_ARGUMENT);
-  /* A destroyed stream is unknown afterwards; its queued work ran first. */
+  /* A destroyed stream is unknown at once; its queued work still runs, and
+   * device_synchronize waits for it. */
   CHECK_OK(o->stream_create(dev, &s));
   CHECK_OK(o->sim_launch(dev, s, k_sleep_set, &flag));
   CHECK_OK(o->stream_destroy(dev, s));
-  CHECK(atomic_load(&flag) == 1);
   CHECK_ST(o->sim_launch(dev, s, k_set, &flag), GMA_ERR_INVALID_ARGUMENT);
   CHECK_ST(o->stream_synchronize(dev, s), GMA_ERR_INVALID_ARGUMENT);
   CHECK_ST(o->stream_destroy(dev, s), GMA_ERR_INVALID_ARGUMENT);
+  CHECK_ST(o->event_record(dev, ev, s), GMA_ERR_INVALID_ARGUMENT);
+  CHECK_OK(o->device_synchronize(dev));
+  CHECK(atomic_load(&flag) == 1);
   CHECK_OK(o->event_destroy(dev, ev));
   o->destroy(dev);
 }
@@ -555,6 +560,425 @@ static void test_threads(void) {
   o->destroy(dev);
 }
 
+/* ---- stream destroy, handle recycling, stream ids ---------------------------- */
+#define INVALID GMA_ERR_INVALID_ARGUMENT
+
+typedef struct self_destroy_arg {
+  gma__device_t *dev;
+  gma_stream_t stream;
+  gma_status_t st;
+} self_destroy_arg_t;
+/* A kernel may destroy its own stream: destroy never waits. */
+static void k_destroy_self(void *arg) {
+  self_destroy_arg_t *a = arg;
+  a->st = a->dev->ops->stream_destroy(a->dev, a->stream);
+}
+
+/* destroy returns at once while the stream's kernel is blocked; the blocked
+ * kernel and the work queued behind it still run; the next stream_create
+ * returns the same handle value with a different id, and that new stream runs
+ * independently of the old one's blocked work. */
+static void test_destroy_async(void) {
+  gma__device_t *dev = make_dev(NULL);
+  const gma__device_ops_t *o = dev->ops;
+  gma_stream_t s, s2, s3, x, y, h1, h2;
+  uint64_t id1, id2, id3, dummy;
+  atomic_int gate = 0, after = 0, ran2 = 0;
+  CHECK_OK(o->stream_create(dev, &s));
+  CHECK_OK(o->stream_id(dev, s, &id1));
+  CHECK_OK(o->sim_launch(dev, s, k_gate, &gate));
+  CHECK_OK(o->sim_launch(dev, s, k_set, &after));
+  uint64_t t0 = now_ns();
+  CHECK_OK(o->stream_destroy(dev, s));
+  uint64_t t1 = now_ns();
+  CHECK(t1 - t0 < 500 * MS); /* a waiting destroy would take until the gate opens */
+  CHECK(atomic_load(&after) == 0);
+  CHECK_ST(o->stream_id(dev, s, &dummy), INVALID);
+  CHECK_ST(o->sim_launch(dev, s, k_set, &ran2), INVALID);
+  CHECK_ST(o->stream_synchronize(dev, s), INVALID);
+
+  /* Same handle value, new stream, while the old kernel is still blocked. */
+  CHECK_OK(o->stream_create(dev, &s2));
+  CHECK(s2 == s);
+  CHECK_OK(o->stream_id(dev, s2, &id2));
+  CHECK(id2 != 0 && id2 != id1);
+  CHECK_OK(o->sim_launch(dev, s2, k_set, &ran2));
+  CHECK_OK(o->stream_synchronize(dev, s2));
+  CHECK(atomic_load(&ran2) == 1 && atomic_load(&after) == 0);
+  /* An event on the new stream is not held up by the old stream's work. */
+  gma__event_t ev;
+  bool done = false;
+  atomic_int gate_b = 0;
+  CHECK_OK(o->event_create(dev, &ev));
+  CHECK_OK(o->sim_launch(dev, s2, k_gate, &gate_b));
+  CHECK_OK(o->event_record(dev, ev, s2));
+  CHECK_OK(o->event_query(dev, ev, &done));
+  CHECK(!done);
+  atomic_store(&gate_b, 1);
+  CHECK_OK(o->event_synchronize(dev, ev));
+  CHECK(atomic_load(&after) == 0);
+
+  /* Recycled again (LIFO), still while the first stream is blocked. */
+  CHECK_OK(o->stream_destroy(dev, s2));
+  CHECK_OK(o->stream_create(dev, &s3));
+  CHECK(s3 == s);
+  CHECK_OK(o->stream_id(dev, s3, &id3));
+  CHECK(id3 != id1 && id3 != id2);
+  CHECK_OK(o->stream_create(dev, &x));
+  CHECK_OK(o->stream_create(dev, &y));
+  CHECK(x != s3 && y != s3 && x != y);
+  CHECK_OK(o->stream_destroy(dev, x));
+  CHECK_OK(o->stream_destroy(dev, y));
+  CHECK_OK(o->stream_create(dev, &h1));
+  CHECK_OK(o->stream_create(dev, &h2));
+  CHECK(h1 == y && h2 == x);
+
+  /* The old stream finishes its blocked kernel and the work behind it. */
+  atomic_store(&gate, 1);
+  CHECK(wait_flag(&after, 10000 * MS));
+  CHECK_OK(o->device_synchronize(dev));
+
+  /* A kernel destroying its own stream. */
+  self_destroy_arg_t sd = {dev, h1, GMA_ERR_DEVICE};
+  atomic_int behind = 0, gate_c = 0;
+  CHECK_OK(o->sim_launch(dev, h1, k_gate, &gate_c)); /* holds the self-destroy back */
+  CHECK_OK(o->sim_launch(dev, h1, k_destroy_self, &sd));
+  CHECK_OK(o->sim_launch(dev, h1, k_set, &behind));
+  atomic_store(&gate_c, 1);
+  CHECK_OK(o->device_synchronize(dev));
+  CHECK(sd.st == GMA_OK && atomic_load(&behind) == 1);
+  CHECK_ST(o->stream_id(dev, h1, &dummy), INVALID);
+
+  CHECK_OK(o->event_destroy(dev, ev));
+  CHECK_OK(o->stream_destroy(dev, s3));
+  CHECK_OK(o->stream_destroy(dev, h2));
+  o->destroy(dev);
+}
+
+enum { ID_THREADS = 3 };
+typedef struct id_thread_arg {
+  gma__device_t *dev;
+  atomic_int *arrived;
+  uint64_t id;
+  pthread_t tid, stream_tid;
+} id_thread_arg_t;
+
+/* Each thread's 0x2 id is stable within the thread; all threads stay alive
+ * until every one has its id, so no pthread_t (and no stream) is inherited. */
+static void *id_thread(void *arg) {
+  id_thread_arg_t *a = arg;
+  const gma__device_ops_t *o = a->dev->ops;
+  uint64_t again;
+  CHECK_OK(o->stream_id(a->dev, PER_THREAD, &a->id));
+  CHECK_OK(o->sim_launch(a->dev, PER_THREAD, k_tid, &a->stream_tid));
+  CHECK_OK(o->stream_synchronize(a->dev, PER_THREAD));
+  CHECK_OK(o->stream_id(a->dev, PER_THREAD, &again));
+  CHECK(a->id != 0 && again == a->id);
+  atomic_fetch_add(a->arrived, 1);
+  while (atomic_load(a->arrived) < ID_THREADS) sleep_ns(100000);
+  return NULL;
+}
+
+static void test_stream_id(void) {
+  gma__device_t *dev = make_dev(NULL);
+  const gma__device_ops_t *o = dev->ops;
+  gma_stream_t sa, sb;
+  uint64_t a, a2, b, n, l, p1, p2, dummy;
+  CHECK_OK(o->stream_create(dev, &sa));
+  CHECK_OK(o->stream_create(dev, &sb));
+  CHECK_OK(o->stream_id(dev, sa, &a));
+  CHECK_OK(o->stream_id(dev, sa, &a2));
+  CHECK_OK(o->stream_id(dev, sb, &b));
+  CHECK(a != 0 && b != 0 && a == a2 && a != b);
+  CHECK_OK(o->stream_id(dev, NULL, &n));
+  CHECK_OK(o->stream_id(dev, LEGACY, &l));
+  CHECK(n != 0 && n == l && n != a && n != b);
+  CHECK_OK(o->stream_id(dev, PER_THREAD, &p1));
+  CHECK_OK(o->stream_id(dev, PER_THREAD, &p2));
+  CHECK(p1 != 0 && p1 == p2 && p1 != n && p1 != a && p1 != b);
+
+  /* Per-thread streams: one id per thread, each its own stream. */
+  atomic_int arrived = 0;
+  id_thread_arg_t args[ID_THREADS];
+  pthread_t th[ID_THREADS];
+  for (int i = 0; i < ID_THREADS; i++) {
+    args[i] = (id_thread_arg_t){dev, &arrived, 0, 0, 0};
+    CHECK(pthread_create(&th[i], NULL, id_thread, &args[i]) == 0);
+  }
+  for (int i = 0; i < ID_THREADS; i++) pthread_join(th[i], NULL);
+  for (int i = 0; i < ID_THREADS; i++) {
+    CHECK(args[i].id != p1 && args[i].id != n && args[i].id != a && args[i].id != b);
+    for (int j = 0; j < i; j++) {
+      CHECK(args[i].id != args[j].id);
+      CHECK(!pthread_equal(args[i].stream_tid, args[j].stream_tid));
+    }
+  }
+  CHECK_OK(o->stream_id(dev, PER_THREAD, &p2));
+  CHECK(p2 == p1);
+
+  /* A recycled handle value never repeats an id. */
+  enum { CYCLES = 100 };
+  uint64_t ids[CYCLES];
+  gma_stream_t first = NULL;
+  for (int i = 0; i < CYCLES; i++) {
+    gma_stream_t s;
+    CHECK_OK(o->stream_create(dev, &s));
+    if (i == 0) first = s;
+    CHECK(s == first); /* LIFO: the slot just freed comes back */
+    CHECK_OK(o->stream_id(dev, s, &ids[i]));
+    CHECK(ids[i] != 0 && ids[i] != a && ids[i] != b && ids[i] != n && ids[i] != p1);
+    for (int j = 0; j < i; j++) CHECK(ids[i] != ids[j]);
+    CHECK_OK(o->stream_destroy(dev, s));
+    CHECK_ST(o->stream_id(dev, s, &dummy), INVALID);
+  }
+
+  /* Unknown handles are errors, never crashes. */
+  int local;
+  gma_stream_t bad[] = {(gma_stream_t)(uintptr_t)0xdead0, (gma_stream_t)&local,
+                        (gma_stream_t)((char *)sa + 1), (gma_stream_t)((char *)sa + 8),
+                        (gma_stream_t)((char *)sb + ((char *)sb - (char *)sa)),
+                        (gma_stream_t)(uintptr_t)0x3, (gma_stream_t)UINTPTR_MAX, first};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    if (bad[i] == sa || bad[i] == sb) continue;
+    CHECK_ST(o->stream_id(dev, bad[i], &dummy), INVALID);
+    CHECK(strstr(gma_last_error(), "not a live stream"));
+  }
+  CHECK_ST(o->stream_id(dev, sa, NULL), INVALID);
+
+  /* Another device's handle is unknown here. */
+  gma__device_t *dev2 = make_dev(NULL);
+  gma_stream_t t;
+  atomic_int flag = 0;
+  CHECK_OK(dev2->ops->stream_create(dev2, &t));
+  CHECK_ST(o->stream_id(dev, t, &dummy), INVALID);
+  CHECK_ST(o->sim_launch(dev, t, k_set, &flag), INVALID);
+  CHECK_ST(dev2->ops->stream_id(dev2, sa, &dummy), INVALID);
+  CHECK_OK(dev2->ops->stream_destroy(dev2, t));
+  dev2->ops->destroy(dev2);
+
+  CHECK_OK(o->stream_destroy(dev, sa));
+  CHECK_OK(o->stream_destroy(dev, sb));
+  o->destroy(dev);
+}
+
+/* More devices at once than a thread's cache holds: each device keeps its own
+ * per-thread stream for this thread. A cache entry left by a destroyed device
+ * never matches a new device, even one at the same address. */
+static void test_stream_id_many_devices(void) {
+  enum { ND = 7 };
+  gma__device_t *devs[ND];
+  uint64_t ids[ND], again;
+  pthread_t tids[ND];
+  for (int i = 0; i < ND; i++) {
+    devs[i] = make_dev(NULL);
+    CHECK_OK(devs[i]->ops->stream_id(devs[i], PER_THREAD, &ids[i]));
+    CHECK(ids[i] != 0);
+    for (int j = 0; j < i; j++) CHECK(ids[i] != ids[j]);
+  }
+  for (int round = 0; round < 3; round++) {
+    for (int i = ND - 1; i >= 0; i--) {
+      CHECK_OK(devs[i]->ops->stream_id(devs[i], PER_THREAD, &again));
+      CHECK(again == ids[i]);
+      CHECK_OK(devs[i]->ops->sim_launch(devs[i], PER_THREAD, k_tid, &tids[i]));
+      CHECK_OK(devs[i]->ops->stream_synchronize(devs[i], PER_THREAD));
+    }
+  }
+  for (int i = 0; i < ND; i++) {
+    for (int j = 0; j < i; j++) CHECK(!pthread_equal(tids[i], tids[j]));
+  }
+  for (int round = 0; round < 4; round++) {
+    for (int i = 0; i < ND; i++) devs[i]->ops->destroy(devs[i]);
+    for (int i = 0; i < ND; i++) {
+      devs[i] = make_dev(NULL);
+      uint64_t id;
+      pthread_t tid;
+      CHECK_OK(devs[i]->ops->stream_id(devs[i], PER_THREAD, &id));
+      for (int j = 0; j < ND; j++) CHECK(id != ids[j]);
+      CHECK_OK(devs[i]->ops->sim_launch(devs[i], PER_THREAD, k_tid, &tid));
+      CHECK_OK(devs[i]->ops->stream_synchronize(devs[i], PER_THREAD));
+      ids[i] = id;
+    }
+  }
+  for (int i = 0; i < ND; i++) devs[i]->ops->destroy(devs[i]);
+}
+
+typedef struct opener_arg {
+  atomic_int *gate;
+  uint64_t delay_ns;
+} opener_arg_t;
+static void *open_later(void *arg) {
+  opener_arg_t *a = arg;
+  sleep_ns(a->delay_ns);
+  atomic_store(a->gate, 1);
+  return NULL;
+}
+
+/* Device destroy with a destroyed stream's work still queued behind a blocked
+ * kernel: destroy waits until it is unblocked (from another thread) and every
+ * queued op has run, including a wait on an event recorded on that stream. */
+static void test_destroy_device_dead_stream_pending(void) {
+  gma__device_t *dev = make_dev(NULL);
+  const gma__device_ops_t *o = dev->ops;
+  gma_stream_t s, s2;
+  gma__event_t ev;
+  atomic_int gate = 0, count = 0;
+  CHECK_OK(o->event_create(dev, &ev));
+  CHECK_OK(o->stream_create(dev, &s));
+  CHECK_OK(o->sim_launch(dev, s, k_gate, &gate));
+  for (int i = 0; i < 3; i++) CHECK_OK(o->sim_launch(dev, s, k_count, &count));
+  CHECK_OK(o->event_record(dev, ev, s));
+  CHECK_OK(o->stream_destroy(dev, s));
+  CHECK_OK(o->stream_create(dev, &s2)); /* the recycled handle, with work of its own */
+  CHECK(s2 == s);
+  CHECK_OK(o->stream_wait_event(dev, s2, ev));
+  CHECK_OK(o->sim_launch(dev, s2, k_count, &count));
+  CHECK_OK(o->sim_launch(dev, NULL, k_count, &count));
+  CHECK_OK(o->event_destroy(dev, ev));
+  opener_arg_t oa = {&gate, 50 * MS};
+  pthread_t opener;
+  CHECK(pthread_create(&opener, NULL, open_later, &oa) == 0);
+  uint64_t t0 = now_ns();
+  o->destroy(dev);
+  uint64_t t1 = now_ns();
+  pthread_join(opener, NULL);
+  CHECK(t1 - t0 >= 40 * MS);
+  CHECK(atomic_load(&count) == 5);
+}
+
+/* Streams created and destroyed with work in flight release everything (ASan
+ * checks leaks), and every kernel runs. */
+static void test_stream_churn(void) {
+  gma__device_t *dev = make_dev(NULL);
+  const gma__device_ops_t *o = dev->ops;
+  enum { N = 300 };
+  atomic_int count = 0;
+  gma_stream_t live[8];
+  for (int i = 0; i < N; i++) {
+    gma_stream_t s;
+    CHECK_OK(o->stream_create(dev, &s));
+    CHECK_OK(o->sim_launch(dev, s, k_count, &count));
+    if (i % 37 < 8) {
+      live[i % 37] = s; /* a few stay, so slots of several chunks get used */
+      if (i >= 37) CHECK_OK(o->stream_destroy(dev, live[i % 37]));
+    } else {
+      CHECK_OK(o->stream_destroy(dev, s));
+    }
+  }
+  CHECK_OK(o->device_synchronize(dev));
+  CHECK(atomic_load(&count) == N);
+  o->destroy(dev); /* the last 8 streams are destroyed with the device */
+}
+
+/* Threads create, use and destroy streams while a prober launches on and asks
+ * the ids of handles that are being destroyed and recycled at the same time:
+ * every call either works or reports INVALID_ARGUMENT, and every accepted
+ * kernel runs. TSan checks the lock-free stream_id path. */
+enum { CH_THREADS = 3, CH_ITERS = 60 };
+typedef struct churn_arg {
+  gma__device_t *dev;
+  _Atomic(gma_stream_t) *handles;
+  atomic_int *count, *accepted, *stop;
+  int id;
+} churn_arg_t;
+
+static void *churn_main(void *arg) {
+  churn_arg_t *c = arg;
+  const gma__device_ops_t *o = c->dev->ops;
+  gma__event_t ev;
+  uint64_t p0, p, id;
+  CHECK_OK(o->event_create(c->dev, &ev));
+  CHECK_OK(o->stream_id(c->dev, PER_THREAD, &p0));
+  for (int i = 0; i < CH_ITERS; i++) {
+    gma_stream_t s;
+    CHECK_OK(o->stream_create(c->dev, &s));
+    atomic_store(&c->handles[c->id], s);
+    CHECK_OK(o->stream_id(c->dev, s, &id));
+    CHECK(id != 0 && id != p0);
+    CHECK_OK(o->sim_launch(c->dev, s, k_count, c->count));
+    atomic_fetch_add(c->accepted, 1);
+    CHECK_OK(o->event_record(c->dev, ev, s));
+    CHECK_OK(o->stream_wait_event(c->dev, PER_THREAD, ev));
+    CHECK_OK(o->stream_destroy(c->dev, s));
+    CHECK_OK(o->stream_id(c->dev, PER_THREAD, &p));
+    CHECK(p == p0);
+    if (i % 10 == 0) CHECK_OK(o->stream_synchronize(c->dev, PER_THREAD));
+  }
+  CHECK_OK(o->stream_synchronize(c->dev, PER_THREAD));
+  CHECK_OK(o->event_destroy(c->dev, ev));
+  return NULL;
+}
+
+static void *prober_main(void *arg) {
+  churn_arg_t *c = arg;
+  const gma__device_ops_t *o = c->dev->ops;
+  unsigned i = 0;
+  while (!atomic_load(c->stop)) {
+    gma_stream_t h = atomic_load(&c->handles[i++ % CH_THREADS]);
+    uint64_t id;
+    gma_status_t st = o->stream_id(c->dev, h, &id);
+    CHECK(st == GMA_OK || st == INVALID);
+    CHECK(st != GMA_OK || id != 0);
+    st = o->sim_launch(c->dev, h, k_count, c->count);
+    CHECK(st == GMA_OK || st == INVALID);
+    if (st == GMA_OK) atomic_fetch_add(c->accepted, 1);
+    st = o->stream_synchronize(c->dev, h);
+    CHECK(st == GMA_OK || st == INVALID);
+  }
+  return NULL;
+}
+
+static void test_stream_churn_threads(void) {
+  gma__device_t *dev = make_dev(NULL);
+  atomic_int count = 0, accepted = 0, stop = 0;
+  _Atomic(gma_stream_t) handles[CH_THREADS];
+  for (int i = 0; i < CH_THREADS; i++) atomic_init(&handles[i], (gma_stream_t)(uintptr_t)0xdead0);
+  churn_arg_t args[CH_THREADS + 1];
+  pthread_t th[CH_THREADS + 1];
+  for (int i = 0; i <= CH_THREADS; i++) {
+    args[i] = (churn_arg_t){dev, handles, &count, &accepted, &stop, i};
+    CHECK(pthread_create(&th[i], NULL, i < CH_THREADS ? churn_main : prober_main, &args[i]) == 0);
+  }
+  for (int i = 0; i < CH_THREADS; i++) pthread_join(th[i], NULL);
+  atomic_store(&stop, 1);
+  pthread_join(th[CH_THREADS], NULL);
+  CHECK_OK(dev->ops->device_synchronize(dev));
+  CHECK(atomic_load(&count) == atomic_load(&accepted));
+  CHECK(atomic_load(&accepted) >= CH_THREADS * CH_ITERS);
+  dev->ops->destroy(dev);
+}
+
+/* Not asserted: stream_id sits on every allocation, so show what it costs. */
+static void test_stream_id_cost(void) {
+  gma__device_t *dev = make_dev(NULL);
+  const gma__device_ops_t *o = dev->ops;
+  enum { NS = 200, ITERS = 1000000 };
+  static gma_stream_t s[NS];
+  for (int i = 0; i < NS; i++) CHECK_OK(o->stream_create(dev, &s[i]));
+  /* s[NS - 1] is in the newest chunk (found first), s[0] in the oldest. */
+  struct {
+    const char *name;
+    gma_stream_t h;
+  } cases[] = {{"newest user stream", s[NS - 1]},
+               {"oldest user stream (3 chunks)", s[0]},
+               {"default (NULL)", NULL},
+               {"per-thread (0x2)", PER_THREAD}};
+  volatile uint64_t sink = 0;
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    uint64_t id;
+    CHECK_OK(o->stream_id(dev, cases[c].h, &id)); /* warm the per-thread cache */
+    uint64_t t0 = now_ns();
+    for (int i = 0; i < ITERS; i++) {
+      o->stream_id(dev, cases[c].h, &id);
+      sink += id;
+    }
+    uint64_t t1 = now_ns();
+    printf("test_sim: stream_id %-30s %6.2f ns/call\n", cases[c].name, (double)(t1 - t0) / ITERS);
+  }
+  CHECK(sink != 0);
+  for (int i = 0; i < NS; i++) CHECK_OK(o->stream_destroy(dev, s[i]));
+  o->destroy(dev);
+}
+
 int main(void) {
   test_in_order();
   test_concurrency();
@@ -568,6 +992,13 @@ int main(void) {
   test_event_destroy_queued();
   test_destroy_pending();
   test_threads();
+  test_destroy_async();
+  test_stream_id();
+  test_stream_id_many_devices();
+  test_destroy_device_dead_stream_pending();
+  test_stream_churn();
+  test_stream_churn_threads();
+  test_stream_id_cost();
   printf("test_sim: ok\n");
   return 0;
 }

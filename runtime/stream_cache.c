@@ -1,0 +1,279 @@
+/* Owns the lock-free hot path: the stream table (handle -> record, read
+ * without a lock), the per-stream bins (alloc pops, free pushes), and the
+ * per-(stream, thread) counters the hot path writes.
+ *
+ * A bin hit costs: one stream-table probe, one device stream-id read (so a
+ * recycled handle value is never mistaken for the old stream), one ck_stack
+ * pop, and counter stores that take no locked instruction. A free costs one
+ * page-map walk, one CAS on the block's state (which is what catches a double
+ * free), one ck_stack push and the same counter stores. Anything unusual
+ * (record_stream users, a retired stream, a full bin, a test switch) returns
+ * "miss" and the caller takes the locked slow path in pool.c. */
+#include <stddef.h>
+#include <stdlib.h>
+
+#include "pool.h"
+#include "sizeclass.h"
+#include "tsan.h"
+
+/* "Take the slow path": never returned to users (the slow path answers). */
+#define MISS GMA_ERR_OOM
+
+/* ---- Thread identity --------------------------------------------------------
+ * Ids are never reused, unlike pthread_t values or TLS addresses. The
+ * initial-exec TLS model keeps TLS access a plain load in the shared library
+ * (the general model calls __tls_get_addr on every access). */
+#define GMA__TLS __thread __attribute__((tls_model("initial-exec")))
+
+static _Atomic uint64_t next_thread_id = 1;
+static GMA__TLS uint64_t thread_id;
+
+uint64_t gma__thread_id(void) {
+  if (thread_id == 0) thread_id = gma__faa_relaxed(&next_thread_id, 1);
+  return thread_id;
+}
+
+/* ---- Stream keys and the stream table ----------------------------------------
+ * Real stream handles are pointers aligned to 8 or more. The default stream
+ * (NULL or legacy 0x1) has key 0x4; a thread's per-thread default stream
+ * (0x2) has key (thread id << 4) | 2: the same handle value names a
+ * different stream on each thread. 0 and 0x8 mark empty and removed slots. */
+#define KEY_DEFAULT ((uintptr_t)0x4)
+
+uintptr_t gma__stream_key(gma_stream_t handle, uint64_t *owner_tid) {
+  *owner_tid = 0;
+  if (handle == NULL || handle == GMA_STREAM_LEGACY) return KEY_DEFAULT;
+  if (handle == GMA_STREAM_PER_THREAD) {
+    *owner_tid = gma__thread_id();
+    return (uintptr_t)(*owner_tid << 4) | 2;
+  }
+  return (uintptr_t)handle;
+}
+
+static size_t key_hash(uintptr_t key, size_t capacity) {
+  return (size_t)(((uint64_t)key * 0x9E3779B97F4A7C15ull) >> 20) & (capacity - 1);
+}
+
+/* Any thread, lock-free: a retired record may be returned (callers check). */
+gma__stream_t *gma__stable_lookup(gma__pool_t *p, uintptr_t key) {
+  gma__stable_t *t = gma__load_acquire(&p->stable); /* pairs with stable_publish */
+  if (!t) return NULL;
+  size_t mask = t->capacity - 1;
+  for (size_t i = key_hash(key, t->capacity), n = 0; n < t->capacity; i = (i + 1) & mask, n++) {
+    uintptr_t k = gma__load_acquire(&t->slots[i].key); /* pairs with insert's release */
+    if (k == key) return gma__load_acquire(&t->slots[i].rec);
+    if (k == GMA__KEY_EMPTY) return NULL;
+  }
+  return NULL;
+}
+
+/* Lock held. Inserts into t, which has room. The record is stored before the
+ * key, both with release, so a reader that sees the key sees the record. */
+static void stable_insert(gma__stable_t *t, uintptr_t key, gma__stream_t *s) {
+  size_t mask = t->capacity - 1, i = key_hash(key, t->capacity);
+  for (;;) {
+    uintptr_t k = gma__load_relaxed(&t->slots[i].key);
+    if (k == GMA__KEY_EMPTY || k == GMA__KEY_TOMB) {
+      if (k == GMA__KEY_EMPTY) t->used++;
+      gma__store_release(&t->slots[i].rec, s);
+      gma__store_release(&t->slots[i].key, key);
+      return;
+    }
+    i = (i + 1) & mask;
+  }
+}
+
+/* Lock held. Makes room for one more key: a new table twice as large when
+ * live keys fill half, else a rebuild that drops tombstones. The old table is
+ * kept (linked by older) because readers may still be probing it. */
+static bool stable_reserve(gma__pool_t *p) {
+  gma__stable_t *t = gma__load_relaxed(&p->stable);
+  if (t && (t->used + 1) * 4 < t->capacity * 3) return true;
+  size_t live = 0;
+  for (size_t i = 0; t && i < t->capacity; i++) {
+    uintptr_t k = gma__load_relaxed(&t->slots[i].key);
+    live += k != GMA__KEY_EMPTY && k != GMA__KEY_TOMB;
+  }
+  size_t cap = 16;
+  while (cap < (live + 1) * 4) cap *= 2;
+  gma__stable_t *n = calloc(1, sizeof *n + cap * sizeof n->slots[0]);
+  if (!n) return false;
+  n->capacity = cap;
+  n->older = t;
+  for (size_t i = 0; t && i < t->capacity; i++) {
+    uintptr_t k = gma__load_relaxed(&t->slots[i].key);
+    if (k != GMA__KEY_EMPTY && k != GMA__KEY_TOMB)
+      stable_insert(n, k, gma__load_relaxed(&t->slots[i].rec));
+  }
+  gma__store_release(&p->stable, n); /* pairs with stable_lookup's acquire */
+  return true;
+}
+
+/* Lock held: the key of s stops resolving (readers who already found s see
+ * s->retired). */
+void gma__stable_remove(gma__pool_t *p, gma__stream_t *s) {
+  gma__stable_t *t = gma__load_relaxed(&p->stable);
+  size_t mask = t->capacity - 1;
+  for (size_t i = key_hash(s->key, t->capacity);; i = (i + 1) & mask) {
+    uintptr_t k = gma__load_relaxed(&t->slots[i].key);
+    if (k == GMA__KEY_EMPTY) return;
+    if (k == s->key && gma__load_relaxed(&t->slots[i].rec) == s) {
+      gma__store_release(&t->slots[i].key, GMA__KEY_TOMB);
+      return;
+    }
+  }
+}
+
+static _Atomic uint64_t next_serial = 1;
+
+static gma__stream_t *stream_new(gma__pool_t *p, gma_stream_t handle, uintptr_t key,
+                                 uint64_t owner, uint64_t id) {
+  if (!stable_reserve(p)) return NULL;
+  gma__stream_t *s = calloc(1, sizeof *s);
+  if (!s) return NULL;
+  if (p->nbins) {
+    s->bins = aligned_alloc(64, ((p->nbins * sizeof(gma__bin_t) + 63) / 64) * 64);
+    if (!s->bins) {
+      free(s);
+      return NULL;
+    }
+    for (unsigned c = 0; c < p->nbins; c++) {
+      ck_stack_init(&s->bins[c].stack);
+      atomic_init(&s->bins[c].count, 0);
+    }
+  }
+  s->handle = handle;
+  s->key = key;
+  s->owner_tid = owner;
+  s->id = id;
+  s->serial = gma__faa_relaxed(&next_serial, 1);
+  atomic_init(&s->epoch, 1); /* epochs start at 1: safe_epoch 0 means "none yet" */
+  s->next_all = p->stream_list;
+  p->stream_list = s;
+  stable_insert(gma__load_relaxed(&p->stable), key, s);
+  return s;
+}
+
+gma__stream_t *gma__stream_find(gma__pool_t *p, gma_stream_t handle) {
+  uint64_t owner;
+  gma__stream_t *s = gma__stable_lookup(p, gma__stream_key(handle, &owner));
+  return s && !gma__load_relaxed(&s->retired) ? s : NULL;
+}
+
+gma__stream_t *gma__stream_resolve(gma__pool_t *p, gma_stream_t handle, uint64_t id) {
+  uint64_t owner;
+  uintptr_t key = gma__stream_key(handle, &owner);
+  gma__stream_t *s = gma__stable_lookup(p, key);
+  if (s && !gma__load_relaxed(&s->retired)) {
+    if (s->id == id) return s;
+    /* The handle value now names another stream: the old one was destroyed
+     * without gma_stream_retire. Its unclosed frees can never be proven safe
+     * (gma cannot record on a stream that is gone), so they stay parked. */
+    gma__stream_retire(p, s, true);
+  }
+  return stream_new(p, handle, key, owner, id);
+}
+
+/* ---- Per-(stream, thread) counters ------------------------------------------*/
+
+typedef struct tl_count {
+  const gma__stream_t *stream;
+  uint64_t serial; /* the record's: a record at a reused address has another */
+  gma__tcount_t *count;
+} tl_count_t;
+static GMA__TLS tl_count_t tl_counts[GMA__TL_SLOTS];
+
+gma__tcount_t *gma__tcount(gma__pool_t *p, gma__stream_t *s) {
+  tl_count_t *slot = &tl_counts[((uintptr_t)s >> 6) % GMA__TL_SLOTS];
+  if (slot->stream == s && slot->serial == s->serial) return slot->count;
+  uint64_t tid = gma__thread_id();
+  gma__tcount_t *c;
+  for (c = gma__load_acquire(&s->counts); c; c = gma__load_acquire(&c->next))
+    if (c->owner_tid == tid) break;
+  if (!c) {
+    c = calloc(1, sizeof *c);
+    if (!c) abort(); /* a few dozen bytes once per thread and stream */
+    c->owner_tid = tid;
+    pthread_mutex_lock(&p->count_lock);
+    c->next = gma__load_relaxed(&s->counts);
+    gma__store_release(&s->counts, c); /* pairs with the acquire walk above */
+    pthread_mutex_unlock(&p->count_lock);
+  }
+  *slot = (tl_count_t){s, s->serial, c};
+  return c;
+}
+
+/* ---- The bins -----------------------------------------------------------------*/
+
+gma_status_t gma__bin_alloc(gma__pool_t *p, size_t size, gma_stream_t stream, void **out) {
+  uint64_t owner;
+  gma__stream_t *s = gma__stable_lookup(p, gma__stream_key(stream, &owner));
+  if (!s || gma__load_relaxed(&s->retired)) return MISS;
+  uint64_t id;
+  if (p->dev->ops->stream_id(p->dev, stream, &id) != GMA_OK || id != s->id) return MISS;
+  gma__bin_t *bin = &s->bins[gma__class_of(size)];
+  ck_stack_entry_t *e = ck_stack_pop_mpmc(&bin->stack);
+  if (!e) return MISS;
+  gma__fas_relaxed(&bin->count, 1);
+  gma__block_t *b = (gma__block_t *)((char *)e - offsetof(gma__block_t, bin_link));
+  gma__tsan_acquire(b); /* pairs with gma__bin_free's release before the push */
+  gma__store_relaxed(&b->state, GMA__LIVE);
+  b->requested = size;
+  gma__tcount_t *c = gma__tcount(p, s);
+  gma__counter_add_owner(&c->allocs, 1);
+  gma__counter_add_owner(&c->hits, 1);
+  gma__counter_add_owner(&c->alloc_bytes, b->size);
+  gma__counter_add_owner(&c->req_bytes, size);
+  gma__counter_add_owner(&c->bin_out, b->size);
+  *out = (void *)b->addr;
+  return GMA_OK;
+}
+
+gma_status_t gma__bin_free(gma__pool_t *p, void *ptr) {
+  gma__block_t *b = gma__pagemap_get(&p->pagemap, (uintptr_t)ptr);
+  if (!b || gma__load_relaxed(&b->ngates) || p->test_flags) return MISS;
+  unsigned cls = gma__class_floor(b->size);
+  gma__stream_t *s = b->stream;
+  if (cls >= p->nbins || !s || gma__load_relaxed(&s->retired)) return MISS;
+  gma__bin_t *bin = &s->bins[cls];
+  if (gma__faa_relaxed(&bin->count, 1) >= p->bin_depth) {
+    gma__fas_relaxed(&bin->count, 1);
+    return MISS; /* full: the slow path caches it in the stream's tree */
+  }
+  uint8_t live = GMA__LIVE;
+  if (!gma__cas_acq_rel(&b->state, &live, GMA__BINNED)) {
+    gma__fas_relaxed(&bin->count, 1);
+    return MISS; /* not live: the slow path says double free or foreign */
+  }
+  /* The epoch is read after the caller queued its last work on s (program
+   * order). The poller raises the epoch before it records the event that
+   * closes it, and the device orders that record against this stream's
+   * queued work: so either the record comes after our work, or it came
+   * before and the raise happened-before this read, which then sees the
+   * newer epoch. Either way the block's epoch event covers its work. */
+  b->epoch = gma__load_relaxed(&s->epoch);
+  if (!gma__load_relaxed(&s->dirty)) gma__store_relaxed(&s->dirty, true);
+  gma__tcount_t *c = gma__tcount(p, s);
+  gma__counter_add_owner(&c->frees, 1);
+  gma__counter_add_owner(&c->free_bytes, b->size);
+  gma__counter_add_owner(&c->req_freed, b->requested);
+  gma__counter_add_owner(&c->bin_in, b->size);
+  gma__tsan_release(b); /* pairs with the acquire after a pop or drain */
+  ck_stack_push_mpmc(&bin->stack, &b->bin_link);
+  return GMA_OK;
+}
+
+void gma__stream_cache_fini(gma__pool_t *p) {
+  for (gma__stream_t *s = p->stream_list; s; s = s->next_all) {
+    for (gma__tcount_t *c = gma__load_relaxed(&s->counts), *next; c; c = next) {
+      next = gma__load_relaxed(&c->next);
+      free(c);
+    }
+    free(s->bins);
+  }
+  for (gma__stable_t *t = gma__load_relaxed(&p->stable), *older; t; t = older) {
+    older = t->older;
+    free(t);
+  }
+  gma__store_relaxed(&p->stable, NULL);
+}
