@@ -88,11 +88,14 @@ typedef struct gma__segment {
 /* One lock-free bin: blocks of one size class freed on one stream.
  * ck_stack in mpmc mode (push_mpmc / pop_mpmc / batch_pop_mpmc): any thread
  * pushes and pops, and pop_mpmc's generation counter makes a block popped and
- * pushed again safe (ABA). The 16-byte CAS needs 16-byte alignment. count is
- * a soft bound on the depth (reserved before a push, given back after a pop). */
+ * pushed again safe (ABA). The 16-byte CAS needs 16-byte alignment.
+ * count is a soft bound on the depth, updated with a relaxed load and store
+ * (no locked instruction on the hot path): when two threads share a stream an
+ * update can be lost, so the bound is approximate; every drain resets it. It
+ * only decides when a free overflows into the stream's tree in the pool. */
 typedef struct gma__bin {
   _Alignas(16) ck_stack_t stack;
-  _Atomic uint32_t count;
+  _Atomic int32_t count;
 } gma__bin_t;
 
 /* Counters of one (stream, thread) pair. Only the owning thread writes them
@@ -100,7 +103,9 @@ typedef struct gma__bin {
  * stream's with relaxed loads. All are totals that only grow, so currents are
  * differences: allocated = alloc_bytes - free_bytes. */
 typedef struct gma__tcount {
-  _Atomic uint64_t allocs, frees, hits;
+  /* Own cache lines: counters of threads running side by side must not share. */
+  _Alignas(64) _Atomic uint64_t allocs;
+  _Atomic uint64_t frees, hits;
   _Atomic uint64_t alloc_bytes, free_bytes, req_bytes, req_freed;
   _Atomic uint64_t bin_in, bin_out; /* bytes pushed into / taken out of bins */
   uint64_t owner_tid;

@@ -11,6 +11,7 @@
  * "miss" and the caller takes the locked slow path in pool.c. */
 #include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "pool.h"
 #include "sizeclass.h"
@@ -191,8 +192,9 @@ gma__tcount_t *gma__tcount(gma__pool_t *p, gma__stream_t *s) {
   for (c = gma__load_acquire(&s->counts); c; c = gma__load_acquire(&c->next))
     if (c->owner_tid == tid) break;
   if (!c) {
-    c = calloc(1, sizeof *c);
-    if (!c) abort(); /* a few dozen bytes once per thread and stream */
+    c = aligned_alloc(64, sizeof *c); /* sizeof is a multiple of 64 (see gma__tcount_t) */
+    if (!c) abort(); /* 128 bytes once per thread and stream */
+    memset(c, 0, sizeof *c);
     c->owner_tid = tid;
     pthread_mutex_lock(&p->count_lock);
     c->next = gma__load_relaxed(&s->counts);
@@ -214,7 +216,7 @@ gma_status_t gma__bin_alloc(gma__pool_t *p, size_t size, gma_stream_t stream, vo
   gma__bin_t *bin = &s->bins[gma__class_of(size)];
   ck_stack_entry_t *e = ck_stack_pop_mpmc(&bin->stack);
   if (!e) return MISS;
-  gma__fas_relaxed(&bin->count, 1);
+  gma__store_relaxed(&bin->count, gma__load_relaxed(&bin->count) - 1); /* soft: see gma__bin_t */
   gma__block_t *b = (gma__block_t *)((char *)e - offsetof(gma__block_t, bin_link));
   gma__tsan_acquire(b); /* pairs with gma__bin_free's release before the push */
   gma__store_relaxed(&b->state, GMA__LIVE);
@@ -236,15 +238,12 @@ gma_status_t gma__bin_free(gma__pool_t *p, void *ptr) {
   gma__stream_t *s = b->stream;
   if (cls >= p->nbins || !s || gma__load_relaxed(&s->retired)) return MISS;
   gma__bin_t *bin = &s->bins[cls];
-  if (gma__faa_relaxed(&bin->count, 1) >= p->bin_depth) {
-    gma__fas_relaxed(&bin->count, 1);
-    return MISS; /* full: the slow path caches it in the stream's tree */
-  }
+  int32_t depth = gma__load_relaxed(&bin->count);
+  if (depth >= (int32_t)p->bin_depth) return MISS; /* full: the slow path caches it in the tree */
   uint8_t live = GMA__LIVE;
-  if (!gma__cas_acq_rel(&b->state, &live, GMA__BINNED)) {
-    gma__fas_relaxed(&bin->count, 1);
+  if (!gma__cas_acq_rel(&b->state, &live, GMA__BINNED))
     return MISS; /* not live: the slow path says double free or foreign */
-  }
+  gma__store_relaxed(&bin->count, depth + 1); /* soft: see gma__bin_t */
   /* The epoch is read after the caller queued its last work on s (program
    * order). The poller raises the epoch before it records the event that
    * closes it, and the device orders that record against this stream's

@@ -37,21 +37,19 @@ void gma__stream_drain_bins(gma__pool_t *p, gma__stream_t *s) {
   if (!s->bins) return;
   gma__tcount_t *c = gma__tcount(p, s);
   for (unsigned i = 0; i < p->nbins; i++) {
-    if (!gma__load_relaxed(&s->bins[i].count)) continue;
+    if (ck_pr_load_ptr(&s->bins[i].stack.head) == NULL) continue; /* not the soft count */
     /* One swap takes the whole stack; frees racing with it push onto the
      * now empty stack and are drained next time. */
     ck_stack_entry_t *e = ck_stack_batch_pop_mpmc(&s->bins[i].stack);
-    uint32_t n = 0;
+    gma__store_relaxed(&s->bins[i].count, 0); /* empty now: resets the soft bound */
     while (e) {
       gma__block_t *b = (gma__block_t *)((char *)e - offsetof(gma__block_t, bin_link));
       e = e->next;
       gma__tsan_acquire(b); /* pairs with gma__bin_free's release */
-      n++;
       gma__counter_add_owner(&c->bin_out, b->size);
       gma__store_relaxed(&b->state, GMA__CACHED);
       gma__cache_block(p, b);
     }
-    gma__fas_relaxed(&s->bins[i].count, n);
   }
 }
 
