@@ -455,6 +455,11 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t
     st = gma__set_error(GMA_ERR_OOM, "host memory for a stream record");
     goto out;
   }
+  /* Blocks freed after record_stream wait in the pending list; if their
+   * gates passed, put them back first, so a request of the same size finds
+   * the same place and the layout does not drift from one iteration of a
+   * training loop to the next. */
+  if (p->pending_head) gma__streams_settle_pending(p);
   gma__block_t *b = find_fit(p, s, kind, size);
   if (!b) {
     gma__streams_poll(p, false);

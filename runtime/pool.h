@@ -250,6 +250,10 @@ void gma__stream_drain_bins(gma__pool_t *p, gma__stream_t *s);
  * and moves blocks whose gates passed to FREE (unless reuse is none and
  * force is false). Never waits for the device. */
 void gma__streams_poll(gma__pool_t *p, bool force);
+/* Closes epochs and moves PENDING blocks whose gates passed, without
+ * draining bins: lets a block used by other streams return to its place
+ * before the slow path searches (cheap: O(streams)). */
+void gma__streams_settle_pending(gma__pool_t *p);
 /* reuse:wait: a CACHED block of another stream fitting size whose closed
  * epoch the stream u can wait on; makes u wait and returns the block, or NULL. */
 gma__block_t *gma__streams_wait_fit(gma__pool_t *p, gma__stream_t *u, int kind, uint64_t size);

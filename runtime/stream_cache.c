@@ -233,7 +233,11 @@ gma_status_t gma__bin_alloc(gma__pool_t *p, size_t size, gma_stream_t stream, vo
 
 gma_status_t gma__bin_free(gma__pool_t *p, void *ptr) {
   gma__block_t *b = gma__pagemap_get(&p->pagemap, (uintptr_t)ptr);
-  if (!b || gma__load_relaxed(&b->ngates) || p->test_flags) return MISS;
+  /* The address check matters only for a buggy double free racing with a
+   * coalesce that recycled this record for another block: records are never
+   * unmapped, and their addr changes only under the lock. */
+  if (!b || b->addr != (uintptr_t)ptr || gma__load_relaxed(&b->ngates) || p->test_flags)
+    return MISS;
   unsigned cls = gma__class_floor(b->size);
   gma__stream_t *s = b->stream;
   if (cls >= p->nbins || !s || gma__load_relaxed(&s->retired)) return MISS;

@@ -104,6 +104,14 @@ static void release_safe_cached(gma__pool_t *p, gma__stream_t *s) {
   }
 }
 
+void gma__streams_settle_pending(gma__pool_t *p) {
+  for (gma__stream_t *s = p->stream_list; s; s = s->next_all) {
+    if (!gma__load_relaxed(&s->retired)) close_epoch(p, s);
+    observe_epochs(p, s);
+  }
+  gma__pending_poll(p);
+}
+
 void gma__streams_poll(gma__pool_t *p, bool force) {
   for (gma__stream_t *s = p->stream_list; s; s = s->next_all) {
     gma__stream_drain_bins(p, s);
