@@ -1,0 +1,32 @@
+# Stress tests (included by tests/CMakeLists.txt). Each is seeded and sized by
+# its arguments; op counts are divided by GMA_STRESS_SCALE (8 under TSan) so a
+# sanitizer build runs them smaller. Fixed seeds keep CTest runs repeatable;
+# run the executables by hand with other seeds (they print how to rerun).
+#
+#   stress_streams_smoke    default set ("smoke"): 4 streams x 2 threads, 30000 ops
+#   stress_streams          "stress": the same workload, 1,000,000 ops
+#   stress_planted_epoch    "smoke": epoch gating removed; must detect corruption
+#   stress_planted_record   "smoke": record_stream gating removed; must detect it
+#   stream_rotation         "smoke": 64 streams in turn; reserved memory stays bounded
+set(gma_stress_src ${CMAKE_CURRENT_LIST_DIR}/stress_streams.c)
+
+math(EXPR gma_stress_smoke_ops "30000 / ${GMA_STRESS_SCALE}")
+math(EXPR gma_stress_full_ops "1000000 / ${GMA_STRESS_SCALE}")
+# A planted run stops at its first detection, so its op budget is an upper
+# bound that costs nothing when the detector works; it is divided by only a
+# quarter of the scale because detection needs enough shared blocks to be
+# reused (typically 200-2500 ops, occasionally more under TSan).
+math(EXPR gma_stress_planted_div "(${GMA_STRESS_SCALE} + 3) / 4")
+math(EXPR gma_stress_planted_ops "20000 / ${gma_stress_planted_div}")
+
+gma_test(NAME stress_streams_smoke SOURCES ${gma_stress_src} INTERNAL
+  LABELS smoke TIMEOUT 120 ARGS 1 ${gma_stress_smoke_ops} 4 2)
+gma_test(NAME stress_streams SOURCES ${gma_stress_src} INTERNAL
+  LABELS stress TIMEOUT 600 ARGS 2 ${gma_stress_full_ops} 4 2)
+gma_test(NAME stress_planted_epoch SOURCES ${gma_stress_src} INTERNAL
+  LABELS smoke TIMEOUT 180 ARGS 3 ${gma_stress_planted_ops} 4 2 --plant epoch)
+gma_test(NAME stress_planted_record SOURCES ${gma_stress_src} INTERNAL
+  LABELS smoke TIMEOUT 180 ARGS 4 ${gma_stress_planted_ops} 4 2 --plant record)
+
+gma_test(NAME stream_rotation SOURCES ${CMAKE_CURRENT_LIST_DIR}/rotation.c
+  LABELS smoke TIMEOUT 120)
