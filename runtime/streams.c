@@ -53,32 +53,6 @@ void gma__stream_drain_bins(gma__pool_t *p, gma__stream_t *s) {
   }
 }
 
-/* Closes the open epoch of s by recording one event, if anything was freed
- * in it. The epoch is raised before the record (see gma__bin_free for why).
- * A failed device call leaves blocks where they are (safe); the next poll
- * tries again. Another thread's per-thread stream cannot be named from here. */
-static void close_epoch(gma__pool_t *p, gma__stream_t *s) {
-  if (!gma__load_relaxed(&s->dirty) || s->ev_count == GMA__EPOCH_EVENTS) return;
-  if (s->owner_tid && s->owner_tid != gma__thread_id()) return;
-  gma__event_t ev = event_get(p);
-  if (!ev) return;
-  gma__store_relaxed(&s->dirty, false);
-  uint64_t closing = gma__faa_relaxed(&s->epoch, 1);
-  if (p->dev->ops->event_record(p->dev, ev, s->handle) != GMA_OK) {
-    /* The epoch stays raised: blocks of `closing` are merely not yet gated by
-     * an event; the next close covers them, since it covers all earlier work. */
-    p->c.device_errors++;
-    gma__store_relaxed(&s->dirty, true);
-    event_put(p, ev);
-    return;
-  }
-  unsigned slot = (s->ev_head + s->ev_count) % GMA__EPOCH_EVENTS;
-  s->ev[slot] = ev;
-  s->ev_epoch[slot] = closing;
-  s->ev_count++;
-  p->c.epoch_events++;
-}
-
 /* Advances safe_epoch past every completed epoch event, oldest first. */
 static void observe_epochs(gma__pool_t *p, gma__stream_t *s) {
   while (s->ev_count) {
@@ -93,6 +67,39 @@ static void observe_epochs(gma__pool_t *p, gma__stream_t *s) {
     s->ev_head = (s->ev_head + 1) % GMA__EPOCH_EVENTS;
     s->ev_count--;
   }
+}
+
+/* Closes the open epoch of s by recording one event, if anything was freed
+ * in it; true when it did. The epoch is raised before the record (see
+ * gma__bin_free for why). When all GMA__EPOCH_EVENTS slots hold events that
+ * have not completed, the newest one is recorded again and takes the new
+ * epoch: a later record covers all earlier work, so its older epoch is still
+ * covered (only later). A failed device call leaves blocks where they are
+ * (safe); the next poll tries again. Another thread's per-thread stream
+ * cannot be named from here. */
+static bool close_epoch(gma__pool_t *p, gma__stream_t *s) {
+  if (!gma__load_relaxed(&s->dirty)) return false;
+  if (s->owner_tid && s->owner_tid != gma__thread_id()) return false;
+  if (s->ev_count == GMA__EPOCH_EVENTS) observe_epochs(p, s);
+  bool reuse_newest = s->ev_count == GMA__EPOCH_EVENTS;
+  unsigned slot = (s->ev_head + s->ev_count - (reuse_newest ? 1 : 0)) % GMA__EPOCH_EVENTS;
+  gma__event_t ev = reuse_newest ? s->ev[slot] : event_get(p);
+  if (!ev) return false;
+  gma__store_relaxed(&s->dirty, false);
+  uint64_t closing = gma__faa_relaxed(&s->epoch, 1);
+  if (p->dev->ops->event_record(p->dev, ev, s->handle) != GMA_OK) {
+    /* The epoch stays raised: blocks of `closing` are merely not yet gated by
+     * an event; the next close covers them, since it covers all earlier work. */
+    p->c.device_errors++;
+    gma__store_relaxed(&s->dirty, true);
+    if (!reuse_newest) event_put(p, ev);
+    return false;
+  }
+  s->ev[slot] = ev;
+  s->ev_epoch[slot] = closing;
+  if (!reuse_newest) s->ev_count++;
+  p->c.epoch_events++;
+  return true;
 }
 
 /* Moves the stream's cached blocks whose epoch completed to the free pool. */
@@ -158,12 +165,10 @@ gma_status_t gma__stream_retire(gma__pool_t *p, gma__stream_t *s, bool orphan) {
   gma__stream_drain_bins(p, s);
   if (!orphan) {
     gma__store_relaxed(&s->dirty, true); /* close even an empty epoch: one last event */
-    uint64_t before = s->ev_count;
-    close_epoch(p, s);
-    if (s->ev_count == before && s->owner_tid == 0) {
+    if (!close_epoch(p, s)) {
       st = gma__set_error(GMA_ERR_DEVICE, "gma_stream_retire(%p): could not record the closing "
-                          "event; the stream's cached memory stays reserved until gma_destroy",
-                          s->handle);
+                          "event (%s); the stream's cached memory stays reserved until "
+                          "gma_destroy", s->handle, gma_last_error());
       orphan = true;
     }
   }
