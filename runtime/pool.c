@@ -347,6 +347,7 @@ gma_status_t gma__pool_init(gma__pool_t *p, gma__device_t *dev, const gma_config
     p->bin_depth = (uint32_t)cfg->bin_depth;
   }
   p->rng = 0x9E3779B9u;
+  p->sweep_at = 64;
   return GMA_OK;
 }
 
@@ -658,6 +659,10 @@ gma_status_t gma__pool_fini(gma__pool_t *p) {
     free(chunk);
   }
   free(p->block_chunks);
+  gma__stream_t **tail = &p->stream_list; /* the graveyard is freed with the rest */
+  while (*tail) tail = &(*tail)->next_all;
+  *tail = p->graveyard;
+  p->graveyard = NULL;
   gma__stream_cache_fini(p);
   gma__streams_fini(p);
   gma__pagemap_free(&p->pagemap);

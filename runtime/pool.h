@@ -136,6 +136,7 @@ typedef struct gma__stream {
   gma__block_t *fifo_head, *fifo_tail;
   uint64_t cached_bytes;     /* CACHED bytes (bins not included) */
   gma__bin_t *bins;          /* nbins bins, or NULL when bins are off */
+  bool referenced;           /* scratch of the retired-record sweep (streams.c) */
   gma__tcount_t *_Atomic counts; /* atomic: per-thread counters, append-only */
   struct gma__stream *next_all;
 } gma__stream_t;
@@ -193,7 +194,11 @@ typedef struct gma__pool {
   gma__block_t *pending_head;   /* PENDING blocks, linked by qnext/qprev */
   gma__segment_t **segs;        /* sorted by base */
   size_t nsegs, segs_cap;
-  gma__stream_t *stream_list;   /* every record, retired ones too */
+  gma__stream_t *stream_list;   /* live records, and retired ones still referenced */
+  gma__stream_t *graveyard;     /* retired, unreferenced records: kept (lock-free readers
+                                   may still hold them) but no longer walked; freed at destroy */
+  gma__tcount_t graveyard_counts; /* the graveyard's counters, folded in */
+  size_t retired_listed, sweep_at; /* retired records in stream_list; sweep threshold */
   gma__block_t *spare_blocks;   /* recycled block records (linked by next) */
   void **block_chunks;          /* every block chunk, freed at destroy */
   size_t nchunks, chunks_cap;
@@ -261,6 +266,10 @@ gma__block_t *gma__streams_wait_fit(gma__pool_t *p, gma__stream_t *u, int kind, 
  * the closed epoch, or never become safe when orphan (a recycled handle whose
  * old stream gma cannot name any more). */
 gma_status_t gma__stream_retire(gma__pool_t *p, gma__stream_t *s, bool orphan);
+/* Moves retired records that nothing references any more (no block, gate,
+ * event or bin) from stream_list to the graveyard, so polls and stats stop
+ * walking them. O(blocks); run when retired records have doubled. */
+void gma__streams_sweep_retired(gma__pool_t *p);
 void gma__streams_fini(gma__pool_t *p);
 static inline bool gma__gate_passed(const gma__gate_t *g) {
   return g->stream->safe_epoch >= g->epoch;
@@ -271,6 +280,8 @@ void gma__stat_add(gma_stat_t *s, uint64_t bytes);
 void gma__stat_sub(gma_stat_t *s, uint64_t bytes);
 /* Sums the per-thread counters of every stream; updates sampled peaks. Lock held. */
 void gma__stats_sample(gma__pool_t *p);
+/* Adds s's counters to *into (relaxed loads). */
+void gma__stats_fold(const gma__stream_t *s, gma__tcount_t *into);
 
 /* api.c: the pool behind an allocator, for internal tests. */
 gma__pool_t *gma__pool_of(gma_t *g);

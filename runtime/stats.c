@@ -16,33 +16,44 @@ void gma__stat_sub(gma_stat_t *s, uint64_t bytes) {
   s->current -= bytes;
 }
 
-typedef struct sums {
-  uint64_t allocs, frees, hits, alloc_bytes, free_bytes, req_bytes, req_freed, bin_in, bin_out;
-} sums_t;
+/* Sums are gma__tcount_t values used as plain numbers (never shared). */
+typedef gma__tcount_t sums_t;
+
+static void add(_Atomic uint64_t *to, _Atomic uint64_t *from) {
+  gma__store_relaxed(to, gma__load_relaxed(to) + gma__load_relaxed(from));
+}
 
 /* Adds one stream's counters to *t. Relaxed loads: each counter is exact,
  * the set is as consistent as the calls in flight allow. */
-static void sum_stream(const gma__stream_t *s, sums_t *t) {
+void gma__stats_fold(const gma__stream_t *s, gma__tcount_t *t) {
   for (gma__tcount_t *c = gma__load_acquire(&((gma__stream_t *)s)->counts); c;
        c = gma__load_acquire(&c->next)) {
-    t->allocs += gma__load_relaxed(&c->allocs);
-    t->frees += gma__load_relaxed(&c->frees);
-    t->hits += gma__load_relaxed(&c->hits);
-    t->alloc_bytes += gma__load_relaxed(&c->alloc_bytes);
-    t->free_bytes += gma__load_relaxed(&c->free_bytes);
-    t->req_bytes += gma__load_relaxed(&c->req_bytes);
-    t->req_freed += gma__load_relaxed(&c->req_freed);
-    t->bin_in += gma__load_relaxed(&c->bin_in);
-    t->bin_out += gma__load_relaxed(&c->bin_out);
+    add(&t->allocs, &c->allocs);
+    add(&t->frees, &c->frees);
+    add(&t->hits, &c->hits);
+    add(&t->alloc_bytes, &c->alloc_bytes);
+    add(&t->free_bytes, &c->free_bytes);
+    add(&t->req_bytes, &c->req_bytes);
+    add(&t->req_freed, &c->req_freed);
+    add(&t->bin_in, &c->bin_in);
+    add(&t->bin_out, &c->bin_out);
   }
 }
 
-static sums_t sum_all(const gma__pool_t *p) {
+static sums_t sum_all(gma__pool_t *p) {
   sums_t t;
   memset(&t, 0, sizeof t);
-  for (const gma__stream_t *s = p->stream_list; s; s = s->next_all) sum_stream(s, &t);
+  gma__tcount_t *grave = &p->graveyard_counts;
+  gma__tcount_t *saved = grave->next;
+  grave->next = NULL; /* fold the graveyard's totals as one more counter block */
+  gma__stream_t fake = {.counts = grave};
+  gma__stats_fold(&fake, &t);
+  grave->next = saved;
+  for (const gma__stream_t *s = p->stream_list; s; s = s->next_all) gma__stats_fold(s, &t);
   return t;
 }
+
+#define V(x) gma__load_relaxed(&(x))
 
 /* A sampled peak: allocations served by the bins raise allocated without the
  * lock, so peaks are taken here, at every locked allocation and read. */
@@ -52,11 +63,11 @@ static void sample(gma_stat_t *st, uint64_t current, uint64_t total) {
   if (current > st->peak) st->peak = current;
 }
 
-static void sample_from(gma__pool_t *p, const sums_t *t) {
-  uint64_t allocated = t->alloc_bytes - t->free_bytes;
-  sample(&p->c.allocated, allocated, t->alloc_bytes);
-  sample(&p->c.requested, t->req_bytes - t->req_freed, t->req_bytes);
-  sample(&p->c.active, allocated + p->c.pending, t->alloc_bytes);
+static void sample_from(gma__pool_t *p, sums_t *t) {
+  uint64_t allocated = V(t->alloc_bytes) - V(t->free_bytes);
+  sample(&p->c.allocated, allocated, V(t->alloc_bytes));
+  sample(&p->c.requested, V(t->req_bytes) - V(t->req_freed), V(t->req_bytes));
+  sample(&p->c.active, allocated + p->c.pending, V(t->alloc_bytes));
 }
 
 void gma__stats_sample(gma__pool_t *p) {
@@ -81,17 +92,17 @@ void gma__pool_stats(gma__pool_t *p, gma_stats_t *out) {
   uint64_t allocated = c->allocated.current;
   st.cached.current = c->reserved.current > allocated ? c->reserved.current - allocated : 0;
   st.cached.peak = c->reserved.peak; /* reserved - allocated never exceeds reserved's peak */
-  st.cached.total = t.free_bytes;
-  st.stream_cached_bytes = c->stream_cached + (t.bin_in - t.bin_out);
+  st.cached.total = V(t.free_bytes);
+  st.stream_cached_bytes = c->stream_cached + (V(t.bin_in) - V(t.bin_out));
   st.pending_bytes = c->pending;
   st.free_bytes = c->free;
-  st.num_allocs = t.allocs;
-  st.num_frees = t.frees;
+  st.num_allocs = V(t.allocs);
+  st.num_frees = V(t.frees);
   st.num_device_allocs = c->device_allocs;
   st.num_device_frees = c->device_frees;
   st.num_ooms = c->ooms;
   st.num_oom_retries = c->oom_retries;
-  st.hits_bin = t.hits;
+  st.hits_bin = V(t.hits);
   st.hits_stream = c->hits_stream;
   st.hits_pool = c->hits_pool;
   st.hits_device = c->hits_device;
@@ -125,13 +136,13 @@ gma_status_t gma__pool_stream_stats(gma__pool_t *p, gma_stream_t stream, gma_str
   }
   sums_t t;
   memset(&t, 0, sizeof t);
-  sum_stream(s, &t);
-  st.allocs = t.allocs;
-  st.frees = t.frees;
-  st.hits = t.hits;
-  st.misses = t.allocs - t.hits;
-  st.allocated_bytes = t.alloc_bytes - t.free_bytes;
-  st.cached_bytes = s->cached_bytes + (t.bin_in - t.bin_out);
+  gma__stats_fold(s, &t);
+  st.allocs = V(t.allocs);
+  st.frees = V(t.frees);
+  st.hits = V(t.hits);
+  st.misses = V(t.allocs) - V(t.hits);
+  st.allocated_bytes = V(t.alloc_bytes) - V(t.free_bytes);
+  st.cached_bytes = s->cached_bytes + (V(t.bin_in) - V(t.bin_out));
   st.epoch = gma__load_relaxed(&s->epoch);
   st.safe_epoch = s->safe_epoch;
   pthread_mutex_unlock(&p->lock);

@@ -180,7 +180,44 @@ gma_status_t gma__stream_retire(gma__pool_t *p, gma__stream_t *s, bool orphan) {
   observe_epochs(p, s);
   release_safe_cached(p, s);
   gma__pending_poll(p);
+  if (++p->retired_listed >= p->sweep_at) gma__streams_sweep_retired(p);
   return st;
+}
+
+static bool bins_empty(const gma__pool_t *p, gma__stream_t *s) {
+  for (unsigned i = 0; s->bins && i < p->nbins; i++)
+    if (ck_pr_load_ptr(&s->bins[i].stack.head) != NULL) return false;
+  return true;
+}
+
+void gma__streams_sweep_retired(gma__pool_t *p) {
+  for (gma__stream_t *s = p->stream_list; s; s = s->next_all) s->referenced = false;
+  for (size_t i = 0; i < p->nsegs; i++)
+    for (gma__block_t *b = p->segs[i]->first; b; b = b->next) {
+      if (gma__load_relaxed(&b->state) == GMA__FREE) continue;
+      if (b->stream) b->stream->referenced = true;
+      uint32_t n = gma__load_relaxed(&b->ngates);
+      for (uint32_t k = 0; k < n; k++) b->gates[k].stream->referenced = true;
+    }
+  size_t kept_retired = 0;
+  for (gma__stream_t **link = &p->stream_list; *link;) {
+    gma__stream_t *s = *link;
+    if (!gma__load_relaxed(&s->retired)) {
+      link = &s->next_all;
+      continue;
+    }
+    if (s->referenced || s->ev_count || s->fifo_head || !bins_empty(p, s)) {
+      kept_retired++;
+      link = &s->next_all;
+      continue;
+    }
+    *link = s->next_all; /* nothing can add to its counters any more: fold them */
+    gma__stats_fold(s, &p->graveyard_counts);
+    s->next_all = p->graveyard;
+    p->graveyard = s;
+  }
+  p->retired_listed = kept_retired;
+  p->sweep_at = kept_retired * 2 > 64 ? kept_retired * 2 : 64;
 }
 
 void gma__streams_fini(gma__pool_t *p) {
