@@ -105,8 +105,9 @@ static gma__block_t *block_new(gma__pool_t *p) {
       p->block_chunks = a;
       p->chunks_cap = cap;
     }
-    gma__block_t *chunk = calloc(BLOCK_CHUNK, sizeof *chunk);
+    gma__block_t *chunk = aligned_alloc(64, BLOCK_CHUNK * sizeof *chunk);
     if (!chunk) return NULL;
+    memset(chunk, 0, BLOCK_CHUNK * sizeof *chunk);
     p->block_chunks[p->nchunks++] = chunk;
     for (int i = BLOCK_CHUNK - 1; i >= 0; i--) {
       chunk[i].next = p->spare_blocks;

@@ -61,7 +61,9 @@ typedef struct gma__gate {
  * Block records are never freed while the allocator lives (recycled through
  * spare_blocks), so a lock-free reader may hold a stale pointer safely. */
 typedef struct gma__block {
-  ck_stack_entry_t bin_link;     /* BINNED: link in its bin (ck_stack, mpmc) */
+  /* Own cache lines: the lock-free paths write state, epoch and bin_link, and
+   * records of blocks used by different threads must not share a line. */
+  _Alignas(64) ck_stack_entry_t bin_link; /* BINNED: link in its bin (ck_stack, mpmc) */
   uintptr_t addr;
   uint64_t size;
   uint64_t requested;            /* LIVE: bytes the caller asked for */
@@ -119,7 +121,7 @@ typedef struct gma__tcount {
  * ev_head; the FIFO holds this stream's CACHED blocks by nondecreasing epoch.
  * Records are freed only at destroy (lock-free readers may hold them). */
 typedef struct gma__stream {
-  gma_stream_t handle;       /* as passed to the device */
+  _Alignas(64) gma_stream_t handle; /* as passed to the device (own cache lines: see block) */
   uintptr_t key;             /* key in the stream table (see stream_cache.c) */
   uint64_t id;               /* the device's unique stream id */
   uint64_t serial;           /* never reused: validates per-thread caches */

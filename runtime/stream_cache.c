@@ -130,8 +130,9 @@ static _Atomic uint64_t next_serial = 1;
 static gma__stream_t *stream_new(gma__pool_t *p, gma_stream_t handle, uintptr_t key,
                                  uint64_t owner, uint64_t id) {
   if (!stable_reserve(p)) return NULL;
-  gma__stream_t *s = calloc(1, sizeof *s);
+  gma__stream_t *s = aligned_alloc(64, sizeof *s);
   if (!s) return NULL;
+  memset(s, 0, sizeof *s);
   if (p->nbins) {
     s->bins = aligned_alloc(64, ((p->nbins * sizeof(gma__bin_t) + 63) / 64) * 64);
     if (!s->bins) {

@@ -12,6 +12,8 @@ echo "gma $(sed -n 's/#define GMA_VERSION_STRING "\(.*\)"/\1/p' include/gma/vers
 echo
 ./build/release/gma-demo
 echo
-./build/release/bench/gma-bench-alloc --json build/release/bench_alloc.json "$@"
+./build/release/bench/gma-bench-alloc --json build/release/bench_alloc.json
 echo
-echo "benchmark results (JSON): build/release/bench_alloc.json"
+./build/release/bench/gma-bench-hotpath --json build/release/bench_hotpath.json
+echo
+echo "benchmark results (JSON): build/release/bench_alloc.json, build/release/bench_hotpath.json"
