@@ -186,6 +186,25 @@ GMA_API gma_status_t gma_record_stream(gma_t *g, void *ptr, gma_stream_t stream)
 /* Returns to the device every segment with no live allocation whose device work
  * is known to be done. Never waits for the device. Any thread. */
 GMA_API gma_status_t gma_empty_cache(gma_t *g);
+/* Gives cached memory back to the device until at most keep_bytes of it
+ * (reserved - allocated) stay: whole free segments only, never memory whose
+ * device work may still be pending, and the device calls are made outside the
+ * allocator's lock. gma_empty_cache is gma_trim(g, 0). Never waits for the
+ * device's work. Any thread. */
+GMA_API gma_status_t gma_trim(gma_t *g, uint64_t keep_bytes);
+/* Allocates n blocks on stream at once, all or nothing: on failure nothing
+ * stays allocated and ptrs is untouched. The blocks are placed one after
+ * another in one segment where they fit (one device allocation on a miss);
+ * only when no such room can be had are they placed one by one. Every pointer
+ * is 256-byte aligned and each block may be freed on its own. Any thread. */
+GMA_API gma_status_t gma_alloc_batch(gma_t *g, size_t n, const size_t *sizes,
+                                     gma_stream_t stream, void **ptrs);
+/* Warm-up: fills stream's bins with counts[i] blocks of sizes[i] (i < n), so
+ * the first allocations of a known workload are bin hits. All or nothing.
+ * Blocks beyond bin_depth, or above bin_max, stay cached for the stream in
+ * the pool. Any thread. */
+GMA_API gma_status_t gma_reserve(gma_t *g, gma_stream_t stream, size_t n, const size_t *sizes,
+                                 const size_t *counts);
 /* Call before destroying a stream that gma has seen (unless you destroy it
  * with gma_stream_destroy, which does this). gma closes the stream's epoch
  * with one event and forgets the handle: the stream's cached blocks go to the
@@ -229,6 +248,10 @@ typedef struct gma_stats {
   uint64_t num_streams;         /* streams gma keeps a record of (retired ones excluded) */
   uint64_t num_cross_stream_waits; /* reuse:wait: device-side waits made instead of growing */
   uint64_t num_epoch_events;    /* events recorded to close stream epochs */
+  uint64_t num_batches;         /* gma_alloc_batch calls that succeeded */
+  uint64_t num_batches_split;   /* of those, placed block by block (no contiguous room) */
+  uint64_t bytes_trimmed;       /* bytes given back to the device by gma_trim/empty_cache */
+  uint64_t trims_explicit;      /* gma_trim / gma_empty_cache calls that released memory */
 } gma_stats_t;
 
 #if defined(__cplusplus) && __cplusplus < 202002L

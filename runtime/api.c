@@ -118,7 +118,58 @@ gma_status_t gma_record_stream(gma_t *g, void *ptr, gma_stream_t stream) {
 
 gma_status_t gma_empty_cache(gma_t *g) {
   CHECK_ARG(g, "gma_empty_cache: allocator is NULL");
-  return gma__pool_empty_cache(&g->pool);
+  return gma__pool_trim(&g->pool, 0);
+}
+
+gma_status_t gma_trim(gma_t *g, uint64_t keep_bytes) {
+  CHECK_ARG(g, "gma_trim: allocator is NULL");
+  return gma__pool_trim(&g->pool, keep_bytes);
+}
+
+gma_status_t gma_alloc_batch(gma_t *g, size_t n, const size_t *sizes, gma_stream_t stream,
+                             void **ptrs) {
+  CHECK_ARG(g, "gma_alloc_batch: allocator is NULL");
+  CHECK_ARG(n > 0 && sizes && ptrs, "gma_alloc_batch: n is 0, or sizes or ptrs is NULL");
+  uint64_t total = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (sizes[i] == 0)
+      return gma__set_error(GMA_ERR_INVALID_SIZE, "gma_alloc_batch: sizes[%zu] is 0", i);
+    uint64_t rounded = ((uint64_t)sizes[i] + 511) / 512 * 512;
+    if (sizes[i] > g->cfg.memory_limit || total + rounded > g->cfg.memory_limit)
+      return gma__set_error(GMA_ERR_INVALID_SIZE,
+                            "gma_alloc_batch: the batch needs more than this allocator can "
+                            "ever hold (memory_limit / device capacity %" PRIu64 " bytes) by "
+                            "block %zu",
+                            g->cfg.memory_limit, i);
+    total += rounded;
+  }
+  uint64_t id;
+  gma_status_t st = g->dev->ops->stream_id(g->dev, stream, &id);
+  if (st != GMA_OK) return st;
+  return gma__pool_alloc_batch(&g->pool, n, sizes, stream, id, ptrs);
+}
+
+gma_status_t gma_reserve(gma_t *g, gma_stream_t stream, size_t n, const size_t *sizes,
+                         const size_t *counts) {
+  CHECK_ARG(g, "gma_reserve: allocator is NULL");
+  CHECK_ARG(n == 0 || (sizes && counts), "gma_reserve: sizes or counts is NULL");
+  size_t total = 0;
+  for (size_t i = 0; i < n; i++) total += counts[i];
+  void **held = total ? calloc(total, sizeof *held) : NULL;
+  if (total && !held) return gma__set_error(GMA_ERR_OOM, "gma_reserve: host memory");
+  /* Allocate everything, then free it: the frees land in the stream's bins
+   * (up to bin_depth) in stream order, ready for the workload. */
+  gma_status_t st = GMA_OK;
+  size_t got = 0;
+  for (size_t i = 0; i < n && st == GMA_OK; i++)
+    for (size_t k = 0; k < counts[i] && st == GMA_OK; k++)
+      if ((st = gma_alloc(g, sizes[i], stream, &held[got])) == GMA_OK) got++;
+  char detail[1024] = "";
+  if (st != GMA_OK) snprintf(detail, sizeof detail, "%s", gma_last_error());
+  for (size_t i = got; i-- > 0;) gma_free(g, held[i]);
+  free(held);
+  if (st != GMA_OK) return gma__set_error(st, "gma_reserve: %s; nothing was kept", detail);
+  return GMA_OK;
 }
 
 gma_status_t gma_stats(gma_t *g, gma_stats_t *out) {

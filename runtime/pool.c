@@ -263,9 +263,9 @@ static gma__segment_t *seg_find(const gma__pool_t *p, uintptr_t addr) {
   return addr < s->base + s->size ? s : NULL;
 }
 
-static gma_status_t seg_create(gma__pool_t *p, int kind, uint64_t size, gma__block_t **out) {
-  if (p->c.reserved.current + size > p->limit)
-    return gma__set_error(GMA_ERR_OOM, "memory_limit of %" PRIu64 " bytes reached", p->limit);
+/* Makes device memory [base, base+size) a segment of one FREE block. */
+static gma_status_t seg_adopt(gma__pool_t *p, int kind, uintptr_t base, uint64_t size,
+                              gma__block_t **out) {
   if (p->nsegs == p->segs_cap) {
     size_t cap = p->segs_cap ? p->segs_cap * 2 : 64;
     gma__segment_t **segs = realloc(p->segs, cap * sizeof *segs);
@@ -275,21 +275,10 @@ static gma_status_t seg_create(gma__pool_t *p, int kind, uint64_t size, gma__blo
   }
   gma__segment_t *seg = calloc(1, sizeof *seg);
   gma__block_t *b = block_new(p);
-  if (!seg || !b) {
+  if (!seg || !b || !gma__pagemap_set(&p->pagemap, base, b)) {
     free(seg);
     if (b) block_recycle(p, b);
     return gma__set_error(GMA_ERR_OOM, "host memory for segment metadata");
-  }
-  uintptr_t base;
-  gma_status_t st = p->dev->ops->mem_alloc(p->dev, size, &base);
-  if (st == GMA_OK && !gma__pagemap_set(&p->pagemap, base, b)) {
-    p->dev->ops->mem_free(p->dev, base, size);
-    st = gma__set_error(GMA_ERR_OOM, "host memory for the page map");
-  }
-  if (st != GMA_OK) {
-    free(seg);
-    block_recycle(p, b);
-    return st;
   }
   seg->base = base;
   seg->size = size;
@@ -303,31 +292,59 @@ static gma_status_t seg_create(gma__pool_t *p, int kind, uint64_t size, gma__blo
   p->segs[i] = seg;
   p->nsegs++;
   gma__stat_add(&p->c.reserved, size);
-  p->c.device_allocs++;
   free_link(p, b);
-  *out = b;
+  if (out) *out = b;
   return GMA_OK;
 }
 
-/* Returns every segment that is one FREE block to the device. */
-static void release_free_segments(gma__pool_t *p) {
-  size_t kept = 0;
-  for (size_t i = 0; i < p->nsegs; i++) {
-    gma__segment_t *seg = p->segs[i];
-    gma__block_t *b = seg->first;
-    if (state_of(b) == GMA__FREE && b->size == seg->size &&
-        p->dev->ops->mem_free(p->dev, seg->base, seg->size) == GMA_OK) {
-      free_unlink(p, b);
-      gma__pagemap_set(&p->pagemap, b->addr, NULL);
-      block_recycle(p, b);
-      gma__stat_sub(&p->c.reserved, seg->size);
-      p->c.device_frees++;
-      free(seg);
-      continue;
-    }
-    p->segs[kept++] = seg;
+static gma_status_t seg_create(gma__pool_t *p, int kind, uint64_t size, gma__block_t **out) {
+  if (p->c.reserved.current + size > p->limit)
+    return gma__set_error(GMA_ERR_OOM, "memory_limit of %" PRIu64 " bytes reached", p->limit);
+  uintptr_t base;
+  gma_status_t st = p->dev->ops->mem_alloc(p->dev, size, &base);
+  if (st != GMA_OK) return st;
+  st = seg_adopt(p, kind, base, size, out);
+  if (st != GMA_OK) {
+    p->dev->ops->mem_free(p->dev, base, size);
+    return st;
   }
-  p->nsegs = kept;
+  p->c.device_allocs++;
+  return GMA_OK;
+}
+
+/* Takes segment i (one FREE block) out of the pool; the caller gives its
+ * memory back to the device. */
+static void seg_detach(gma__pool_t *p, size_t i) {
+  gma__segment_t *seg = p->segs[i];
+  gma__block_t *b = seg->first;
+  free_unlink(p, b);
+  gma__pagemap_set(&p->pagemap, b->addr, NULL);
+  block_recycle(p, b);
+  gma__stat_sub(&p->c.reserved, seg->size);
+  memmove(&p->segs[i], &p->segs[i + 1], (p->nsegs - i - 1) * sizeof *p->segs);
+  p->nsegs--;
+}
+
+static bool seg_is_free(gma__segment_t *seg) {
+  return state_of(seg->first) == GMA__FREE && seg->first->size == seg->size;
+}
+
+/* Returns every segment that is one FREE block to the device (the OOM
+ * retry: the caller is waiting for this memory anyway, so under the lock). */
+static void release_free_segments(gma__pool_t *p) {
+  for (size_t i = p->nsegs; i-- > 0;) {
+    gma__segment_t *seg = p->segs[i];
+    if (!seg_is_free(seg)) continue;
+    uintptr_t base = seg->base;
+    uint64_t size = seg->size;
+    int kind = seg->kind;
+    seg_detach(p, i);
+    free(seg);
+    if (p->dev->ops->mem_free(p->dev, base, size) == GMA_OK)
+      p->c.device_frees++;
+    else
+      seg_adopt(p, kind, base, size, NULL); /* keep what the device would not take back */
+  }
 }
 
 /* ---- Allocation ----------------------------------------------------------------*/
@@ -443,20 +460,12 @@ static gma_status_t grow(gma__pool_t *p, int kind, uint64_t size, gma__block_t *
   return st;
 }
 
-gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t stream,
-                                  uint64_t stream_id, void **out) {
-  /* Requests the bins serve get their class's size, so the block can go
-   * into a bin when freed. */
-  uint64_t size = requested <= p->bin_max ? gma__class_size(gma__class_of(requested))
-                                          : round_up(requested, GMA__ROUND);
-  int kind = size <= p->small_size ? GMA__SMALL : GMA__LARGE;
-  gma_status_t st = GMA_OK;
-  pthread_mutex_lock(&p->lock);
-  gma__stream_t *s = gma__stream_resolve(p, stream, stream_id);
-  if (!s) {
-    st = gma__set_error(GMA_ERR_OOM, "host memory for a stream record");
-    goto out;
-  }
+/* Lock held. A block of at least size bytes for s: the stream's cache or the
+ * free pool (after settling pending blocks, then after a poll), a device-side
+ * wait under reuse:wait, or a new segment. *level says which hit counter it
+ * is; nothing is counted here. GMA_ERR_OOM leaves the message to the caller. */
+static gma_status_t find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uint64_t size,
+                                 gma__block_t **out, uint64_t **level) {
   /* Blocks freed after record_stream wait in the pending list; if their
    * gates passed, put them back first, so a request of the same size finds
    * the same place and the layout does not drift from one iteration of a
@@ -469,21 +478,113 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t
   }
   if (!b && p->reuse == GMA_REUSE_WAIT) b = gma__streams_wait_fit(p, s, kind, size);
   if (b) {
-    if (state_of(b) == GMA__FREE) p->c.hits_pool++;
-    else if (b->stream == s) p->c.hits_stream++;
-    else p->c.hits_pool++; /* another stream's block, reached through a device wait */
-  } else {
-    st = grow(p, kind, size, &b);
-    if (st == GMA_ERR_OOM) st = oom_error(p, size, requested, stream);
-    if (st != GMA_OK) goto out;
-    p->c.hits_device++;
+    /* Another stream's block (reached through a device wait) counts as pool. */
+    *level = state_of(b) == GMA__CACHED && b->stream == s ? &p->c.hits_stream : &p->c.hits_pool;
+    *out = b;
+    return GMA_OK;
   }
-  take_block(p, b, size, requested, s);
-  *out = (void *)b->addr;
+  *level = &p->c.hits_device;
+  return grow(p, kind, size, out);
+}
+
+gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t stream,
+                                  uint64_t stream_id, void **out) {
+  /* Requests the bins serve get their class's size, so the block can go
+   * into a bin when freed. */
+  uint64_t size = requested <= p->bin_max ? gma__class_size(gma__class_of(requested))
+                                          : round_up(requested, GMA__ROUND);
+  int kind = size <= p->small_size ? GMA__SMALL : GMA__LARGE;
+  gma_status_t st;
+  pthread_mutex_lock(&p->lock);
+  gma__stream_t *s = gma__stream_resolve(p, stream, stream_id);
+  gma__block_t *b = NULL;
+  uint64_t *level = NULL;
+  if (!s)
+    st = gma__set_error(GMA_ERR_OOM, "host memory for a stream record");
+  else if ((st = find_or_grow(p, s, kind, size, &b, &level)) == GMA_ERR_OOM)
+    st = oom_error(p, size, requested, stream);
+  if (st == GMA_OK) {
+    (*level)++;
+    take_block(p, b, size, requested, s);
+    *out = (void *)b->addr;
+    gma__stats_sample(p);
+  }
+  GMA__VALIDATE(p);
+  pthread_mutex_unlock(&p->lock);
+  return st;
+}
+
+/* Lock held. Undoes take_block for a block no device work ever saw (a batch
+ * that failed part-way): straight back to FREE, its counts taken back. */
+static void untake_block(gma__pool_t *p, gma__block_t *b) {
+  gma__tcount_t *c = gma__tcount(p, b->stream);
+  gma__counter_add_owner(&c->allocs, (uint64_t)-1);
+  gma__counter_add_owner(&c->alloc_bytes, (uint64_t)0 - b->size);
+  gma__counter_add_owner(&c->req_bytes, (uint64_t)0 - b->requested);
+  gma__block_make_free(p, b);
+}
+
+gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes,
+                                   gma_stream_t stream, uint64_t stream_id, void **ptrs) {
+  uint64_t total = 0;
+  for (size_t i = 0; i < n; i++) total += round_up(sizes[i], GMA__ROUND);
+  int kind = total <= p->small_size ? GMA__SMALL : GMA__LARGE;
+  gma__block_t **taken = calloc(n, sizeof *taken);
+  if (!taken) return gma__set_error(GMA_ERR_OOM, "host memory for a batch of %zu", n);
+  gma_status_t st;
+  pthread_mutex_lock(&p->lock);
+  gma__stream_t *s = gma__stream_resolve(p, stream, stream_id);
+  gma__block_t *b = NULL;
+  uint64_t *level = NULL;
+  size_t got = 0;
+  if (!s) {
+    st = gma__set_error(GMA_ERR_OOM, "host memory for a stream record");
+    goto out;
+  }
+  bool split = false;
+  st = find_or_grow(p, s, kind, total, &b, &level);
+  if (st == GMA_OK) {
+    /* One block of the total, cut front to back: each take splits off the
+     * rest right after it, in the same container (free pool, or one stream's
+     * cache), to take next. A rest in any other state means the split could
+     * not happen (no host memory for a record): stop and roll back. */
+    uint8_t from = state_of(b);
+    gma__stream_t *owner = b->stream;
+    for (; got < n; got++) {
+      uint64_t size = round_up(sizes[got], GMA__ROUND);
+      if (!b || state_of(b) != from || b->stream != owner || b->size < size) break;
+      take_block(p, b, size, sizes[got], s);
+      taken[got] = b;
+      b = b->next;
+    }
+    if (got == n) (*level) += n;
+  } else if (st == GMA_ERR_OOM) {
+    /* No contiguous room can be had: place them one by one. */
+    split = true;
+    for (; got < n; got++) {
+      uint64_t size = round_up(sizes[got], GMA__ROUND);
+      int k = size <= p->small_size ? GMA__SMALL : GMA__LARGE;
+      if ((st = find_or_grow(p, s, k, size, &b, &level)) != GMA_OK) break;
+      (*level)++;
+      take_block(p, b, size, sizes[got], s);
+      taken[got] = b;
+    }
+  }
+  if (got < n) {
+    /* All or nothing: nothing of a failed batch stays allocated. */
+    for (size_t i = 0; i < got; i++) untake_block(p, taken[i]);
+    if (st == GMA_OK) st = gma__set_error(GMA_ERR_OOM, "host memory for block records");
+    else if (st == GMA_ERR_OOM) st = oom_error(p, total, (size_t)total, stream);
+    goto out;
+  }
+  for (size_t i = 0; i < n; i++) ptrs[i] = (void *)taken[i]->addr;
+  p->c.batches++;
+  p->c.batches_split += split;
   gma__stats_sample(p);
 out:
   GMA__VALIDATE(p);
   pthread_mutex_unlock(&p->lock);
+  free(taken);
   return st;
 }
 
@@ -621,13 +722,58 @@ void gma__pending_poll(gma__pool_t *p) {
   }
 }
 
-gma_status_t gma__pool_empty_cache(gma__pool_t *p) {
+gma_status_t gma__pool_trim(gma__pool_t *p, uint64_t keep) {
   pthread_mutex_lock(&p->lock);
   gma__streams_poll(p, true);
-  release_free_segments(p);
+  gma__stats_sample(p);
+  /* Detach free segments, largest first, until at most keep bytes of cache
+   * (reserved - allocated) stay; give them back after unlocking, so a slow
+   * device free (cuMemFree synchronizes) never holds up other callers. */
+  uint64_t cached = p->c.reserved.current - p->c.allocated.current, freed = 0;
+  size_t n = 0, cap = 0;
+  gma__segment_t **out = NULL;
+  while (cached > keep) {
+    size_t best = SIZE_MAX;
+    for (size_t i = 0; i < p->nsegs; i++)
+      if (seg_is_free(p->segs[i]) && (best == SIZE_MAX || p->segs[i]->size > p->segs[best]->size))
+        best = i;
+    if (best == SIZE_MAX) break;
+    if (n == cap) {
+      cap = cap ? cap * 2 : 16;
+      gma__segment_t **a = realloc(out, cap * sizeof *a);
+      if (!a) break;
+      out = a;
+    }
+    gma__segment_t *seg = p->segs[best];
+    seg_detach(p, best);
+    out[n++] = seg;
+    cached -= seg->size < cached ? seg->size : cached;
+  }
   GMA__VALIDATE(p);
   pthread_mutex_unlock(&p->lock);
-  return GMA_OK;
+
+  gma_status_t st = GMA_OK;
+  size_t failed = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (p->dev->ops->mem_free(p->dev, out[i]->base, out[i]->size) == GMA_OK) {
+      freed += out[i]->size;
+      free(out[i]);
+    } else {
+      st = GMA_ERR_DEVICE; /* keep the message; the segment goes back to the pool */
+      out[failed++] = out[i];
+    }
+  }
+  pthread_mutex_lock(&p->lock);
+  for (size_t i = 0; i < failed; i++) {
+    seg_adopt(p, out[i]->kind, out[i]->base, out[i]->size, NULL);
+    free(out[i]);
+  }
+  p->c.device_frees += n - failed;
+  p->c.bytes_trimmed += freed;
+  if (freed) p->c.trims_explicit++;
+  pthread_mutex_unlock(&p->lock);
+  free(out);
+  return st;
 }
 
 gma_status_t gma__pool_stream_retire(gma__pool_t *p, gma_stream_t stream) {

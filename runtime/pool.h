@@ -168,6 +168,7 @@ typedef struct gma__counters {
   uint64_t device_allocs, device_frees, ooms, oom_retries;
   uint64_t hits_stream, hits_pool, hits_device;
   uint64_t cross_stream_waits, epoch_events;
+  uint64_t batches, batches_split, bytes_trimmed, trims_explicit;
   uint64_t device_errors; /* event failures absorbed while polling epochs */
 } gma__counters_t;
 
@@ -217,7 +218,9 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t size, gma_stream_t stre
                                   uint64_t stream_id, void **out);
 gma_status_t gma__pool_free_slow(gma__pool_t *p, void *ptr);
 gma_status_t gma__pool_record_stream(gma__pool_t *p, void *ptr, gma_stream_t stream);
-gma_status_t gma__pool_empty_cache(gma__pool_t *p);
+gma_status_t gma__pool_trim(gma__pool_t *p, uint64_t keep_bytes);
+gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes,
+                                   gma_stream_t stream, uint64_t stream_id, void **ptrs);
 gma_status_t gma__pool_stream_retire(gma__pool_t *p, gma_stream_t stream);
 void gma__pool_stats(gma__pool_t *p, gma_stats_t *out);
 gma_status_t gma__pool_stream_stats(gma__pool_t *p, gma_stream_t stream, gma_stream_stats_t *out);

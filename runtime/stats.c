@@ -112,6 +112,10 @@ void gma__pool_stats(gma__pool_t *p, gma_stats_t *out) {
     st.num_streams += !gma__load_relaxed(&((gma__stream_t *)s)->retired);
   st.num_cross_stream_waits = c->cross_stream_waits;
   st.num_epoch_events = c->epoch_events;
+  st.num_batches = c->batches;
+  st.num_batches_split = c->batches_split;
+  st.bytes_trimmed = c->bytes_trimmed;
+  st.trims_explicit = c->trims_explicit;
   pthread_mutex_unlock(&p->lock);
   uint64_t idle = st.stream_cached_bytes + st.free_bytes;
   st.fragmentation = idle ? 1.0 - (double)st.largest_free_block / (double)idle : 0.0;
