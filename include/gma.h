@@ -127,6 +127,15 @@ typedef struct gma_config {
   uint64_t sim_event_latency_ns; /* "sim_event_ns": time one event record/query takes (0) */
   uint64_t sim_fail_alloc;       /* "sim_fail_alloc": fail the Nth device allocation (1-based) */
   uint64_t sim_fail_event;       /* "sim_fail_event": fail the Nth event call (1-based) */
+  /* The worker thread: growth ahead of demand and timed trimming. */
+  uint64_t trim_interval_ms;     /* "trim_interval_ms": timed trimming period (1000; 1..3600000) */
+  uint64_t release_threshold;    /* "release_threshold": cache (reserved - allocated) timed
+                                    trimming keeps (256M; 0 = default) */
+  uint64_t idle_ms;              /* "idle_ms": free segments idle longer than this are given
+                                    back by timed trimming (10000; 1..86400000) */
+  uint64_t grow_ahead;           /* "grow_ahead": free pool bytes the worker keeps ready
+                                    (0 = none, the default) */
+  int worker_off;                /* "worker": on | off (off: no thread, no timed trimming) */
 } gma_config_t;
 
 /* Designated in C (and C++20) so -Wextra stays quiet about the other fields. */
@@ -205,6 +214,21 @@ GMA_API gma_status_t gma_alloc_batch(gma_t *g, size_t n, const size_t *sizes,
  * the pool. Any thread. */
 GMA_API gma_status_t gma_reserve(gma_t *g, gma_stream_t stream, size_t n, const size_t *sizes,
                                  const size_t *counts);
+/* Memory pressure: reserved memory against memory_limit, or the device's
+ * used memory against its total, whichever is higher. Timed trimming keeps
+ * release_threshold of cache at low and medium pressure, a quarter of it at
+ * high pressure, and nothing at critical pressure. */
+typedef enum gma_pressure {
+  GMA_PRESSURE_LOW = 0,     /* below 60% */
+  GMA_PRESSURE_MEDIUM = 1,  /* 60% to 80% */
+  GMA_PRESSURE_HIGH = 2,    /* above 80% */
+  GMA_PRESSURE_CRITICAL = 3 /* above 95% */
+} gma_pressure_t;
+typedef void (*gma_pressure_callback_t)(gma_t *g, gma_pressure_t level, void *user);
+/* cb is called on the worker thread whenever the level it sees changes; NULL
+ * removes it. It may call gma functions (not gma_destroy). Any thread. */
+GMA_API gma_status_t gma_set_pressure_callback(gma_t *g, gma_pressure_callback_t cb, void *user);
+
 /* Call before destroying a stream that gma has seen (unless you destroy it
  * with gma_stream_destroy, which does this). gma closes the stream's epoch
  * with one event and forgets the handle: the stream's cached blocks go to the
@@ -252,6 +276,13 @@ typedef struct gma_stats {
   uint64_t num_batches_split;   /* of those, placed block by block (no contiguous room) */
   uint64_t bytes_trimmed;       /* bytes given back to the device by gma_trim/empty_cache */
   uint64_t trims_explicit;      /* gma_trim / gma_empty_cache calls that released memory */
+  uint64_t trims_timed;         /* timed trims that released cache above release_threshold */
+  uint64_t trims_idle;          /* timed trims that released segments idle > idle_ms */
+  uint64_t trims_pressure;      /* timed trims made more aggressive by memory pressure */
+  uint64_t grows_worker;        /* segments the worker took ahead of demand (grow_ahead) */
+  uint64_t grows_inline;        /* segments a caller's allocation had to take itself */
+  uint64_t worker_wakeups;      /* times the worker thread woke up */
+  int pressure_level;           /* gma_pressure_t at the worker's last look */
 } gma_stats_t;
 
 #if defined(__cplusplus) && __cplusplus < 202002L

@@ -8,11 +8,13 @@
 #include "config.h"
 #include "device/device.h"
 #include "pool.h"
+#include "worker.h"
 
 struct gma {
   gma__device_t *dev; /* immutable after gma_create */
   gma_config_t cfg;   /* resolved; immutable after gma_create */
   gma__pool_t pool;
+  gma__worker_t worker;
 };
 
 #define CHECK_ARG(cond, ...) \
@@ -62,6 +64,8 @@ gma_status_t gma_create(const gma_config_t *config, gma_t **out) {
     if (!g->cfg.memory_limit || g->cfg.memory_limit > dev_total) g->cfg.memory_limit = dev_total;
     st = gma__pool_init(&g->pool, g->dev, &g->cfg);
   }
+  if (st == GMA_OK && (st = gma__worker_start(&g->worker, g, &g->pool, &g->cfg)) != GMA_OK)
+    gma__pool_fini(&g->pool);
   if (st != GMA_OK) {
     g->dev->ops->destroy(g->dev);
     free(g);
@@ -73,6 +77,7 @@ gma_status_t gma_create(const gma_config_t *config, gma_t **out) {
 
 gma_status_t gma_destroy(gma_t *g) {
   if (!g) return GMA_OK;
+  gma__worker_stop(&g->worker); /* first: it touches the pool */
   /* Device work may still use cached blocks; let it finish before the memory
    * goes back, so the device never touches memory it no longer owns. */
   g->dev->ops->device_synchronize(g->dev);
@@ -147,6 +152,11 @@ gma_status_t gma_alloc_batch(gma_t *g, size_t n, const size_t *sizes, gma_stream
   gma_status_t st = g->dev->ops->stream_id(g->dev, stream, &id);
   if (st != GMA_OK) return st;
   return gma__pool_alloc_batch(&g->pool, n, sizes, stream, id, ptrs);
+}
+
+gma_status_t gma_set_pressure_callback(gma_t *g, gma_pressure_callback_t cb, void *user) {
+  CHECK_ARG(g, "gma_set_pressure_callback: allocator is NULL");
+  return gma__worker_set_callback(&g->worker, cb, user);
 }
 
 gma_status_t gma_reserve(gma_t *g, gma_stream_t stream, size_t n, const size_t *sizes,

@@ -42,6 +42,11 @@ static const key_spec_t keys[] = {
     {"bin_depth", FIELD(bin_depth), KIND_COUNT, 1, 65536},
     {"bins", FIELD(bins_off), KIND_ONOFF, 0, 1},
     {"sim_capacity", FIELD(sim_capacity), KIND_SIZE, 1 * MiB, 1024 * TiB},
+    {"trim_interval_ms", FIELD(trim_interval_ms), KIND_COUNT, 1, 3600000},
+    {"release_threshold", FIELD(release_threshold), KIND_SIZE, 512, 1024 * TiB},
+    {"idle_ms", FIELD(idle_ms), KIND_COUNT, 1, 86400000},
+    {"grow_ahead", FIELD(grow_ahead), KIND_SIZE, 0, 1024 * TiB},
+    {"worker", FIELD(worker_off), KIND_ONOFF, 0, 1},
     {"sim_alloc_ns", FIELD(sim_alloc_latency_ns), KIND_COUNT, 0, 10000000000ull},
     {"sim_free_ns", FIELD(sim_free_latency_ns), KIND_COUNT, 0, 10000000000ull},
     {"sim_event_ns", FIELD(sim_event_latency_ns), KIND_COUNT, 0, 10000000000ull},
@@ -231,6 +236,9 @@ gma_status_t gma__config_resolve(const gma_config_t *in, gma_config_t *out) {
   if (!c.sim_capacity) c.sim_capacity = 80 * GiB;
   if (!c.bin_max) c.bin_max = 4 * MiB;
   if (!c.bin_depth) c.bin_depth = 64;
+  if (!c.trim_interval_ms) c.trim_interval_ms = 1000;
+  if (!c.release_threshold) c.release_threshold = 256 * MiB;
+  if (!c.idle_ms) c.idle_ms = 10000;
   /* Range checks again: the struct may have been filled without the parser. */
   for (size_t i = 0; i < NKEYS; i++) {
     uint64_t v = get_field(&c, &keys[i]);

@@ -484,7 +484,9 @@ static gma_status_t find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uin
     return GMA_OK;
   }
   *level = &p->c.hits_device;
-  return grow(p, kind, size, out);
+  gma_status_t st = grow(p, kind, size, out);
+  p->c.grows_inline += st == GMA_OK;
+  return st;
 }
 
 gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t stream,
@@ -722,41 +724,64 @@ void gma__pending_poll(gma__pool_t *p) {
   }
 }
 
-gma_status_t gma__pool_trim(gma__pool_t *p, uint64_t keep) {
+/* Lock held: segment i is free; is it idle past the cutoff? A segment's idle
+ * clock starts when a trim pass first sees it wholly free. */
+static bool seg_idle(gma__segment_t *seg, uint64_t now_ns, uint64_t idle_ns) {
+  if (!seg->free_since_ns) seg->free_since_ns = now_ns;
+  return idle_ns && now_ns - seg->free_since_ns >= idle_ns;
+}
+
+gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r) {
   pthread_mutex_lock(&p->lock);
   gma__streams_poll(p, true);
   gma__stats_sample(p);
-  /* Detach free segments, largest first, until at most keep bytes of cache
-   * (reserved - allocated) stay; give them back after unlocking, so a slow
-   * device free (cuMemFree synchronizes) never holds up other callers. */
-  uint64_t cached = p->c.reserved.current - p->c.allocated.current, freed = 0;
-  size_t n = 0, cap = 0;
+  /* Detach the chosen free segments under the lock; give them back after
+   * unlocking, so a slow device free (cuMemFree synchronizes) never holds up
+   * other callers. First those idle too long, then, largest first, until at
+   * most keep bytes of cache (reserved - allocated) stay. */
+  uint64_t cached = p->c.reserved.current - p->c.allocated.current;
+  size_t n = 0, cap = 0, n_idle = 0;
   gma__segment_t **out = NULL;
-  while (cached > keep) {
-    size_t best = SIZE_MAX;
-    for (size_t i = 0; i < p->nsegs; i++)
-      if (seg_is_free(p->segs[i]) && (best == SIZE_MAX || p->segs[i]->size > p->segs[best]->size))
-        best = i;
-    if (best == SIZE_MAX) break;
-    if (n == cap) {
-      cap = cap ? cap * 2 : 16;
-      gma__segment_t **a = realloc(out, cap * sizeof *a);
-      if (!a) break;
-      out = a;
+  for (int pass = 0; pass < 2; pass++) {
+    for (;;) {
+      if (pass == 1 && cached <= r->keep) break;
+      size_t pick = SIZE_MAX;
+      for (size_t i = 0; i < p->nsegs; i++) {
+        gma__segment_t *seg = p->segs[i];
+        if (!seg_is_free(seg)) {
+          seg->free_since_ns = 0;
+          continue;
+        }
+        bool idle = seg_idle(seg, r->now_ns, r->idle_ns);
+        if (pass == 0 ? idle : (pick == SIZE_MAX || seg->size > p->segs[pick]->size)) {
+          pick = i;
+          if (pass == 0) break;
+        }
+      }
+      if (pick == SIZE_MAX) break;
+      if (n == cap) {
+        cap = cap ? cap * 2 : 16;
+        gma__segment_t **a = realloc(out, cap * sizeof *a);
+        if (!a) break;
+        out = a;
+      }
+      gma__segment_t *seg = p->segs[pick];
+      seg_detach(p, pick);
+      out[n++] = seg;
+      n_idle += pass == 0;
+      cached -= seg->size < cached ? seg->size : cached;
     }
-    gma__segment_t *seg = p->segs[best];
-    seg_detach(p, best);
-    out[n++] = seg;
-    cached -= seg->size < cached ? seg->size : cached;
   }
   GMA__VALIDATE(p);
   pthread_mutex_unlock(&p->lock);
 
   gma_status_t st = GMA_OK;
+  uint64_t freed = 0, freed_idle = 0;
   size_t failed = 0;
   for (size_t i = 0; i < n; i++) {
     if (p->dev->ops->mem_free(p->dev, out[i]->base, out[i]->size) == GMA_OK) {
       freed += out[i]->size;
+      if (i < n_idle) freed_idle += out[i]->size;
       free(out[i]);
     } else {
       st = GMA_ERR_DEVICE; /* keep the message; the segment goes back to the pool */
@@ -770,9 +795,35 @@ gma_status_t gma__pool_trim(gma__pool_t *p, uint64_t keep) {
   }
   p->c.device_frees += n - failed;
   p->c.bytes_trimmed += freed;
-  if (freed) p->c.trims_explicit++;
+  if (r->timed) {
+    p->c.trims_idle += freed_idle > 0;
+    p->c.trims_timed += freed > freed_idle;
+    p->c.trims_pressure += freed > 0 && r->pressured;
+  } else {
+    p->c.trims_explicit += freed > 0;
+  }
   pthread_mutex_unlock(&p->lock);
   free(out);
+  return st;
+}
+
+gma_status_t gma__pool_trim(gma__pool_t *p, uint64_t keep) {
+  gma__release_t r = {.keep = keep};
+  return gma__pool_release(p, &r);
+}
+
+gma_status_t gma__pool_grow_ahead(gma__pool_t *p, uint64_t want_free) {
+  gma_status_t st = GMA_OK;
+  pthread_mutex_lock(&p->lock);
+  if (p->c.free < want_free) {
+    gma__block_t *b;
+    uint64_t size = p->segment_size[GMA__LARGE];
+    if (want_free - p->c.free > size) size = round_up(want_free - p->c.free, SEGMENT_ROUND);
+    st = seg_create(p, GMA__LARGE, size, &b);
+    if (st == GMA_OK) p->c.grows_worker++;
+  }
+  GMA__VALIDATE(p);
+  pthread_mutex_unlock(&p->lock);
   return st;
 }
 

@@ -85,6 +85,7 @@ typedef struct gma__segment {
   uint64_t size;
   int kind; /* GMA__SMALL or GMA__LARGE */
   gma__block_t *first;
+  uint64_t free_since_ns; /* when a trim pass first saw it wholly free; 0: not free */
 } gma__segment_t;
 
 /* One lock-free bin: blocks of one size class freed on one stream.
@@ -169,6 +170,9 @@ typedef struct gma__counters {
   uint64_t hits_stream, hits_pool, hits_device;
   uint64_t cross_stream_waits, epoch_events;
   uint64_t batches, batches_split, bytes_trimmed, trims_explicit;
+  uint64_t trims_timed, trims_idle, trims_pressure, grows_worker, grows_inline;
+  uint64_t worker_wakeups;
+  int pressure_level;
   uint64_t device_errors; /* event failures absorbed while polling epochs */
 } gma__counters_t;
 
@@ -218,7 +222,17 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t size, gma_stream_t stre
                                   uint64_t stream_id, void **out);
 gma_status_t gma__pool_free_slow(gma__pool_t *p, void *ptr);
 gma_status_t gma__pool_record_stream(gma__pool_t *p, void *ptr, gma_stream_t stream);
+/* What a trim releases: whole free segments idle longer than idle_ns (0:
+ * none by age), then, largest first, until at most keep bytes of cache stay. */
+typedef struct gma__release {
+  uint64_t keep, idle_ns, now_ns;
+  bool timed;     /* the worker's timer (counted as timed/idle), else explicit */
+  bool pressured; /* keep was lowered by memory pressure */
+} gma__release_t;
+gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r);
 gma_status_t gma__pool_trim(gma__pool_t *p, uint64_t keep_bytes);
+/* Grows the large pool until at least want_free bytes are free (one segment). */
+gma_status_t gma__pool_grow_ahead(gma__pool_t *p, uint64_t want_free);
 gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes,
                                    gma_stream_t stream, uint64_t stream_id, void **ptrs);
 gma_status_t gma__pool_stream_retire(gma__pool_t *p, gma_stream_t stream);

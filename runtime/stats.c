@@ -116,6 +116,13 @@ void gma__pool_stats(gma__pool_t *p, gma_stats_t *out) {
   st.num_batches_split = c->batches_split;
   st.bytes_trimmed = c->bytes_trimmed;
   st.trims_explicit = c->trims_explicit;
+  st.trims_timed = c->trims_timed;
+  st.trims_idle = c->trims_idle;
+  st.trims_pressure = c->trims_pressure;
+  st.grows_worker = c->grows_worker;
+  st.grows_inline = c->grows_inline;
+  st.worker_wakeups = c->worker_wakeups;
+  st.pressure_level = c->pressure_level;
   pthread_mutex_unlock(&p->lock);
   uint64_t idle = st.stream_cached_bytes + st.free_bytes;
   st.fragmentation = idle ? 1.0 - (double)st.largest_free_block / (double)idle : 0.0;
