@@ -16,4 +16,6 @@ echo
 echo
 ./build/release/bench/gma-bench-hotpath --json build/release/bench_hotpath.json
 echo
-echo "benchmark results (JSON): build/release/bench_alloc.json, build/release/bench_hotpath.json"
+./build/release/bench/gma-bench-worker --json build/release/bench_worker.json
+echo
+echo "benchmark results (JSON): build/release/bench_alloc.json, build/release/bench_hotpath.json, build/release/bench_worker.json"
