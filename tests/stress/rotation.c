@@ -61,14 +61,7 @@ static void rot_kernel_run(void *arg) {
     }
 }
 
-static uint64_t rnd(uint64_t *s) { /* xorshift64* */
-  uint64_t x = *s;
-  x ^= x >> 12;
-  x ^= x << 25;
-  x ^= x >> 27;
-  *s = x;
-  return x * 0x2545f4914f6cdd1dull;
-}
+#include "rng.h" /* rnd(): xorshift64* */
 
 int main(int argc, char **argv) {
   uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) : 1;

@@ -82,14 +82,7 @@ static uint64_t mix64(uint64_t x) { /* splitmix64 finalizer */
   return x ^ (x >> 31);
 }
 
-static uint64_t rnd(uint64_t *s) { /* xorshift64* */
-  uint64_t x = *s;
-  x ^= x >> 12;
-  x ^= x << 25;
-  x ^= x >> 27;
-  *s = x;
-  return x * 0x2545f4914f6cdd1dull;
-}
+#include "rng.h" /* rnd(): xorshift64* */
 
 static uint64_t now_ns(void) {
   struct timespec ts;
