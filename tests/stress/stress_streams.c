@@ -447,6 +447,15 @@ int main(int argc, char **argv) {
     sh.popular[i] = ((size_t)1 << bits) + (rnd(&prng) % 4 == 0 ? (rnd(&prng) % 4096) : 0);
   }
   pthread_mutex_init(&sh.ck.mu, NULL);
+  /* A planted bug makes gma call memory free while kernels still write it;
+   * the worker's timed trim could then unmap it under a running kernel and
+   * turn a detected corruption into a crash. Planted runs go without it. */
+  char planted_conf[512];
+  if (sh.plant) {
+    snprintf(planted_conf, sizeof planted_conf, "%s%sworker:off", conf ? conf : "",
+             conf ? "," : "");
+    conf = planted_conf;
+  }
   sh.g = sim_allocator(conf);
   if (sh.plant) gma__pool_of(sh.g)->test_flags = sh.plant;
   sh.streams = calloc((size_t)nstreams, sizeof *sh.streams);
