@@ -61,7 +61,16 @@ extern "C" {
     "says how many and how large")                                                            \
   X(GMA_ERR_INTERNAL, -11,                                                                    \
     "an internal invariant was violated; this is a bug in gma, please report it with "        \
-    "gma_last_error()")
+    "gma_last_error()")                                                                       \
+  X(GMA_ERR_TIMEOUT, -12,                                                                     \
+    "the deadline passed before memory became free (an async request waited for frees "       \
+    "that did not come); free memory, raise the timeout, or ask for less")                    \
+  X(GMA_ERR_BUSY, -13,                                                                        \
+    "the request ring is full and the call was asked not to block; retry later, or submit "  \
+    "with nonblocking off")                                                                   \
+  X(GMA_ERR_CANCELLED, -14,                                                                   \
+    "the allocator was destroyed before the async request was served")                        \
+  X(GMA_PENDING, 1, "the future is not complete yet (not an error)")
 
 typedef enum gma_status {
 #define GMA_STATUS_ENUM_(name, value, text) name = value,
@@ -135,7 +144,12 @@ typedef struct gma_config {
                                     back by timed trimming (10000; 1..86400000) */
   uint64_t grow_ahead;           /* "grow_ahead": free pool bytes the worker keeps ready
                                     (0 = none, the default) */
-  int worker_off;                /* "worker": on | off (off: no thread, no timed trimming) */
+  int worker_off;                /* "worker": on | off (off: no thread, no timed trimming,
+                                    and async requests fail with GMA_ERR_UNSUPPORTED) */
+  uint64_t ring_size;            /* "ring_size": async request ring slots (1024; a power of
+                                    2, 2..1048576) */
+  uint64_t future_timeout_ms;    /* "future_timeout_ms": default time an async request waits
+                                    for memory (1000; 1..86400000) */
 } gma_config_t;
 
 /* Designated in C (and C++20) so -Wextra stays quiet about the other fields. */
@@ -214,6 +228,62 @@ GMA_API gma_status_t gma_alloc_batch(gma_t *g, size_t n, const size_t *sizes,
  * the pool. Any thread. */
 GMA_API gma_status_t gma_reserve(gma_t *g, gma_stream_t stream, size_t n, const size_t *sizes,
                                  const size_t *counts);
+/* ---------------------------------------------------------------------------
+ * Async allocation. A future is the answer to one request; the worker thread
+ * serves requests a stream's bin cannot serve at once.
+ * ------------------------------------------------------------------------- */
+typedef struct gma_future gma_future_t;
+
+/* Called once when a future completes: on the worker thread, or on the
+ * submitting thread when it is complete at once; gma_future_wait returns only
+ * after it ran. It may call gma_future_status; it must not wait on or release
+ * the future, and should not block for long (it runs on the worker). */
+typedef void (*gma_future_callback_t)(gma_future_t *f, gma_status_t status, void *user);
+
+typedef struct gma_async_options {
+  size_t size;                    /* sizeof(gma_async_options_t) as the caller compiled it */
+  uint64_t timeout_ns;            /* how long to wait for memory; 0 = future_timeout_ms */
+  int nonblocking;                /* ring full: fail with GMA_ERR_BUSY instead of waiting */
+  gma_future_callback_t callback; /* optional */
+  void *user;                     /* passed to the callback */
+} gma_async_options_t;
+
+#if defined(__cplusplus) && __cplusplus < 202002L
+#define GMA_ASYNC_OPTIONS_INIT {sizeof(gma_async_options_t)}
+#else
+#define GMA_ASYNC_OPTIONS_INIT {.size = sizeof(gma_async_options_t)}
+#endif
+
+/* Returns a future at once (options may be NULL). If the stream's bin can
+ * serve the request, the future is already complete: no worker hop.
+ * Otherwise the request goes to the worker through a bounded ring; when the
+ * ring is full the call waits for room, or fails with GMA_ERR_BUSY when
+ * options->nonblocking is set. When memory is short the worker waits for
+ * frees (back-pressure) until the deadline, then completes the future with
+ * GMA_ERR_TIMEOUT: a request is never lost. GMA_STREAM_PER_THREAD is refused
+ * (the worker cannot name another thread's default stream). Any thread. */
+GMA_API gma_status_t gma_alloc_async(gma_t *g, size_t size, gma_stream_t stream,
+                                     const gma_async_options_t *options, gma_future_t **out);
+/* The same for a batch (see gma_alloc_batch). ptrs (n entries) is filled
+ * when the future completes with GMA_OK; keep it alive until then. */
+GMA_API gma_status_t gma_alloc_batch_async(gma_t *g, size_t n, const size_t *sizes,
+                                           gma_stream_t stream, void **ptrs,
+                                           const gma_async_options_t *options,
+                                           gma_future_t **out);
+/* GMA_PENDING, GMA_OK, or the request's error. Never blocks. */
+GMA_API gma_status_t gma_future_poll(gma_future_t *f);
+/* The same as gma_future_poll (a second name for readability). */
+GMA_API gma_status_t gma_future_status(gma_future_t *f);
+/* Waits up to timeout_ns (UINT64_MAX: no limit) for completion. GMA_OK:
+ * *ptr (may be NULL) is the allocation (a batch's first block), which now
+ * belongs to the caller. GMA_PENDING when this wait ran out (the request
+ * goes on). Otherwise the request's error. */
+GMA_API gma_status_t gma_future_wait(gma_future_t *f, uint64_t timeout_ns, void **ptr);
+/* Gives the future back (once). A request still pending is cancelled, and
+ * memory it got that no gma_future_wait collected is freed. Allowed after
+ * gma_destroy (the future is then only freed). */
+GMA_API gma_status_t gma_future_release(gma_future_t *f);
+
 /* Memory pressure: reserved memory against memory_limit, or the device's
  * used memory against its total, whichever is higher. Timed trimming keeps
  * release_threshold of cache at low and medium pressure, a quarter of it at
@@ -283,6 +353,14 @@ typedef struct gma_stats {
   uint64_t grows_inline;        /* segments a caller's allocation had to take itself */
   uint64_t worker_wakeups;      /* times the worker thread woke up */
   int pressure_level;           /* gma_pressure_t at the worker's last look */
+  uint64_t futures_submitted;   /* async requests accepted (single and batch) */
+  uint64_t futures_ready_at_once; /* of those, served by a bin at once (no worker hop) */
+  uint64_t futures_ready;       /* completed with memory (at once or by the worker) */
+  uint64_t futures_failed;      /* completed with an error other than a timeout */
+  uint64_t futures_timed_out;   /* completed with GMA_ERR_TIMEOUT */
+  uint64_t queue_depth;         /* async requests in the ring or waiting for memory now */
+  uint64_t submit_to_ready_p50_ns; /* worker-served requests, submit to completion */
+  uint64_t submit_to_ready_p99_ns; /* (within 1/8 of the value) */
 } gma_stats_t;
 
 #if defined(__cplusplus) && __cplusplus < 202002L

@@ -4,18 +4,10 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "allocator.h"
 #include "config.h"
-#include "device/device.h"
-#include "pool.h"
-#include "worker.h"
-
-struct gma {
-  gma__device_t *dev; /* immutable after gma_create */
-  gma_config_t cfg;   /* resolved; immutable after gma_create */
-  gma__pool_t pool;
-  gma__worker_t worker;
-};
 
 #define CHECK_ARG(cond, ...) \
   do {                       \
@@ -111,8 +103,12 @@ gma_status_t gma_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out) {
 gma_status_t gma_free(gma_t *g, void *ptr) {
   CHECK_ARG(g, "gma_free: allocator is NULL");
   if (!ptr) return GMA_OK; /* like free(NULL) and cudaFree(NULL) */
-  if (gma__bin_free(&g->pool, ptr) == GMA_OK) return GMA_OK;
-  return gma__pool_free_slow(&g->pool, ptr);
+  gma_status_t st = gma__bin_free(&g->pool, ptr);
+  if (st != GMA_OK) st = gma__pool_free_slow(&g->pool, ptr);
+  /* An async request waits for memory: let the worker try again. */
+  if (st == GMA_OK && atomic_load_explicit(&g->worker.memory_wanted, memory_order_relaxed))
+    gma__worker_kick(&g->worker);
+  return st;
 }
 
 gma_status_t gma_record_stream(gma_t *g, void *ptr, gma_stream_t stream) {
@@ -187,7 +183,13 @@ gma_status_t gma_stats(gma_t *g, gma_stats_t *out) {
   CHECK_ARG(out, "gma_stats: out is NULL");
   CHECK_ARG(out->size >= sizeof(size_t) && out->size <= sizeof(gma_stats_t),
             "gma_stats: out->size is %zu; initialize with GMA_STATS_INIT", out->size);
-  gma__pool_stats(&g->pool, out);
+  gma_stats_t full = GMA_STATS_INIT;
+  gma__pool_stats(&g->pool, &full);
+  gma__worker_stats(&g->worker, &full);
+  /* Copy only what the caller's (possibly older, smaller) struct holds. */
+  size_t n = out->size;
+  full.size = n;
+  memcpy(out, &full, n);
   return GMA_OK;
 }
 

@@ -47,6 +47,8 @@ static const key_spec_t keys[] = {
     {"idle_ms", FIELD(idle_ms), KIND_COUNT, 1, 86400000},
     {"grow_ahead", FIELD(grow_ahead), KIND_SIZE, 0, 1024 * TiB},
     {"worker", FIELD(worker_off), KIND_ONOFF, 0, 1},
+    {"ring_size", FIELD(ring_size), KIND_COUNT, 2, 1048576},
+    {"future_timeout_ms", FIELD(future_timeout_ms), KIND_COUNT, 1, 86400000},
     {"sim_alloc_ns", FIELD(sim_alloc_latency_ns), KIND_COUNT, 0, 10000000000ull},
     {"sim_free_ns", FIELD(sim_free_latency_ns), KIND_COUNT, 0, 10000000000ull},
     {"sim_event_ns", FIELD(sim_event_latency_ns), KIND_COUNT, 0, 10000000000ull},
@@ -239,6 +241,8 @@ gma_status_t gma__config_resolve(const gma_config_t *in, gma_config_t *out) {
   if (!c.trim_interval_ms) c.trim_interval_ms = 1000;
   if (!c.release_threshold) c.release_threshold = 256 * MiB;
   if (!c.idle_ms) c.idle_ms = 10000;
+  if (!c.ring_size) c.ring_size = 1024;
+  if (!c.future_timeout_ms) c.future_timeout_ms = 1000;
   /* Range checks again: the struct may have been filled without the parser. */
   for (size_t i = 0; i < NKEYS; i++) {
     uint64_t v = get_field(&c, &keys[i]);
@@ -254,6 +258,9 @@ gma_status_t gma__config_resolve(const gma_config_t *in, gma_config_t *out) {
                           "small_segment (%" PRIu64 ") must be a multiple of 512 and at least "
                           "small_size (%" PRIu64 ")",
                           c.small_segment_size, c.small_size);
+  if (c.ring_size & (c.ring_size - 1))
+    return gma__set_error(GMA_ERR_CONFIG, "ring_size (%" PRIu64 ") must be a power of 2",
+                          c.ring_size);
   if (c.large_segment_size % (2 * MiB))
     return gma__set_error(GMA_ERR_CONFIG, "large_segment (%" PRIu64 ") must be a multiple of 2M",
                           c.large_segment_size);

@@ -4,7 +4,12 @@
  * lock, so a tick never holds up callers for the duration of device frees. */
 #include "worker.h"
 
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
+
+#include "sizeclass.h"
+#include "tsan.h"
 
 static uint64_t now_ns(void) {
   struct timespec ts;
@@ -56,43 +61,157 @@ static void tick(gma__worker_t *w) {
   if (w->grow_ahead && level < GMA_PRESSURE_HIGH) gma__pool_grow_ahead(p, w->grow_ahead);
 }
 
+/* Takes new requests from the ring (in order, after those already waiting)
+ * and tries every waiting request once: served or failed ones complete,
+ * the rest keep waiting for memory until their deadline. Worker thread. */
+static void serve(gma__worker_t *w) {
+  void *item;
+  while (ck_ring_dequeue_mpsc(&w->ring, w->ring_buf, &item)) {
+    gma_future_t *f = item;
+    gma__tsan_acquire(f); /* pairs with the submitter's release */
+    gma__future_set_wnext(f, NULL);
+    if (w->waiting_tail) gma__future_set_wnext(w->waiting_tail, f); else w->waiting = f;
+    w->waiting_tail = f;
+  }
+  uint64_t now = now_ns();
+  gma_future_t *prev = NULL;
+  for (gma_future_t *f = w->waiting, *next; f; f = next) {
+    next = gma__future_wnext(f);
+    if (gma__future_serve(w, f, now)) {
+      if (prev) gma__future_set_wnext(prev, next); else w->waiting = next;
+      if (w->waiting_tail == f) w->waiting_tail = prev;
+    } else {
+      prev = f;
+    }
+  }
+  atomic_store(&w->memory_wanted, w->waiting != NULL);
+}
+
+/* The earliest deadline among waiting requests, or UINT64_MAX. */
+static uint64_t next_deadline(gma__worker_t *w) {
+  uint64_t d = UINT64_MAX;
+  for (gma_future_t *f = w->waiting; f; f = gma__future_wnext(f))
+    if (gma__future_deadline(f) < d) d = gma__future_deadline(f);
+  return d;
+}
+
 static void *worker_main(void *arg) {
   gma__worker_t *w = arg;
+  uint64_t next_tick = now_ns() + w->interval_ns;
   pthread_mutex_lock(&w->mu);
   while (!w->stop) {
-    uint64_t due = now_ns() + w->interval_ns;
+    /* Sleep until the next tick, a waiting request's deadline, a request, or
+     * a free that a waiting request may use. Memory also becomes usable when
+     * device work completes (an epoch event), which nothing signals: while
+     * requests wait, look again every millisecond. */
+    uint64_t due = next_tick < next_deadline(w) ? next_tick : next_deadline(w);
+    if (w->waiting && now_ns() + 1000000u < due) due = now_ns() + 1000000u;
     struct timespec ts = {(time_t)(due / 1000000000u), (long)(due % 1000000000u)};
-    while (!w->stop && pthread_cond_timedwait(&w->cv, &w->mu, &ts) == 0) {
-    } /* woken early only to stop: otherwise sleep out the interval */
+    while (!w->stop && !w->kicked && pthread_cond_timedwait(&w->cv, &w->mu, &ts) == 0) {
+    }
     if (w->stop) break;
+    w->kicked = false;
     pthread_mutex_unlock(&w->mu);
     pthread_mutex_lock(&w->p->lock);
     w->p->c.worker_wakeups++;
     pthread_mutex_unlock(&w->p->lock);
-    tick(w);
+    serve(w);
+    if (now_ns() >= next_tick) {
+      tick(w);
+      next_tick = now_ns() + w->interval_ns;
+    }
     pthread_mutex_lock(&w->mu);
+    if (w->room_waiters) pthread_cond_broadcast(&w->room_cv);
   }
   pthread_mutex_unlock(&w->mu);
+  /* Nothing is left hanging: every request still queued or waiting fails. */
+  void *item;
+  while (ck_ring_dequeue_mpsc(&w->ring, w->ring_buf, &item)) {
+    gma__tsan_acquire(item);
+    gma__future_cancel(w, item);
+  }
+  for (gma_future_t *f = w->waiting, *next; f; f = next) {
+    next = gma__future_wnext(f);
+    gma__future_cancel(w, f);
+  }
+  w->waiting = w->waiting_tail = NULL;
   return NULL;
+}
+
+gma_status_t gma__worker_submit(gma__worker_t *w, gma_future_t *f, bool nonblocking) {
+  if (!ck_ring_enqueue_mpsc(&w->ring, w->ring_buf, f)) {
+    if (nonblocking)
+      return gma__set_error(GMA_ERR_BUSY, "the async request ring (%u slots) is full",
+                            ck_ring_capacity(&w->ring) - 1);
+    /* Wait for room: the worker broadcasts room_cv after each pass. */
+    pthread_mutex_lock(&w->mu);
+    w->room_waiters++;
+    while (!ck_ring_enqueue_mpsc(&w->ring, w->ring_buf, f)) {
+      w->kicked = true;
+      pthread_cond_signal(&w->cv);
+      pthread_cond_wait(&w->room_cv, &w->mu);
+    }
+    w->room_waiters--;
+    pthread_mutex_unlock(&w->mu);
+  }
+  atomic_fetch_add_explicit(&w->queued, 1, memory_order_relaxed);
+  gma__worker_kick(w);
+  return GMA_OK;
+}
+
+void gma__worker_kick(gma__worker_t *w) {
+  pthread_mutex_lock(&w->mu);
+  w->kicked = true;
+  pthread_cond_signal(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+}
+
+void gma__worker_stats(gma__worker_t *w, gma_stats_t *st) {
+  st->futures_submitted = atomic_load_explicit(&w->submitted, memory_order_relaxed);
+  st->futures_ready_at_once = atomic_load_explicit(&w->ready_at_once, memory_order_relaxed);
+  st->futures_ready = atomic_load_explicit(&w->ready, memory_order_relaxed);
+  st->futures_failed = atomic_load_explicit(&w->failed, memory_order_relaxed);
+  st->futures_timed_out = atomic_load_explicit(&w->timed_out, memory_order_relaxed);
+  st->queue_depth = atomic_load_explicit(&w->queued, memory_order_relaxed);
+  uint64_t counts[GMA__LATENCY_BUCKETS], total = 0;
+  for (unsigned b = 0; b < GMA__LATENCY_BUCKETS; b++)
+    total += counts[b] = atomic_load_explicit(&w->latency[b], memory_order_relaxed);
+  uint64_t seen = 0;
+  for (unsigned b = 0; b < GMA__LATENCY_BUCKETS && total; b++) {
+    seen += counts[b];
+    /* A bucket's upper bound: percentiles are within 1/8 above the truth. */
+    if (!st->submit_to_ready_p50_ns && seen * 2 >= total)
+      st->submit_to_ready_p50_ns = gma__class_size(b);
+    if (!st->submit_to_ready_p99_ns && seen * 100 >= total * 99)
+      st->submit_to_ready_p99_ns = gma__class_size(b);
+  }
 }
 
 gma_status_t gma__worker_start(gma__worker_t *w, gma_t *g, gma__pool_t *p,
                                const gma_config_t *cfg) {
-  *w = (gma__worker_t){.g = g, .p = p};
+  memset(w, 0, sizeof *w);
+  w->g = g;
+  w->p = p;
   w->interval_ns = cfg->trim_interval_ms * 1000000u;
   w->release_threshold = cfg->release_threshold;
   w->idle_ns = cfg->idle_ms * 1000000u;
   w->grow_ahead = cfg->grow_ahead;
+  w->timeout_ns = cfg->future_timeout_ms * 1000000u;
   if (cfg->worker_off) return GMA_OK;
+  w->ring_buf = calloc(cfg->ring_size, sizeof *w->ring_buf);
+  if (!w->ring_buf) return gma__set_error(GMA_ERR_OOM, "worker: host memory for the ring");
+  ck_ring_init(&w->ring, (unsigned)cfg->ring_size);
   pthread_condattr_t attr;
-  if (pthread_mutex_init(&w->mu, NULL) != 0 || pthread_condattr_init(&attr) != 0)
-    return gma__set_error(GMA_ERR_INTERNAL, "worker: pthread init failed");
+  pthread_condattr_init(&attr);
   pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-  int rc = pthread_cond_init(&w->cv, &attr);
+  /* done_cv uses CLOCK_MONOTONIC too: gma_future_wait computes its deadline so. */
+  bool ok = pthread_mutex_init(&w->mu, NULL) == 0 && pthread_cond_init(&w->cv, &attr) == 0 &&
+            pthread_cond_init(&w->room_cv, NULL) == 0 &&
+            pthread_mutex_init(&w->done_mu, NULL) == 0 &&
+            pthread_cond_init(&w->done_cv, &attr) == 0 && pthread_mutex_init(&w->fmu, NULL) == 0;
   pthread_condattr_destroy(&attr);
-  if (rc != 0 || pthread_create(&w->thread, NULL, worker_main, w) != 0) {
-    if (rc == 0) pthread_cond_destroy(&w->cv);
-    pthread_mutex_destroy(&w->mu);
+  if (!ok || pthread_create(&w->thread, NULL, worker_main, w) != 0) {
+    free(w->ring_buf);
     return gma__set_error(GMA_ERR_INTERNAL, "worker: cannot start the worker thread");
   }
   w->started = true;
@@ -106,8 +225,14 @@ void gma__worker_stop(gma__worker_t *w) {
   pthread_cond_signal(&w->cv);
   pthread_mutex_unlock(&w->mu);
   pthread_join(w->thread, NULL);
+  gma__futures_detach(w); /* frees memory no future handed out; the pool is still alive */
   pthread_cond_destroy(&w->cv);
+  pthread_cond_destroy(&w->room_cv);
+  pthread_cond_destroy(&w->done_cv);
+  pthread_mutex_destroy(&w->done_mu);
+  pthread_mutex_destroy(&w->fmu);
   pthread_mutex_destroy(&w->mu);
+  free(w->ring_buf);
   w->started = false;
 }
 

@@ -5,10 +5,13 @@
 #ifndef GMA_WORKER_H
 #define GMA_WORKER_H
 
+#include <ck_ring.h>
 #include <pthread.h>
 #include <stdbool.h>
 
 #include "pool.h"
+
+#define GMA__LATENCY_BUCKETS 240 /* size-class-like buckets: 1/8 resolution */
 
 typedef struct gma__worker {
   pthread_t thread;
@@ -23,6 +26,23 @@ typedef struct gma__worker {
   uint64_t interval_ns, release_threshold, idle_ns, grow_ahead; /* immutable */
   int level;                   /* mu: the level last reported */
   bool report;                 /* mu: report the level at the next tick even if unchanged */
+  /* Async requests. The ring is ck_ring in MPSC mode: callers enqueue
+   * (multi-producer; they publish in ticket order, so keep producers at or
+   * below the core count, see shared ck-notes), the worker dequeues. */
+  ck_ring_t ring;
+  ck_ring_buffer_t *ring_buf;
+  bool kicked;                 /* mu: requests or frees since the worker last looked */
+  pthread_cond_t room_cv;      /* mu: callers waiting for ring room */
+  unsigned room_waiters;       /* mu */
+  struct gma_future *waiting, *waiting_tail; /* worker thread only: in FIFO order */
+  _Atomic bool memory_wanted;  /* a request waits for memory: frees kick the worker */
+  uint64_t timeout_ns;         /* immutable: future_timeout_ms */
+  pthread_mutex_t done_mu;     /* with done_cv: completion waits (leaf lock) */
+  pthread_cond_t done_cv;
+  pthread_mutex_t fmu;         /* guards futures (lock order: fmu, then the pool lock) */
+  struct gma_future *futures;  /* every future not yet released */
+  _Atomic uint64_t submitted, ready_at_once, ready, failed, timed_out, queued;
+  _Atomic uint64_t latency[GMA__LATENCY_BUCKETS]; /* worker writes, stats reads */
 } gma__worker_t;
 
 /* Starts the thread (unless cfg->worker_off). One thread, at gma_create. */
@@ -32,5 +52,23 @@ gma_status_t gma__worker_start(gma__worker_t *w, gma_t *g, gma__pool_t *p,
 void gma__worker_stop(gma__worker_t *w);
 /* Any thread. */
 gma_status_t gma__worker_set_callback(gma__worker_t *w, gma_pressure_callback_t cb, void *user);
+/* Any thread: queues f for the worker (waits for room unless nonblocking). */
+gma_status_t gma__worker_submit(gma__worker_t *w, struct gma_future *f, bool nonblocking);
+/* Any thread: wakes the worker (memory was freed while a request waits). */
+void gma__worker_kick(gma__worker_t *w);
+/* Adds the worker's future counters to *st (a full-size struct). */
+void gma__worker_stats(gma__worker_t *w, gma_stats_t *st);
+
+/* future.c */
+/* Worker thread: tries f once; true when f completed (and was handed back). */
+bool gma__future_serve(gma__worker_t *w, struct gma_future *f, uint64_t now_ns);
+/* Worker thread: completes f with status without serving it (shutdown). */
+void gma__future_cancel(gma__worker_t *w, struct gma_future *f);
+/* gma_destroy, after the worker stopped: frees uncollected memory of every
+ * future still held, and detaches them from g. */
+void gma__futures_detach(gma__worker_t *w);
+uint64_t gma__future_deadline(const struct gma_future *f);
+struct gma_future *gma__future_wnext(struct gma_future *f);
+void gma__future_set_wnext(struct gma_future *f, struct gma_future *next);
 
 #endif /* GMA_WORKER_H */

@@ -1,0 +1,315 @@
+/* Owns futures: the async entry points, a future's states (pending, then one
+ * final status), waiting with a timeout, completion (on the worker, or at
+ * once on a bin hit), cancellation by release, and who frees memory nobody
+ * collected.
+ *
+ * Lifetime: a future has one reference for the caller (dropped by
+ * gma_future_release) and one for the worker while it holds the request; the
+ * last drop frees it. Memory a completed future got belongs to the caller
+ * once gma_future_wait handed it out (collected); otherwise whoever first
+ * claims it (release, or the worker completing a released future, or
+ * gma_destroy) frees it: claim is a CAS, so exactly one does. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "allocator.h"
+#include "sizeclass.h"
+#include "tsan.h"
+
+struct gma_future {
+  _Atomic int state;          /* GMA_PENDING, then the final gma_status_t */
+  gma_t *g;                   /* NULL once the allocator is gone (fmu) */
+  size_t n;                   /* blocks: 1, or a batch's count */
+  size_t size;                /* single request */
+  size_t *sizes;              /* batch: a copy of the sizes */
+  void **ptrs;                /* the result: &ptr, or the batch's n pointers */
+  void *ptr;
+  void **user_ptrs;           /* batch: where gma_future_wait copies the pointers */
+  gma_stream_t stream;
+  uint64_t submit_ns, deadline_ns;
+  bool served_by_worker;
+  gma_future_callback_t cb;
+  void *user;
+  char msg[512];              /* the failure's message, for the caller's last error */
+  _Atomic int refs;
+  _Atomic bool released, collected;
+  _Atomic bool done;          /* completion finished, callback included (done_mu) */
+  _Atomic int claim;          /* 0: memory unclaimed; 1: freed by someone */
+  struct gma_future *prev, *next; /* worker->futures (fmu) */
+  struct gma_future *wnext;   /* worker's waiting list (worker thread only) */
+};
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t gma__future_deadline(const gma_future_t *f) { return f->deadline_ns; }
+gma_future_t *gma__future_wnext(gma_future_t *f) { return f->wnext; }
+void gma__future_set_wnext(gma_future_t *f, gma_future_t *next) { f->wnext = next; }
+
+static void unref(gma_future_t *f) {
+  if (atomic_fetch_sub(&f->refs, 1) == 1) {
+    free(f->sizes);
+    free(f);
+  }
+}
+
+/* Frees the memory of a completed-OK future that nobody collected, once. */
+static void claim_and_free(gma_future_t *f, gma_t *g) {
+  int zero = 0;
+  if (!g || !atomic_compare_exchange_strong(&f->claim, &zero, 1)) return;
+  for (size_t i = 0; i < f->n; i++) gma_free(g, f->ptrs[i]);
+}
+
+/* Publishes the final status, wakes waiters, runs the callback, and frees
+ * the memory if the caller already let the future go. */
+static void complete(gma__worker_t *w, gma_future_t *f, gma_status_t st) {
+  if (st != GMA_OK) snprintf(f->msg, sizeof f->msg, "%s", gma_last_error());
+  if (st == GMA_OK) atomic_fetch_add_explicit(&w->ready, 1, memory_order_relaxed);
+  else if (st == GMA_ERR_TIMEOUT) atomic_fetch_add_explicit(&w->timed_out, 1, memory_order_relaxed);
+  else atomic_fetch_add_explicit(&w->failed, 1, memory_order_relaxed);
+  if (f->served_by_worker) { /* before the state: a waiter then sees it off the queue */
+    atomic_fetch_sub_explicit(&w->queued, 1, memory_order_relaxed);
+    uint64_t ns = now_ns() - f->submit_ns + 1;
+    unsigned b = gma__class_of(ns);
+    if (b >= GMA__LATENCY_BUCKETS) b = GMA__LATENCY_BUCKETS - 1;
+    atomic_fetch_add_explicit(&w->latency[b], 1, memory_order_relaxed);
+  }
+  atomic_store(&f->state, (int)st); /* seq_cst: pairs with release()'s flag (Dekker) */
+  if (f->cb) f->cb(f, st, f->user);
+  /* Waiters return only now, so the callback has run when wait returns. */
+  pthread_mutex_lock(&w->done_mu);
+  atomic_store(&f->done, true);
+  pthread_cond_broadcast(&w->done_cv);
+  pthread_mutex_unlock(&w->done_mu);
+  /* Released and never collected: nobody will free it but us. A wait that
+   * collected it happened before the release (same caller), so reading
+   * released first and collected second sees the collection. */
+  if (st == GMA_OK && atomic_load(&f->released) && !atomic_load(&f->collected))
+    claim_and_free(f, f->g);
+}
+
+bool gma__future_serve(gma__worker_t *w, gma_future_t *f, uint64_t now) {
+  if (atomic_load(&f->released)) {
+    gma__set_error(GMA_ERR_CANCELLED, "the future was released before it was served");
+    complete(w, f, GMA_ERR_CANCELLED);
+    unref(f);
+    return true;
+  }
+  gma_t *g = f->g;
+  uint64_t id;
+  gma_status_t st = g->dev->ops->stream_id(g->dev, f->stream, &id);
+  if (st == GMA_OK)
+    st = f->n == 1 && !f->sizes
+             ? gma__pool_alloc_slow(&g->pool, f->size, f->stream, id, &f->ptr)
+             : gma__pool_alloc_batch(&g->pool, f->n, f->sizes, f->stream, id, f->ptrs);
+  if (st == GMA_ERR_OOM) {
+    if (now < f->deadline_ns) return false; /* back-pressure: wait for frees */
+    char detail[400];
+    snprintf(detail, sizeof detail, "%s", gma_last_error());
+    gma__set_error(GMA_ERR_TIMEOUT, "async request waited %.1f ms for memory: %s",
+                   (double)(now - f->submit_ns) / 1e6, detail);
+    st = GMA_ERR_TIMEOUT;
+  }
+  complete(w, f, st);
+  unref(f);
+  return true;
+}
+
+void gma__future_cancel(gma__worker_t *w, gma_future_t *f) {
+  gma__set_error(GMA_ERR_CANCELLED, "the allocator was destroyed before the request was served");
+  complete(w, f, GMA_ERR_CANCELLED);
+  unref(f);
+}
+
+void gma__futures_detach(gma__worker_t *w) {
+  pthread_mutex_lock(&w->fmu);
+  for (gma_future_t *f = w->futures; f; f = f->next) {
+    if (atomic_load(&f->state) == GMA_OK && !atomic_load(&f->collected))
+      claim_and_free(f, f->g);
+    f->g = NULL;
+  }
+  w->futures = NULL;
+  pthread_mutex_unlock(&w->fmu);
+}
+
+/* ---- Entry points --------------------------------------------------------------*/
+
+static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t *o,
+                           gma_future_t **out) {
+  gma__worker_t *w = &g->worker;
+  f->g = g;
+  f->state = GMA_PENDING;
+  f->refs = 1;
+  if (o) {
+    f->cb = o->callback;
+    f->user = o->user;
+  }
+  f->submit_ns = now_ns();
+  f->deadline_ns = f->submit_ns + (o && o->timeout_ns ? o->timeout_ns : w->timeout_ns);
+  pthread_mutex_lock(&w->fmu);
+  f->next = w->futures;
+  if (w->futures) w->futures->prev = f;
+  w->futures = f;
+  pthread_mutex_unlock(&w->fmu);
+  atomic_fetch_add_explicit(&w->submitted, 1, memory_order_relaxed);
+  /* A bin hit needs no worker: the future is complete at once. */
+  if (!f->sizes && f->size <= g->pool.bin_max &&
+      gma__bin_alloc(&g->pool, f->size, f->stream, &f->ptr) == GMA_OK) {
+    atomic_fetch_add_explicit(&w->ready_at_once, 1, memory_order_relaxed);
+    complete(w, f, GMA_OK);
+    *out = f;
+    return GMA_OK;
+  }
+  uint64_t id;
+  gma_status_t st = g->dev->ops->stream_id(g->dev, f->stream, &id); /* a clear error now */
+  if (st == GMA_OK) {
+    f->served_by_worker = true;
+    atomic_store(&f->refs, 2);
+    gma__tsan_release(f); /* pairs with the worker's acquire after the dequeue */
+    st = gma__worker_submit(w, f, o && o->nonblocking);
+  }
+  if (st != GMA_OK) {
+    atomic_fetch_sub_explicit(&w->submitted, 1, memory_order_relaxed);
+    pthread_mutex_lock(&w->fmu);
+    if (f->prev) f->prev->next = f->next; else w->futures = f->next;
+    if (f->next) f->next->prev = f->prev;
+    pthread_mutex_unlock(&w->fmu);
+    free(f->sizes);
+    free(f);
+    return st;
+  }
+  *out = f;
+  return GMA_OK;
+}
+
+static gma_status_t check_async(gma_t *g, gma_stream_t stream, const gma_async_options_t *o,
+                                gma_future_t **out, const char *fn) {
+  if (!g || !out) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "%s: NULL %s", fn,
+                                        g ? "out" : "allocator");
+  *out = NULL;
+  if (o && (o->size < sizeof(size_t) || o->size > sizeof *o))
+    return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
+                          "%s: options->size is %zu; initialize with GMA_ASYNC_OPTIONS_INIT", fn,
+                          o->size);
+  if (stream == GMA_STREAM_PER_THREAD)
+    return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
+                          "%s: GMA_STREAM_PER_THREAD names a different stream on gma's worker "
+                          "thread; pass an explicit stream",
+                          fn);
+  if (!g->worker.started)
+    return gma__set_error(GMA_ERR_UNSUPPORTED, "%s: the worker is off (worker:off)", fn);
+  return GMA_OK;
+}
+
+gma_status_t gma_alloc_async(gma_t *g, size_t size, gma_stream_t stream,
+                             const gma_async_options_t *options, gma_future_t **out) {
+  gma_status_t st = check_async(g, stream, options, out, "gma_alloc_async");
+  if (st != GMA_OK) return st;
+  if (size == 0 || size > g->cfg.memory_limit)
+    return gma__set_error(GMA_ERR_INVALID_SIZE,
+                          "gma_alloc_async: size %zu is 0 or more than this allocator can "
+                          "ever hold (%llu bytes)",
+                          size, (unsigned long long)g->cfg.memory_limit);
+  gma_future_t *f = calloc(1, sizeof *f);
+  if (!f) return gma__set_error(GMA_ERR_OOM, "gma_alloc_async: host memory for a future");
+  f->n = 1;
+  f->size = size;
+  f->stream = stream;
+  f->ptrs = &f->ptr;
+  return submit(g, f, options, out);
+}
+
+gma_status_t gma_alloc_batch_async(gma_t *g, size_t n, const size_t *sizes, gma_stream_t stream,
+                                   void **ptrs, const gma_async_options_t *options,
+                                   gma_future_t **out) {
+  gma_status_t st = check_async(g, stream, options, out, "gma_alloc_batch_async");
+  if (st != GMA_OK) return st;
+  if (n == 0 || !sizes || !ptrs)
+    return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
+                          "gma_alloc_batch_async: n is 0, or sizes or ptrs is NULL");
+  uint64_t total = 0;
+  for (size_t i = 0; i < n; i++) {
+    total += ((uint64_t)sizes[i] + 511) / 512 * 512;
+    if (sizes[i] == 0 || total > g->cfg.memory_limit)
+      return gma__set_error(GMA_ERR_INVALID_SIZE,
+                            "gma_alloc_batch_async: block %zu is 0 bytes, or the batch needs "
+                            "more than this allocator can ever hold",
+                            i);
+  }
+  gma_future_t *f = calloc(1, sizeof *f + n * sizeof(void *));
+  size_t *copy = malloc(n * sizeof *copy);
+  if (!f || !copy) {
+    free(f);
+    free(copy);
+    return gma__set_error(GMA_ERR_OOM, "gma_alloc_batch_async: host memory for a future");
+  }
+  memcpy(copy, sizes, n * sizeof *copy);
+  f->n = n;
+  f->sizes = copy;
+  f->stream = stream;
+  f->ptrs = (void **)(f + 1);
+  f->user_ptrs = ptrs;
+  return submit(g, f, options, out);
+}
+
+gma_status_t gma_future_poll(gma_future_t *f) {
+  if (!f) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_future_poll: future is NULL");
+  return (gma_status_t)atomic_load_explicit(&f->state, memory_order_acquire);
+}
+
+gma_status_t gma_future_status(gma_future_t *f) { return gma_future_poll(f); }
+
+gma_status_t gma_future_wait(gma_future_t *f, uint64_t timeout_ns, void **ptr) {
+  if (!f) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_future_wait: future is NULL");
+  if (!atomic_load_explicit(&f->done, memory_order_acquire) && timeout_ns) {
+    gma__worker_t *w = &f->g->worker; /* not done: the allocator is alive */
+    uint64_t due = timeout_ns == UINT64_MAX ? UINT64_MAX : now_ns() + timeout_ns;
+    pthread_mutex_lock(&w->done_mu);
+    while (!atomic_load(&f->done)) {
+      if (due == UINT64_MAX) {
+        pthread_cond_wait(&w->done_cv, &w->done_mu);
+        continue;
+      }
+      uint64_t now = now_ns();
+      if (now >= due) break;
+      struct timespec ts = {(time_t)(due / 1000000000u), (long)(due % 1000000000u)};
+      pthread_cond_timedwait(&w->done_cv, &w->done_mu, &ts);
+    }
+    pthread_mutex_unlock(&w->done_mu);
+  }
+  int st = atomic_load_explicit(&f->done, memory_order_acquire)
+               ? atomic_load_explicit(&f->state, memory_order_acquire)
+               : GMA_PENDING;
+  if (st == GMA_OK) {
+    if (f->user_ptrs) memcpy(f->user_ptrs, f->ptrs, f->n * sizeof(void *));
+    if (ptr) *ptr = f->ptrs[0];
+    if (ptr || f->user_ptrs) atomic_store(&f->collected, true);
+  } else if (st != GMA_PENDING) {
+    gma__set_error((gma_status_t)st, "%s", f->msg + (strncmp(f->msg, "GMA_", 4) == 0
+                                                         ? strcspn(f->msg, ":") + 2 : 0));
+  }
+  return (gma_status_t)st;
+}
+
+gma_status_t gma_future_release(gma_future_t *f) {
+  if (!f) return GMA_OK;
+  atomic_store(&f->released, true); /* seq_cst: pairs with complete()'s state store */
+  gma_t *g = f->g;
+  if (g) {
+    gma__worker_t *w = &g->worker;
+    pthread_mutex_lock(&w->fmu);
+    g = f->g; /* gma_destroy may have detached it meanwhile */
+    if (g) {
+      if (f->prev) f->prev->next = f->next; else w->futures = f->next;
+      if (f->next) f->next->prev = f->prev;
+    }
+    pthread_mutex_unlock(&w->fmu);
+  }
+  if (atomic_load(&f->state) == GMA_OK && !atomic_load(&f->collected)) claim_and_free(f, g);
+  unref(f);
+  return GMA_OK;
+}
