@@ -9,6 +9,11 @@
  * 2. Timed trim: after a burst of 300 MiB is freed, the time until reserved
  *    memory is at most the release threshold, with no caller call, for a few
  *    trim intervals.
+ * 3. Async: a future ready at once on a bin hit (gma_alloc_async + wait +
+ *    release, and the free that refills the bin) against the same pair
+ *    through gma_alloc; a worker-served future (8 MiB, above bin_max, from
+ *    the pool), submit to ready, p50 and p99; a batch of 64 blocks from the
+ *    pool against 64 single allocations.
  * Prints a table, writes JSON (--json PATH, default bench_worker.json). */
 #include <stdint.h>
 #include <stdio.h>
@@ -83,6 +88,127 @@ static double trim_ms(int interval_ms) {
   return ms;
 }
 
+enum { REPS = 31 };
+
+static int cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median_d(double *v) {
+  qsort(v, REPS, sizeof *v, cmp_d);
+  return v[REPS / 2];
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+static uint64_t pct(uint64_t *v, size_t n, double q) {
+  qsort(v, n, sizeof *v, cmp_u64);
+  size_t i = (size_t)(q * (double)(n - 1) + 0.5);
+  return v[i];
+}
+
+typedef struct async_result {
+  double submit_ns;                      /* gma_alloc_async alone, ready at once */
+  double at_once_ns, sync_ns;            /* medians per cycle, batches of 1000 */
+  uint64_t worker_p50_ns, worker_p99_ns; /* submit to ready, per request */
+  double batch64_ns, singles64_ns;       /* medians */
+} async_result_t;
+
+static async_result_t run_async(void) {
+  async_result_t r;
+  gma_t *g = make(NULL);
+  double at_once[REPS], sync[REPS];
+  void *p;
+  gma_future_t *f;
+  gma_alloc(g, 4096, NULL, &p);
+  gma_free(g, p);
+  for (int rep = 0; rep < REPS; rep++) {
+    uint64_t t0 = now_ns();
+    for (int i = 0; i < 1000; i++) {
+      gma_alloc_async(g, 4096, NULL, NULL, &f);
+      gma_future_wait(f, 0, &p);
+      gma_future_release(f);
+      gma_free(g, p);
+    }
+    uint64_t t1 = now_ns();
+    for (int i = 0; i < 1000; i++) {
+      gma_alloc(g, 4096, NULL, &p);
+      gma_free(g, p);
+    }
+    uint64_t t2 = now_ns();
+    at_once[rep] = (double)(t1 - t0) / 1000;
+    sync[rep] = (double)(t2 - t1) / 1000;
+  }
+  /* The submit alone (the future is ready when it returns): each call timed,
+   * minus the cost of the clock reads measured the same way. */
+  double submit[REPS];
+  for (int rep = 0; rep < REPS; rep++) {
+    uint64_t spent = 0, empty = 0;
+    for (int i = 0; i < 1000; i++) {
+      uint64_t t0 = now_ns();
+      gma_alloc_async(g, 4096, NULL, NULL, &f);
+      uint64_t t1 = now_ns();
+      uint64_t t2 = now_ns();
+      spent += t1 - t0;
+      empty += t2 - t1;
+      gma_future_wait(f, 0, &p);
+      gma_future_release(f);
+      gma_free(g, p);
+    }
+    submit[rep] = (double)(spent - empty) / 1000;
+  }
+  r.submit_ns = median_d(submit);
+  /* Worker-served: 8 MiB is above bin_max, so every request takes the hop. */
+  enum { NW = 2000 };
+  uint64_t *lat = malloc(NW * sizeof *lat);
+  for (int i = 0; i < NW; i++) {
+    uint64_t t0 = now_ns();
+    gma_alloc_async(g, 8u << 20, NULL, NULL, &f);
+    gma_future_wait(f, UINT64_MAX, &p);
+    lat[i] = now_ns() - t0;
+    gma_future_release(f);
+    gma_free(g, p);
+  }
+  r.worker_p50_ns = pct(lat, NW, 0.50);
+  r.worker_p99_ns = pct(lat, NW, 0.99);
+  free(lat);
+  /* A batch of 64 x 4 KiB from the pool (bins off: every block from the pool)
+   * against 64 single allocations. */
+  gma_destroy(g);
+  g = make("bins:off");
+  size_t sizes[64];
+  void *ptrs[64];
+  for (int i = 0; i < 64; i++) sizes[i] = 4096;
+  gma_alloc_batch(g, 64, sizes, NULL, ptrs); /* warm: the segment exists */
+  for (int i = 0; i < 64; i++) gma_free(g, ptrs[i]);
+  gma_empty_cache(g);
+  gma_alloc(g, 4096, NULL, &p); /* keep one segment */
+  double batch[REPS], singles[REPS];
+  for (int rep = 0; rep < REPS; rep++) {
+    gma_empty_cache(g); /* freed blocks back into the free pool */
+    uint64_t t0 = now_ns();
+    gma_alloc_batch(g, 64, sizes, NULL, ptrs);
+    batch[rep] = (double)(now_ns() - t0);
+    for (int i = 0; i < 64; i++) gma_free(g, ptrs[i]);
+    gma_empty_cache(g);
+    t0 = now_ns();
+    for (int i = 0; i < 64; i++) gma_alloc(g, 4096, NULL, &ptrs[i]);
+    singles[rep] = (double)(now_ns() - t0);
+    for (int i = 0; i < 64; i++) gma_free(g, ptrs[i]);
+  }
+  gma_free(g, p);
+  gma_destroy(g);
+  r.at_once_ns = median_d(at_once);
+  r.sync_ns = median_d(sync);
+  r.batch64_ns = median_d(batch);
+  r.singles64_ns = median_d(singles);
+  return r;
+}
+
 int main(int argc, char **argv) {
   const char *json = "bench_worker.json";
   for (int i = 1; i < argc; i++) {
@@ -112,6 +238,21 @@ int main(int argc, char **argv) {
     printf("%-20d %12.1f %15.2fx\n", intervals[i], took[i], took[i] / intervals[i]);
   }
 
+  async_result_t a = run_async();
+  printf("\n3. async allocation and batches (medians; goal in brackets)\n");
+  printf("%-52s %12s\n", "", "ns");
+  printf("%-52s %12.1f\n", "future ready on a bin hit: gma_alloc_async [100]", a.submit_ns);
+  printf("%-52s %12.1f\n", "  full cycle with wait, release and free", a.at_once_ns);
+  printf("%-52s %12.1f\n", "  the same with gma_alloc + gma_free (baseline)", a.sync_ns);
+  printf("%-52s %12llu\n", "worker-served future, submit to ready, p50 [20000]",
+         (unsigned long long)a.worker_p50_ns);
+  printf("%-52s %12llu\n", "worker-served future, submit to ready, p99 [200000]",
+         (unsigned long long)a.worker_p99_ns);
+  printf("%-52s %12.1f\n", "batch of 64 x 4 KiB from the pool [5000]", a.batch64_ns);
+  printf("%-52s %12.1f\n", "  64 single gma_alloc from the pool (baseline)", a.singles64_ns);
+  printf("   (full cycle: gma_alloc_async, gma_future_wait, gma_future_release and the\n"
+         "    gma_free that refills the bin; worker-served: 8 MiB, one request at a time)\n");
+
   FILE *f = fopen(json, "w");
   if (!f) {
     perror(json);
@@ -123,7 +264,11 @@ int main(int argc, char **argv) {
   fprintf(f, " \"timed_trim_ms\": [");
   for (int i = 0; i < 3; i++)
     fprintf(f, "%s{\"interval_ms\": %d, \"took_ms\": %.1f}", i ? ", " : "", intervals[i], took[i]);
-  fprintf(f, "]}\n");
+  fprintf(f, "],\n \"async_ns\": {\"submit_at_once\": %.1f, \"at_once_cycle\": %.1f, \"sync_cycle\": %.1f, "
+             "\"worker_p50\": %llu, \"worker_p99\": %llu, \"batch64\": %.1f, "
+             "\"singles64\": %.1f}}\n",
+          a.submit_ns, a.at_once_ns, a.sync_ns, (unsigned long long)a.worker_p50_ns,
+          (unsigned long long)a.worker_p99_ns, a.batch64_ns, a.singles64_ns);
   fclose(f);
   printf("\nwrote %s\n", json);
   return 0;

@@ -9,6 +9,7 @@
  * once gma_future_wait handed it out (collected); otherwise whoever first
  * claims it (release, or the worker completing a released future, or
  * gma_destroy) frees it: claim is a CAS, so exactly one does. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -31,7 +32,7 @@ struct gma_future {
   bool served_by_worker;
   gma_future_callback_t cb;
   void *user;
-  char msg[512];              /* the failure's message, for the caller's last error */
+  char *msg;                  /* failure: its message, for the caller's last error */
   _Atomic int refs;
   _Atomic bool released, collected;
   _Atomic bool done;          /* completion finished, callback included (done_mu) */
@@ -53,6 +54,7 @@ void gma__future_set_wnext(gma_future_t *f, gma_future_t *next) { f->wnext = nex
 static void unref(gma_future_t *f) {
   if (atomic_fetch_sub(&f->refs, 1) == 1) {
     free(f->sizes);
+    free(f->msg);
     free(f);
   }
 }
@@ -67,7 +69,7 @@ static void claim_and_free(gma_future_t *f, gma_t *g) {
 /* Publishes the final status, wakes waiters, runs the callback, and frees
  * the memory if the caller already let the future go. */
 static void complete(gma__worker_t *w, gma_future_t *f, gma_status_t st) {
-  if (st != GMA_OK) snprintf(f->msg, sizeof f->msg, "%s", gma_last_error());
+  if (st != GMA_OK) f->msg = strdup(gma_last_error()); /* NULL without memory: no detail */
   if (st == GMA_OK) atomic_fetch_add_explicit(&w->ready, 1, memory_order_relaxed);
   else if (st == GMA_ERR_TIMEOUT) atomic_fetch_add_explicit(&w->timed_out, 1, memory_order_relaxed);
   else atomic_fetch_add_explicit(&w->failed, 1, memory_order_relaxed);
@@ -80,11 +82,16 @@ static void complete(gma__worker_t *w, gma_future_t *f, gma_status_t st) {
   }
   atomic_store(&f->state, (int)st); /* seq_cst: pairs with release()'s flag (Dekker) */
   if (f->cb) f->cb(f, st, f->user);
-  /* Waiters return only now, so the callback has run when wait returns. */
-  pthread_mutex_lock(&w->done_mu);
-  atomic_store(&f->done, true);
-  pthread_cond_broadcast(&w->done_cv);
-  pthread_mutex_unlock(&w->done_mu);
+  /* Waiters return only now, so the callback has run when wait returns. A
+   * future complete at once was never handed out: nobody can be waiting. */
+  if (f->served_by_worker) {
+    pthread_mutex_lock(&w->done_mu);
+    atomic_store(&f->done, true);
+    pthread_cond_broadcast(&w->done_cv);
+    pthread_mutex_unlock(&w->done_mu);
+  } else {
+    atomic_store_explicit(&f->done, true, memory_order_release); /* pairs with wait's acquire */
+  }
   /* Released and never collected: nobody will free it but us. A wait that
    * collected it happened before the release (same caller), so reading
    * released first and collected second sees the collection. */
@@ -179,6 +186,7 @@ static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t 
     if (f->next) f->next->prev = f->prev;
     pthread_mutex_unlock(&w->fmu);
     free(f->sizes);
+    free(f->msg);
     free(f);
     return st;
   }
@@ -289,8 +297,9 @@ gma_status_t gma_future_wait(gma_future_t *f, uint64_t timeout_ns, void **ptr) {
     if (ptr) *ptr = f->ptrs[0];
     if (ptr || f->user_ptrs) atomic_store(&f->collected, true);
   } else if (st != GMA_PENDING) {
-    gma__set_error((gma_status_t)st, "%s", f->msg + (strncmp(f->msg, "GMA_", 4) == 0
-                                                         ? strcspn(f->msg, ":") + 2 : 0));
+    const char *m = f->msg ? f->msg : "no detail (host memory ran out)";
+    if (strncmp(m, "GMA_", 4) == 0 && strchr(m, ':')) m = strchr(m, ':') + 2;
+    gma__set_error((gma_status_t)st, "%s", m);
   }
   return (gma_status_t)st;
 }
