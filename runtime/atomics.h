@@ -23,4 +23,13 @@
  * with relaxed loads): a plain load and store, no locked instruction. */
 #define gma__counter_add_owner(p, v) gma__store_relaxed((p), gma__load_relaxed(p) + (v))
 
+/* A spin-wait hint (x86 pause; elsewhere a compiler barrier). */
+#if defined(__x86_64__) || defined(__i386__)
+#define gma__cpu_relax() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define gma__cpu_relax() __asm__ __volatile__("yield" ::: "memory")
+#else
+#define gma__cpu_relax() __asm__ __volatile__("" ::: "memory")
+#endif
+
 #endif /* GMA_ATOMICS_H */

@@ -273,9 +273,16 @@ gma_status_t gma_future_status(gma_future_t *f) { return gma_future_poll(f); }
 
 gma_status_t gma_future_wait(gma_future_t *f, uint64_t timeout_ns, void **ptr) {
   if (!f) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_future_wait: future is NULL");
+  uint64_t start = timeout_ns ? now_ns() : 0;
+  /* The worker usually answers within microseconds: spin briefly (at most
+   * 20 us, or the timeout) before sleeping, to save a thread wake-up. */
+  for (unsigned i = 1; timeout_ns && !atomic_load_explicit(&f->done, memory_order_acquire); i++) {
+    gma__cpu_relax();
+    if (i % 64 == 0 && now_ns() - start >= (timeout_ns < 20000 ? timeout_ns : 20000)) break;
+  }
   if (!atomic_load_explicit(&f->done, memory_order_acquire) && timeout_ns) {
     gma__worker_t *w = &f->g->worker; /* not done: the allocator is alive */
-    uint64_t due = timeout_ns == UINT64_MAX ? UINT64_MAX : now_ns() + timeout_ns;
+    uint64_t due = timeout_ns == UINT64_MAX ? UINT64_MAX : start + timeout_ns;
     pthread_mutex_lock(&w->done_mu);
     while (!atomic_load(&f->done)) {
       if (due == UINT64_MAX) {
