@@ -14,7 +14,15 @@
  *    through gma_alloc; a worker-served future (8 MiB, above bin_max, from
  *    the pool), submit to ready, p50 and p99; a batch of 64 blocks from the
  *    pool against 64 single allocations.
+ * 4. Memory pressure: 4 pipeline stages on 4 streams, each holding its
+ *    current buffer while it gets the next one, under a device (and limit)
+ *    of 90% of the peak demand. gma's async requests wait for other stages'
+ *    frees and the run completes; direct device allocation (the device's own
+ *    allocate/free, no caching, no waiting: cudaMalloc's behaviour) runs the
+ *    same schedule and fails with out-of-memory. Time and peak reserved.
  * Prints a table, writes JSON (--json PATH, default bench_worker.json). */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +30,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "device/device.h"
 #include "gma.h"
 
 static uint64_t now_ns(void) {
@@ -209,6 +218,143 @@ static async_result_t run_async(void) {
   return r;
 }
 
+/* ---- 4: memory pressure -------------------------------------------------------- */
+
+enum { PSTAGES = 4, PSTEPS = 50 };
+static const size_t stage_mib[PSTAGES] = {6, 7, 8, 9}; /* peak demand: 2 buffers each */
+
+typedef struct pstage {
+  gma_t *g;           /* the gma run */
+  gma__device_t *dev; /* the direct run */
+  gma_stream_t stream;
+  int index;
+  int failures;
+} pstage_t;
+
+static _Atomic uint64_t direct_held, direct_peak;
+
+/* A simulated kernel that keeps its stream (and buffer) busy for 200 us. */
+static void hold_kernel(void *arg) {
+  (void)arg;
+  struct timespec ts = {0, 200000};
+  nanosleep(&ts, NULL);
+}
+
+static void *pstage_gma(void *arg) {
+  pstage_t *st = arg;
+  size_t size = stage_mib[st->index] << 20;
+  gma_async_options_t o = GMA_ASYNC_OPTIONS_INIT;
+  o.timeout_ns = 30000000000ull;
+  gma_future_t *f;
+  void *cur = NULL;
+  if (gma_alloc_async(st->g, size, st->stream, &o, &f) != GMA_OK) return NULL;
+  if (gma_future_wait(f, UINT64_MAX, &cur) != GMA_OK) st->failures++;
+  gma_future_release(f);
+  for (int i = 0; i < PSTEPS && cur; i++) {
+    if (gma_alloc_async(st->g, size, st->stream, &o, &f) != GMA_OK) {
+      st->failures++;
+      break;
+    }
+    gma_sim_launch(st->g, st->stream, hold_kernel, NULL);
+    gma_free(st->g, cur); /* stream-ordered: usable elsewhere once the kernel is done */
+    cur = NULL;
+    if (gma_future_wait(f, UINT64_MAX, &cur) != GMA_OK) st->failures++;
+    gma_future_release(f);
+  }
+  if (cur) gma_free(st->g, cur);
+  gma_stream_synchronize(st->g, st->stream);
+  return NULL;
+}
+
+static void note_held(uint64_t held) {
+  uint64_t peak = atomic_load(&direct_peak);
+  while (held > peak && !atomic_compare_exchange_weak(&direct_peak, &peak, held)) {
+  }
+}
+
+static void *pstage_direct(void *arg) {
+  pstage_t *st = arg;
+  gma__device_t *d = st->dev;
+  uint64_t size = stage_mib[st->index] << 20;
+  uintptr_t cur = 0, next = 0;
+  if (d->ops->mem_alloc(d, size, &cur) != GMA_OK) {
+    st->failures++;
+    return NULL;
+  }
+  note_held(atomic_fetch_add(&direct_held, size) + size);
+  for (int i = 0; i < PSTEPS; i++) {
+    /* The next buffer while the current one is still in use: no waiting. */
+    if (d->ops->mem_alloc(d, size, &next) != GMA_OK) {
+      st->failures++;
+      break;
+    }
+    note_held(atomic_fetch_add(&direct_held, size) + size);
+    d->ops->sim_launch(d, st->stream, hold_kernel, NULL);
+    d->ops->stream_synchronize(d, st->stream); /* cudaFree waits for the device */
+    d->ops->mem_free(d, cur, size);
+    atomic_fetch_sub(&direct_held, size);
+    cur = next;
+  }
+  d->ops->stream_synchronize(d, st->stream);
+  d->ops->mem_free(d, cur, size);
+  atomic_fetch_sub(&direct_held, size);
+  return NULL;
+}
+
+typedef struct pressure_result {
+  uint64_t demand, limit, gma_peak_reserved, gma_waits, direct_failures;
+  int gma_failures;
+  double gma_ms, direct_ms;
+} pressure_result_t;
+
+static pressure_result_t run_pressure(void) {
+  pressure_result_t r = {0};
+  for (int i = 0; i < PSTAGES; i++) r.demand += 2 * (stage_mib[i] << 20);
+  r.limit = r.demand / 10 * 9 / (1u << 20) * (1u << 20);
+  char conf[160];
+  snprintf(conf, sizeof conf, "sim_capacity:%llu,bins:off,large_segment:2M",
+           (unsigned long long)r.limit);
+  gma_t *g = make(conf);
+  pstage_t st[PSTAGES];
+  pthread_t t[PSTAGES];
+  uint64_t t0 = now_ns();
+  for (int i = 0; i < PSTAGES; i++) {
+    st[i] = (pstage_t){.g = g, .index = i};
+    gma_stream_create(g, &st[i].stream);
+    pthread_create(&t[i], NULL, pstage_gma, &st[i]);
+  }
+  for (int i = 0; i < PSTAGES; i++) {
+    pthread_join(t[i], NULL);
+    r.gma_failures += st[i].failures;
+  }
+  r.gma_ms = (double)(now_ns() - t0) / 1e6;
+  gma_stats_t s = GMA_STATS_INIT;
+  gma_stats(g, &s);
+  r.gma_peak_reserved = s.reserved.peak;
+  r.gma_waits = s.num_ooms;
+  for (int i = 0; i < PSTAGES; i++) gma_stream_destroy(g, st[i].stream);
+  gma_destroy(g);
+
+  gma_config_t c = GMA_CONFIG_INIT;
+  c.sim_capacity = r.limit;
+  gma__device_t *dev;
+  if (gma__sim_create(&c, &dev) != GMA_OK) return r;
+  t0 = now_ns();
+  for (int i = 0; i < PSTAGES; i++) {
+    st[i] = (pstage_t){.dev = dev, .index = i};
+    dev->ops->stream_create(dev, &st[i].stream);
+    pthread_create(&t[i], NULL, pstage_direct, &st[i]);
+  }
+  for (int i = 0; i < PSTAGES; i++) {
+    pthread_join(t[i], NULL);
+    r.direct_failures += (uint64_t)st[i].failures;
+  }
+  r.direct_ms = (double)(now_ns() - t0) / 1e6;
+  for (int i = 0; i < PSTAGES; i++) dev->ops->stream_destroy(dev, st[i].stream);
+  dev->ops->destroy(dev);
+  return r;
+}
+
 int main(int argc, char **argv) {
   const char *json = "bench_worker.json";
   for (int i = 1; i < argc; i++) {
@@ -253,6 +399,18 @@ int main(int argc, char **argv) {
   printf("   (full cycle: gma_alloc_async, gma_future_wait, gma_future_release and the\n"
          "    gma_free that refills the bin; worker-served: 8 MiB, one request at a time)\n");
 
+  pressure_result_t pr = run_pressure();
+  printf("\n4. memory pressure: 4 stages x %d steps, device and limit %.0f MiB = 90%% of the "
+         "peak demand %.0f MiB\n", PSTEPS, (double)pr.limit / 1048576, (double)pr.demand / 1048576);
+  printf("%-36s %10s %14s %10s\n", "", "ms", "peak MiB", "failed");
+  printf("%-36s %10.1f %14.1f %10d\n", "gma (async, waits for frees)", pr.gma_ms,
+         (double)pr.gma_peak_reserved / 1048576, pr.gma_failures);
+  printf("%-36s %10.1f %14.1f %10llu\n", "direct device allocation", pr.direct_ms,
+         (double)atomic_load(&direct_peak) / 1048576, (unsigned long long)pr.direct_failures);
+  printf("   gma: %s, %llu allocation attempts found no memory and waited; direct: %s\n",
+         pr.gma_failures ? "FAILED" : "completed", (unsigned long long)pr.gma_waits,
+         pr.direct_failures ? "stages failed with out-of-memory" : "completed");
+
   FILE *f = fopen(json, "w");
   if (!f) {
     perror(json);
@@ -266,9 +424,14 @@ int main(int argc, char **argv) {
     fprintf(f, "%s{\"interval_ms\": %d, \"took_ms\": %.1f}", i ? ", " : "", intervals[i], took[i]);
   fprintf(f, "],\n \"async_ns\": {\"submit_at_once\": %.1f, \"at_once_cycle\": %.1f, \"sync_cycle\": %.1f, "
              "\"worker_p50\": %llu, \"worker_p99\": %llu, \"batch64\": %.1f, "
-             "\"singles64\": %.1f}}\n",
+             "\"singles64\": %.1f},\n \"pressure\": {\"demand\": %llu, \"limit\": %llu, "
+             "\"gma_ms\": %.1f, \"gma_peak_reserved\": %llu, \"gma_failures\": %d, "
+             "\"gma_waits\": %llu, \"direct_ms\": %.1f, \"direct_failures\": %llu}}\n",
           a.submit_ns, a.at_once_ns, a.sync_ns, (unsigned long long)a.worker_p50_ns,
-          (unsigned long long)a.worker_p99_ns, a.batch64_ns, a.singles64_ns);
+          (unsigned long long)a.worker_p99_ns, a.batch64_ns, a.singles64_ns,
+          (unsigned long long)pr.demand, (unsigned long long)pr.limit, pr.gma_ms,
+          (unsigned long long)pr.gma_peak_reserved, pr.gma_failures,
+          (unsigned long long)pr.gma_waits, pr.direct_ms, (unsigned long long)pr.direct_failures);
   fclose(f);
   printf("\nwrote %s\n", json);
   return 0;
