@@ -64,9 +64,11 @@ static void tick(gma__worker_t *w) {
 /* Takes new requests from the ring (in order, after those already waiting)
  * and tries every waiting request once: served or failed ones complete,
  * the rest keep waiting for memory until their deadline. Worker thread. */
-static void serve(gma__worker_t *w) {
+static unsigned serve(gma__worker_t *w) {
   void *item;
+  unsigned taken = 0;
   while (ck_ring_dequeue_mpsc(&w->ring, w->ring_buf, &item)) {
+    taken++;
     gma_future_t *f = item;
     gma__tsan_acquire(f); /* pairs with the submitter's release */
     gma__future_set_wnext(f, NULL);
@@ -85,6 +87,7 @@ static void serve(gma__worker_t *w) {
     }
   }
   atomic_store(&w->memory_wanted, w->waiting != NULL);
+  return taken;
 }
 
 /* The earliest deadline among waiting requests, or UINT64_MAX. */
@@ -115,11 +118,11 @@ static void *worker_main(void *arg) {
     pthread_mutex_lock(&w->p->lock);
     w->p->c.worker_wakeups++;
     pthread_mutex_unlock(&w->p->lock);
-    serve(w);
-    /* Requests tend to come in runs: watch the ring a little (at most 50 us)
-     * before sleeping, so the next one needs no wake-up. Only right after
-     * activity: an idle worker still sleeps. */
-    for (uint64_t t0 = now_ns(), i = 1; !w->waiting && now_ns() - t0 < 50000; i++) {
+    unsigned taken = serve(w);
+    /* Requests tend to come in runs: after taking some, watch the ring a
+     * little (at most 50 us) before sleeping, so the next one needs no
+     * wake-up. Timer ticks and an idle worker never spin. */
+    for (uint64_t t0 = now_ns(); taken && !w->waiting && now_ns() - t0 < 50000;) {
       if (ck_ring_size(&w->ring)) {
         serve(w);
         t0 = now_ns();
