@@ -5,10 +5,15 @@
  *
  * Lifetime: a future has one reference for the caller (dropped by
  * gma_future_release) and one for the worker while it holds the request; the
- * last drop frees it. Memory a completed future got belongs to the caller
- * once gma_future_wait handed it out (collected); otherwise whoever first
- * claims it (release, or the worker completing a released future, or
- * gma_destroy) frees it: claim is a CAS, so exactly one does. */
+ * last drop frees it (or keeps it as the thread's spare: a future ready at
+ * once then costs no malloc). Futures may outlive the allocator, so they
+ * reach it through a refcounted anchor that gma_destroy empties.
+ * Memory a completed future got belongs to the caller once gma_future_wait
+ * handed it out (collected); until then its block is marked held, so that
+ * gma_destroy frees it quietly instead of calling it a leak, and whoever
+ * first claims it (release, or the worker completing a released future)
+ * frees it: claim is a CAS, so exactly one does. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +25,8 @@
 
 struct gma_future {
   _Atomic int state;          /* GMA_PENDING, then the final gma_status_t */
-  gma_t *g;                   /* NULL once the allocator is gone (fmu) */
+  gma_t *g;                   /* valid while the request is pending (destroy waits) */
+  gma__anchor_t *anchor;      /* reaches g later: NULL g once destroyed */
   size_t n;                   /* blocks: 1, or a batch's count */
   size_t size;                /* single request */
   size_t *sizes;              /* batch: a copy of the sizes */
@@ -37,7 +43,6 @@ struct gma_future {
   _Atomic bool released, collected;
   _Atomic bool done;          /* completion finished, callback included (done_mu) */
   _Atomic int claim;          /* 0: memory unclaimed; 1: freed by someone */
-  struct gma_future *prev, *next; /* worker->futures (fmu) */
   struct gma_future *wnext;   /* worker's waiting list (worker thread only) */
 };
 
@@ -51,12 +56,62 @@ uint64_t gma__future_deadline(const gma_future_t *f) { return f->deadline_ns; }
 gma_future_t *gma__future_wnext(gma_future_t *f) { return f->wnext; }
 void gma__future_set_wnext(gma_future_t *f, gma_future_t *next) { f->wnext = next; }
 
-static void unref(gma_future_t *f) {
-  if (atomic_fetch_sub(&f->refs, 1) == 1) {
-    free(f->sizes);
-    free(f->msg);
-    free(f);
+/* ---- The anchor ---------------------------------------------------------------*/
+
+gma__anchor_t *gma__anchor_new(gma_t *g) {
+  gma__anchor_t *a = malloc(sizeof *a);
+  if (!a) return NULL;
+  atomic_init(&a->g, g);
+  atomic_init(&a->refs, 1); /* the allocator's */
+  return a;
+}
+
+static void anchor_unref(gma__anchor_t *a) {
+  if (atomic_fetch_sub(&a->refs, 1) == 1) free(a);
+}
+
+void gma__anchor_detach(gma__anchor_t *a) {
+  atomic_store(&a->g, NULL);
+  anchor_unref(a);
+}
+
+/* ---- Future objects: one spare per thread ------------------------------------------
+ * Single-block futures are all the same size; each thread keeps the last one
+ * it gave back, freed by a key destructor when the thread exits. */
+
+static pthread_key_t spare_key;
+static pthread_once_t spare_once = PTHREAD_ONCE_INIT;
+static __thread gma_future_t *spare;
+
+static void spare_key_make(void) { pthread_key_create(&spare_key, free); }
+
+static gma_future_t *future_new(size_t extra) {
+  gma_future_t *f;
+  if (!extra && spare) {
+    f = spare;
+    spare = NULL;
+    pthread_setspecific(spare_key, NULL);
+    memset(f, 0, sizeof *f);
+    return f;
   }
+  return calloc(1, sizeof *f + extra);
+}
+
+static void future_delete(gma_future_t *f) {
+  free(f->sizes);
+  free(f->msg);
+  if (f->anchor) anchor_unref(f->anchor);
+  if (!f->user_ptrs && !spare) { /* a single-block future: keep it */
+    pthread_once(&spare_once, spare_key_make);
+    spare = f;
+    pthread_setspecific(spare_key, f);
+    return;
+  }
+  free(f);
+}
+
+static void unref(gma_future_t *f) {
+  if (atomic_fetch_sub(&f->refs, 1) == 1) future_delete(f);
 }
 
 /* Frees the memory of a completed-OK future that nobody collected, once. */
@@ -80,6 +135,8 @@ static void complete(gma__worker_t *w, gma_future_t *f, gma_status_t st) {
     if (b >= GMA__LATENCY_BUCKETS) b = GMA__LATENCY_BUCKETS - 1;
     atomic_fetch_add_explicit(&w->latency[b], 1, memory_order_relaxed);
   }
+  if (st == GMA_OK)
+    for (size_t i = 0; i < f->n; i++) gma__pool_hold(&f->g->pool, f->ptrs[i], true);
   atomic_store(&f->state, (int)st); /* seq_cst: pairs with release()'s flag (Dekker) */
   if (f->cb) f->cb(f, st, f->user);
   /* Waiters return only now, so the callback has run when wait returns. A
@@ -98,6 +155,9 @@ static void complete(gma__worker_t *w, gma_future_t *f, gma_status_t st) {
   if (st == GMA_OK && atomic_load(&f->released) && !atomic_load(&f->collected))
     claim_and_free(f, f->g);
 }
+
+/* The allocator, if it still lives (not across a concurrent gma_destroy). */
+static gma_t *alive(gma_future_t *f) { return f->anchor ? atomic_load(&f->anchor->g) : NULL; }
 
 bool gma__future_serve(gma__worker_t *w, gma_future_t *f, uint64_t now) {
   if (atomic_load(&f->released)) {
@@ -132,23 +192,14 @@ void gma__future_cancel(gma__worker_t *w, gma_future_t *f) {
   unref(f);
 }
 
-void gma__futures_detach(gma__worker_t *w) {
-  pthread_mutex_lock(&w->fmu);
-  for (gma_future_t *f = w->futures; f; f = f->next) {
-    if (atomic_load(&f->state) == GMA_OK && !atomic_load(&f->collected))
-      claim_and_free(f, f->g);
-    f->g = NULL;
-  }
-  w->futures = NULL;
-  pthread_mutex_unlock(&w->fmu);
-}
-
 /* ---- Entry points --------------------------------------------------------------*/
 
 static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t *o,
                            gma_future_t **out) {
   gma__worker_t *w = &g->worker;
   f->g = g;
+  f->anchor = w->anchor;
+  atomic_fetch_add_explicit(&w->anchor->refs, 1, memory_order_relaxed);
   f->state = GMA_PENDING;
   f->refs = 1;
   if (o) {
@@ -157,11 +208,6 @@ static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t 
   }
   f->submit_ns = now_ns();
   f->deadline_ns = f->submit_ns + (o && o->timeout_ns ? o->timeout_ns : w->timeout_ns);
-  pthread_mutex_lock(&w->fmu);
-  f->next = w->futures;
-  if (w->futures) w->futures->prev = f;
-  w->futures = f;
-  pthread_mutex_unlock(&w->fmu);
   atomic_fetch_add_explicit(&w->submitted, 1, memory_order_relaxed);
   /* A bin hit needs no worker: the future is complete at once. */
   if (!f->sizes && f->size <= g->pool.bin_max &&
@@ -181,13 +227,7 @@ static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t 
   }
   if (st != GMA_OK) {
     atomic_fetch_sub_explicit(&w->submitted, 1, memory_order_relaxed);
-    pthread_mutex_lock(&w->fmu);
-    if (f->prev) f->prev->next = f->next; else w->futures = f->next;
-    if (f->next) f->next->prev = f->prev;
-    pthread_mutex_unlock(&w->fmu);
-    free(f->sizes);
-    free(f->msg);
-    free(f);
+    future_delete(f);
     return st;
   }
   *out = f;
@@ -222,7 +262,7 @@ gma_status_t gma_alloc_async(gma_t *g, size_t size, gma_stream_t stream,
                           "gma_alloc_async: size %zu is 0 or more than this allocator can "
                           "ever hold (%llu bytes)",
                           size, (unsigned long long)g->cfg.memory_limit);
-  gma_future_t *f = calloc(1, sizeof *f);
+  gma_future_t *f = future_new(0);
   if (!f) return gma__set_error(GMA_ERR_OOM, "gma_alloc_async: host memory for a future");
   f->n = 1;
   f->size = size;
@@ -248,7 +288,7 @@ gma_status_t gma_alloc_batch_async(gma_t *g, size_t n, const size_t *sizes, gma_
                             "more than this allocator can ever hold",
                             i);
   }
-  gma_future_t *f = calloc(1, sizeof *f + n * sizeof(void *));
+  gma_future_t *f = future_new(n * sizeof(void *));
   size_t *copy = malloc(n * sizeof *copy);
   if (!f || !copy) {
     free(f);
@@ -302,7 +342,10 @@ gma_status_t gma_future_wait(gma_future_t *f, uint64_t timeout_ns, void **ptr) {
   if (st == GMA_OK) {
     if (f->user_ptrs) memcpy(f->user_ptrs, f->ptrs, f->n * sizeof(void *));
     if (ptr) *ptr = f->ptrs[0];
-    if (ptr || f->user_ptrs) atomic_store(&f->collected, true);
+    if ((ptr || f->user_ptrs) && !atomic_exchange(&f->collected, true)) {
+      gma_t *g = alive(f); /* the memory is the caller's now: a leak if never freed */
+      for (size_t i = 0; g && i < f->n; i++) gma__pool_hold(&g->pool, f->ptrs[i], false);
+    }
   } else if (st != GMA_PENDING) {
     const char *m = f->msg ? f->msg : "no detail (host memory ran out)";
     if (strncmp(m, "GMA_", 4) == 0 && strchr(m, ':')) m = strchr(m, ':') + 2;
@@ -314,18 +357,8 @@ gma_status_t gma_future_wait(gma_future_t *f, uint64_t timeout_ns, void **ptr) {
 gma_status_t gma_future_release(gma_future_t *f) {
   if (!f) return GMA_OK;
   atomic_store(&f->released, true); /* seq_cst: pairs with complete()'s state store */
-  gma_t *g = f->g;
-  if (g) {
-    gma__worker_t *w = &g->worker;
-    pthread_mutex_lock(&w->fmu);
-    g = f->g; /* gma_destroy may have detached it meanwhile */
-    if (g) {
-      if (f->prev) f->prev->next = f->next; else w->futures = f->next;
-      if (f->next) f->next->prev = f->prev;
-    }
-    pthread_mutex_unlock(&w->fmu);
-  }
-  if (atomic_load(&f->state) == GMA_OK && !atomic_load(&f->collected)) claim_and_free(f, g);
+  if (atomic_load(&f->state) == GMA_OK && !atomic_load(&f->collected))
+    claim_and_free(f, alive(f));
   unref(f);
   return GMA_OK;
 }

@@ -401,6 +401,7 @@ static void take_block(gma__pool_t *p, gma__block_t *b, uint64_t size, size_t re
   b->stream = s;
   b->requested = requested;
   gma__store_relaxed(&b->ngates, 0);
+  gma__store_relaxed(&b->future_held, 0);
   gma__store_relaxed(&b->state, GMA__LIVE);
   gma__tcount_t *c = gma__tcount(p, s);
   gma__counter_add_owner(&c->allocs, 1);
@@ -703,6 +704,11 @@ out:
   return st;
 }
 
+void gma__pool_hold(gma__pool_t *p, void *ptr, bool held) {
+  gma__block_t *b = gma__pagemap_get(&p->pagemap, (uintptr_t)ptr);
+  if (b && b->addr == (uintptr_t)ptr) gma__store_relaxed(&b->future_held, held);
+}
+
 /* PENDING -> FREE (or, under reuse:none, back to the owner's cache) for every
  * block whose owner epoch and gates have passed. */
 void gma__pending_poll(gma__pool_t *p) {
@@ -842,7 +848,7 @@ gma_status_t gma__pool_fini(gma__pool_t *p) {
   for (size_t i = 0; i < p->nsegs; i++) {
     gma__segment_t *seg = p->segs[i];
     for (gma__block_t *b = seg->first; b; b = b->next) {
-      if (state_of(b) == GMA__LIVE) {
+      if (state_of(b) == GMA__LIVE && !gma__load_relaxed(&b->future_held)) {
         leaked++;
         leaked_bytes += b->size;
       }

@@ -78,6 +78,8 @@ typedef struct gma__block {
   uint32_t gates_cap;
   uint32_t prio;                 /* treap priority */
   _Atomic uint8_t state;         /* atomic: gma__block_state_t */
+  _Atomic uint8_t future_held;   /* LIVE: a completed future got it and nobody collected it
+                                    yet (gma_destroy frees it quietly, not as a leak) */
 } gma__block_t;
 
 typedef struct gma__segment {
@@ -222,6 +224,8 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t size, gma_stream_t stre
                                   uint64_t stream_id, void **out);
 gma_status_t gma__pool_free_slow(gma__pool_t *p, void *ptr);
 gma_status_t gma__pool_record_stream(gma__pool_t *p, void *ptr, gma_stream_t stream);
+/* Marks (or unmarks) the live block at ptr as held by an uncollected future. */
+void gma__pool_hold(gma__pool_t *p, void *ptr, bool held);
 /* What a trim releases: whole free segments idle longer than idle_ns (0:
  * none by age), then, largest first, until at most keep bytes of cache stay. */
 typedef struct gma__release {

@@ -39,8 +39,7 @@ typedef struct gma__worker {
   uint64_t timeout_ns;         /* immutable: future_timeout_ms */
   pthread_mutex_t done_mu;     /* with done_cv: completion waits (leaf lock) */
   pthread_cond_t done_cv;
-  pthread_mutex_t fmu;         /* guards futures (lock order: fmu, then the pool lock) */
-  struct gma_future *futures;  /* every future not yet released */
+  struct gma__anchor *anchor;  /* shared with every future: says whether g still lives */
   _Atomic uint64_t submitted, ready_at_once, ready, failed, timed_out, queued;
   _Atomic uint64_t latency[GMA__LATENCY_BUCKETS]; /* worker writes, stats reads */
 } gma__worker_t;
@@ -64,9 +63,16 @@ void gma__worker_stats(gma__worker_t *w, gma_stats_t *st);
 bool gma__future_serve(gma__worker_t *w, struct gma_future *f, uint64_t now_ns);
 /* Worker thread: completes f with status without serving it (shutdown). */
 void gma__future_cancel(gma__worker_t *w, struct gma_future *f);
-/* gma_destroy, after the worker stopped: frees uncollected memory of every
- * future still held, and detaches them from g. */
-void gma__futures_detach(gma__worker_t *w);
+/* The anchor: futures outlive their allocator (release is allowed after
+ * gma_destroy), so each holds a reference to this small object instead of
+ * trusting g. g is set to NULL by gma_destroy. */
+typedef struct gma__anchor {
+  gma_t *_Atomic g;
+  _Atomic uint64_t refs;
+} gma__anchor_t;
+gma__anchor_t *gma__anchor_new(gma_t *g);
+/* gma_destroy, after the worker stopped: futures stop reaching g. */
+void gma__anchor_detach(gma__anchor_t *a);
 uint64_t gma__future_deadline(const struct gma_future *f);
 struct gma_future *gma__future_wnext(struct gma_future *f);
 void gma__future_set_wnext(struct gma_future *f, struct gma_future *next);
