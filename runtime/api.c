@@ -92,11 +92,13 @@ gma_status_t gma_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out) {
                           "gma_alloc: %zu bytes is more than this allocator can ever hold "
                           "(memory_limit / device capacity %" PRIu64 " bytes)",
                           size, g->cfg.memory_limit);
-  if (size <= g->pool.bin_max && gma__bin_alloc(&g->pool, size, stream, out) == GMA_OK)
-    return GMA_OK;
+  /* The stream's id tells a recycled handle from the stream it used to name;
+   * asked once, for the bin and, on a miss, the pool. */
   uint64_t id;
   gma_status_t st = g->dev->ops->stream_id(g->dev, stream, &id);
   if (st != GMA_OK) return st;
+  if (size <= g->pool.bin_max && gma__bin_alloc(&g->pool, size, stream, id, out) == GMA_OK)
+    return GMA_OK;
   return gma__pool_alloc_slow(&g->pool, size, stream, id, out);
 }
 

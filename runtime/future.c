@@ -209,16 +209,16 @@ static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t 
   f->submit_ns = now_ns();
   f->deadline_ns = f->submit_ns + (o && o->timeout_ns ? o->timeout_ns : w->timeout_ns);
   atomic_fetch_add_explicit(&w->submitted, 1, memory_order_relaxed);
+  uint64_t id;
+  gma_status_t st = g->dev->ops->stream_id(g->dev, f->stream, &id); /* a clear error now */
   /* A bin hit needs no worker: the future is complete at once. */
-  if (!f->sizes && f->size <= g->pool.bin_max &&
-      gma__bin_alloc(&g->pool, f->size, f->stream, &f->ptr) == GMA_OK) {
+  if (st == GMA_OK && !f->sizes && f->size <= g->pool.bin_max &&
+      gma__bin_alloc(&g->pool, f->size, f->stream, id, &f->ptr) == GMA_OK) {
     atomic_fetch_add_explicit(&w->ready_at_once, 1, memory_order_relaxed);
     complete(w, f, GMA_OK);
     *out = f;
     return GMA_OK;
   }
-  uint64_t id;
-  gma_status_t st = g->dev->ops->stream_id(g->dev, f->stream, &id); /* a clear error now */
   if (st == GMA_OK) {
     f->served_by_worker = true;
     atomic_store(&f->refs, 2);

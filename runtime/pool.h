@@ -255,8 +255,10 @@ uint64_t gma__pool_largest_idle(const gma__pool_t *p);
 
 /* stream_cache.c: the lock-free paths and the stream table. */
 /* Serves size from the stream's bin without a lock; GMA_OK with *out set, or
- * GMA_ERR_OOM meaning "miss: take the slow path" (never reported as such). */
-gma_status_t gma__bin_alloc(gma__pool_t *p, size_t size, gma_stream_t stream, void **out);
+ * GMA_ERR_OOM meaning "miss: take the slow path" (never reported as such).
+ * id is the device's id of the stream (the caller asked once, for both paths). */
+gma_status_t gma__bin_alloc(gma__pool_t *p, size_t size, gma_stream_t stream, uint64_t id,
+                           void **out);
 gma_status_t gma__bin_free(gma__pool_t *p, void *ptr);
 uintptr_t gma__stream_key(gma_stream_t handle, uint64_t *owner_tid);
 gma__stream_t *gma__stable_lookup(gma__pool_t *p, uintptr_t key);

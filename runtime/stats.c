@@ -23,32 +23,30 @@ static void add(_Atomic uint64_t *to, _Atomic uint64_t *from) {
   gma__store_relaxed(to, gma__load_relaxed(to) + gma__load_relaxed(from));
 }
 
-/* Adds one stream's counters to *t. Relaxed loads: each counter is exact,
+/* Adds one block of counters to *t. Relaxed loads: each counter is exact,
  * the set is as consistent as the calls in flight allow. */
+static void fold_one(gma__tcount_t *c, gma__tcount_t *t) {
+  add(&t->allocs, &c->allocs);
+  add(&t->frees, &c->frees);
+  add(&t->hits, &c->hits);
+  add(&t->alloc_bytes, &c->alloc_bytes);
+  add(&t->free_bytes, &c->free_bytes);
+  add(&t->req_bytes, &c->req_bytes);
+  add(&t->req_freed, &c->req_freed);
+  add(&t->bin_in, &c->bin_in);
+  add(&t->bin_out, &c->bin_out);
+}
+
 void gma__stats_fold(const gma__stream_t *s, gma__tcount_t *t) {
   for (gma__tcount_t *c = gma__load_acquire(&((gma__stream_t *)s)->counts); c;
-       c = gma__load_acquire(&c->next)) {
-    add(&t->allocs, &c->allocs);
-    add(&t->frees, &c->frees);
-    add(&t->hits, &c->hits);
-    add(&t->alloc_bytes, &c->alloc_bytes);
-    add(&t->free_bytes, &c->free_bytes);
-    add(&t->req_bytes, &c->req_bytes);
-    add(&t->req_freed, &c->req_freed);
-    add(&t->bin_in, &c->bin_in);
-    add(&t->bin_out, &c->bin_out);
-  }
+       c = gma__load_acquire(&c->next))
+    fold_one(c, t);
 }
 
 static sums_t sum_all(gma__pool_t *p) {
   sums_t t;
   memset(&t, 0, sizeof t);
-  gma__tcount_t *grave = &p->graveyard_counts;
-  gma__tcount_t *saved = grave->next;
-  grave->next = NULL; /* fold the graveyard's totals as one more counter block */
-  gma__stream_t fake = {.counts = grave};
-  gma__stats_fold(&fake, &t);
-  grave->next = saved;
+  fold_one(&p->graveyard_counts, &t); /* retired streams' totals, folded in at the sweep */
   for (const gma__stream_t *s = p->stream_list; s; s = s->next_all) gma__stats_fold(s, &t);
   return t;
 }

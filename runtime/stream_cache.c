@@ -208,12 +208,11 @@ gma__tcount_t *gma__tcount(gma__pool_t *p, gma__stream_t *s) {
 
 /* ---- The bins -----------------------------------------------------------------*/
 
-gma_status_t gma__bin_alloc(gma__pool_t *p, size_t size, gma_stream_t stream, void **out) {
+gma_status_t gma__bin_alloc(gma__pool_t *p, size_t size, gma_stream_t stream, uint64_t id,
+                           void **out) {
   uint64_t owner;
   gma__stream_t *s = gma__stable_lookup(p, gma__stream_key(stream, &owner));
-  if (!s || gma__load_relaxed(&s->retired)) return MISS;
-  uint64_t id;
-  if (p->dev->ops->stream_id(p->dev, stream, &id) != GMA_OK || id != s->id) return MISS;
+  if (!s || gma__load_relaxed(&s->retired) || id != s->id) return MISS;
   gma__bin_t *bin = &s->bins[gma__class_of(size)];
   ck_stack_entry_t *e = ck_stack_pop_mpmc(&bin->stack);
   if (!e) return MISS;
