@@ -150,6 +150,10 @@ typedef struct gma_config {
                                     2, 2..1048576) */
   uint64_t future_timeout_ms;    /* "future_timeout_ms": default time an async request waits
                                     for memory (1000; 1..86400000) */
+  /* Growable segments: one reserved address range per pool, physical chunks
+   * of the device's granularity mapped in as the pool grows and unmapped by
+   * trimming, so neighbouring blocks coalesce across chunks. */
+  int expandable_segments;       /* "expandable_segments": true | false (false) */
 } gma_config_t;
 
 /* Designated in C (and C++20) so -Wextra stays quiet about the other fields. */
@@ -164,6 +168,20 @@ typedef struct gma_config {
  * GMA_ERR_CONFIG with the offending key in gma_last_error(); *config is then
  * left unchanged. Any thread, on distinct configs. */
 GMA_API gma_status_t gma_config_parse(gma_config_t *config, const char *text);
+
+/* ---------------------------------------------------------------------------
+ * CUDA devices. The driver (libcuda.so.1, or the file named by the environment
+ * variable GMA_CUDA_DRIVER) is loaded at run time on first use; a machine
+ * without it runs the simulated device.
+ * ------------------------------------------------------------------------- */
+/* Number of CUDA devices the driver reports. GMA_ERR_NO_DEVICE, with *count
+ * set to 0, when no driver loads, it reports an error, or this build has no
+ * CUDA backend; gma_last_error() says which. Any thread. */
+GMA_API gma_status_t gma_device_count(int *count);
+/* The CUDA device with the most free memory among those with at least size
+ * bytes free, for config.device_ordinal. GMA_ERR_OOM when no device has size
+ * bytes free; GMA_ERR_NO_DEVICE as for gma_device_count. Any thread. */
+GMA_API gma_status_t gma_select_device(size_t size, int *device);
 
 /* ---------------------------------------------------------------------------
  * Allocator lifecycle

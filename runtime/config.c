@@ -18,7 +18,7 @@
 #define GiB (1ull << 30)
 #define TiB (1ull << 40)
 
-typedef enum { KIND_SIZE, KIND_COUNT, KIND_DEVICE, KIND_REUSE, KIND_ONOFF } value_kind_t;
+typedef enum { KIND_SIZE, KIND_COUNT, KIND_DEVICE, KIND_REUSE, KIND_ONOFF, KIND_BOOL } value_kind_t;
 
 /* One row per key: where it lives in gma_config_t and its allowed range
  * (checked after defaults are applied; 0 in a config means "default"). */
@@ -49,6 +49,7 @@ static const key_spec_t keys[] = {
     {"worker", FIELD(worker_off), KIND_ONOFF, 0, 1},
     {"ring_size", FIELD(ring_size), KIND_COUNT, 2, 1048576},
     {"future_timeout_ms", FIELD(future_timeout_ms), KIND_COUNT, 1, 86400000},
+    {"expandable_segments", FIELD(expandable_segments), KIND_BOOL, 0, 1},
     {"sim_alloc_ns", FIELD(sim_alloc_latency_ns), KIND_COUNT, 0, 10000000000ull},
     {"sim_free_ns", FIELD(sim_free_latency_ns), KIND_COUNT, 0, 10000000000ull},
     {"sim_event_ns", FIELD(sim_event_latency_ns), KIND_COUNT, 0, 10000000000ull},
@@ -61,7 +62,7 @@ static uint64_t get_field(const gma_config_t *c, const key_spec_t *k) {
   const char *at = (const char *)c + k->offset;
   if (k->kind == KIND_DEVICE) return (uint64_t)*(const gma_device_kind_t *)at;
   if (k->kind == KIND_REUSE) return (uint64_t)*(const gma_reuse_t *)at;
-  if (k->kind == KIND_ONOFF || k->offset == FIELD(device_ordinal))
+  if (k->kind == KIND_ONOFF || k->kind == KIND_BOOL || k->offset == FIELD(device_ordinal))
     return (uint64_t)(int64_t)*(const int *)at;
   return *(const uint64_t *)at;
 }
@@ -72,7 +73,7 @@ static void set_field(gma_config_t *c, const key_spec_t *k, uint64_t v) {
     *(gma_device_kind_t *)at = (gma_device_kind_t)v;
   else if (k->kind == KIND_REUSE)
     *(gma_reuse_t *)at = (gma_reuse_t)v;
-  else if (k->kind == KIND_ONOFF || k->offset == FIELD(device_ordinal))
+  else if (k->kind == KIND_ONOFF || k->kind == KIND_BOOL || k->offset == FIELD(device_ordinal))
     *(int *)at = (int)v;
   else
     *(uint64_t *)at = v;
@@ -126,6 +127,7 @@ static const char *const device_names[] = {"auto", "sim", "cuda"};
 static const char *const reuse_names[] = {"query", "wait", "none"};
 /* "bins" sets bins_off: index 0 is "on" (bins_off = 0). */
 static const char *const onoff_names[] = {"on", "off"};
+static const char *const bool_names[] = {"false", "true"};
 
 static void trim(const char **s, size_t *len) {
   while (*len && isspace((unsigned char)**s)) (*s)++, (*len)--;
@@ -185,6 +187,10 @@ gma_status_t gma_config_parse(gma_config_t *config, const char *text) {
       case KIND_ONOFF:
         ok = parse_name(val, vlen, onoff_names, 2, &v);
         expected = "on or off";
+        break;
+      case KIND_BOOL:
+        ok = parse_name(val, vlen, bool_names, 2, &v);
+        expected = "true or false";
         break;
       case KIND_SIZE:
         ok = parse_number(val, vlen, true, &v);

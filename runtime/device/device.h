@@ -59,6 +59,26 @@ typedef struct gma__device_ops {
   /* Blocks until every stream's queued work has finished. */
   gma_status_t (*device_synchronize)(gma__device_t *dev);
 
+  /* Virtual memory, for growable segments (expandable_segments:true); all
+   * five are NULL on a backend without it. Sizes and addresses are multiples
+   * of the granularity.
+   * vm_granularity: size and alignment of one physical chunk.
+   * vm_reserve: size bytes of address space, aligned to the granularity, with
+   *   no memory behind it.
+   * vm_map: creates size bytes of physical memory and maps it at addr (inside
+   *   a reservation, not mapped), readable and writable by the device; counts
+   *   against the device's memory like mem_alloc (GMA_ERR_OOM when full).
+   *   *handle names the physical memory for vm_unmap.
+   * vm_unmap: unmaps exactly a range that one vm_map mapped and frees its
+   *   physical memory. Not stream-ordered: the caller makes sure no device
+   *   work still uses the range.
+   * vm_release: gives a whole reservation back; nothing in it may be mapped. */
+  gma_status_t (*vm_granularity)(gma__device_t *dev, uint64_t *bytes);
+  gma_status_t (*vm_reserve)(gma__device_t *dev, uint64_t size, uintptr_t *out);
+  gma_status_t (*vm_release)(gma__device_t *dev, uintptr_t addr, uint64_t size);
+  gma_status_t (*vm_map)(gma__device_t *dev, uintptr_t addr, uint64_t size, uint64_t *handle);
+  gma_status_t (*vm_unmap)(gma__device_t *dev, uintptr_t addr, uint64_t size, uint64_t handle);
+
   /* Simulated kernels; NULL on backends that cannot run them. */
   gma_status_t (*sim_launch)(gma__device_t *dev, gma_stream_t stream, gma_sim_kernel_fn fn,
                              void *arg);
@@ -77,6 +97,15 @@ struct gma__device {
 /* Creates the simulated device from the sim_* fields of config (already merged
  * with GMA_CONF and defaults). One thread. */
 gma_status_t gma__sim_create(const gma_config_t *config, gma__device_t **out);
+
+/* Opens the CUDA device config->device_ordinal through the driver (see
+ * cuda.c). GMA_ERR_NO_DEVICE when no driver loads, the build has no CUDA
+ * backend, or the ordinal does not exist; the message says which. */
+gma_status_t gma__cuda_create(const gma_config_t *config, gma__device_t **out);
+/* The driver's device count and one device's free/total memory, for
+ * gma_device_count and gma_select_device. */
+gma_status_t gma__cuda_device_count(int *count);
+gma_status_t gma__cuda_device_mem(int ordinal, uint64_t *free_bytes, uint64_t *total_bytes);
 
 /* Sets the calling thread's last-error message (printf format) and returns
  * status, so a failure path reads: return gma__set_error(GMA_ERR_OOM, "..."). */
