@@ -145,11 +145,26 @@ static sim_link_t *table_pop(sim_table_t *t) {
  * ------------------------------------------------------------------------- */
 typedef struct sim_device sim_device_t;
 
-/* One live device allocation; link.key is its address. */
+/* One live device allocation; link.key is its address. vm: made by vm_map
+ * inside a reservation (only vm_unmap frees it), else by mem_alloc. */
 typedef struct sim_alloc {
   sim_link_t link;
   uint64_t size;
+  bool vm;
 } sim_alloc_t;
+
+/* One reserved address range (vm_reserve); link.key is its base.
+ * Invariant: mapped[i] != 0 <=> granule i lies in a vm mapping (a sim_alloc_t
+ * with vm set), and nmapped counts them. */
+typedef struct sim_reserve {
+  sim_link_t link;
+  uint64_t size;
+  uint8_t *mapped; /* one byte per granule */
+  uint64_t nmapped;
+} sim_reserve_t;
+
+/* Physical chunk size and alignment of growable segments, as on CUDA GPUs. */
+#define SIM_VM_GRANULARITY (2ull << 20)
 
 /* One record of an event: the point in a stream's queue it captured. Guarded
  * by dev->ev_mu. Invariant: refs = (1 while it is its event's latest mark) +
@@ -260,6 +275,7 @@ struct sim_device {
   /* Invariant: used = sum of sizes in allocs + reserving <= capacity. */
   pthread_mutex_t mem_mu;
   sim_table_t allocs; /* mem_mu */
+  sim_table_t reserves; /* mem_mu: sim_reserve_t by base */
   uint64_t used;      /* mem_mu */
   uint64_t reserving; /* mem_mu: bytes of mem_alloc calls between reserve and mmap */
   pthread_mutex_t streams_mu;
@@ -377,6 +393,7 @@ static gma_status_t sim_mem_alloc(gma__device_t *d, uint64_t size, uintptr_t *ou
     dev->used -= size;
   } else {
     a->link.key = (uintptr_t)p;
+    a->vm = false;
     a->size = size;
     table_insert(&dev->allocs, &a->link);
   }
@@ -399,6 +416,12 @@ static gma_status_t sim_mem_free(gma__device_t *d, uintptr_t addr, uint64_t size
   sim_sleep(dev->free_ns);
   pthread_mutex_lock(&dev->mem_mu);
   sim_alloc_t *a = (sim_alloc_t *)table_find(&dev->allocs, addr);
+  if (a && a->vm) {
+    pthread_mutex_unlock(&dev->mem_mu);
+    return gma__set_error(GMA_ERR_DEVICE,
+                          "sim: mem_free of 0x%llx: it was mapped by vm_map; use vm_unmap",
+                          (unsigned long long)addr);
+  }
   uint64_t real = a ? a->size : 0;
   if (a && real == size) {
     table_remove(&dev->allocs, addr);
@@ -431,6 +454,178 @@ static gma_status_t sim_mem_info(gma__device_t *d, uint64_t *free_bytes, uint64_
   pthread_mutex_unlock(&dev->mem_mu);
   if (free_bytes) *free_bytes = dev->capacity - used;
   if (total_bytes) *total_bytes = dev->capacity;
+  return GMA_OK;
+}
+
+/* ---------------------------------------------------------------------------
+ * Virtual memory (growable segments): a reservation is PROT_NONE address
+ * space; vm_map maps read-write pages over part of it (MAP_FIXED) and charges
+ * the capacity; vm_unmap puts PROT_NONE back, which drops the pages, so a
+ * kernel still touching unmapped memory faults as it would on a GPU.
+ * ------------------------------------------------------------------------- */
+static gma_status_t sim_vm_granularity(gma__device_t *d, uint64_t *bytes) {
+  (void)d;
+  if (!bytes) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "sim: vm_granularity: NULL");
+  *bytes = SIM_VM_GRANULARITY;
+  return GMA_OK;
+}
+
+static bool vm_aligned(uint64_t x) { return x % SIM_VM_GRANULARITY == 0; }
+
+/* Any thread. */
+static gma_status_t sim_vm_reserve(gma__device_t *d, uint64_t size, uintptr_t *out) {
+  sim_device_t *dev = sim_of(d);
+  if (!out) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "sim: vm_reserve: out is NULL");
+  if (size == 0 || !vm_aligned(size) || size > (1ull << 46))
+    return gma__set_error(GMA_ERR_INVALID_SIZE,
+                          "sim: vm_reserve of %llu bytes: not a nonzero multiple of the "
+                          "granularity (%llu) below 64 TiB",
+                          (unsigned long long)size, SIM_VM_GRANULARITY);
+  sim_reserve_t *r = calloc(1, sizeof *r);
+  uint8_t *mapped = calloc((size_t)(size / SIM_VM_GRANULARITY), 1);
+  size_t span = (size_t)(size + SIM_VM_GRANULARITY);
+  void *p = r && mapped ? mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                               -1, 0)
+                        : MAP_FAILED;
+  if (p == MAP_FAILED) {
+    free(r);
+    free(mapped);
+    return gma__set_error(GMA_ERR_OOM, "sim: cannot reserve %llu bytes of address space",
+                          (unsigned long long)size);
+  }
+  /* Keep the aligned part; give the slop on either side back. */
+  uintptr_t raw = (uintptr_t)p, base = (raw + SIM_VM_GRANULARITY - 1) & ~(SIM_VM_GRANULARITY - 1);
+  if (base > raw) munmap(p, base - raw);
+  if (raw + span > base + size) munmap((void *)(base + size), raw + span - (base + size));
+  r->link.key = base;
+  r->size = size;
+  r->mapped = mapped;
+  pthread_mutex_lock(&dev->mem_mu);
+  table_insert(&dev->reserves, &r->link);
+  pthread_mutex_unlock(&dev->mem_mu);
+  *out = base;
+  return GMA_OK;
+}
+
+/* The reservation holding [addr, addr + size), or NULL; caller holds mem_mu.
+ * Reservations are few (one per pool), so a scan is fine. */
+static sim_reserve_t *reserve_of(const sim_device_t *dev, uintptr_t addr, uint64_t size) {
+  for (size_t i = 0; i <= dev->reserves.mask; i++)
+    for (sim_link_t *l = dev->reserves.buckets[i]; l; l = l->next) {
+      sim_reserve_t *r = (sim_reserve_t *)l;
+      if (addr >= l->key && size <= r->size && addr - l->key <= r->size - size) return r;
+    }
+  return NULL;
+}
+
+/* Any thread. */
+static gma_status_t sim_vm_release(gma__device_t *d, uintptr_t addr, uint64_t size) {
+  sim_device_t *dev = sim_of(d);
+  pthread_mutex_lock(&dev->mem_mu);
+  sim_reserve_t *r = (sim_reserve_t *)table_find(&dev->reserves, addr);
+  bool ok = r && r->size == size && r->nmapped == 0;
+  if (ok) table_remove(&dev->reserves, addr);
+  pthread_mutex_unlock(&dev->mem_mu);
+  if (!ok)
+    return gma__set_error(GMA_ERR_DEVICE,
+                          "sim: vm_release of 0x%llx (%llu bytes): %s", (unsigned long long)addr,
+                          (unsigned long long)size,
+                          !r ? "not a reservation"
+                             : r->size != size ? "size differs from the reservation's"
+                                               : "parts of it are still mapped");
+  munmap((void *)addr, (size_t)size);
+  free(r->mapped);
+  free(r);
+  return GMA_OK;
+}
+
+/* Any thread. Blocks for the configured allocation latency; counts as a
+ * device allocation for fault injection. */
+static gma_status_t sim_vm_map(gma__device_t *d, uintptr_t addr, uint64_t size, uint64_t *handle) {
+  sim_device_t *dev = sim_of(d);
+  sim_sleep(dev->alloc_ns);
+  uint64_t t;
+  if (fault_fires(&dev->alloc_calls, dev->fail_alloc, &t))
+    return gma__set_error(GMA_ERR_DEVICE, "sim: injected failure of device allocation #%llu "
+                                          "(vm_map)", (unsigned long long)t);
+  if (!handle) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "sim: vm_map: handle is NULL");
+  if (size == 0 || !vm_aligned(size) || !vm_aligned(addr))
+    return gma__set_error(GMA_ERR_INVALID_SIZE,
+                          "sim: vm_map of %llu bytes at 0x%llx: not granularity-aligned",
+                          (unsigned long long)size, (unsigned long long)addr);
+  sim_alloc_t *a = calloc(1, sizeof *a);
+  if (!a) return gma__set_error(GMA_ERR_DEVICE, "sim: out of host memory for a mapping record");
+  pthread_mutex_lock(&dev->mem_mu);
+  sim_reserve_t *r = reserve_of(dev, addr, size);
+  uint64_t g0 = r ? (addr - r->link.key) / SIM_VM_GRANULARITY : 0, n = size / SIM_VM_GRANULARITY;
+  bool free_range = r != NULL;
+  for (uint64_t i = 0; free_range && i < n; i++) free_range = !r->mapped[g0 + i];
+  uint64_t used = dev->used;
+  bool fits = size <= dev->capacity - used;
+  if (free_range && fits) {
+    /* The map happens under mem_mu, so a concurrent unmap of a neighbour
+     * (also under mem_mu) cannot interleave with it. */
+    void *p = mmap((void *)addr, (size_t)size, PROT_READ | PROT_WRITE,
+                   MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      fits = false;
+    } else {
+      memset(r->mapped + g0, 1, (size_t)n);
+      r->nmapped += n;
+      dev->used += size;
+      a->link.key = addr;
+      a->size = size;
+      a->vm = true;
+      table_insert(&dev->allocs, &a->link);
+    }
+  }
+  SIM_MEM_CHECK(dev);
+  pthread_mutex_unlock(&dev->mem_mu);
+  if (!free_range) {
+    free(a);
+    return gma__set_error(GMA_ERR_DEVICE,
+                          "sim: vm_map of 0x%llx (%llu bytes): %s", (unsigned long long)addr,
+                          (unsigned long long)size,
+                          r ? "part of the range is already mapped" : "not inside a reservation");
+  }
+  if (!fits) {
+    free(a);
+    return gma__set_error(GMA_ERR_OOM,
+                          "sim: device out of memory: mapping %llu bytes, %llu of %llu bytes in "
+                          "use",
+                          (unsigned long long)size, (unsigned long long)used,
+                          (unsigned long long)dev->capacity);
+  }
+  *handle = addr; /* the mapping's own address names its physical memory */
+  return GMA_OK;
+}
+
+/* Any thread. Blocks for the configured free latency. */
+static gma_status_t sim_vm_unmap(gma__device_t *d, uintptr_t addr, uint64_t size, uint64_t handle) {
+  sim_device_t *dev = sim_of(d);
+  sim_sleep(dev->free_ns);
+  pthread_mutex_lock(&dev->mem_mu);
+  sim_alloc_t *a = (sim_alloc_t *)table_find(&dev->allocs, addr);
+  bool ok = a && a->vm && a->size == size && handle == addr;
+  if (ok) {
+    sim_reserve_t *r = reserve_of(dev, addr, size);
+    SIM_ASSERT(r);
+    memset(r->mapped + (addr - r->link.key) / SIM_VM_GRANULARITY, 0,
+           (size_t)(size / SIM_VM_GRANULARITY));
+    r->nmapped -= size / SIM_VM_GRANULARITY;
+    table_remove(&dev->allocs, addr);
+    dev->used -= size;
+    /* PROT_NONE again, pages dropped; still under mem_mu (see vm_map). */
+    mmap((void *)addr, (size_t)size, PROT_NONE,
+         MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  }
+  SIM_MEM_CHECK(dev);
+  pthread_mutex_unlock(&dev->mem_mu);
+  if (!ok)
+    return gma__set_error(GMA_ERR_DEVICE,
+                          "sim: vm_unmap of 0x%llx (%llu bytes): not exactly one vm_map mapping",
+                          (unsigned long long)addr, (unsigned long long)size);
+  free(a);
   return GMA_OK;
 }
 
@@ -1036,6 +1231,12 @@ static void sim_destroy(gma__device_t *d) {
     munmap((void *)l->key, (size_t)((sim_alloc_t *)l)->size);
     free(l);
   }
+  while ((l = table_pop(&dev->reserves))) {
+    munmap((void *)l->key, (size_t)((sim_reserve_t *)l)->size);
+    free(((sim_reserve_t *)l)->mapped);
+    free(l);
+  }
+  free(dev->reserves.buckets);
   free(dev->ptds.buckets);
   free(dev->events.buckets);
   free(dev->allocs.buckets);
@@ -1062,6 +1263,11 @@ static const gma__device_ops_t sim_ops = {
     .stream_id = sim_stream_id,
     .stream_synchronize = sim_stream_synchronize,
     .device_synchronize = sim_device_synchronize,
+    .vm_granularity = sim_vm_granularity,
+    .vm_reserve = sim_vm_reserve,
+    .vm_release = sim_vm_release,
+    .vm_map = sim_vm_map,
+    .vm_unmap = sim_vm_unmap,
     .sim_launch = sim_launch,
     .destroy = sim_destroy,
 };
@@ -1089,7 +1295,8 @@ gma_status_t gma__sim_create(const gma_config_t *config, gma__device_t **out) {
   pthread_cond_init(&dev->streams_cv, NULL);
   pthread_mutex_init(&dev->ev_mu, NULL);
   pthread_cond_init(&dev->ev_cv, NULL);
-  bool ok = table_init(&dev->allocs) && table_init(&dev->ptds) && table_init(&dev->events);
+  bool ok = table_init(&dev->allocs) && table_init(&dev->ptds) && table_init(&dev->events) &&
+            table_init(&dev->reserves);
   if (ok) dev->legacy = stream_new(dev);
   if (!ok || !dev->legacy) {
     sim_destroy(&dev->base);
