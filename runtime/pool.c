@@ -96,7 +96,7 @@ static uint64_t treap_max_size(const gma__block_t *n) {
 
 #define BLOCK_CHUNK 256
 
-static gma__block_t *block_new(gma__pool_t *p) {
+gma__block_t *gma__block_new(gma__pool_t *p) {
   if (!p->spare_blocks) {
     if (p->nchunks == p->chunks_cap) {
       size_t cap = p->chunks_cap ? p->chunks_cap * 2 : 16;
@@ -128,7 +128,7 @@ static gma__block_t *block_new(gma__pool_t *p) {
   return b;
 }
 
-static void block_recycle(gma__pool_t *p, gma__block_t *b) {
+void gma__block_recycle(gma__pool_t *p, gma__block_t *b) {
   gma__store_relaxed(&b->state, GMA__FREE);
   b->addr = 0;
   b->next = p->spare_blocks;
@@ -140,7 +140,7 @@ static uint8_t state_of(gma__block_t *b) { return gma__load_relaxed(&b->state); 
 /* ---- Block containers -------------------------------------------------------
  * Each idle state has its container and byte counter; these keep them in step. */
 
-static void free_link(gma__pool_t *p, gma__block_t *b) {
+void gma__free_link(gma__pool_t *p, gma__block_t *b) {
   gma__store_relaxed(&b->state, GMA__FREE);
   b->stream = NULL;
   gma__store_relaxed(&b->ngates, 0);
@@ -148,7 +148,7 @@ static void free_link(gma__pool_t *p, gma__block_t *b) {
   p->c.free += b->size;
 }
 
-static void free_unlink(gma__pool_t *p, gma__block_t *b) {
+void gma__free_unlink(gma__pool_t *p, gma__block_t *b) {
   p->free_tree[b->seg->kind] = treap_remove(p->free_tree[b->seg->kind], b);
   p->c.free -= b->size;
 }
@@ -205,23 +205,24 @@ static void absorb_next(gma__pool_t *p, gma__block_t *b) {
   b->size += n->size;
   b->next = n->next;
   if (b->next) b->next->prev = b;
+  if (b->seg->last == n) b->seg->last = b;
   gma__pagemap_set(&p->pagemap, n->addr, NULL); /* clearing never allocates */
-  block_recycle(p, n);
+  gma__block_recycle(p, n);
 }
 
 /* Makes an unlinked block FREE, coalescing with FREE neighbours. */
 void gma__block_make_free(gma__pool_t *p, gma__block_t *b) {
   if (b->prev && state_of(b->prev) == GMA__FREE) {
     gma__block_t *prev = b->prev;
-    free_unlink(p, prev);
+    gma__free_unlink(p, prev);
     absorb_next(p, prev);
     b = prev;
   }
   if (b->next && state_of(b->next) == GMA__FREE) {
-    free_unlink(p, b->next);
+    gma__free_unlink(p, b->next);
     absorb_next(p, b);
   }
-  free_link(p, b);
+  gma__free_link(p, b);
 }
 
 /* Caches an unlinked block on its stream (b->stream, b->epoch set), merging
@@ -256,7 +257,7 @@ static size_t seg_index_at_or_before(const gma__pool_t *p, uintptr_t addr) {
   return lo; /* segs[lo-1] is the candidate; lo == 0 means none */
 }
 
-static gma__segment_t *seg_find(const gma__pool_t *p, uintptr_t addr) {
+gma__segment_t *gma__seg_find(const gma__pool_t *p, uintptr_t addr) {
   size_t i = seg_index_at_or_before(p, addr);
   if (i == 0) return NULL;
   gma__segment_t *s = p->segs[i - 1];
@@ -264,8 +265,7 @@ static gma__segment_t *seg_find(const gma__pool_t *p, uintptr_t addr) {
 }
 
 /* Makes device memory [base, base+size) a segment of one FREE block. */
-static gma_status_t seg_adopt(gma__pool_t *p, int kind, uintptr_t base, uint64_t size,
-                              gma__block_t **out) {
+gma_status_t gma__segs_insert(gma__pool_t *p, gma__segment_t *seg) {
   if (p->nsegs == p->segs_cap) {
     size_t cap = p->segs_cap ? p->segs_cap * 2 : 64;
     gma__segment_t **segs = realloc(p->segs, cap * sizeof *segs);
@@ -273,26 +273,45 @@ static gma_status_t seg_adopt(gma__pool_t *p, int kind, uintptr_t base, uint64_t
     p->segs = segs;
     p->segs_cap = cap;
   }
+  size_t i = seg_index_at_or_before(p, seg->base);
+  memmove(&p->segs[i + 1], &p->segs[i], (p->nsegs - i) * sizeof *p->segs);
+  p->segs[i] = seg;
+  p->nsegs++;
+  return GMA_OK;
+}
+
+void gma__segs_remove(gma__pool_t *p, gma__segment_t *seg) {
+  size_t i = seg_index_at_or_before(p, seg->base) - 1;
+  GMA__ASSERT(p->segs[i] == seg);
+  memmove(&p->segs[i], &p->segs[i + 1], (p->nsegs - i - 1) * sizeof *p->segs);
+  p->nsegs--;
+}
+
+static gma_status_t seg_adopt(gma__pool_t *p, int kind, uintptr_t base, uint64_t size,
+                              gma__block_t **out) {
   gma__segment_t *seg = calloc(1, sizeof *seg);
-  gma__block_t *b = block_new(p);
+  gma__block_t *b = gma__block_new(p);
   if (!seg || !b || !gma__pagemap_set(&p->pagemap, base, b)) {
     free(seg);
-    if (b) block_recycle(p, b);
+    if (b) gma__block_recycle(p, b);
     return gma__set_error(GMA_ERR_OOM, "host memory for segment metadata");
   }
   seg->base = base;
   seg->size = size;
   seg->kind = kind;
-  seg->first = b;
+  seg->first = seg->last = b;
   b->seg = seg;
   b->addr = base;
   b->size = size;
-  size_t i = seg_index_at_or_before(p, base);
-  memmove(&p->segs[i + 1], &p->segs[i], (p->nsegs - i) * sizeof *p->segs);
-  p->segs[i] = seg;
-  p->nsegs++;
+  gma_status_t st = gma__segs_insert(p, seg);
+  if (st != GMA_OK) {
+    gma__pagemap_set(&p->pagemap, base, NULL);
+    gma__block_recycle(p, b);
+    free(seg);
+    return st;
+  }
   gma__stat_add(&p->c.reserved, size);
-  free_link(p, b);
+  gma__free_link(p, b);
   if (out) *out = b;
   return GMA_OK;
 }
@@ -317,21 +336,23 @@ static gma_status_t seg_create(gma__pool_t *p, int kind, uint64_t size, gma__blo
 static void seg_detach(gma__pool_t *p, size_t i) {
   gma__segment_t *seg = p->segs[i];
   gma__block_t *b = seg->first;
-  free_unlink(p, b);
+  gma__free_unlink(p, b);
   gma__pagemap_set(&p->pagemap, b->addr, NULL);
-  block_recycle(p, b);
+  gma__block_recycle(p, b);
   gma__stat_sub(&p->c.reserved, seg->size);
-  memmove(&p->segs[i], &p->segs[i + 1], (p->nsegs - i - 1) * sizeof *p->segs);
-  p->nsegs--;
+  gma__segs_remove(p, seg);
 }
 
+/* An ordinary segment that is one FREE block (growable segments give their
+ * free chunks back through vmm.c instead). */
 static bool seg_is_free(gma__segment_t *seg) {
-  return state_of(seg->first) == GMA__FREE && seg->first->size == seg->size;
+  return !seg->region && state_of(seg->first) == GMA__FREE && seg->first->size == seg->size;
 }
 
 /* Returns every segment that is one FREE block to the device (the OOM
  * retry: the caller is waiting for this memory anyway, so under the lock). */
 static void release_free_segments(gma__pool_t *p) {
+  if (p->region[GMA__SMALL]) gma__vm_release_free(p);
   for (size_t i = p->nsegs; i-- > 0;) {
     gma__segment_t *seg = p->segs[i];
     if (!seg_is_free(seg)) continue;
@@ -366,6 +387,7 @@ gma_status_t gma__pool_init(gma__pool_t *p, gma__device_t *dev, const gma_config
   }
   p->rng = 0x9E3779B9u;
   p->sweep_at = 64;
+  if (cfg->expandable_segments) return gma__vm_init(p);
   return GMA_OK;
 }
 
@@ -373,9 +395,9 @@ gma_status_t gma__pool_init(gma__pool_t *p, gma__device_t *dev, const gma_config
  * splitting off the rest, which stays in b's state and FIFO place. */
 static void take_block(gma__pool_t *p, gma__block_t *b, uint64_t size, size_t requested,
                        gma__stream_t *s) {
-  gma__block_t *rest = b->size - size >= GMA__MIN_SPLIT ? block_new(p) : NULL;
+  gma__block_t *rest = b->size - size >= GMA__MIN_SPLIT ? gma__block_new(p) : NULL;
   if (rest && !gma__pagemap_set(&p->pagemap, b->addr + size, rest)) {
-    block_recycle(p, rest);
+    gma__block_recycle(p, rest);
     rest = NULL; /* no host memory for the map: hand out the whole block */
   }
   bool cached = state_of(b) == GMA__CACHED;
@@ -387,19 +409,21 @@ static void take_block(gma__pool_t *p, gma__block_t *b, uint64_t size, size_t re
     rest->next = b->next;
     if (b->next) b->next->prev = rest;
     b->next = rest;
+    if (b->seg->last == b) b->seg->last = rest;
     if (cached) {
       rest->stream = b->stream;
       rest->epoch = b->epoch;
       cached_link(p, rest, b); /* right after b, while b is still linked */
     }
   }
-  if (cached) gma__cached_unlink(p, b); else free_unlink(p, b);
+  if (cached) gma__cached_unlink(p, b); else gma__free_unlink(p, b);
   if (rest) {
     b->size = size;
-    if (!cached) free_link(p, rest);
+    if (!cached) gma__free_link(p, rest);
   }
   b->stream = s;
   b->requested = requested;
+  b->free_since_ns = 0;
   gma__store_relaxed(&b->ngates, 0);
   gma__store_relaxed(&b->future_held, 0);
   gma__store_relaxed(&b->state, GMA__LIVE);
@@ -443,10 +467,28 @@ static gma_status_t oom_error(gma__pool_t *p, uint64_t size, size_t requested,
       p->c.pending, p->c.free, dev_free, dev_total, p->limit);
 }
 
+/* Growable segments: maps just enough chunks (vmm.c), with the same retry
+ * after releasing safe cached memory; the fit then comes from the free tree. */
+static gma_status_t grow_region(gma__pool_t *p, int kind, uint64_t size, gma__block_t **out) {
+  gma_status_t st = gma__vm_grow(p, kind, size);
+  if (st == GMA_ERR_OOM) {
+    p->c.oom_retries++;
+    gma__streams_poll(p, true);
+    release_free_segments(p);
+    if ((*out = treap_best_fit(p->free_tree[kind], size))) return GMA_OK;
+    st = gma__vm_grow(p, kind, size);
+  }
+  if (st == GMA_OK && !(*out = treap_best_fit(p->free_tree[kind], size)))
+    st = gma__set_error(GMA_ERR_INTERNAL, "growable segment grew but holds no fit for %" PRIu64,
+                        size);
+  return st;
+}
+
 /* Grows the pool by one segment that can hold size bytes. On device OOM it
  * releases cached memory that is already safe (never waiting for the device)
  * and retries, the second time with the smallest segment that fits. */
 static gma_status_t grow(gma__pool_t *p, int kind, uint64_t size, gma__block_t **out) {
+  if (p->region[kind]) return grow_region(p, kind, size, out);
   uint64_t seg_size = segment_size_for(p, kind, size);
   gma_status_t st = seg_create(p, kind, seg_size, out);
   if (st != GMA_ERR_OOM) return st;
@@ -595,7 +637,7 @@ out:
 
 /* Finds the block containing addr, or NULL (walks one segment: error path only). */
 static gma__block_t *block_containing(const gma__pool_t *p, uintptr_t addr) {
-  gma__segment_t *seg = seg_find(p, addr);
+  gma__segment_t *seg = gma__seg_find(p, addr);
   if (!seg) return NULL;
   gma__block_t *b = seg->first;
   while (b && addr >= b->addr + b->size) b = b->next;
@@ -778,12 +820,21 @@ gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r) {
       cached -= seg->size < cached ? seg->size : cached;
     }
   }
+  /* Growable segments: the chunks inside FREE blocks, by the same rules. */
+  gma__vm_range_t *ranges = NULL;
+  size_t nr = 0, nr_idle = 0;
+  if (p->region[GMA__SMALL]) nr = gma__vm_pick(p, r, &cached, &ranges, &nr_idle);
   GMA__VALIDATE(p);
   pthread_mutex_unlock(&p->lock);
 
   gma_status_t st = GMA_OK;
   uint64_t freed = 0, freed_idle = 0;
   size_t failed = 0;
+  for (size_t i = 0; i < nr; i++) {
+    ranges[i].unmapped = gma__vm_unmap(p, &ranges[i]);
+    if (ranges[i].unmapped < ranges[i].size) st = GMA_ERR_DEVICE; /* message kept */
+    if (i < nr_idle) freed_idle += ranges[i].unmapped;
+  }
   for (size_t i = 0; i < n; i++) {
     if (p->dev->ops->mem_free(p->dev, out[i]->base, out[i]->size) == GMA_OK) {
       freed += out[i]->size;
@@ -801,6 +852,11 @@ gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r) {
   }
   p->c.device_frees += n - failed;
   p->c.bytes_trimmed += freed;
+  for (size_t i = 0; i < nr; i++) {
+    gma__vm_finish(p, &ranges[i], ranges[i].unmapped); /* counts frees and bytes itself */
+    freed += ranges[i].unmapped;
+  }
+  free(ranges);
   if (r->timed) {
     p->c.trims_idle += freed_idle > 0;
     p->c.trims_timed += freed > freed_idle;
@@ -825,7 +881,8 @@ gma_status_t gma__pool_grow_ahead(gma__pool_t *p, uint64_t want_free) {
     gma__block_t *b;
     uint64_t size = p->segment_size[GMA__LARGE];
     if (want_free - p->c.free > size) size = round_up(want_free - p->c.free, SEGMENT_ROUND);
-    st = seg_create(p, GMA__LARGE, size, &b);
+    st = p->region[GMA__LARGE] ? gma__vm_grow(p, GMA__LARGE, want_free - p->c.free)
+                               : seg_create(p, GMA__LARGE, size, &b);
     if (st == GMA_OK) p->c.grows_worker++;
   }
   GMA__VALIDATE(p);
@@ -853,10 +910,11 @@ gma_status_t gma__pool_fini(gma__pool_t *p) {
         leaked_bytes += b->size;
       }
     }
-    p->dev->ops->mem_free(p->dev, seg->base, seg->size);
+    if (!seg->region) p->dev->ops->mem_free(p->dev, seg->base, seg->size);
     free(seg);
   }
   free(p->segs);
+  gma__vm_fini(p);
   for (size_t i = 0; i < p->nchunks; i++) {
     gma__block_t *chunk = p->block_chunks[i];
     for (int j = 0; j < BLOCK_CHUNK; j++) free(chunk[j].gates);
@@ -911,6 +969,8 @@ bool gma__pool_is_valid(gma__pool_t *p) {
              "segments overlap or are unsorted at %zu", i);
     uintptr_t at = seg->base;
     VALID_OR(seg->first && !seg->first->prev, "segment %zu has no first block", i);
+    VALID_OR(seg->last && !seg->last->next && seg->last->seg == seg,
+             "segment %zu has no last block", i);
     for (gma__block_t *b = seg->first; b; b = b->next) {
       uint8_t st = state_of(b);
       VALID_OR(b->seg == seg && b->addr == at, "block at %p does not tile its segment",
@@ -960,7 +1020,7 @@ bool gma__pool_is_valid(gma__pool_t *p) {
   uint64_t pending = 0;
   for (gma__block_t *b = p->pending_head; b; b = b->qnext) pending += state_of(b) == GMA__PENDING;
   VALID_OR(pending == count[GMA__PENDING], "pending list disagrees");
-  return true;
+  return gma__vm_is_valid(p);
 }
 
 /* Largest idle block in the stream trees and free trees (bins not included:

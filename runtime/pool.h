@@ -80,14 +80,39 @@ typedef struct gma__block {
   _Atomic uint8_t state;         /* atomic: gma__block_state_t */
   _Atomic uint8_t future_held;   /* LIVE: a completed future got it and nobody collected it
                                     yet (gma_destroy frees it quietly, not as a leak) */
+  uint64_t free_since_ns;        /* FREE in a growable segment: when a trim pass first saw
+                                    it free (its idle clock); 0 otherwise */
 } gma__block_t;
 
+/* A growable segment's address range (expandable_segments): reserved once,
+ * physical chunks of gran bytes mapped in as the pool grows. Granule i is
+ * UNMAPPED, MAPPED (covered by exactly one segment of this region) or BUSY
+ * (detached by a trim and being unmapped outside the lock; no segment covers
+ * it, and only the trimming thread touches its entry).
+ * Invariants: the region's segments cover exactly its MAPPED granules;
+ * mapped = gran * (MAPPED + BUSY granules). handle[i] is valid while MAPPED
+ * or BUSY. */
+enum { GMA__GRAN_UNMAPPED = 0, GMA__GRAN_MAPPED = 1, GMA__GRAN_BUSY = 2 };
+typedef struct gma__region {
+  uintptr_t base;
+  uint64_t size, gran, ngran;
+  int kind;
+  uint8_t *state;  /* ngran entries */
+  uint64_t *handle; /* ngran entries */
+  uint64_t mapped;  /* bytes MAPPED or BUSY */
+  uint64_t busy;    /* bytes BUSY */
+} gma__region_t;
+
+/* A segment: device memory the pool owns, tiled by blocks. An ordinary one
+ * is one device allocation; one with a region is a run of MAPPED granules,
+ * extended, merged and split as chunks are mapped and unmapped. */
 typedef struct gma__segment {
   uintptr_t base;
   uint64_t size;
   int kind; /* GMA__SMALL or GMA__LARGE */
-  gma__block_t *first;
-  uint64_t free_since_ns; /* when a trim pass first saw it wholly free; 0: not free */
+  gma__block_t *first, *last;
+  gma__region_t *region;  /* NULL: an ordinary segment */
+  uint64_t free_since_ns; /* ordinary: when a trim pass first saw it wholly free; 0: not free */
 } gma__segment_t;
 
 /* One lock-free bin: blocks of one size class freed on one stream.
@@ -211,6 +236,7 @@ typedef struct gma__pool {
   gma__block_t *spare_blocks;   /* recycled block records (linked by next) */
   void **block_chunks;          /* every block chunk, freed at destroy */
   size_t nchunks, chunks_cap;
+  gma__region_t *region[GMA__NKINDS]; /* expandable_segments: one per kind, else NULL */
   gma__event_t *spare_events;   /* created, unused events for reuse */
   size_t nspare, spare_cap;
   gma__counters_t c;
@@ -252,6 +278,56 @@ void gma__cached_unlink(gma__pool_t *p, gma__block_t *b);
 void gma__cache_block(gma__pool_t *p, gma__block_t *b);
 void gma__pending_poll(gma__pool_t *p);
 uint64_t gma__pool_largest_idle(const gma__pool_t *p);
+
+/* pool.c helpers shared with vmm.c (lock held). */
+gma__block_t *gma__block_new(gma__pool_t *p);
+void gma__block_recycle(gma__pool_t *p, gma__block_t *b);
+void gma__free_link(gma__pool_t *p, gma__block_t *b);
+void gma__free_unlink(gma__pool_t *p, gma__block_t *b);
+/* The segment containing addr, or NULL. */
+gma__segment_t *gma__seg_find(const gma__pool_t *p, uintptr_t addr);
+/* Adds seg to / removes it from the sorted segment table (insert can fail
+ * for lack of host memory). */
+gma_status_t gma__segs_insert(gma__pool_t *p, gma__segment_t *seg);
+void gma__segs_remove(gma__pool_t *p, gma__segment_t *seg);
+
+/* vmm.c: growable segments (expandable_segments). Lock held unless said. */
+/* Reserves one region per kind; called from gma__pool_init. */
+gma_status_t gma__vm_init(gma__pool_t *p);
+/* Maps enough granules that the kind's free tree holds a block of at least
+ * size bytes: extends a segment ending in a FREE block, or maps a fresh run;
+ * neighbours merge and FREE blocks coalesce across chunks. */
+gma_status_t gma__vm_grow(gma__pool_t *p, int kind, uint64_t size);
+/* A range of BUSY granules taken out of the pool, to be unmapped. */
+typedef struct gma__vm_range {
+  gma__region_t *region;
+  uintptr_t addr;
+  uint64_t size;
+  uint64_t unmapped; /* bytes from the front gma__vm_unmap gave back */
+} gma__vm_range_t;
+/* Detaches the granule-aligned inside of FREE block b (of a growable
+ * segment) from the pool, splitting its segment; false when there is none or
+ * host memory for the split is lacking (nothing changed). */
+bool gma__vm_detach(gma__pool_t *p, gma__block_t *b, gma__vm_range_t *out);
+/* Without the lock: unmaps a detached range chunk by chunk; returns how many
+ * bytes from the front were unmapped (the rest failed, message set). */
+uint64_t gma__vm_unmap(gma__pool_t *p, const gma__vm_range_t *r);
+/* Lock held: marks the unmapped front UNMAPPED and gives what failed back to
+ * the pool as free memory. */
+void gma__vm_finish(gma__pool_t *p, const gma__vm_range_t *r, uint64_t unmapped);
+/* A trim's choice (see gma__pool_release): detaches the chunks inside FREE
+ * blocks, idle ones first, then the largest until *cached <= keep; returns
+ * the ranges (malloc'd, the first *n_idle for idleness) to unmap. */
+struct gma__release;
+size_t gma__vm_pick(gma__pool_t *p, const struct gma__release *rel, uint64_t *cached,
+                    gma__vm_range_t **out, size_t *n_idle);
+/* Unmaps every free chunk now, under the lock (the OOM retry). */
+void gma__vm_release_free(gma__pool_t *p);
+/* At destroy, after every segment was dropped: unmaps everything, releases
+ * the reservations. */
+void gma__vm_fini(gma__pool_t *p);
+/* Checks the regions against the segments; lock held. */
+bool gma__vm_is_valid(gma__pool_t *p);
 
 /* stream_cache.c: the lock-free paths and the stream table. */
 /* Serves size from the stream's bin without a lock; GMA_OK with *out set, or
