@@ -1,7 +1,7 @@
 /* Owns the public entry points: argument checks, clear error messages, the
  * allocator object, device selection, and routing each call to its owner. */
-#include <dlfcn.h>
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,29 +14,62 @@
     if (!(cond)) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, __VA_ARGS__); \
   } while (0)
 
-/* True when a CUDA driver could be loaded on this machine. */
-static bool cuda_driver_present(void) {
-  void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
-  if (!h) return false;
-  dlclose(h);
-  return true;
+/* device:auto falls back to the simulated device when CUDA has no device to
+ * offer (no driver, no GPU, or a build without the backend), and says so once
+ * per process on stderr so nobody mistakes simulated figures for GPU ones. */
+static void note_fallback(void) {
+  static _Atomic bool said;
+  if (atomic_exchange(&said, true)) return;
+  fprintf(stderr, "gma: no CUDA device (%s); device:auto uses the simulated device\n",
+          gma_last_error());
 }
 
 static gma_status_t open_device(const gma_config_t *cfg, gma__device_t **out) {
+  gma_status_t st;
   switch (cfg->device) {
     case GMA_DEVICE_CUDA:
-      return gma__set_error(GMA_ERR_NO_DEVICE,
-                            "device:cuda was asked for, but this build of gma has only the "
-                            "simulated device; use device:sim or device:auto");
+      return gma__cuda_create(cfg, out);
     case GMA_DEVICE_AUTO:
-      if (cuda_driver_present())
-        fprintf(stderr, "gma: a CUDA driver is present but this build of gma has only the "
-                        "simulated device; using device:sim\n");
+      st = gma__cuda_create(cfg, out);
+      if (st != GMA_ERR_NO_DEVICE) return st;
+      note_fallback();
       return gma__sim_create(cfg, out);
     case GMA_DEVICE_SIM:
       return gma__sim_create(cfg, out);
   }
   return gma__set_error(GMA_ERR_CONFIG, "unknown device kind %d", (int)cfg->device);
+}
+
+gma_status_t gma_device_count(int *count) {
+  CHECK_ARG(count, "gma_device_count: count is NULL");
+  gma_status_t st = gma__cuda_device_count(count);
+  if (st == GMA_OK && *count == 0)
+    return gma__set_error(GMA_ERR_NO_DEVICE, "the CUDA driver reports no device");
+  return st;
+}
+
+gma_status_t gma_select_device(size_t size, int *device) {
+  CHECK_ARG(device, "gma_select_device: device is NULL");
+  *device = -1;
+  int n = 0;
+  gma_status_t st = gma_device_count(&n);
+  if (st != GMA_OK) return st;
+  uint64_t best_free = 0, most_free = 0;
+  for (int i = 0; i < n; i++) {
+    uint64_t f = 0, t = 0;
+    if ((st = gma__cuda_device_mem(i, &f, &t)) != GMA_OK) return st;
+    if (f > most_free) most_free = f;
+    if (f >= size && (*device < 0 || f > best_free)) {
+      *device = i;
+      best_free = f;
+    }
+  }
+  if (*device < 0)
+    return gma__set_error(GMA_ERR_OOM,
+                          "gma_select_device: none of the %d CUDA devices has %zu bytes free "
+                          "(the most free is %" PRIu64 ")",
+                          n, size, most_free);
+  return GMA_OK;
 }
 
 gma_status_t gma_create(const gma_config_t *config, gma_t **out) {

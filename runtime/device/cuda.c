@@ -1,0 +1,488 @@
+/* The CUDA backend: the device boundary on the CUDA driver API.
+ *
+ * The driver is loaded at run time (dlopen of libcuda.so.1, or of the file
+ * named by GMA_CUDA_DRIVER, which is how the tests load a driver built on the
+ * simulated device), and every entry point comes from cuGetProcAddress, so
+ * libgma loads and runs on machines without a driver. gma works in the
+ * primary context of its device, the one the CUDA runtime uses, so streams
+ * made with cudaStreamCreate or cuStreamCreate work alike. Each call makes
+ * that context current only when it is not already, and puts the caller's
+ * back afterwards: gma never changes which context a thread has.
+ *
+ * Every CUresult becomes a gma status, and the message carries the driver's
+ * error name and text. */
+#include <dlfcn.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device/device.h"
+
+#ifndef GMA_HAVE_CUDA
+
+static gma_status_t no_backend(void) {
+  return gma__set_error(GMA_ERR_NO_DEVICE,
+                        "this build of gma has no CUDA backend (it was built without the CUDA "
+                        "Toolkit headers); rebuild with the toolkit installed, or use device:sim");
+}
+gma_status_t gma__cuda_create(const gma_config_t *config, gma__device_t **out) {
+  (void)config;
+  (void)out;
+  return no_backend();
+}
+gma_status_t gma__cuda_device_count(int *count) {
+  *count = 0;
+  return no_backend();
+}
+gma_status_t gma__cuda_device_mem(int ordinal, uint64_t *free_bytes, uint64_t *total_bytes) {
+  (void)ordinal;
+  (void)free_bytes;
+  (void)total_bytes;
+  return no_backend();
+}
+
+#else
+
+#include <cuda.h>
+
+#include "device/cuda_entries.h"
+
+/* The driver's entry points; filled once (driver_load), then read-only. The
+ * X-macro names expand through cuda.h's versioning macros (cuMemAlloc is
+ * cuMemAlloc_v2), so each field has the type of the version we ask for. */
+typedef struct cuda_driver {
+#define X(name) __typeof__(name) *name;
+  GMA_CUDA_ENTRIES(X)
+#undef X
+} cuda_driver_t;
+
+static cuda_driver_t drv;
+static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
+static bool drv_loaded;       /* written once inside pthread_once */
+static char drv_problem[512]; /* why it did not load; written once likewise */
+
+/* The oldest driver API gma asks entry points for: cuStreamGetId is 12.0. */
+#define GMA_CUDA_API_VERSION 12000
+
+typedef CUresult (*get_proc_v2_t)(const char *, void **, int, cuuint64_t,
+                                  CUdriverProcAddressQueryResult *);
+typedef CUresult (*get_proc_v1_t)(const char *, void **, int, cuuint64_t);
+
+static void driver_load(void) {
+  const char *path = getenv("GMA_CUDA_DRIVER");
+  if (!path || !*path) path = "libcuda.so.1";
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    snprintf(drv_problem, sizeof drv_problem, "no CUDA driver: dlopen(\"%s\") failed: %s", path,
+             dlerror());
+    return;
+  }
+  get_proc_v2_t v2 = (get_proc_v2_t)dlsym(h, "cuGetProcAddress_v2");
+  get_proc_v1_t v1 = v2 ? NULL : (get_proc_v1_t)dlsym(h, "cuGetProcAddress");
+  if (!v2 && !v1) {
+    snprintf(drv_problem, sizeof drv_problem,
+             "the CUDA driver %s has no cuGetProcAddress (it predates CUDA 11.3); update the "
+             "driver",
+             path);
+    dlclose(h);
+    return;
+  }
+  struct {
+    const char *name;
+    void **slot;
+  } entries[] = {
+#define X(name) {#name, (void **)&drv.name},
+      GMA_CUDA_ENTRIES(X)
+#undef X
+  };
+  for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++) {
+    void *fn = NULL;
+    CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SUCCESS;
+    CUresult r = v2 ? v2(entries[i].name, &fn, GMA_CUDA_API_VERSION, CU_GET_PROC_ADDRESS_DEFAULT,
+                         &found)
+                    : v1(entries[i].name, &fn, GMA_CUDA_API_VERSION, CU_GET_PROC_ADDRESS_DEFAULT);
+    if (r != CUDA_SUCCESS || !fn || found != CU_GET_PROC_ADDRESS_SUCCESS) {
+      snprintf(drv_problem, sizeof drv_problem,
+               "the CUDA driver %s lacks %s (error %d); gma needs a driver for CUDA 12.0 or "
+               "newer",
+               path, entries[i].name, (int)r);
+      memset(&drv, 0, sizeof drv);
+      dlclose(h);
+      return;
+    }
+    *entries[i].slot = fn;
+  }
+  drv_loaded = true; /* the handle stays open for the life of the process */
+}
+
+/* GMA_OK once the driver is loaded; GMA_ERR_NO_DEVICE with the reason. */
+static gma_status_t driver(void) {
+  pthread_once(&drv_once, driver_load);
+  if (drv_loaded) return GMA_OK;
+  return gma__set_error(GMA_ERR_NO_DEVICE, "%s", drv_problem);
+}
+
+/* The gma status for a driver result. Errors that say there is no usable
+ * device are NO_DEVICE; out of memory is OOM; the rest are device errors. */
+static gma_status_t status_of(CUresult r) {
+  switch (r) {
+    case CUDA_SUCCESS: return GMA_OK;
+    case CUDA_ERROR_OUT_OF_MEMORY: return GMA_ERR_OOM;
+    case CUDA_ERROR_NOT_INITIALIZED:
+    case CUDA_ERROR_DEINITIALIZED:
+    case CUDA_ERROR_NO_DEVICE:
+    case CUDA_ERROR_INVALID_DEVICE:
+    case CUDA_ERROR_SYSTEM_DRIVER_MISMATCH:
+    case CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE:
+    case CUDA_ERROR_DEVICE_UNAVAILABLE: return GMA_ERR_NO_DEVICE;
+    case CUDA_ERROR_NOT_SUPPORTED: return GMA_ERR_UNSUPPORTED;
+    default: return GMA_ERR_DEVICE;
+  }
+}
+
+/* Sets the last error for a failed driver call and returns its status. */
+static gma_status_t cu_fail(CUresult r, const char *call) {
+  const char *name = NULL, *text = NULL;
+  if (drv.cuGetErrorName) drv.cuGetErrorName(r, &name);
+  if (drv.cuGetErrorString) drv.cuGetErrorString(r, &text);
+  return gma__set_error(status_of(r), "cuda: %s failed: %s (%s, code %d)", call,
+                        text ? text : "unknown error", name ? name : "CUDA_ERROR_?", (int)r);
+}
+
+typedef struct cuda_device {
+  gma__device_t base; /* must stay first: the device boundary passes &base */
+  /* Immutable after creation. */
+  int ordinal;
+  CUdevice cudev;
+  CUcontext ctx; /* the device's primary context, retained */
+  bool vmm;      /* virtual memory management supported */
+} cuda_device_t;
+
+static cuda_device_t *cuda_of(gma__device_t *d) { return (cuda_device_t *)d; }
+
+/* Makes the device's context current on this thread for one call if it is
+ * not already; *pushed says whether leave must pop it. */
+static CUresult ctx_enter(const cuda_device_t *dev, bool *pushed) {
+  CUcontext cur = NULL;
+  *pushed = false;
+  CUresult r = drv.cuCtxGetCurrent(&cur);
+  if (r != CUDA_SUCCESS || cur == dev->ctx) return r;
+  r = drv.cuCtxPushCurrent(dev->ctx);
+  *pushed = r == CUDA_SUCCESS;
+  return r;
+}
+
+static void ctx_leave(bool pushed) {
+  CUcontext popped;
+  if (pushed) drv.cuCtxPopCurrent(&popped);
+}
+
+/* Runs one driver call in the device's context; returns from the calling
+ * function with the mapped status when the call (or the context switch)
+ * fails. */
+#define CU_CALL(dev, what, call)                         \
+  do {                                                   \
+    bool pushed_;                                        \
+    CUresult r_ = ctx_enter((dev), &pushed_);            \
+    if (r_ == CUDA_SUCCESS) r_ = (call);                 \
+    ctx_leave(pushed_);                                  \
+    if (r_ != CUDA_SUCCESS) return cu_fail(r_, (what));  \
+  } while (0)
+
+/* ---- Memory ---------------------------------------------------------------- */
+
+static gma_status_t cuda_mem_alloc(gma__device_t *d, uint64_t size, uintptr_t *out) {
+  CUdeviceptr p = 0;
+  CU_CALL(cuda_of(d), "cuMemAlloc", drv.cuMemAlloc(&p, (size_t)size));
+  *out = (uintptr_t)p;
+  return GMA_OK;
+}
+
+static gma_status_t cuda_mem_free(gma__device_t *d, uintptr_t addr, uint64_t size) {
+  (void)size;
+  CU_CALL(cuda_of(d), "cuMemFree", drv.cuMemFree((CUdeviceptr)addr));
+  return GMA_OK;
+}
+
+static gma_status_t cuda_mem_info(gma__device_t *d, uint64_t *free_bytes, uint64_t *total_bytes) {
+  size_t f = 0, t = 0;
+  CU_CALL(cuda_of(d), "cuMemGetInfo", drv.cuMemGetInfo(&f, &t));
+  if (free_bytes) *free_bytes = f;
+  if (total_bytes) *total_bytes = t;
+  return GMA_OK;
+}
+
+/* ---- Events and streams ----------------------------------------------------- */
+
+/* Events carry no timing: cheaper to record, and gma only orders work. The
+ * pool keeps created events for reuse (gma__pool_t.spare_events), so a
+ * steady workload creates none. */
+static gma_status_t cuda_event_create(gma__device_t *d, gma__event_t *out) {
+  CUevent e = NULL;
+  CU_CALL(cuda_of(d), "cuEventCreate", drv.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  *out = e;
+  return GMA_OK;
+}
+
+static gma_status_t cuda_event_destroy(gma__device_t *d, gma__event_t ev) {
+  CU_CALL(cuda_of(d), "cuEventDestroy", drv.cuEventDestroy((CUevent)ev));
+  return GMA_OK;
+}
+
+static gma_status_t cuda_event_record(gma__device_t *d, gma__event_t ev, gma_stream_t stream) {
+  CU_CALL(cuda_of(d), "cuEventRecord", drv.cuEventRecord((CUevent)ev, (CUstream)stream));
+  return GMA_OK;
+}
+
+static gma_status_t cuda_event_query(gma__device_t *d, gma__event_t ev, bool *done) {
+  (void)d;
+  /* An event belongs to its context: no switch needed to query it. */
+  CUresult r = drv.cuEventQuery((CUevent)ev);
+  *done = r == CUDA_SUCCESS;
+  if (r == CUDA_SUCCESS || r == CUDA_ERROR_NOT_READY) return GMA_OK;
+  return cu_fail(r, "cuEventQuery");
+}
+
+static gma_status_t cuda_event_synchronize(gma__device_t *d, gma__event_t ev) {
+  (void)d;
+  CUresult r = drv.cuEventSynchronize((CUevent)ev);
+  return r == CUDA_SUCCESS ? GMA_OK : cu_fail(r, "cuEventSynchronize");
+}
+
+static gma_status_t cuda_stream_wait_event(gma__device_t *d, gma_stream_t stream,
+                                           gma__event_t ev) {
+  CU_CALL(cuda_of(d), "cuStreamWaitEvent",
+          drv.cuStreamWaitEvent((CUstream)stream, (CUevent)ev, 0));
+  return GMA_OK;
+}
+
+/* Non-blocking: like the simulated device's streams (and PyTorch's), they do
+ * not synchronize with the legacy default stream. */
+static gma_status_t cuda_stream_create(gma__device_t *d, gma_stream_t *out) {
+  CUstream s = NULL;
+  CU_CALL(cuda_of(d), "cuStreamCreate", drv.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  *out = s;
+  return GMA_OK;
+}
+
+static gma_status_t cuda_stream_destroy(gma__device_t *d, gma_stream_t stream) {
+  CU_CALL(cuda_of(d), "cuStreamDestroy", drv.cuStreamDestroy((CUstream)stream));
+  return GMA_OK;
+}
+
+/* Called on every allocation. A created stream knows its context, so only
+ * the special handles (NULL, legacy 0x1, per-thread 0x2), which name the
+ * current context's streams, need the context switch. */
+static gma_status_t cuda_stream_id(gma__device_t *d, gma_stream_t stream, uint64_t *id) {
+  unsigned long long v = 0;
+  CUresult r;
+  if ((uintptr_t)stream > 2) {
+    r = drv.cuStreamGetId((CUstream)stream, &v);
+  } else {
+    bool pushed;
+    r = ctx_enter(cuda_of(d), &pushed);
+    if (r == CUDA_SUCCESS) r = drv.cuStreamGetId((CUstream)stream, &v);
+    ctx_leave(pushed);
+  }
+  if (r != CUDA_SUCCESS) return cu_fail(r, "cuStreamGetId");
+  /* gma reserves 0 for "no stream"; the driver's ids start at 1, but make
+   * sure a 0 could never alias. */
+  *id = v + 1;
+  return GMA_OK;
+}
+
+static gma_status_t cuda_stream_synchronize(gma__device_t *d, gma_stream_t stream) {
+  CU_CALL(cuda_of(d), "cuStreamSynchronize", drv.cuStreamSynchronize((CUstream)stream));
+  return GMA_OK;
+}
+
+static gma_status_t cuda_device_synchronize(gma__device_t *d) {
+  CU_CALL(cuda_of(d), "cuCtxSynchronize", drv.cuCtxSynchronize());
+  return GMA_OK;
+}
+
+/* ---- Virtual memory (growable segments) ---------------------------------------- */
+
+static CUmemAllocationProp chunk_prop(const cuda_device_t *dev) {
+  CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof prop);
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = dev->ordinal;
+  return prop;
+}
+
+static gma_status_t cuda_vm_granularity(gma__device_t *d, uint64_t *bytes) {
+  cuda_device_t *dev = cuda_of(d);
+  if (!dev->vmm)
+    return gma__set_error(GMA_ERR_UNSUPPORTED,
+                          "cuda: device %d does not support virtual memory management, which "
+                          "expandable_segments:true needs; use expandable_segments:false",
+                          dev->ordinal);
+  CUmemAllocationProp prop = chunk_prop(dev);
+  size_t g = 0;
+  CU_CALL(dev, "cuMemGetAllocationGranularity",
+          drv.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  *bytes = g;
+  return GMA_OK;
+}
+
+static gma_status_t cuda_vm_reserve(gma__device_t *d, uint64_t size, uintptr_t *out) {
+  CUdeviceptr p = 0;
+  CU_CALL(cuda_of(d), "cuMemAddressReserve", drv.cuMemAddressReserve(&p, (size_t)size, 0, 0, 0));
+  *out = (uintptr_t)p;
+  return GMA_OK;
+}
+
+static gma_status_t cuda_vm_release(gma__device_t *d, uintptr_t addr, uint64_t size) {
+  CU_CALL(cuda_of(d), "cuMemAddressFree",
+          drv.cuMemAddressFree((CUdeviceptr)addr, (size_t)size));
+  return GMA_OK;
+}
+
+/* Create, map, grant access; each failure undoes the steps before it. */
+static gma_status_t cuda_vm_map(gma__device_t *d, uintptr_t addr, uint64_t size,
+                                uint64_t *handle) {
+  cuda_device_t *dev = cuda_of(d);
+  CUmemAllocationProp prop = chunk_prop(dev);
+  CUmemGenericAllocationHandle h = 0;
+  CU_CALL(dev, "cuMemCreate", drv.cuMemCreate(&h, (size_t)size, &prop, 0));
+  bool pushed;
+  const char *what = "cuMemMap";
+  CUresult r = ctx_enter(dev, &pushed);
+  if (r == CUDA_SUCCESS) r = drv.cuMemMap((CUdeviceptr)addr, (size_t)size, 0, h, 0);
+  if (r == CUDA_SUCCESS) {
+    CUmemAccessDesc access;
+    memset(&access, 0, sizeof access);
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = dev->ordinal;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    what = "cuMemSetAccess";
+    r = drv.cuMemSetAccess((CUdeviceptr)addr, (size_t)size, &access, 1);
+    if (r != CUDA_SUCCESS) drv.cuMemUnmap((CUdeviceptr)addr, (size_t)size);
+  }
+  if (r != CUDA_SUCCESS) drv.cuMemRelease(h);
+  ctx_leave(pushed);
+  if (r != CUDA_SUCCESS) return cu_fail(r, what);
+  *handle = (uint64_t)h;
+  return GMA_OK;
+}
+
+/* Unmapping is not stream-ordered; the pool unmaps only FREE memory, whose
+ * streams' work has completed. Release after unmap frees the chunk. */
+static gma_status_t cuda_vm_unmap(gma__device_t *d, uintptr_t addr, uint64_t size,
+                                  uint64_t handle) {
+  cuda_device_t *dev = cuda_of(d);
+  CU_CALL(dev, "cuMemUnmap", drv.cuMemUnmap((CUdeviceptr)addr, (size_t)size));
+  CU_CALL(dev, "cuMemRelease", drv.cuMemRelease((CUmemGenericAllocationHandle)handle));
+  return GMA_OK;
+}
+
+/* ---- Lifetime -------------------------------------------------------------------- */
+
+static void cuda_destroy(gma__device_t *d) {
+  cuda_device_t *dev = cuda_of(d);
+  drv.cuDevicePrimaryCtxRelease(dev->cudev);
+  free(dev);
+}
+
+static const gma__device_ops_t cuda_ops = {
+    .mem_alloc = cuda_mem_alloc,
+    .mem_free = cuda_mem_free,
+    .mem_info = cuda_mem_info,
+    .event_create = cuda_event_create,
+    .event_destroy = cuda_event_destroy,
+    .event_record = cuda_event_record,
+    .event_query = cuda_event_query,
+    .event_synchronize = cuda_event_synchronize,
+    .stream_wait_event = cuda_stream_wait_event,
+    .stream_create = cuda_stream_create,
+    .stream_destroy = cuda_stream_destroy,
+    .stream_id = cuda_stream_id,
+    .stream_synchronize = cuda_stream_synchronize,
+    .device_synchronize = cuda_device_synchronize,
+    .vm_granularity = cuda_vm_granularity,
+    .vm_reserve = cuda_vm_reserve,
+    .vm_release = cuda_vm_release,
+    .vm_map = cuda_vm_map,
+    .vm_unmap = cuda_vm_unmap,
+    .sim_launch = NULL,
+    .destroy = cuda_destroy,
+};
+
+/* Loads the driver, initializes it, and checks the ordinal. */
+static gma_status_t open_ordinal(int ordinal, CUdevice *out) {
+  gma_status_t st = driver();
+  if (st != GMA_OK) return st;
+  CUresult r = drv.cuInit(0);
+  if (r != CUDA_SUCCESS) return cu_fail(r, "cuInit");
+  int n = 0;
+  if ((r = drv.cuDeviceGetCount(&n)) != CUDA_SUCCESS) return cu_fail(r, "cuDeviceGetCount");
+  if (ordinal < 0 || ordinal >= n)
+    return gma__set_error(GMA_ERR_NO_DEVICE,
+                          "cuda: device_id %d does not exist; the driver reports %d device%s",
+                          ordinal, n, n == 1 ? "" : "s");
+  if ((r = drv.cuDeviceGet(out, ordinal)) != CUDA_SUCCESS) return cu_fail(r, "cuDeviceGet");
+  return GMA_OK;
+}
+
+gma_status_t gma__cuda_create(const gma_config_t *config, gma__device_t **out) {
+  CUdevice cudev;
+  gma_status_t st = open_ordinal(config->device_ordinal, &cudev);
+  if (st != GMA_OK) return st;
+  cuda_device_t *dev = calloc(1, sizeof *dev);
+  if (!dev) return gma__set_error(GMA_ERR_OOM, "cuda: host memory for the device");
+  dev->base.ops = &cuda_ops;
+  dev->base.name = "cuda";
+  dev->ordinal = config->device_ordinal;
+  dev->cudev = cudev;
+  CUresult r = drv.cuDevicePrimaryCtxRetain(&dev->ctx, cudev);
+  if (r != CUDA_SUCCESS) {
+    free(dev);
+    return cu_fail(r, "cuDevicePrimaryCtxRetain");
+  }
+  int vmm = 0;
+  r = drv.cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                               cudev);
+  dev->vmm = r == CUDA_SUCCESS && vmm;
+  *out = &dev->base;
+  return GMA_OK;
+}
+
+gma_status_t gma__cuda_device_count(int *count) {
+  *count = 0;
+  gma_status_t st = driver();
+  if (st != GMA_OK) return st;
+  CUresult r = drv.cuInit(0);
+  if (r != CUDA_SUCCESS) return cu_fail(r, "cuInit");
+  if ((r = drv.cuDeviceGetCount(count)) != CUDA_SUCCESS) {
+    *count = 0;
+    return cu_fail(r, "cuDeviceGetCount");
+  }
+  return GMA_OK;
+}
+
+/* Needs a context: retains the device's primary context (the one the CUDA
+ * runtime would create too) for the query. */
+gma_status_t gma__cuda_device_mem(int ordinal, uint64_t *free_bytes, uint64_t *total_bytes) {
+  cuda_device_t dev = {.ordinal = ordinal};
+  gma_status_t st = open_ordinal(ordinal, &dev.cudev);
+  if (st != GMA_OK) return st;
+  CUresult r = drv.cuDevicePrimaryCtxRetain(&dev.ctx, dev.cudev);
+  if (r != CUDA_SUCCESS) return cu_fail(r, "cuDevicePrimaryCtxRetain");
+  size_t f = 0, t = 0;
+  bool pushed;
+  r = ctx_enter(&dev, &pushed);
+  if (r == CUDA_SUCCESS) r = drv.cuMemGetInfo(&f, &t);
+  ctx_leave(pushed);
+  drv.cuDevicePrimaryCtxRelease(dev.cudev);
+  if (r != CUDA_SUCCESS) return cu_fail(r, "cuMemGetInfo");
+  *free_bytes = f;
+  *total_bytes = t;
+  return GMA_OK;
+}
+
+#endif /* GMA_HAVE_CUDA */
