@@ -346,8 +346,8 @@ typedef struct gma_stats {
   uint64_t free_bytes;          /* reusable on any stream */
   uint64_t num_allocs;          /* successful gma_alloc calls */
   uint64_t num_frees;           /* successful gma_free calls */
-  uint64_t num_device_allocs;   /* segments taken from the device */
-  uint64_t num_device_frees;    /* segments given back to the device */
+  uint64_t num_device_allocs;   /* segments taken from the device (growable: chunks mapped) */
+  uint64_t num_device_frees;    /* segments given back to the device (growable: chunks unmapped) */
   uint64_t num_ooms;            /* allocations that failed with GMA_ERR_OOM */
   uint64_t num_oom_retries;     /* device OOMs answered by releasing cache and retrying */
   uint64_t hits_bin;            /* served by the stream's lock-free bin (no lock taken) */

@@ -8,6 +8,8 @@
 #   stress_planted_epoch    "smoke": epoch gating removed; must detect corruption
 #   stress_planted_record   "smoke": record_stream gating removed; must detect it
 #   stream_rotation         "smoke": 64 streams in turn; reserved memory stays bounded
+#   stress_expandable_smoke "smoke": the smoke workload on growable segments, with
+#                           the worker trimming (unmapping) every 5 ms under it
 set(gma_stress_src ${CMAKE_CURRENT_LIST_DIR}/stress_streams.c)
 
 math(EXPR gma_stress_smoke_ops "30000 / ${GMA_STRESS_SCALE}")
@@ -21,6 +23,9 @@ math(EXPR gma_stress_planted_ops "20000 / ${gma_stress_planted_div}")
 
 gma_test(NAME stress_streams_smoke SOURCES ${gma_stress_src} INTERNAL
   LABELS smoke TIMEOUT 120 ARGS 1 ${gma_stress_smoke_ops} 4 2)
+gma_test(NAME stress_expandable_smoke SOURCES ${gma_stress_src} INTERNAL
+  LABELS smoke TIMEOUT 120 ARGS 5 ${gma_stress_smoke_ops} 4 2
+  --conf expandable_segments:true,trim_interval_ms:5,release_threshold:512,idle_ms:1)
 gma_test(NAME stress_streams SOURCES ${gma_stress_src} INTERNAL
   LABELS stress TIMEOUT 600 ARGS 2 ${gma_stress_full_ops} 4 2)
 gma_test(NAME stress_planted_epoch SOURCES ${gma_stress_src} INTERNAL
