@@ -296,6 +296,56 @@ static void test_memory(void) {
   o->destroy(dev);
 }
 
+/* Virtual memory: reservations are address space only; chunks map under the
+ * capacity, refuse overlaps and partial unmaps, and a reservation with
+ * chunks still mapped cannot be released. */
+static void test_vm(void) {
+  gma_config_t cfg = GMA_CONFIG_INIT;
+  cfg.sim_capacity = 8 << 20;
+  gma__device_t *dev = make_dev(&cfg);
+  const gma__device_ops_t *o = dev->ops;
+  uint64_t g = 0, fr, h1, h2, h3;
+  CHECK_OK(o->vm_granularity(dev, &g));
+  CHECK(g == 2 << 20);
+  uintptr_t r;
+  CHECK_ST(o->vm_reserve(dev, g + 512, &r), GMA_ERR_INVALID_SIZE);
+  CHECK_OK(o->vm_reserve(dev, 64 * g, &r)); /* far beyond the capacity: address space */
+  CHECK(r % g == 0);
+  CHECK_OK(o->mem_info(dev, &fr, NULL));
+  CHECK(fr == 8 << 20);
+  CHECK_OK(o->vm_map(dev, r, 2 * g, &h1));
+  memset((void *)r, 0x11, 2 * g);
+  CHECK_OK(o->vm_map(dev, r + 3 * g, g, &h2));
+  memset((void *)(r + 3 * g), 0x22, g);
+  CHECK_OK(o->mem_info(dev, &fr, NULL));
+  CHECK(fr == 2 << 20);
+  CHECK_ST(o->vm_map(dev, r + g, g, &h3), GMA_ERR_DEVICE); /* overlaps the first */
+  CHECK(strstr(gma_last_error(), "already mapped"));
+  CHECK_ST(o->vm_map(dev, r + 5 * g, 2 * g, &h3), GMA_ERR_OOM); /* capacity */
+  CHECK_ST(o->vm_map(dev, r - 4 * g, g, &h3), GMA_ERR_DEVICE); /* outside */
+  CHECK_ST(o->vm_map(dev, r + 512, g, &h3), GMA_ERR_INVALID_SIZE);
+  CHECK_ST(o->vm_unmap(dev, r, g, h1), GMA_ERR_DEVICE); /* only half of a mapping */
+  CHECK_ST(o->mem_free(dev, r, 2 * g), GMA_ERR_DEVICE); /* not a mem_alloc */
+  CHECK_ST(o->vm_release(dev, r, 64 * g), GMA_ERR_DEVICE); /* still mapped */
+  CHECK(strstr(gma_last_error(), "still mapped"));
+  CHECK(((unsigned char *)r)[g + 5] == 0x11);
+  CHECK_OK(o->vm_unmap(dev, r, 2 * g, h1));
+  CHECK_OK(o->mem_info(dev, &fr, NULL));
+  CHECK(fr == 6 << 20);
+  /* Mapped again, the chunk is fresh zeroed memory. */
+  CHECK_OK(o->vm_map(dev, r + g, g, &h3));
+  CHECK(((unsigned char *)r)[g + 5] == 0);
+  CHECK(((unsigned char *)r)[3 * g + 5] == 0x22);
+  CHECK_OK(o->vm_unmap(dev, r + g, g, h3));
+  CHECK_OK(o->vm_unmap(dev, r + 3 * g, g, h2));
+  CHECK_OK(o->vm_release(dev, r, 64 * g));
+  CHECK_ST(o->vm_release(dev, r, 64 * g), GMA_ERR_DEVICE);
+  /* Destroy unmaps and releases whatever is left. */
+  CHECK_OK(o->vm_reserve(dev, 4 * g, &r));
+  CHECK_OK(o->vm_map(dev, r, g, &h1));
+  o->destroy(dev);
+}
+
 static void test_faults(void) {
   gma_config_t cfg = GMA_CONFIG_INIT;
   cfg.sim_fail_alloc = 3;
@@ -985,6 +1035,7 @@ int main(void) {
   test_events();
   test_wait_event();
   test_memory();
+  test_vm();
   test_faults();
   test_latency();
   test_per_thread_stream();
