@@ -1,0 +1,67 @@
+// CUB's cub::CachingDeviceAllocator behind the C calls of cub_alloc.h, for
+// gma-bench-gpu. Host code only: the header compiles with g++ (checked by
+// bench/gpu/CMakeLists.txt); where it would not, CMake compiles this file
+// with nvcc instead, or leaves CUB out with a printed reason.
+#include "cub_alloc.h"
+
+#include <cstdio>
+#include <new>
+
+#include <cub/util_allocator.cuh>
+#include <cub/version.cuh>
+
+struct gma_bench_cub {
+  cub::CachingDeviceAllocator a;
+  gma_bench_cub(unsigned growth, unsigned min_bin, unsigned max_bin)
+      // No cap on cached bytes, and cleanup left to gma_bench_cub_destroy
+      // (which runs while the CUDA runtime is still up).
+      : a(growth, min_bin, max_bin, cub::CachingDeviceAllocator::INVALID_SIZE, true) {}
+};
+
+extern "C" gma_bench_cub_t *gma_bench_cub_create(unsigned growth, unsigned min_bin,
+                                                  unsigned max_bin) {
+  return new (std::nothrow) gma_bench_cub(growth, min_bin, max_bin);
+}
+
+// The std::map/std::set inserts inside CUB may throw std::bad_alloc; it must
+// not cross into C.
+extern "C" int gma_bench_cub_alloc(gma_bench_cub_t *c, size_t size, cudaStream_t stream,
+                                   void **out) {
+  try {
+    return (int)c->a.DeviceAllocate(out, size, stream);
+  } catch (...) {
+    return (int)cudaErrorMemoryAllocation;
+  }
+}
+
+extern "C" int gma_bench_cub_free(gma_bench_cub_t *c, void *p) {
+  try {
+    return (int)c->a.DeviceFree(p);
+  } catch (...) {
+    return (int)cudaErrorMemoryAllocation;
+  }
+}
+
+extern "C" int gma_bench_cub_destroy(gma_bench_cub_t *c) {
+  if (!c) return 0;
+  int st = 0;
+  try {
+    st = (int)c->a.FreeAllCached();
+  } catch (...) {
+    st = (int)cudaErrorMemoryAllocation;
+  }
+  delete c;
+  return st;
+}
+
+#ifndef GMA_BENCH_CUB_COMPILER
+#define GMA_BENCH_CUB_COMPILER "c++"
+#endif
+
+extern "C" const char *gma_bench_cub_version(void) {
+  static char text[64];
+  if (!text[0])
+    std::snprintf(text, sizeof text, "CUB %d.%d.%d (%s)", CUB_VERSION / 100000,
+                  CUB_VERSION / 100 % 1000, CUB_VERSION % 100, GMA_BENCH_CUB_COMPILER);
+  return text;
+}
