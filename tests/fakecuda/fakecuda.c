@@ -1,0 +1,1800 @@
+/* The fake CUDA driver for tests (libgma_fakecuda.so): owns the fake
+ * driver's state: its devices and their primary contexts, each thread's
+ * context stack, the bookkeeping of device memory (cuMemAlloc allocations,
+ * VMM reservations, physical handles and mappings), the event-to-device
+ * table, the per-entry call counters and the armed faults.
+ *
+ * Each fake GPU is one of gma's simulated devices (runtime/device/sim.c and
+ * runtime/error.c are compiled into this library, hidden and bound with
+ * -Bsymbolic, so these copies never interpose with libgma's). Streams are the
+ * sim's stream handles, events the sim's event handles, device pointers the
+ * sim's host addresses. What the sim cannot know, the fake keeps: which
+ * device an event or a pointer belongs to, how much memory is in use (the
+ * fake's own accounting, so cuMemCreate holds memory before it is mapped, as
+ * on a GPU), which ranges are mapped and accessible.
+ *
+ * Faithful where gma depends on it: cuInit first; a current context for the
+ * calls that need one; primary contexts refcounted, and reset (every
+ * allocation, mapping, reservation, handle, event and stream of the device
+ * freed) when the last reference goes, with the context staying current but
+ * destroyed (CUDA_ERROR_CONTEXT_IS_DESTROYED) as on a GPU; the real error
+ * names and strings; cuEventQuery's CUDA_ERROR_NOT_READY; a device fault
+ * (a copy touching memory that is no longer device memory) is sticky: every
+ * later call on the device returns CUDA_ERROR_ILLEGAL_ADDRESS until reset.
+ *
+ * Deliberate differences, each documented where it matters:
+ * - cuMemFree and cuMemUnmap do not synchronize the device. gma must not rely
+ *   on that (device.h: the caller makes sure no work still uses the range),
+ *   and without it a premature free shows up as a sticky fault instead of
+ *   being hidden.
+ * - The legacy default stream does not implicitly synchronize with other
+ *   streams, so code that relies on that is caught too.
+ * - A physical handle can be mapped once at a time; reservations, handles and
+ *   mappings belong to one device and live with its primary context; a
+ *   stream can wait only on an event of its own device.
+ *
+ * Locks, in order: a device's `life` (read: a call uses the device's sim;
+ * write: retain/release switch the sim on or off), then `fc.mem_rw` (read: a
+ * copy kernel touches device memory; write: memory is added or removed), then
+ * `fc.mu` (all bookkeeping), then `fault_mu` (a leaf). `init_mu` is taken
+ * alone. Stream threads of a sim run copy kernels, which take mem_rw and mu
+ * but never life, so a reset can drain them while holding life.
+ *
+ * Test controls: see fakecuda.h. */
+#define _GNU_SOURCE /* pthread_rwlockattr_setkind_np */
+#include <ctype.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Every cu* function cuda.h declares gets default visibility, so the
+ * definitions below are exported while the sim and everything else in this
+ * library (-fvisibility=hidden) stays private. */
+#pragma GCC visibility push(default)
+#include <cuda.h>
+#pragma GCC visibility pop
+
+#include "device/cuda_entries.h"
+#include "device/device.h"
+#include "fakecuda.h"
+
+#define FC_API __attribute__((visibility("default")))
+#define FC_MAX_DEVICES 16
+#define FC_CTX_STACK 32 /* contexts one thread may push */
+#define FC_DEFAULT_MEM (8ull << 30)
+#define FC_DEFAULT_GRANULARITY (2ull << 20)
+
+_Static_assert(sizeof(uintptr_t) == sizeof(CUdeviceptr), "device pointers are host addresses");
+_Static_assert(sizeof(uintptr_t) == sizeof(CUmemGenericAllocationHandle), "handles are keys");
+
+/* ---------------------------------------------------------------------------
+ * Entry points: the list gma uses (cuda_entries.h), the extra ones the GPU
+ * tests call, and cuGetProcAddress itself. The X-macro makes the lookup
+ * table, the call counters and the fault table from one list.
+ * ------------------------------------------------------------------------- */
+#define FC_EXTRA_ENTRIES(X) \
+  X(cuCtxSetCurrent)        \
+  X(cuMemsetD32Async)       \
+  X(cuMemcpyDtoHAsync)      \
+  X(cuMemcpyHtoDAsync)
+#define FC_ALL_ENTRIES(X) X(cuGetProcAddress) GMA_CUDA_ENTRIES(X) FC_EXTRA_ENTRIES(X)
+
+enum {
+#define FC_ENUM_(name) FC_##name,
+  FC_ALL_ENTRIES(FC_ENUM_)
+#undef FC_ENUM_
+  FC_NUM_ENTRIES
+};
+
+/* ---------------------------------------------------------------------------
+ * Call counters and faults
+ * ------------------------------------------------------------------------- */
+/* Calls per entry; relaxed: each increment only needs a unique ticket. */
+static _Atomic unsigned long long fc_calls[FC_NUM_ENTRIES];
+
+typedef struct fc_fault {
+  int entry;
+  unsigned long long at; /* the call number (fc_calls ticket) that fails */
+  CUresult result;
+} fc_fault_t;
+
+/* Armed faults, one-shot. Invariant: faults_armed == nfaults (the count is
+ * read without the lock to keep unarmed calls lock-free). */
+static pthread_mutex_t fault_mu = PTHREAD_MUTEX_INITIALIZER;
+static fc_fault_t *faults;      /* fault_mu */
+static size_t nfaults, capfaults; /* fault_mu */
+static _Atomic size_t faults_armed;
+
+/* Counts one call of entry e; true (with *r set) when an armed fault makes
+ * this call fail. Any thread; lock-free unless a fault is armed. */
+static bool fc_enter(int e, CUresult *r) {
+  unsigned long long n = atomic_fetch_add_explicit(&fc_calls[e], 1, memory_order_relaxed) + 1;
+  if (atomic_load_explicit(&faults_armed, memory_order_relaxed) == 0) return false;
+  bool hit = false;
+  pthread_mutex_lock(&fault_mu);
+  for (size_t i = 0; i < nfaults; i++) {
+    if (faults[i].entry == e && faults[i].at == n) {
+      *r = faults[i].result;
+      faults[i] = faults[--nfaults];
+      atomic_store_explicit(&faults_armed, nfaults, memory_order_relaxed);
+      hit = true;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&fault_mu);
+  return hit;
+}
+
+/* ---------------------------------------------------------------------------
+ * Sorted vectors: the bookkeeping tables. Every element starts with a
+ * uintptr_t key; keys are unique and ascending. Guarded by their owner's lock.
+ * ------------------------------------------------------------------------- */
+typedef struct fc_vec {
+  unsigned char *data;
+  size_t n, cap, elem;
+} fc_vec_t;
+
+static void *vec_at(const fc_vec_t *v, size_t i) { return v->data + i * v->elem; }
+
+static uintptr_t vec_key(const fc_vec_t *v, size_t i) {
+  uintptr_t k;
+  memcpy(&k, vec_at(v, i), sizeof k);
+  return k;
+}
+
+/* The first index whose key is greater than key. */
+static size_t vec_upper(const fc_vec_t *v, uintptr_t key) {
+  size_t lo = 0, hi = v->n;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (vec_key(v, mid) <= key) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+/* The index of key, or SIZE_MAX. */
+static size_t vec_find(const fc_vec_t *v, uintptr_t key) {
+  size_t i = vec_upper(v, key);
+  return i > 0 && vec_key(v, i - 1) == key ? i - 1 : SIZE_MAX;
+}
+
+/* Inserts a copy of elem (whose key is not present); false when out of host memory. */
+static bool vec_insert(fc_vec_t *v, const void *elem) {
+  if (v->n == v->cap) {
+    size_t ncap = v->cap ? v->cap * 2 : 16;
+    unsigned char *nd = realloc(v->data, ncap * v->elem);
+    if (!nd) return false;
+    v->data = nd;
+    v->cap = ncap;
+  }
+  uintptr_t key;
+  memcpy(&key, elem, sizeof key);
+  size_t i = vec_upper(v, key);
+  memmove(vec_at(v, i + 1), vec_at(v, i), (v->n - i) * v->elem);
+  memcpy(vec_at(v, i), elem, v->elem);
+  v->n++;
+  return true;
+}
+
+static void vec_remove(fc_vec_t *v, size_t i) {
+  memmove(vec_at(v, i), vec_at(v, i + 1), (v->n - i - 1) * v->elem);
+  v->n--;
+}
+
+/* ---------------------------------------------------------------------------
+ * State
+ * ------------------------------------------------------------------------- */
+/* A primary context: the one CUcontext object of a device. */
+struct CUctx_st {
+  int ordinal; /* immutable after cuInit */
+};
+
+typedef struct fc_device {
+  struct CUctx_st ctx; /* immutable after cuInit */
+  uint64_t capacity;   /* immutable after cuInit */
+  /* sim and active are written with life held for writing (and fc.mu), read
+   * with life held for reading (or fc.mu). Invariant: active == (refs > 0)
+   * and sim != NULL iff active, outside a retain/release holding life. */
+  pthread_rwlock_t life;
+  gma__device_t *sim;
+  bool active;
+  /* A device fault (CUresult, 0 = none): set once by a copy kernel that
+   * found its memory gone, cleared by the reset. Read by every call. */
+  _Atomic int sticky;
+  unsigned refs; /* fc.mu: primary context references */
+  uint64_t used; /* fc.mu: bytes held by cuMemAlloc and cuMemCreate; <= capacity */
+} fc_device_t;
+
+/* A physical allocation of cuMemCreate. Its bytes count in its device's used
+ * from create until it is both released and unmapped. */
+typedef struct fc_handle {
+  int dev;
+  uint64_t size;
+  uintptr_t mapped_at; /* 0: not mapped */
+  bool released;       /* cuMemRelease done; freed when unmapped */
+} fc_handle_t;
+
+/* Device memory: a cuMemAlloc allocation or one cuMemMap mapping. */
+typedef struct fc_range {
+  uintptr_t addr; /* key */
+  uint64_t size;
+  int dev;
+  bool map;            /* made by cuMemMap */
+  bool access;         /* map: cuMemSetAccess made it read-write for its device */
+  fc_handle_t *h;      /* map: the handle mapped here */
+} fc_range_t;
+
+/* A VMM reservation. The sim's reservation may be larger, when the asked
+ * alignment exceeds the sim's own. */
+typedef struct fc_resv {
+  uintptr_t addr; /* key */
+  uint64_t size;
+  int dev;
+  uintptr_t sim_addr;
+  uint64_t sim_size;
+} fc_resv_t;
+
+typedef struct fc_handle_entry {
+  uintptr_t id; /* key: the CUmemGenericAllocationHandle value */
+  fc_handle_t *h;
+} fc_handle_entry_t;
+
+typedef struct fc_event_entry {
+  uintptr_t ev; /* key: the sim's event handle */
+  int dev;
+} fc_event_entry_t;
+
+static struct {
+  pthread_mutex_t init_mu; /* serializes cuInit */
+  /* Release store once everything below marked "immutable" is set; every
+   * entry point's acquire load (fc_ready) pairs with it. */
+  atomic_bool initialized;
+  int ndev;      /* immutable after cuInit */
+  uint64_t gran; /* immutable after cuInit: VMM granularity */
+  uint64_t sim_gran; /* immutable after cuInit: the sim's granularity (divides gran) */
+  bool vmm;      /* immutable after cuInit: the sim has vm ops */
+  fc_device_t dev[FC_MAX_DEVICES];
+  pthread_rwlock_t mem_rw; /* writer-preferring: copy kernels never starve a free */
+  pthread_mutex_t mu;
+  fc_vec_t ranges;   /* mu: fc_range_t by address, never overlapping */
+  fc_vec_t resv;     /* mu: fc_resv_t by address */
+  fc_vec_t handles;  /* mu: fc_handle_entry_t by id */
+  fc_vec_t events;   /* mu: fc_event_entry_t by event */
+  uintptr_t next_handle; /* mu */
+} fc = {
+    .init_mu = PTHREAD_MUTEX_INITIALIZER,
+    .mu = PTHREAD_MUTEX_INITIALIZER,
+    .ranges = {NULL, 0, 0, sizeof(fc_range_t)},
+    .resv = {NULL, 0, 0, sizeof(fc_resv_t)},
+    .handles = {NULL, 0, 0, sizeof(fc_handle_entry_t)},
+    .events = {NULL, 0, 0, sizeof(fc_event_entry_t)},
+    .next_handle = 0x100001,
+};
+
+/* The calling thread's context stack; only its thread touches it. */
+static _Thread_local struct {
+  CUcontext s[FC_CTX_STACK];
+  int n;
+} tls_ctx;
+
+static bool fc_ready(void) { return atomic_load_explicit(&fc.initialized, memory_order_acquire); }
+
+/* Counts the call, applies an armed fault, then requires cuInit. */
+#define FC_BEGIN(name)                                     \
+  do {                                                     \
+    CUresult fr_;                                          \
+    if (fc_enter(FC_##name, &fr_)) return fr_;             \
+    if (!fc_ready()) return CUDA_ERROR_NOT_INITIALIZED;    \
+  } while (0)
+
+/* Maps a sim status to a CUresult. The sim's GMA_ERR_DEVICE means host
+ * resources ran out (threads, memory), which CUDA reports as out of memory;
+ * invalid is the code for a handle or value the sim did not know. */
+static CUresult from_sim(gma_status_t st, CUresult invalid) {
+  switch (st) {
+    case GMA_OK:
+      return CUDA_SUCCESS;
+    case GMA_ERR_OOM:
+    case GMA_ERR_DEVICE:
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    case GMA_ERR_INVALID_ARGUMENT:
+      return invalid;
+    case GMA_ERR_INVALID_SIZE:
+      return CUDA_ERROR_INVALID_VALUE;
+    default:
+      return CUDA_ERROR_UNKNOWN;
+  }
+}
+
+static fc_device_t *ctx_device(CUcontext ctx) {
+  for (int i = 0; i < fc.ndev; i++)
+    if (ctx == &fc.dev[i].ctx) return &fc.dev[i];
+  return NULL;
+}
+
+/* Takes d->life for reading and checks the device can be used; on success the
+ * caller releases it with dev_exit. */
+static CUresult dev_enter(fc_device_t *d, CUresult inactive) {
+  pthread_rwlock_rdlock(&d->life);
+  CUresult r = !d->active ? inactive : (CUresult)atomic_load(&d->sticky);
+  if (r != CUDA_SUCCESS) pthread_rwlock_unlock(&d->life);
+  return r;
+}
+
+static void dev_exit(fc_device_t *d) { pthread_rwlock_unlock(&d->life); }
+
+/* The current context's device, entered (see dev_enter). */
+static CUresult ctx_enter(fc_device_t **out) {
+  if (tls_ctx.n == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  fc_device_t *d = ctx_device(tls_ctx.s[tls_ctx.n - 1]);
+  CUresult r = dev_enter(d, CUDA_ERROR_CONTEXT_IS_DESTROYED);
+  if (r == CUDA_SUCCESS) *out = d;
+  return r;
+}
+
+static bool is_default_stream(CUstream s) {
+  return s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
+}
+
+/* The device of stream s, entered: the current context's for the default
+ * streams, else the device whose sim knows the handle (the sim checks handles
+ * by address range, never dereferencing them, so any value is safe). */
+static CUresult stream_enter(CUstream s, fc_device_t **out) {
+  if (is_default_stream(s)) return ctx_enter(out);
+  for (int i = 0; i < fc.ndev; i++) {
+    fc_device_t *d = &fc.dev[i];
+    if (dev_enter(d, CUDA_ERROR_INVALID_HANDLE) != CUDA_SUCCESS) continue;
+    uint64_t id;
+    if (d->sim->ops->stream_id(d->sim, (gma_stream_t)s, &id) == GMA_OK) {
+      *out = d;
+      return CUDA_SUCCESS;
+    }
+    dev_exit(d);
+  }
+  return CUDA_ERROR_INVALID_HANDLE;
+}
+
+/* The device of event ev, entered. The table is read twice because life must
+ * be taken before mu: a reset in between purges the entry, and then the
+ * handle is invalid. */
+static CUresult event_enter(CUevent ev, fc_device_t **out) {
+  pthread_mutex_lock(&fc.mu);
+  size_t i = vec_find(&fc.events, (uintptr_t)ev);
+  int di = i == SIZE_MAX ? -1 : ((fc_event_entry_t *)vec_at(&fc.events, i))->dev;
+  pthread_mutex_unlock(&fc.mu);
+  if (di < 0) return CUDA_ERROR_INVALID_HANDLE;
+  fc_device_t *d = &fc.dev[di];
+  CUresult r = dev_enter(d, CUDA_ERROR_INVALID_HANDLE);
+  if (r != CUDA_SUCCESS) return r;
+  pthread_mutex_lock(&fc.mu);
+  i = vec_find(&fc.events, (uintptr_t)ev);
+  bool same = i != SIZE_MAX && ((fc_event_entry_t *)vec_at(&fc.events, i))->dev == di;
+  pthread_mutex_unlock(&fc.mu);
+  if (!same) {
+    dev_exit(d);
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  *out = d;
+  return CUDA_SUCCESS;
+}
+
+/* Checks that stream s may be used with a resource of the entered device d:
+ * a default stream needs d's context current, any other must be d's. */
+static CUresult stream_on(fc_device_t *d, CUstream s) {
+  if (is_default_stream(s)) {
+    if (tls_ctx.n == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    return ctx_device(tls_ctx.s[tls_ctx.n - 1]) == d ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+  }
+  uint64_t id;
+  gma_status_t st = d->sim->ops->stream_id(d->sim, (gma_stream_t)s, &id);
+  return st == GMA_OK ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+/* The device-memory check of a copy: [p, p + n) lies in one cuMemAlloc
+ * allocation, or in consecutive mappings all made accessible, of device di.
+ * Caller holds fc.mu. */
+static CUresult range_check(uintptr_t p, uint64_t n, int di) {
+  if (n == 0) return CUDA_SUCCESS;
+  if (p + n < p) return CUDA_ERROR_INVALID_VALUE;
+  uintptr_t end = p + n;
+  size_t i = vec_upper(&fc.ranges, p);
+  if (i == 0) return CUDA_ERROR_INVALID_VALUE;
+  i--;
+  for (uintptr_t cur = p;;) {
+    const fc_range_t *r = vec_at(&fc.ranges, i);
+    if (r->addr > cur || cur - r->addr >= r->size || r->dev != di) return CUDA_ERROR_INVALID_VALUE;
+    if (r->map && !r->access) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    uintptr_t rend = r->addr + r->size;
+    if (end <= rend) return CUDA_SUCCESS;
+    /* Only mappings continue into a neighbour (a growable segment). */
+    if (!r->map || ++i == fc.ranges.n) return CUDA_ERROR_INVALID_VALUE;
+    if (!((const fc_range_t *)vec_at(&fc.ranges, i))->map) return CUDA_ERROR_INVALID_VALUE;
+    cur = rend;
+  }
+}
+
+/* ---------------------------------------------------------------------------
+ * Errors
+ * ------------------------------------------------------------------------- */
+/* The codes the fake can return, and a few more a caller may pass, with the
+ * driver's own strings. */
+#define FC_ERRORS(E)                                                                       \
+  E(CUDA_SUCCESS, "no error")                                                              \
+  E(CUDA_ERROR_INVALID_VALUE, "invalid argument")                                          \
+  E(CUDA_ERROR_OUT_OF_MEMORY, "out of memory")                                             \
+  E(CUDA_ERROR_NOT_INITIALIZED, "initialization error")                                    \
+  E(CUDA_ERROR_DEINITIALIZED, "driver shutting down")                                      \
+  E(CUDA_ERROR_STUB_LIBRARY, "CUDA driver is a stub library")                              \
+  E(CUDA_ERROR_DEVICE_UNAVAILABLE, "CUDA-capable device(s) is/are busy or unavailable")    \
+  E(CUDA_ERROR_NO_DEVICE, "no CUDA-capable device is detected")                            \
+  E(CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal")                                   \
+  E(CUDA_ERROR_INVALID_CONTEXT, "invalid device context")                                  \
+  E(CUDA_ERROR_MAP_FAILED, "mapping of buffer object failed")                              \
+  E(CUDA_ERROR_UNMAP_FAILED, "unmapping of buffer object failed")                          \
+  E(CUDA_ERROR_ALREADY_MAPPED, "resource already mapped")                                  \
+  E(CUDA_ERROR_NOT_MAPPED, "resource not mapped")                                          \
+  E(CUDA_ERROR_ECC_UNCORRECTABLE, "uncorrectable ECC error encountered")                   \
+  E(CUDA_ERROR_OPERATING_SYSTEM, "OS call failed or operation not supported on this OS")   \
+  E(CUDA_ERROR_INVALID_HANDLE, "invalid resource handle")                                  \
+  E(CUDA_ERROR_ILLEGAL_STATE, "the operation cannot be performed in the present state")    \
+  E(CUDA_ERROR_NOT_FOUND, "named symbol not found")                                        \
+  E(CUDA_ERROR_NOT_READY, "device not ready")                                              \
+  E(CUDA_ERROR_ILLEGAL_ADDRESS, "an illegal memory access was encountered")                \
+  E(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "too many resources requested for launch")         \
+  E(CUDA_ERROR_LAUNCH_TIMEOUT, "the launch timed out and was terminated")                  \
+  E(CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE,                                                     \
+    "cannot set while device is active in this process")                                   \
+  E(CUDA_ERROR_CONTEXT_IS_DESTROYED, "context is destroyed")                               \
+  E(CUDA_ERROR_LAUNCH_FAILED, "unspecified launch failure")                                \
+  E(CUDA_ERROR_NOT_PERMITTED, "operation not permitted")                                   \
+  E(CUDA_ERROR_NOT_SUPPORTED, "operation not supported")                                   \
+  E(CUDA_ERROR_SYSTEM_NOT_READY, "system not yet initialized")                             \
+  E(CUDA_ERROR_SYSTEM_DRIVER_MISMATCH,                                                     \
+    "system has unsupported display driver / cuda driver combination")                     \
+  E(CUDA_ERROR_TIMEOUT, "wait operation timed out")                                        \
+  E(CUDA_ERROR_UNKNOWN, "unknown error")
+
+CUresult CUDAAPI cuGetErrorName(CUresult error, const char **pStr) {
+  CUresult fr;
+  if (fc_enter(FC_cuGetErrorName, &fr)) return fr;
+  if (!pStr) return CUDA_ERROR_INVALID_VALUE;
+  switch (error) {
+#define FC_ERR_NAME_(code, text) \
+  case code:                     \
+    *pStr = #code;               \
+    return CUDA_SUCCESS;
+    FC_ERRORS(FC_ERR_NAME_)
+#undef FC_ERR_NAME_
+    default:
+      break;
+  }
+  *pStr = NULL;
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult CUDAAPI cuGetErrorString(CUresult error, const char **pStr) {
+  CUresult fr;
+  if (fc_enter(FC_cuGetErrorString, &fr)) return fr;
+  if (!pStr) return CUDA_ERROR_INVALID_VALUE;
+  switch (error) {
+#define FC_ERR_TEXT_(code, text) \
+  case code:                     \
+    *pStr = text;                \
+    return CUDA_SUCCESS;
+    FC_ERRORS(FC_ERR_TEXT_)
+#undef FC_ERR_TEXT_
+    default:
+      break;
+  }
+  *pStr = NULL;
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ---------------------------------------------------------------------------
+ * Initialization and devices
+ * ------------------------------------------------------------------------- */
+/* Parses a size with an optional K, M, G or T suffix (powers of 1024); the
+ * text ends at end (exclusive). False on a malformed or zero size. */
+static bool parse_size(const char *s, const char *end, uint64_t *out) {
+  uint64_t v = 0;
+  const char *p = s;
+  for (; p < end && isdigit((unsigned char)*p); p++) {
+    if (v > (UINT64_MAX - 9) / 10) return false;
+    v = v * 10 + (uint64_t)(*p - '0');
+  }
+  if (p == s) return false;
+  unsigned shift = 0;
+  if (p < end) {
+    switch (toupper((unsigned char)*p)) {
+      case 'K': shift = 10; break;
+      case 'M': shift = 20; break;
+      case 'G': shift = 30; break;
+      case 'T': shift = 40; break;
+      default: return false;
+    }
+    p++;
+  }
+  if (p != end || v == 0 || v > (UINT64_MAX >> shift)) return false;
+  *out = v << shift;
+  return true;
+}
+
+/* Reads GMA_FAKECUDA_DEVICES, _MEM and _GRANULARITY into fc; prints what is
+ * wrong and returns false on a bad value. Caller holds init_mu. */
+static bool read_env(void) {
+  const char *e = getenv("GMA_FAKECUDA_DEVICES");
+  long n = 1;
+  if (e && *e) {
+    char *endp;
+    errno = 0;
+    n = strtol(e, &endp, 10);
+    if (errno || *endp || n < 0 || n > FC_MAX_DEVICES) {
+      fprintf(stderr, "fakecuda: GMA_FAKECUDA_DEVICES=%s: expected 0..%d\n", e, FC_MAX_DEVICES);
+      return false;
+    }
+  }
+  fc.ndev = (int)n;
+  uint64_t mem = FC_DEFAULT_MEM;
+  e = getenv("GMA_FAKECUDA_MEM");
+  const char *p = e && *e ? e : NULL;
+  for (int i = 0; i < fc.ndev; i++) {
+    if (p) {
+      const char *comma = strchr(p, ',');
+      const char *end = comma ? comma : p + strlen(p);
+      if (!parse_size(p, end, &mem)) {
+        fprintf(stderr, "fakecuda: GMA_FAKECUDA_MEM=%s: expected sizes like 8G,512M\n", e);
+        return false;
+      }
+      p = comma ? comma + 1 : NULL; /* the last size repeats */
+    }
+    fc.dev[i].capacity = mem;
+  }
+  fc.gran = FC_DEFAULT_GRANULARITY;
+  e = getenv("GMA_FAKECUDA_GRANULARITY");
+  if (e && *e && !parse_size(e, e + strlen(e), &fc.gran)) {
+    fprintf(stderr, "fakecuda: GMA_FAKECUDA_GRANULARITY=%s: expected a size like 2M\n", e);
+    return false;
+  }
+  return true;
+}
+
+CUresult CUDAAPI cuInit(unsigned int Flags) {
+  CUresult fr;
+  if (fc_enter(FC_cuInit, &fr)) return fr;
+  if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&fc.init_mu);
+  CUresult r = CUDA_SUCCESS;
+  if (fc_ready()) goto out;
+  if (!read_env()) {
+    r = CUDA_ERROR_INVALID_VALUE;
+    goto out;
+  }
+  if (fc.ndev == 0) {
+    r = CUDA_ERROR_NO_DEVICE;
+    goto out;
+  }
+  /* The sim's granularity is a constant of its ops; a short-lived sim asks. */
+  gma_config_t cfg = GMA_CONFIG_INIT;
+  cfg.sim_capacity = 1ull << 30;
+  gma__device_t *probe;
+  if (gma__sim_create(&cfg, &probe) != GMA_OK) {
+    r = CUDA_ERROR_OUT_OF_MEMORY;
+    goto out;
+  }
+  fc.vmm = probe->ops->vm_granularity && probe->ops->vm_reserve && probe->ops->vm_map &&
+           probe->ops->vm_unmap && probe->ops->vm_release &&
+           probe->ops->vm_granularity(probe, &fc.sim_gran) == GMA_OK;
+  probe->ops->destroy(probe);
+  /* A granularity the sim cannot map in whole granules is refused rather
+   * than emulated: the sim's pieces would not line up with the fake's. */
+  if (fc.vmm && (fc.gran % fc.sim_gran != 0 || (fc.gran & (fc.gran - 1)) != 0)) {
+    fprintf(stderr,
+            "fakecuda: GMA_FAKECUDA_GRANULARITY=%llu: must be a power of two multiple of the "
+            "simulated device's granularity (%llu)\n",
+            (unsigned long long)fc.gran, (unsigned long long)fc.sim_gran);
+    r = CUDA_ERROR_INVALID_VALUE;
+    goto out;
+  }
+  pthread_rwlockattr_t ra;
+  pthread_rwlockattr_init(&ra);
+  pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+  pthread_rwlock_init(&fc.mem_rw, &ra);
+  pthread_rwlockattr_destroy(&ra);
+  for (int i = 0; i < fc.ndev; i++) {
+    fc.dev[i].ctx.ordinal = i;
+    pthread_rwlock_init(&fc.dev[i].life, NULL);
+    atomic_init(&fc.dev[i].sticky, 0);
+  }
+  /* Release pairs with the acquire in fc_ready. */
+  atomic_store_explicit(&fc.initialized, true, memory_order_release);
+out:
+  pthread_mutex_unlock(&fc.init_mu);
+  return r;
+}
+
+CUresult CUDAAPI cuDriverGetVersion(int *driverVersion) {
+  CUresult fr;
+  if (fc_enter(FC_cuDriverGetVersion, &fr)) return fr;
+  if (!driverVersion) return CUDA_ERROR_INVALID_VALUE;
+  *driverVersion = CUDA_VERSION; /* the headers the fake was built with */
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceGetCount(int *count) {
+  FC_BEGIN(cuDeviceGetCount);
+  if (!count) return CUDA_ERROR_INVALID_VALUE;
+  *count = fc.ndev;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceGet(CUdevice *device, int ordinal) {
+  FC_BEGIN(cuDeviceGet);
+  if (!device) return CUDA_ERROR_INVALID_VALUE;
+  if (ordinal < 0 || ordinal >= fc.ndev) return CUDA_ERROR_INVALID_DEVICE;
+  *device = ordinal;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev) {
+  FC_BEGIN(cuDeviceGetAttribute);
+  if (!pi) return CUDA_ERROR_INVALID_VALUE;
+  if (dev < 0 || dev >= fc.ndev) return CUDA_ERROR_INVALID_DEVICE;
+  int v;
+  /* An H100-like device; features the fake does not implement say 0. */
+  switch (attrib) {
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: v = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: v = 32; break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: v = 132; break;
+    case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: v = 1980000; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: v = 9; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: v = 1; break;
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: v = 1; break;
+    case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: v = 2; break;
+    case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: v = 5120; break;
+    case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: v = 50 << 20; break;
+    case CU_DEVICE_ATTRIBUTE_INTEGRATED: v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_TCC_DRIVER: v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: v = CU_COMPUTEMODE_DEFAULT; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = 0x18 + dev; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: v = fc.vmm; break;
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: v = 0; break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+  }
+  *pi = v;
+  return CUDA_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------------
+ * Primary contexts and the context stack
+ * ------------------------------------------------------------------------- */
+CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+  FC_BEGIN(cuDevicePrimaryCtxRetain);
+  if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+  if (dev < 0 || dev >= fc.ndev) return CUDA_ERROR_INVALID_DEVICE;
+  fc_device_t *d = &fc.dev[dev];
+  /* Fast path: an active context only gains a reference. */
+  pthread_mutex_lock(&fc.mu);
+  bool done = d->refs > 0;
+  if (done) d->refs++;
+  pthread_mutex_unlock(&fc.mu);
+  if (done) {
+    *pctx = &d->ctx;
+    return CUDA_SUCCESS;
+  }
+  /* 0 -> 1 starts the device, with life held for writing. */
+  pthread_rwlock_wrlock(&d->life);
+  CUresult r = CUDA_SUCCESS;
+  if (!d->active) {
+    gma_config_t cfg = GMA_CONFIG_INIT;
+    cfg.sim_capacity = d->capacity;
+    gma__device_t *sim;
+    if (gma__sim_create(&cfg, &sim) != GMA_OK) {
+      r = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+      pthread_mutex_lock(&fc.mu);
+      d->sim = sim;
+      d->active = true;
+      pthread_mutex_unlock(&fc.mu);
+    }
+  }
+  if (r == CUDA_SUCCESS) {
+    pthread_mutex_lock(&fc.mu);
+    d->refs++;
+    pthread_mutex_unlock(&fc.mu);
+    *pctx = &d->ctx;
+  }
+  pthread_rwlock_unlock(&d->life);
+  return r;
+}
+
+/* Resets device d: drains and destroys its sim (every allocation, mapping,
+ * reservation, event and stream goes with it) and forgets its bookkeeping.
+ * Caller holds d->life for writing, refs is 0, active still true. Resources
+ * left are reported on stderr: not an error for CUDA, but a hint when a test
+ * expected gma to have given everything back. */
+static void device_reset(fc_device_t *d) {
+  int di = d->ctx.ordinal;
+  pthread_mutex_lock(&fc.mu);
+  d->active = false;
+  gma__device_t *sim = d->sim;
+  pthread_mutex_unlock(&fc.mu);
+  /* Copy kernels still queued run to completion against the old bookkeeping. */
+  sim->ops->destroy(sim);
+  size_t nalloc = 0, nmap = 0, nresv = 0, nhandle = 0, nevent = 0;
+  pthread_mutex_lock(&fc.mu);
+  for (size_t i = 0; i < fc.ranges.n;) {
+    fc_range_t *r = vec_at(&fc.ranges, i);
+    if (r->dev != di) {
+      i++;
+      continue;
+    }
+    if (r->map) {
+      nmap++;
+      if (r->h->released) free(r->h); /* else freed with the handle table below */
+      else r->h->mapped_at = 0;
+    } else {
+      nalloc++;
+    }
+    vec_remove(&fc.ranges, i);
+  }
+  for (size_t i = 0; i < fc.resv.n;) {
+    if (((fc_resv_t *)vec_at(&fc.resv, i))->dev == di) {
+      nresv++;
+      vec_remove(&fc.resv, i);
+    } else {
+      i++;
+    }
+  }
+  for (size_t i = 0; i < fc.handles.n;) {
+    fc_handle_entry_t *e = vec_at(&fc.handles, i);
+    if (e->h->dev == di) {
+      nhandle++;
+      free(e->h);
+      vec_remove(&fc.handles, i);
+    } else {
+      i++;
+    }
+  }
+  for (size_t i = 0; i < fc.events.n;) {
+    if (((fc_event_entry_t *)vec_at(&fc.events, i))->dev == di) {
+      nevent++;
+      vec_remove(&fc.events, i);
+    } else {
+      i++;
+    }
+  }
+  uint64_t used = d->used;
+  d->used = 0;
+  d->sim = NULL;
+  pthread_mutex_unlock(&fc.mu);
+  atomic_store(&d->sticky, 0);
+  if (nalloc + nmap + nresv + nhandle + nevent) {
+    fprintf(stderr,
+            "fakecuda: device %d: primary context reset with %zu allocations, %zu mappings, "
+            "%zu reservations, %zu handles (%llu bytes in all) and %zu events still live; "
+            "freed them\n",
+            di, nalloc, nmap, nresv, nhandle, (unsigned long long)used, nevent);
+  }
+}
+
+CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev) {
+  FC_BEGIN(cuDevicePrimaryCtxRelease);
+  if (dev < 0 || dev >= fc.ndev) return CUDA_ERROR_INVALID_DEVICE;
+  fc_device_t *d = &fc.dev[dev];
+  pthread_mutex_lock(&fc.mu);
+  unsigned refs = d->refs;
+  if (refs > 1) d->refs--;
+  pthread_mutex_unlock(&fc.mu);
+  if (refs == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  if (refs > 1) return CUDA_SUCCESS;
+  /* Possibly the last reference: decide again with life held for writing,
+   * since another thread may have retained or released meanwhile. */
+  pthread_rwlock_wrlock(&d->life);
+  CUresult r = CUDA_SUCCESS;
+  pthread_mutex_lock(&fc.mu);
+  if (d->refs == 0) {
+    r = CUDA_ERROR_INVALID_CONTEXT;
+  } else {
+    d->refs--;
+  }
+  bool reset = r == CUDA_SUCCESS && d->refs == 0;
+  pthread_mutex_unlock(&fc.mu);
+  if (reset) device_reset(d);
+  pthread_rwlock_unlock(&d->life);
+  return r;
+}
+
+CUresult CUDAAPI cuCtxGetCurrent(CUcontext *pctx) {
+  FC_BEGIN(cuCtxGetCurrent);
+  if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+  *pctx = tls_ctx.n ? tls_ctx.s[tls_ctx.n - 1] : NULL;
+  return CUDA_SUCCESS;
+}
+
+/* Replaces the top of the stack; NULL pops (a no-op on an empty stack). */
+CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx) {
+  FC_BEGIN(cuCtxSetCurrent);
+  if (!ctx) {
+    if (tls_ctx.n) tls_ctx.n--;
+    return CUDA_SUCCESS;
+  }
+  if (!ctx_device(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
+  if (tls_ctx.n == 0) tls_ctx.n = 1;
+  tls_ctx.s[tls_ctx.n - 1] = ctx;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxPushCurrent(CUcontext ctx) {
+  FC_BEGIN(cuCtxPushCurrent);
+  if (!ctx_device(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
+  if (tls_ctx.n == FC_CTX_STACK) return CUDA_ERROR_OUT_OF_MEMORY;
+  tls_ctx.s[tls_ctx.n++] = ctx;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxPopCurrent(CUcontext *pctx) {
+  FC_BEGIN(cuCtxPopCurrent);
+  if (tls_ctx.n == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  CUcontext c = tls_ctx.s[--tls_ctx.n];
+  if (pctx) *pctx = c;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxSynchronize(void) {
+  FC_BEGIN(cuCtxSynchronize);
+  fc_device_t *d;
+  CUresult r = ctx_enter(&d);
+  if (r != CUDA_SUCCESS) return r;
+  r = from_sim(d->sim->ops->device_synchronize(d->sim), CUDA_ERROR_INVALID_CONTEXT);
+  if (r == CUDA_SUCCESS) r = (CUresult)atomic_load(&d->sticky);
+  dev_exit(d);
+  return r;
+}
+
+/* ---------------------------------------------------------------------------
+ * Linear memory
+ * ------------------------------------------------------------------------- */
+CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
+  FC_BEGIN(cuMemAlloc);
+  fc_device_t *d;
+  CUresult r = ctx_enter(&d);
+  if (r != CUDA_SUCCESS) return r;
+  if (!dptr || bytesize == 0) {
+    dev_exit(d);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  /* The bytes are taken from the fake's accounting first, so the sim (whose
+   * capacity is the same) never holds more than the fake admitted. */
+  pthread_mutex_lock(&fc.mu);
+  bool fits = bytesize <= d->capacity - d->used;
+  if (fits) d->used += bytesize;
+  pthread_mutex_unlock(&fc.mu);
+  if (!fits) {
+    dev_exit(d);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  uintptr_t addr = 0;
+  pthread_rwlock_wrlock(&fc.mem_rw);
+  r = from_sim(d->sim->ops->mem_alloc(d->sim, bytesize, &addr), CUDA_ERROR_INVALID_VALUE);
+  if (r == CUDA_SUCCESS) {
+    fc_range_t rec = {.addr = addr, .size = bytesize, .dev = d->ctx.ordinal};
+    pthread_mutex_lock(&fc.mu);
+    bool ok = vec_insert(&fc.ranges, &rec);
+    pthread_mutex_unlock(&fc.mu);
+    if (!ok) {
+      d->sim->ops->mem_free(d->sim, addr, bytesize);
+      r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+  }
+  pthread_rwlock_unlock(&fc.mem_rw);
+  if (r != CUDA_SUCCESS) {
+    pthread_mutex_lock(&fc.mu);
+    d->used -= bytesize;
+    pthread_mutex_unlock(&fc.mu);
+  } else {
+    *dptr = addr;
+  }
+  dev_exit(d);
+  return r;
+}
+
+/* Frees a cuMemAlloc allocation of any device (unified addressing); a
+ * current context is required, as by the driver. */
+CUresult CUDAAPI cuMemFree(CUdeviceptr dptr) {
+  FC_BEGIN(cuMemFree);
+  fc_device_t *cur;
+  CUresult r = ctx_enter(&cur);
+  if (r != CUDA_SUCCESS) return r;
+  dev_exit(cur);
+  pthread_mutex_lock(&fc.mu);
+  size_t i = vec_find(&fc.ranges, (uintptr_t)dptr);
+  const fc_range_t *rec = i == SIZE_MAX ? NULL : vec_at(&fc.ranges, i);
+  int di = rec && !rec->map ? rec->dev : -1;
+  pthread_mutex_unlock(&fc.mu);
+  if (di < 0) return CUDA_ERROR_INVALID_VALUE;
+  fc_device_t *d = &fc.dev[di];
+  r = dev_enter(d, CUDA_ERROR_INVALID_VALUE);
+  if (r != CUDA_SUCCESS) return r;
+  pthread_rwlock_wrlock(&fc.mem_rw);
+  pthread_mutex_lock(&fc.mu);
+  i = vec_find(&fc.ranges, (uintptr_t)dptr);
+  rec = i == SIZE_MAX ? NULL : vec_at(&fc.ranges, i);
+  uint64_t size = 0;
+  if (rec && !rec->map && rec->dev == di) {
+    size = rec->size;
+    vec_remove(&fc.ranges, i);
+  }
+  pthread_mutex_unlock(&fc.mu);
+  if (size == 0) {
+    r = CUDA_ERROR_INVALID_VALUE; /* freed by another thread meanwhile */
+  } else if (d->sim->ops->mem_free(d->sim, (uintptr_t)dptr, size) != GMA_OK) {
+    /* The bookkeeping and the sim disagree: a bug in the fake. */
+    fprintf(stderr, "fakecuda: cuMemFree(0x%llx): the simulated device refused the free\n",
+            (unsigned long long)dptr);
+    r = CUDA_ERROR_UNKNOWN;
+  } else {
+    pthread_mutex_lock(&fc.mu);
+    d->used -= size;
+    pthread_mutex_unlock(&fc.mu);
+  }
+  pthread_rwlock_unlock(&fc.mem_rw);
+  dev_exit(d);
+  return r;
+}
+
+CUresult CUDAAPI cuMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
+  FC_BEGIN(cuMemGetInfo);
+  fc_device_t *d;
+  CUresult r = ctx_enter(&d);
+  if (r != CUDA_SUCCESS) return r;
+  if (!free_bytes || !total_bytes) {
+    dev_exit(d);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  pthread_mutex_lock(&fc.mu);
+  *free_bytes = (size_t)(d->capacity - d->used);
+  *total_bytes = (size_t)d->capacity;
+  pthread_mutex_unlock(&fc.mu);
+  dev_exit(d);
+  return CUDA_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------------
+ * Events
+ * ------------------------------------------------------------------------- */
+CUresult CUDAAPI cuEventCreate(CUevent *phEvent, unsigned int Flags) {
+  FC_BEGIN(cuEventCreate);
+  fc_device_t *d;
+  CUresult r = ctx_enter(&d);
+  if (r != CUDA_SUCCESS) return r;
+  const unsigned known = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+  if (!phEvent || (Flags & ~known) ||
+      ((Flags & CU_EVENT_INTERPROCESS) && !(Flags & CU_EVENT_DISABLE_TIMING))) {
+    dev_exit(d);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  gma__event_t ev;
+  r = from_sim(d->sim->ops->event_create(d->sim, &ev), CUDA_ERROR_INVALID_VALUE);
+  if (r == CUDA_SUCCESS) {
+    fc_event_entry_t e = {(uintptr_t)ev, d->ctx.ordinal};
+    pthread_mutex_lock(&fc.mu);
+    bool ok = vec_insert(&fc.events, &e);
+    pthread_mutex_unlock(&fc.mu);
+    if (ok) {
+      *phEvent = (CUevent)ev;
+    } else {
+      d->sim->ops->event_destroy(d->sim, ev);
+      r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+  }
+  dev_exit(d);
+  return r;
+}
+
+CUresult CUDAAPI cuEventDestroy(CUevent hEvent) {
+  FC_BEGIN(cuEventDestroy);
+  fc_device_t *d;
+  CUresult r = event_enter(hEvent, &d);
+  if (r != CUDA_SUCCESS) return r;
+  /* Whoever removes the entry destroys the event, so two racing destroys
+   * cannot both reach the sim. */
+  pthread_mutex_lock(&fc.mu);
+  size_t i = vec_find(&fc.events, (uintptr_t)hEvent);
+  if (i != SIZE_MAX) vec_remove(&fc.events, i);
+  pthread_mutex_unlock(&fc.mu);
+  if (i == SIZE_MAX) {
+    r = CUDA_ERROR_INVALID_HANDLE;
+  } else {
+    r = from_sim(d->sim->ops->event_destroy(d->sim, (gma__event_t)hEvent),
+                 CUDA_ERROR_INVALID_HANDLE);
+  }
+  dev_exit(d);
+  return r;
+}
+
+static CUresult event_record(CUevent hEvent, CUstream hStream) {
+  fc_device_t *d;
+  CUresult r = event_enter(hEvent, &d);
+  if (r != CUDA_SUCCESS) return r;
+  r = stream_on(d, hStream);
+  if (r == CUDA_SUCCESS) {
+    r = from_sim(d->sim->ops->event_record(d->sim, (gma__event_t)hEvent, (gma_stream_t)hStream),
+                 CUDA_ERROR_INVALID_HANDLE);
+  }
+  dev_exit(d);
+  return r;
+}
+
+CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream) {
+  FC_BEGIN(cuEventRecord);
+  return event_record(hEvent, hStream);
+}
+
+CUresult CUDAAPI cuEventQuery(CUevent hEvent) {
+  FC_BEGIN(cuEventQuery);
+  fc_device_t *d;
+  CUresult r = event_enter(hEvent, &d);
+  if (r != CUDA_SUCCESS) return r;
+  bool done = false;
+  r = from_sim(d->sim->ops->event_query(d->sim, (gma__event_t)hEvent, &done),
+               CUDA_ERROR_INVALID_HANDLE);
+  if (r == CUDA_SUCCESS && !done) r = CUDA_ERROR_NOT_READY;
+  dev_exit(d);
+  return r;
+}
+
+CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) {
+  FC_BEGIN(cuEventSynchronize);
+  fc_device_t *d;
+  CUresult r = event_enter(hEvent, &d);
+  if (r != CUDA_SUCCESS) return r;
+  r = from_sim(d->sim->ops->event_synchronize(d->sim, (gma__event_t)hEvent),
+               CUDA_ERROR_INVALID_HANDLE);
+  if (r == CUDA_SUCCESS) r = (CUresult)atomic_load(&d->sticky);
+  dev_exit(d);
+  return r;
+}
+
+/* Only waits on an event of the stream's own device are simulated; the real
+ * driver also allows other devices' events. */
+static CUresult stream_wait_event(CUstream hStream, CUevent hEvent, unsigned int Flags) {
+  if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  fc_device_t *d;
+  CUresult r = event_enter(hEvent, &d);
+  if (r != CUDA_SUCCESS) return r;
+  r = stream_on(d, hStream);
+  if (r == CUDA_SUCCESS) {
+    r = from_sim(
+        d->sim->ops->stream_wait_event(d->sim, (gma_stream_t)hStream, (gma__event_t)hEvent),
+        CUDA_ERROR_INVALID_HANDLE);
+  }
+  dev_exit(d);
+  return r;
+}
+
+CUresult CUDAAPI cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) {
+  FC_BEGIN(cuStreamWaitEvent);
+  return stream_wait_event(hStream, hEvent, Flags);
+}
+
+/* ---------------------------------------------------------------------------
+ * Streams
+ * ------------------------------------------------------------------------- */
+CUresult CUDAAPI cuStreamCreate(CUstream *phStream, unsigned int Flags) {
+  FC_BEGIN(cuStreamCreate);
+  fc_device_t *d;
+  CUresult r = ctx_enter(&d);
+  if (r != CUDA_SUCCESS) return r;
+  if (!phStream || (Flags & ~(unsigned)CU_STREAM_NON_BLOCKING)) {
+    dev_exit(d);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  gma_stream_t s;
+  r = from_sim(d->sim->ops->stream_create(d->sim, &s), CUDA_ERROR_INVALID_VALUE);
+  if (r == CUDA_SUCCESS) *phStream = (CUstream)s;
+  dev_exit(d);
+  return r;
+}
+
+CUresult CUDAAPI cuStreamDestroy(CUstream hStream) {
+  FC_BEGIN(cuStreamDestroy);
+  if (is_default_stream(hStream)) return CUDA_ERROR_INVALID_HANDLE;
+  fc_device_t *d;
+  CUresult r = stream_enter(hStream, &d);
+  if (r != CUDA_SUCCESS) return r;
+  r = from_sim(d->sim->ops->stream_destroy(d->sim, (gma_stream_t)hStream),
+               CUDA_ERROR_INVALID_HANDLE);
+  dev_exit(d);
+  return r;
+}
+
+static CUresult stream_get_id(CUstream hStream, unsigned long long *streamId) {
+  if (!streamId) return CUDA_ERROR_INVALID_VALUE;
+  fc_device_t *d;
+  CUresult r = stream_enter(hStream, &d);
+  if (r != CUDA_SUCCESS) return r;
+  uint64_t id = 0;
+  r = from_sim(d->sim->ops->stream_id(d->sim, (gma_stream_t)hStream, &id),
+               CUDA_ERROR_INVALID_HANDLE);
+  if (r == CUDA_SUCCESS) *streamId = id;
+  dev_exit(d);
+  return r;
+}
+
+CUresult CUDAAPI cuStreamGetId(CUstream hStream, unsigned long long *streamId) {
+  FC_BEGIN(cuStreamGetId);
+  return stream_get_id(hStream, streamId);
+}
+
+static CUresult stream_synchronize(CUstream hStream) {
+  fc_device_t *d;
+  CUresult r = stream_enter(hStream, &d);
+  if (r != CUDA_SUCCESS) return r;
+  r = from_sim(d->sim->ops->stream_synchronize(d->sim, (gma_stream_t)hStream),
+               CUDA_ERROR_INVALID_HANDLE);
+  if (r == CUDA_SUCCESS) r = (CUresult)atomic_load(&d->sticky);
+  dev_exit(d);
+  return r;
+}
+
+CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
+  FC_BEGIN(cuStreamSynchronize);
+  return stream_synchronize(hStream);
+}
+
+/* ---------------------------------------------------------------------------
+ * Stream-ordered copies and memsets: a heap closure run as a kernel on the
+ * stream, which frees it. The range is checked when queued (a clear error at
+ * once) and again when the kernel runs, under mem_rw held for reading, so a
+ * free of the memory in between cannot pull it away mid-copy: the kernel
+ * then finds it gone and sets the device's sticky CUDA_ERROR_ILLEGAL_ADDRESS,
+ * as a GPU would fault, instead of crashing the process.
+ * ------------------------------------------------------------------------- */
+typedef enum fc_copy_kind { FC_MEMSET32, FC_DTOH, FC_HTOD } fc_copy_kind_t;
+
+typedef struct fc_copy {
+  fc_copy_kind_t kind;
+  fc_device_t *dev;
+  uintptr_t dptr;
+  void *host;
+  uint64_t bytes;
+  uint32_t value;
+} fc_copy_t;
+
+static void copy_kernel(void *arg) {
+  fc_copy_t *k = arg;
+  pthread_rwlock_rdlock(&fc.mem_rw);
+  pthread_mutex_lock(&fc.mu);
+  CUresult r = range_check(k->dptr, k->bytes, k->dev->ctx.ordinal);
+  pthread_mutex_unlock(&fc.mu);
+  if (r == CUDA_SUCCESS) {
+    switch (k->kind) {
+      case FC_MEMSET32: {
+        uint32_t *w = (uint32_t *)k->dptr;
+        for (uint64_t i = 0; i < k->bytes / 4; i++) w[i] = k->value;
+        break;
+      }
+      case FC_DTOH:
+        memcpy(k->host, (const void *)k->dptr, (size_t)k->bytes);
+        break;
+      case FC_HTOD:
+        memcpy((void *)k->dptr, k->host, (size_t)k->bytes);
+        break;
+    }
+  } else {
+    int expected = 0;
+    if (atomic_compare_exchange_strong(&k->dev->sticky, &expected, CUDA_ERROR_ILLEGAL_ADDRESS)) {
+      fprintf(stderr,
+              "fakecuda: device %d: a queued %s of %llu bytes at 0x%llx ran after the memory "
+              "stopped being device memory (freed or unmapped while in use); the context is "
+              "now faulted (CUDA_ERROR_ILLEGAL_ADDRESS)\n",
+              k->dev->ctx.ordinal,
+              k->kind == FC_MEMSET32 ? "memset" : k->kind == FC_DTOH ? "copy to host"
+                                                                      : "copy to device",
+              (unsigned long long)k->bytes, (unsigned long long)k->dptr);
+    }
+  }
+  pthread_rwlock_unlock(&fc.mem_rw);
+  free(k);
+}
+
+static CUresult copy_launch(fc_copy_kind_t kind, CUdeviceptr dptr, void *host, uint64_t bytes,
+                            uint32_t value, CUstream hStream) {
+  if ((kind != FC_MEMSET32 && !host && bytes) || (kind == FC_MEMSET32 && dptr % 4))
+    return CUDA_ERROR_INVALID_VALUE;
+  fc_device_t *d;
+  CUresult r = stream_enter(hStream, &d);
+  if (r != CUDA_SUCCESS) return r;
+  pthread_mutex_lock(&fc.mu);
+  r = range_check((uintptr_t)dptr, bytes, d->ctx.ordinal);
+  pthread_mutex_unlock(&fc.mu);
+  fc_copy_t *k = r == CUDA_SUCCESS ? malloc(sizeof *k) : NULL;
+  if (r == CUDA_SUCCESS && !k) r = CUDA_ERROR_OUT_OF_MEMORY;
+  if (k) {
+    *k = (fc_copy_t){kind, d, (uintptr_t)dptr, host, bytes, value};
+    r = from_sim(d->sim->ops->sim_launch(d->sim, (gma_stream_t)hStream, copy_kernel, k),
+                 CUDA_ERROR_INVALID_HANDLE);
+    if (r != CUDA_SUCCESS) free(k); /* not queued: the sim did not take it */
+  }
+  dev_exit(d);
+  return r;
+}
+
+CUresult CUDAAPI cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N,
+                                  CUstream hStream) {
+  FC_BEGIN(cuMemsetD32Async);
+  if (N > UINT64_MAX / 4) return CUDA_ERROR_INVALID_VALUE;
+  return copy_launch(FC_MEMSET32, dstDevice, NULL, (uint64_t)N * 4, ui, hStream);
+}
+
+/* The host buffer must stay valid until the stream reaches the copy, as with
+ * pinned memory on a GPU. */
+CUresult CUDAAPI cuMemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
+                                   CUstream hStream) {
+  FC_BEGIN(cuMemcpyDtoHAsync);
+  return copy_launch(FC_DTOH, srcDevice, dstHost, ByteCount, 0, hStream);
+}
+
+CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount,
+                                   CUstream hStream) {
+  FC_BEGIN(cuMemcpyHtoDAsync);
+  return copy_launch(FC_HTOD, dstDevice, (void *)srcHost, ByteCount, 0, hStream);
+}
+
+/* ---------------------------------------------------------------------------
+ * Virtual memory management
+ * ------------------------------------------------------------------------- */
+/* Checks an allocation property; *dev gets its device. */
+static CUresult prop_check(const CUmemAllocationProp *prop, int *dev) {
+  if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+      prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+      (prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE &&
+       prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (prop->location.id < 0 || prop->location.id >= fc.ndev) return CUDA_ERROR_INVALID_DEVICE;
+  *dev = prop->location.id;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemGetAllocationGranularity(size_t *granularity,
+                                               const CUmemAllocationProp *prop,
+                                               CUmemAllocationGranularity_flags option) {
+  FC_BEGIN(cuMemGetAllocationGranularity);
+  if (!fc.vmm) return CUDA_ERROR_NOT_SUPPORTED;
+  int dev;
+  CUresult r = prop_check(prop, &dev);
+  if (r != CUDA_SUCCESS) return r;
+  if (!granularity || (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
+                       option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+    return CUDA_ERROR_INVALID_VALUE;
+  *granularity = (size_t)fc.gran;
+  return CUDA_SUCCESS;
+}
+
+static bool is_pow2(uint64_t x) { return x && !(x & (x - 1)); }
+
+/* The reservation lives on the current context's device (the sim reserves
+ * per device; the real driver's address space is process-wide). The address
+ * hint is ignored, as the driver may. */
+CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
+                                     CUdeviceptr addr, unsigned long long flags) {
+  FC_BEGIN(cuMemAddressReserve);
+  (void)addr;
+  if (!fc.vmm) return CUDA_ERROR_NOT_SUPPORTED;
+  if (!ptr || size == 0 || size % fc.gran || flags != 0 || (alignment && !is_pow2(alignment)))
+    return CUDA_ERROR_INVALID_VALUE;
+  fc_device_t *d;
+  CUresult r = ctx_enter(&d);
+  if (r != CUDA_SUCCESS) return r;
+  uint64_t align = alignment > fc.gran ? alignment : fc.gran;
+  uint64_t extra = align > fc.sim_gran ? align - fc.sim_gran : 0;
+  uintptr_t base = 0;
+  pthread_rwlock_wrlock(&fc.mem_rw);
+  r = from_sim(d->sim->ops->vm_reserve(d->sim, size + extra, &base), CUDA_ERROR_INVALID_VALUE);
+  if (r == CUDA_SUCCESS) {
+    fc_resv_t rec = {(base + align - 1) & ~(uintptr_t)(align - 1), size, d->ctx.ordinal, base,
+                     size + extra};
+    pthread_mutex_lock(&fc.mu);
+    bool ok = vec_insert(&fc.resv, &rec);
+    pthread_mutex_unlock(&fc.mu);
+    if (ok) {
+      *ptr = rec.addr;
+    } else {
+      d->sim->ops->vm_release(d->sim, base, size + extra);
+      r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+  }
+  pthread_rwlock_unlock(&fc.mem_rw);
+  dev_exit(d);
+  return r;
+}
+
+/* True when [addr, addr + size) overlaps a range of device memory; fc.mu held. */
+static bool ranges_overlap(uintptr_t addr, uint64_t size) {
+  size_t i = vec_upper(&fc.ranges, addr);
+  if (i > 0) {
+    const fc_range_t *p = vec_at(&fc.ranges, i - 1);
+    if (p->addr + p->size > addr) return true;
+  }
+  return i < fc.ranges.n && vec_key(&fc.ranges, i) < addr + size;
+}
+
+/* Refused (CUDA_ERROR_INVALID_VALUE) while anything inside is still mapped: a
+ * mapping may not outlive its reservation. */
+CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  FC_BEGIN(cuMemAddressFree);
+  if (!fc.vmm) return CUDA_ERROR_NOT_SUPPORTED;
+  pthread_mutex_lock(&fc.mu);
+  size_t i = vec_find(&fc.resv, (uintptr_t)ptr);
+  int di = i == SIZE_MAX ? -1 : ((fc_resv_t *)vec_at(&fc.resv, i))->dev;
+  pthread_mutex_unlock(&fc.mu);
+  if (di < 0) return CUDA_ERROR_INVALID_VALUE;
+  fc_device_t *d = &fc.dev[di];
+  CUresult r = dev_enter(d, CUDA_ERROR_INVALID_VALUE);
+  if (r != CUDA_SUCCESS) return r;
+  pthread_rwlock_wrlock(&fc.mem_rw);
+  pthread_mutex_lock(&fc.mu);
+  i = vec_find(&fc.resv, (uintptr_t)ptr);
+  fc_resv_t rec = {0};
+  if (i != SIZE_MAX) rec = *(fc_resv_t *)vec_at(&fc.resv, i);
+  if (i == SIZE_MAX || rec.dev != di || rec.size != size || ranges_overlap(rec.addr, rec.size)) {
+    r = CUDA_ERROR_INVALID_VALUE;
+  } else {
+    vec_remove(&fc.resv, i);
+  }
+  pthread_mutex_unlock(&fc.mu);
+  if (r == CUDA_SUCCESS && d->sim->ops->vm_release(d->sim, rec.sim_addr, rec.sim_size) != GMA_OK) {
+    fprintf(stderr, "fakecuda: cuMemAddressFree(0x%llx): the simulated device refused it\n",
+            (unsigned long long)ptr);
+    r = CUDA_ERROR_UNKNOWN;
+  }
+  pthread_rwlock_unlock(&fc.mem_rw);
+  dev_exit(d);
+  return r;
+}
+
+/* Physical memory is held from here (used grows), as on a GPU, though the
+ * sim only creates it when it is mapped. The device's primary context must
+ * be active: the handle lives with it. */
+CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                             const CUmemAllocationProp *prop, unsigned long long flags) {
+  FC_BEGIN(cuMemCreate);
+  if (!fc.vmm) return CUDA_ERROR_NOT_SUPPORTED;
+  int di;
+  CUresult r = prop_check(prop, &di);
+  if (r != CUDA_SUCCESS) return r;
+  if (!handle || size == 0 || size % fc.gran || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  fc_device_t *d = &fc.dev[di];
+  r = dev_enter(d, CUDA_ERROR_INVALID_CONTEXT);
+  if (r != CUDA_SUCCESS) return r;
+  fc_handle_t *h = calloc(1, sizeof *h);
+  pthread_mutex_lock(&fc.mu);
+  if (!h) {
+    r = CUDA_ERROR_OUT_OF_MEMORY;
+  } else if (size > d->capacity - d->used) {
+    r = CUDA_ERROR_OUT_OF_MEMORY;
+  } else {
+    *h = (fc_handle_t){.dev = di, .size = size};
+    fc_handle_entry_t e = {fc.next_handle, h};
+    if (vec_insert(&fc.handles, &e)) {
+      fc.next_handle += 2; /* odd, never 0, never reused */
+      d->used += size;
+      *handle = e.id;
+      h = NULL;
+    } else {
+      r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+  }
+  pthread_mutex_unlock(&fc.mu);
+  free(h); /* NULL unless it failed */
+  dev_exit(d);
+  return r;
+}
+
+/* Allowed while mapped, as in CUDA: the unmap then frees the memory. */
+CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) {
+  FC_BEGIN(cuMemRelease);
+  if (!fc.vmm) return CUDA_ERROR_NOT_SUPPORTED;
+  pthread_mutex_lock(&fc.mu);
+  size_t i = vec_find(&fc.handles, (uintptr_t)handle);
+  fc_handle_t *h = i == SIZE_MAX ? NULL : ((fc_handle_entry_t *)vec_at(&fc.handles, i))->h;
+  if (h) {
+    vec_remove(&fc.handles, i);
+    if (h->mapped_at) {
+      h->released = true; /* the mapping's range still points at it */
+      h = NULL;
+    } else {
+      fc.dev[h->dev].used -= h->size;
+    }
+  }
+  pthread_mutex_unlock(&fc.mu);
+  free(h);
+  return i == SIZE_MAX ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+/* The device of the reservation holding [p, p + n), or -1; fc.mu held. */
+static int resv_device(uintptr_t p, uint64_t n) {
+  size_t i = vec_upper(&fc.resv, p);
+  if (i == 0) return -1;
+  const fc_resv_t *r = vec_at(&fc.resv, i - 1);
+  return p - r->addr <= r->size && n <= r->size - (p - r->addr) ? r->dev : -1;
+}
+
+CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                          CUmemGenericAllocationHandle handle, unsigned long long flags) {
+  FC_BEGIN(cuMemMap);
+  if (!fc.vmm) return CUDA_ERROR_NOT_SUPPORTED;
+  if (offset != 0 || flags != 0 || size == 0 || size % fc.gran || ptr % fc.gran)
+    return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&fc.mu);
+  size_t i = vec_find(&fc.handles, (uintptr_t)handle);
+  int di = i == SIZE_MAX ? -1 : ((fc_handle_entry_t *)vec_at(&fc.handles, i))->h->dev;
+  pthread_mutex_unlock(&fc.mu);
+  if (di < 0) return CUDA_ERROR_INVALID_HANDLE;
+  fc_device_t *d = &fc.dev[di];
+  CUresult r = dev_enter(d, CUDA_ERROR_INVALID_HANDLE);
+  if (r != CUDA_SUCCESS) return r;
+  /* mem_rw held for writing makes check, map and record one step for every
+   * other memory operation. */
+  pthread_rwlock_wrlock(&fc.mem_rw);
+  pthread_mutex_lock(&fc.mu);
+  i = vec_find(&fc.handles, (uintptr_t)handle);
+  fc_handle_t *h = i == SIZE_MAX ? NULL : ((fc_handle_entry_t *)vec_at(&fc.handles, i))->h;
+  if (!h || h->dev != di) {
+    r = CUDA_ERROR_INVALID_HANDLE;
+  } else if (h->mapped_at) {
+    fprintf(stderr, "fakecuda: cuMemMap: handle 0x%llx is already mapped at 0x%llx; the fake "
+                    "maps a handle once at a time\n",
+            (unsigned long long)handle, (unsigned long long)h->mapped_at);
+    r = CUDA_ERROR_NOT_SUPPORTED;
+  } else if (size > h->size || resv_device((uintptr_t)ptr, size) != di ||
+             ranges_overlap((uintptr_t)ptr, size)) {
+    r = CUDA_ERROR_INVALID_VALUE;
+  }
+  pthread_mutex_unlock(&fc.mu);
+  uint64_t simh = 0;
+  if (r == CUDA_SUCCESS)
+    r = from_sim(d->sim->ops->vm_map(d->sim, (uintptr_t)ptr, size, &simh),
+                 CUDA_ERROR_INVALID_VALUE);
+  if (r == CUDA_SUCCESS) {
+    fc_range_t rec = {.addr = (uintptr_t)ptr, .size = size, .dev = di, .map = true, .h = h};
+    pthread_mutex_lock(&fc.mu);
+    bool ok = vec_insert(&fc.ranges, &rec);
+    if (ok) h->mapped_at = (uintptr_t)ptr;
+    pthread_mutex_unlock(&fc.mu);
+    if (!ok) {
+      d->sim->ops->vm_unmap(d->sim, (uintptr_t)ptr, size, simh);
+      r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+  }
+  pthread_rwlock_unlock(&fc.mem_rw);
+  dev_exit(d);
+  return r;
+}
+
+/* The mappings exactly covering [p, p + n) of device di (consecutive,
+ * adjacent), as the index of the first and a count; false when the range
+ * cuts a mapping or has a hole. fc.mu held. */
+static bool mapped_span(uintptr_t p, uint64_t n, int di, size_t *first, size_t *count) {
+  size_t i = vec_find(&fc.ranges, p);
+  if (i == SIZE_MAX || n == 0 || p + n < p) return false;
+  *first = i;
+  for (uintptr_t cur = p; cur < p + n; i++) {
+    if (i == fc.ranges.n) return false;
+    const fc_range_t *r = vec_at(&fc.ranges, i);
+    if (!r->map || r->dev != di || r->addr != cur || r->size > p + n - cur) return false;
+    cur += r->size;
+  }
+  *count = i - *first;
+  return true;
+}
+
+/* Unmaps whole mappings (one or several adjacent ones); the memory of a
+ * released handle is freed. */
+CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
+  FC_BEGIN(cuMemUnmap);
+  if (!fc.vmm) return CUDA_ERROR_NOT_SUPPORTED;
+  pthread_mutex_lock(&fc.mu);
+  size_t i = vec_find(&fc.ranges, (uintptr_t)ptr);
+  const fc_range_t *first = i == SIZE_MAX ? NULL : vec_at(&fc.ranges, i);
+  int di = first && first->map ? first->dev : -1;
+  pthread_mutex_unlock(&fc.mu);
+  if (di < 0) return CUDA_ERROR_INVALID_VALUE;
+  fc_device_t *d = &fc.dev[di];
+  CUresult r = dev_enter(d, CUDA_ERROR_INVALID_VALUE);
+  if (r != CUDA_SUCCESS) return r;
+  pthread_rwlock_wrlock(&fc.mem_rw);
+  pthread_mutex_lock(&fc.mu);
+  size_t at = 0, n = 0;
+  fc_range_t *gone = NULL;
+  if (!mapped_span((uintptr_t)ptr, size, di, &at, &n)) {
+    r = CUDA_ERROR_INVALID_VALUE;
+  } else if (!(gone = malloc(n * sizeof *gone))) {
+    r = CUDA_ERROR_OUT_OF_MEMORY;
+  } else {
+    memcpy(gone, vec_at(&fc.ranges, at), n * sizeof *gone);
+    for (size_t k = 0; k < n; k++) vec_remove(&fc.ranges, at);
+  }
+  pthread_mutex_unlock(&fc.mu);
+  for (size_t k = 0; k < n && gone; k++) {
+    /* The sim names a mapping's memory by its address. */
+    if (d->sim->ops->vm_unmap(d->sim, gone[k].addr, gone[k].size, gone[k].addr) != GMA_OK) {
+      fprintf(stderr, "fakecuda: cuMemUnmap(0x%llx): the simulated device refused it\n",
+              (unsigned long long)gone[k].addr);
+      r = CUDA_ERROR_UNKNOWN;
+    }
+  }
+  pthread_mutex_lock(&fc.mu);
+  for (size_t k = 0; k < n && gone; k++) {
+    fc_handle_t *h = gone[k].h;
+    h->mapped_at = 0;
+    if (h->released) {
+      d->used -= h->size;
+      free(h);
+    }
+  }
+  pthread_mutex_unlock(&fc.mu);
+  free(gone);
+  pthread_rwlock_unlock(&fc.mem_rw);
+  dev_exit(d);
+  return r;
+}
+
+/* The range must be exactly covered by mappings; the access flag recorded is
+ * the one given for the mappings' own device. */
+CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
+                                size_t count) {
+  FC_BEGIN(cuMemSetAccess);
+  if (!fc.vmm) return CUDA_ERROR_NOT_SUPPORTED;
+  if (!desc || count == 0) return CUDA_ERROR_INVALID_VALUE;
+  for (size_t k = 0; k < count; k++) {
+    if (desc[k].location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+    if (desc[k].location.id < 0 || desc[k].location.id >= fc.ndev) return CUDA_ERROR_INVALID_DEVICE;
+    if (desc[k].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
+        desc[k].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+        desc[k].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+  CUresult r = CUDA_SUCCESS;
+  pthread_mutex_lock(&fc.mu);
+  size_t i = vec_find(&fc.ranges, (uintptr_t)ptr);
+  int di = i == SIZE_MAX ? -1 : ((fc_range_t *)vec_at(&fc.ranges, i))->dev;
+  size_t at = 0, n = 0;
+  if (di < 0 || !mapped_span((uintptr_t)ptr, size, di, &at, &n)) {
+    r = CUDA_ERROR_INVALID_VALUE;
+  } else {
+    for (size_t k = 0; k < count; k++) {
+      if (desc[k].location.id != di) continue; /* peer access: not simulated */
+      for (size_t j = at; j < at + n; j++)
+        ((fc_range_t *)vec_at(&fc.ranges, j))->access =
+            desc[k].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    }
+  }
+  pthread_mutex_unlock(&fc.mu);
+  return r;
+}
+
+/* ---------------------------------------------------------------------------
+ * Per-thread-default-stream variants (CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_
+ * STREAM): the NULL stream means the calling thread's own default stream.
+ * ------------------------------------------------------------------------- */
+static CUstream ptds(CUstream s) { return s ? s : CU_STREAM_PER_THREAD; }
+
+static CUresult CUDAAPI fc_event_record_ptsz(CUevent e, CUstream s) {
+  FC_BEGIN(cuEventRecord);
+  return event_record(e, ptds(s));
+}
+static CUresult CUDAAPI fc_stream_wait_event_ptsz(CUstream s, CUevent e, unsigned int f) {
+  FC_BEGIN(cuStreamWaitEvent);
+  return stream_wait_event(ptds(s), e, f);
+}
+static CUresult CUDAAPI fc_stream_get_id_ptsz(CUstream s, unsigned long long *id) {
+  FC_BEGIN(cuStreamGetId);
+  return stream_get_id(ptds(s), id);
+}
+static CUresult CUDAAPI fc_stream_synchronize_ptsz(CUstream s) {
+  FC_BEGIN(cuStreamSynchronize);
+  return stream_synchronize(ptds(s));
+}
+static CUresult CUDAAPI fc_memset_d32_async_ptsz(CUdeviceptr d, unsigned int v, size_t n,
+                                                 CUstream s) {
+  FC_BEGIN(cuMemsetD32Async);
+  if (n > UINT64_MAX / 4) return CUDA_ERROR_INVALID_VALUE;
+  return copy_launch(FC_MEMSET32, d, NULL, (uint64_t)n * 4, v, ptds(s));
+}
+static CUresult CUDAAPI fc_memcpy_dtoh_async_ptsz(void *h, CUdeviceptr d, size_t n, CUstream s) {
+  FC_BEGIN(cuMemcpyDtoHAsync);
+  return copy_launch(FC_DTOH, d, h, n, 0, ptds(s));
+}
+static CUresult CUDAAPI fc_memcpy_htod_async_ptsz(CUdeviceptr d, const void *h, size_t n,
+                                                  CUstream s) {
+  FC_BEGIN(cuMemcpyHtoDAsync);
+  return copy_launch(FC_HTOD, d, (void *)h, n, 0, ptds(s));
+}
+
+/* ---------------------------------------------------------------------------
+ * cuGetProcAddress
+ * ------------------------------------------------------------------------- */
+FC_API CUresult CUDAAPI fc_get_proc_address_v1(const char *symbol, void **pfn, int cudaVersion,
+                                               cuuint64_t flags) __asm__("cuGetProcAddress");
+
+typedef struct fc_entry {
+  const char *name;
+  void *fn; /* the address cuda.h's macros make of the name: cuMemAlloc -> cuMemAlloc_v2 */
+} fc_entry_t;
+
+static const fc_entry_t fc_entries[FC_NUM_ENTRIES] = {
+#define FC_TABLE_(name) {#name, (void *)name},
+    FC_ALL_ENTRIES(FC_TABLE_)
+#undef FC_TABLE_
+};
+
+/* The CUDA version that introduced the variant the fake implements: asking
+ * with an older cudaVersion gets CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT,
+ * as the driver answers for a variant it does not have for that version. */
+static int entry_min_version(int e) {
+  switch (e) {
+    case FC_cuGetProcAddress: return 11030;
+    case FC_cuStreamGetId: return 12000;
+    case FC_cuDevicePrimaryCtxRelease: return 11000;
+    case FC_cuMemGetAllocationGranularity:
+    case FC_cuMemAddressReserve:
+    case FC_cuMemAddressFree:
+    case FC_cuMemCreate:
+    case FC_cuMemRelease:
+    case FC_cuMemMap:
+    case FC_cuMemUnmap:
+    case FC_cuMemSetAccess: return 10020;
+    case FC_cuDevicePrimaryCtxRetain: return 7000;
+    case FC_cuGetErrorName:
+    case FC_cuGetErrorString: return 6000;
+    case FC_cuCtxPushCurrent:
+    case FC_cuCtxPopCurrent:
+    case FC_cuCtxSetCurrent:
+    case FC_cuStreamDestroy:
+    case FC_cuEventDestroy: return 4000;
+    case FC_cuMemAlloc:
+    case FC_cuMemFree:
+    case FC_cuMemGetInfo:
+    case FC_cuMemsetD32Async:
+    case FC_cuMemcpyDtoHAsync:
+    case FC_cuMemcpyHtoDAsync: return 3020;
+    default: return 2000;
+  }
+}
+
+static void *entry_ptsz(int e) {
+  switch (e) {
+    case FC_cuEventRecord: return (void *)fc_event_record_ptsz;
+    case FC_cuStreamWaitEvent: return (void *)fc_stream_wait_event_ptsz;
+    case FC_cuStreamGetId: return (void *)fc_stream_get_id_ptsz;
+    case FC_cuStreamSynchronize: return (void *)fc_stream_synchronize_ptsz;
+    case FC_cuMemsetD32Async: return (void *)fc_memset_d32_async_ptsz;
+    case FC_cuMemcpyDtoHAsync: return (void *)fc_memcpy_dtoh_async_ptsz;
+    case FC_cuMemcpyHtoDAsync: return (void *)fc_memcpy_htod_async_ptsz;
+    default: return NULL;
+  }
+}
+
+static int entry_index(const char *name) {
+  for (int e = 0; name && e < FC_NUM_ENTRIES; e++)
+    if (strcmp(fc_entries[e].name, name) == 0) return e;
+  return -1;
+}
+
+/* Works before cuInit, as the driver's does (that is how cuInit is found). */
+static CUresult get_proc_address(const char *symbol, void **pfn, int cudaVersion,
+                                 cuuint64_t flags, CUdriverProcAddressQueryResult *status) {
+  const cuuint64_t known = CU_GET_PROC_ADDRESS_LEGACY_STREAM |
+                           CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+  if (!symbol || !pfn || (flags & ~known)) return CUDA_ERROR_INVALID_VALUE;
+  *pfn = NULL;
+  int e = entry_index(symbol);
+  CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;
+  if (e < 0) {
+    st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  } else if (cudaVersion < entry_min_version(e)) {
+    st = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
+  } else if (e == FC_cuGetProcAddress && cudaVersion < 12000) {
+    *pfn = (void *)fc_get_proc_address_v1; /* the 4-argument form */
+  } else {
+    void *p = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) ? entry_ptsz(e) : NULL;
+    *pfn = p ? p : fc_entries[e].fn;
+  }
+  if (status) *status = st;
+  return st == CU_GET_PROC_ADDRESS_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
+                                  cuuint64_t flags, CUdriverProcAddressQueryResult *symbolStatus) {
+  CUresult fr;
+  if (fc_enter(FC_cuGetProcAddress, &fr)) return fr;
+  return get_proc_address(symbol, pfn, cudaVersion, flags, symbolStatus);
+}
+
+FC_API CUresult CUDAAPI fc_get_proc_address_v1(const char *symbol, void **pfn, int cudaVersion,
+                                               cuuint64_t flags) {
+  CUresult fr;
+  if (fc_enter(FC_cuGetProcAddress, &fr)) return fr;
+  return get_proc_address(symbol, pfn, cudaVersion, flags, NULL);
+}
+
+/* ---------------------------------------------------------------------------
+ * Test controls (fakecuda.h)
+ * ------------------------------------------------------------------------- */
+FC_API int fakecuda_fail(const char *entry, unsigned long long nth, CUresult result) {
+  int e = entry_index(entry);
+  if (e < 0 || nth == 0) return -1;
+  pthread_mutex_lock(&fault_mu);
+  int rc = 0;
+  if (nfaults == capfaults) {
+    size_t ncap = capfaults ? capfaults * 2 : 8;
+    fc_fault_t *nf = realloc(faults, ncap * sizeof *nf);
+    if (nf) {
+      faults = nf;
+      capfaults = ncap;
+    } else {
+      rc = -1;
+    }
+  }
+  if (rc == 0) {
+    unsigned long long now = atomic_load_explicit(&fc_calls[e], memory_order_relaxed);
+    faults[nfaults++] = (fc_fault_t){e, now + nth, result};
+    atomic_store_explicit(&faults_armed, nfaults, memory_order_relaxed);
+  }
+  pthread_mutex_unlock(&fault_mu);
+  return rc;
+}
+
+FC_API void fakecuda_clear_faults(void) {
+  pthread_mutex_lock(&fault_mu);
+  nfaults = 0;
+  atomic_store_explicit(&faults_armed, 0, memory_order_relaxed);
+  pthread_mutex_unlock(&fault_mu);
+}
+
+FC_API unsigned long long fakecuda_calls(const char *entry) {
+  int e = entry_index(entry);
+  return e < 0 ? 0 : atomic_load_explicit(&fc_calls[e], memory_order_relaxed);
+}
+
+FC_API CUresult fakecuda_launch(CUstream stream, void (*fn)(void *), void *arg) {
+  if (!fc_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!fn) return CUDA_ERROR_INVALID_VALUE;
+  fc_device_t *d;
+  CUresult r = stream_enter(stream, &d);
+  if (r != CUDA_SUCCESS) return r;
+  r = from_sim(d->sim->ops->sim_launch(d->sim, (gma_stream_t)stream, fn, arg),
+               CUDA_ERROR_INVALID_HANDLE);
+  dev_exit(d);
+  return r;
+}
+
+FC_API unsigned long long fakecuda_used(int device) {
+  if (!fc_ready() || device < 0 || device >= fc.ndev) return 0;
+  pthread_mutex_lock(&fc.mu);
+  unsigned long long used = fc.dev[device].used;
+  pthread_mutex_unlock(&fc.mu);
+  return used;
+}
+
+/* The controls keep the types fakecuda.h gives tests for dlsym. */
+_Static_assert(__builtin_types_compatible_p(__typeof__(&fakecuda_fail), fakecuda_fail_fn), "");
+_Static_assert(__builtin_types_compatible_p(__typeof__(&fakecuda_clear_faults),
+                                            fakecuda_clear_faults_fn), "");
+_Static_assert(__builtin_types_compatible_p(__typeof__(&fakecuda_calls), fakecuda_calls_fn), "");
+_Static_assert(__builtin_types_compatible_p(__typeof__(&fakecuda_launch), fakecuda_launch_fn), "");
+_Static_assert(__builtin_types_compatible_p(__typeof__(&fakecuda_used), fakecuda_used_fn), "");

@@ -1,0 +1,62 @@
+# Tests of gma's CUDA backend (included by tests/CMakeLists.txt). Each test
+# is registered twice:
+#   gpu_<name>       label "gpu": the real driver (libcuda.so.1); skipped
+#                    (exit 77) on a machine without a CUDA device
+#   fakecuda_<name>  label "fakecuda": the fake driver tests/fakecuda builds
+#                    on the simulated device, named by GMA_CUDA_DRIVER; only
+#                    when the CUDA Toolkit was found (the fake needs cuda.h)
+# The tests use gma.h and drv.h only (no cuda.h), so the gpu_* ones build
+# everywhere. test_fakecuda_backend drives the fake's fault injection and
+# counters, so it exists only as fakecuda_backend_* entries. Stress sizes are
+# divided by GMA_STRESS_SCALE (8 under TSan).
+set(gma_gpu_dir ${CMAKE_CURRENT_LIST_DIR})
+math(EXPR gma_gpu_stress_ops "600 / ${GMA_STRESS_SCALE}")
+math(EXPR gma_gpu_pipeline_batches "160 / ${GMA_STRESS_SCALE}")
+if(gma_gpu_pipeline_batches LESS 16)
+  set(gma_gpu_pipeline_batches 16)
+endif()
+
+# The fake's environment, fixed so nothing from the caller's shell leaks in.
+set(gma_fake_env "GMA_CUDA_DRIVER=$<TARGET_FILE:gma_fakecuda>" GMA_FAKECUDA_DEVICES=1
+    GMA_FAKECUDA_MEM=8G GMA_FAKECUDA_GRANULARITY=2M)
+
+# gma_gpu_test(name source [ARGS a...])
+function(gma_gpu_test name src)
+  cmake_parse_arguments(G "" "" "ARGS" ${ARGN})
+  gma_test(NAME gpu_${name} SOURCES ${gma_gpu_dir}/${src} LABELS gpu ARGS ${G_ARGS})
+  target_include_directories(gpu_${name} PRIVATE ${gma_gpu_dir})
+  if(NOT CMAKE_VERSION VERSION_LESS 3.22)
+    # The real driver, whatever the caller's shell says.
+    set_property(TEST gpu_${name} PROPERTY ENVIRONMENT_MODIFICATION "GMA_CUDA_DRIVER=unset:")
+  endif()
+  if(TARGET gma_fakecuda)
+    gma_test(NAME fakecuda_${name} EXE gpu_${name} LABELS fakecuda ARGS ${G_ARGS}
+      ENV ${gma_fake_env})
+    add_dependencies(gpu_${name} gma_fakecuda) # built whenever its test is
+  endif()
+endfunction()
+
+gma_gpu_test(api test_gpu_api.c)
+gma_gpu_test(stress test_gpu_stress.c ARGS 1 ${gma_gpu_stress_ops} 4 2)
+gma_gpu_test(pipeline test_gpu_pipeline.c ARGS 2 ${gma_gpu_pipeline_batches})
+
+# cuda.c through the fake's controls: one process per scenario, since some
+# change the driver's environment or its once-only initialization.
+if(TARGET gma_fakecuda)
+  gma_test(NAME fakecuda_backend_errors SOURCES ${gma_gpu_dir}/test_fakecuda_backend.c
+    LABELS fakecuda ARGS errors ENV ${gma_fake_env})
+  target_include_directories(fakecuda_backend_errors PRIVATE ${gma_gpu_dir}
+    ${PROJECT_SOURCE_DIR}/tests/fakecuda ${CUDAToolkit_INCLUDE_DIRS})
+  add_dependencies(fakecuda_backend_errors gma_fakecuda)
+  foreach(scenario events growable)
+    gma_test(NAME fakecuda_backend_${scenario} EXE fakecuda_backend_errors LABELS fakecuda
+      ARGS ${scenario} ENV ${gma_fake_env})
+  endforeach()
+  # Two devices of 1 GiB and 4 GiB.
+  foreach(scenario devices context)
+    gma_test(NAME fakecuda_backend_${scenario} EXE fakecuda_backend_errors LABELS fakecuda
+      ARGS ${scenario}
+      ENV "GMA_CUDA_DRIVER=$<TARGET_FILE:gma_fakecuda>" GMA_FAKECUDA_DEVICES=2
+          GMA_FAKECUDA_MEM=1G,4G GMA_FAKECUDA_GRANULARITY=2M)
+  endforeach()
+endif()

@@ -1,0 +1,486 @@
+/* gma's CUDA backend (runtime/device/cuda.c) against the fake driver, using
+ * the fake's controls (fault injection, call counters, stream holds, byte
+ * counter) to reach what a real GPU cannot show on demand. One scenario per
+ * process (argv[1]), since some need their own driver environment or must
+ * come before the driver's once-only initialization:
+ *
+ *   errors    driver errors become clear statuses carrying the driver's error
+ *             name, and the allocator stays usable: cuInit failing
+ *             (NOT_INITIALIZED, NO_DEVICE) gives GMA_ERR_NO_DEVICE and
+ *             device:auto falls back to the simulated device; cuMemAlloc out
+ *             of memory once is retried, always is GMA_ERR_OOM; another
+ *             cuMemAlloc error is GMA_ERR_DEVICE; cuEventRecord
+ *             INVALID_HANDLE makes gma_stream_retire GMA_ERR_DEVICE;
+ *             cuStreamCreate OOM; cuEventQuery failing is survived; failed
+ *             cuMemMap / cuMemSetAccess leave no chunk behind.
+ *   events    event pooling: over hundreds of epochs, cuEventCreate is
+ *             called a bounded number of times.
+ *   growable  expandable_segments:true: reserved grows in granularity steps
+ *             and matches the driver's bytes; freed blocks in adjacent chunks
+ *             coalesce, so an allocation spanning them needs no new chunk and
+ *             no new reservation; trimming unmaps chunks (the driver's bytes
+ *             drop) but never one under a block whose stream work is still
+ *             queued (held with fakecuda_launch; the fake would fault).
+ *   devices   GMA_FAKECUDA_DEVICES=2, GMA_FAKECUDA_MEM=1G,4G: count and
+ *             selection (the most free memory wins, OOM when none fits),
+ *             allocators on device 1 use device 1's memory.
+ *   context   context hygiene: after every gma call the calling thread's
+ *             current context is what it was: none, device 0's, or another
+ *             device's context pushed by the caller. */
+#include <cuda.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "check.h"
+#include "drv.h"
+#include "fakecuda.h"
+
+#define MiB ((size_t)1 << 20)
+
+static fakecuda_fail_fn fc_fail;
+static fakecuda_clear_faults_fn fc_clear;
+static fakecuda_calls_fn fc_calls;
+static fakecuda_launch_fn fc_launch;
+static fakecuda_used_fn fc_used;
+
+/* The fake's controls, without initializing the driver. */
+static void controls(void) {
+  const char *path = getenv("GMA_CUDA_DRIVER");
+  CHECK(path && *path);
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  CHECK(h);
+  fc_fail = (fakecuda_fail_fn)dlsym(h, "fakecuda_fail");
+  fc_clear = (fakecuda_clear_faults_fn)dlsym(h, "fakecuda_clear_faults");
+  fc_calls = (fakecuda_calls_fn)dlsym(h, "fakecuda_calls");
+  fc_launch = (fakecuda_launch_fn)dlsym(h, "fakecuda_launch");
+  fc_used = (fakecuda_used_fn)dlsym(h, "fakecuda_used");
+  CHECK(fc_fail && fc_clear && fc_calls && fc_launch && fc_used);
+}
+
+static void fail(const char *entry, unsigned long long nth, CUresult r) {
+  CHECK(fc_fail(entry, nth, r) == 0);
+}
+
+static gma_stats_t stats_of(gma_t *g) {
+  gma_stats_t s = GMA_STATS_INIT;
+  CHECK_OK(gma_stats(g, &s));
+  return s;
+}
+
+static void sleep_ms(long ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
+  nanosleep(&ts, NULL);
+}
+
+static void fill_and_check(void *p, size_t bytes, uint32_t v, gma_stream_t s) {
+  uint32_t *h = malloc(bytes);
+  CHECK(h);
+  drv_memset32(p, v, bytes, s);
+  drv_to_host(h, p, bytes, s);
+  drv_sync(s);
+  for (size_t i = 0; i < bytes / 4; i++) CHECK(h[i] == v);
+  free(h);
+}
+
+static gma_config_t cuda_config(const char *conf) {
+  gma_config_t c = GMA_CONFIG_INIT;
+  c.device = GMA_DEVICE_CUDA;
+  c.ignore_env = 1;
+  if (conf) CHECK_OK(gma_config_parse(&c, conf));
+  return c;
+}
+
+static bool has(const char *needle) { return strstr(gma_last_error(), needle) != NULL; }
+
+/* Gives back every cached segment; the epochs' events may need a moment to
+ * be seen complete, since trimming never waits for the device. */
+static void drain(gma_t *g) {
+  for (int i = 0; i < 500 && stats_of(g).reserved.current > stats_of(g).allocated.current; i++) {
+    CHECK_OK(gma_empty_cache(g));
+    sleep_ms(2);
+  }
+  gma_stats_t s = stats_of(g);
+  CHECK(s.reserved.current == s.allocated.current);
+}
+
+/* ---- errors ------------------------------------------------------------ */
+static void scenario_errors(void) {
+  gma_t *g = NULL;
+  gma_config_t c = cuda_config(NULL);
+  fail("cuInit", 1, CUDA_ERROR_NOT_INITIALIZED);
+  CHECK_ST(gma_create(&c, &g), GMA_ERR_NO_DEVICE);
+  CHECK(g == NULL && has("CUDA_ERROR_NOT_INITIALIZED"));
+  fail("cuInit", 1, CUDA_ERROR_NO_DEVICE);
+  CHECK_ST(gma_create(&c, &g), GMA_ERR_NO_DEVICE);
+  CHECK(has("CUDA_ERROR_NO_DEVICE"));
+  int n = -1;
+  fail("cuInit", 1, CUDA_ERROR_NO_DEVICE);
+  CHECK_ST(gma_device_count(&n), GMA_ERR_NO_DEVICE);
+  CHECK(n == 0);
+  /* device:auto falls back to the simulated device. */
+  gma_config_t a = GMA_CONFIG_INIT;
+  a.ignore_env = 1;
+  fail("cuInit", 1, CUDA_ERROR_NO_DEVICE);
+  CHECK_OK(gma_create(&a, &g));
+  CHECK(strcmp(gma_device_name(g), "sim") == 0);
+  CHECK_OK(gma_destroy(g));
+  /* The driver comes up once cuInit works. */
+  CHECK_OK(gma_create(&a, &g));
+  CHECK(strcmp(gma_device_name(g), "cuda") == 0);
+  CHECK_OK(gma_destroy(g));
+  drv_open();
+  drv_bind_thread();
+
+  /* The worker is off so no timed trim consumes an armed fault. */
+  c = cuda_config("worker:off");
+  CHECK_OK(gma_create(&c, &g));
+  void *p, *q;
+  fail("cuMemAlloc", 1, CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK_OK(gma_alloc(g, 12 * MiB, NULL, &p)); /* retried after releasing cache */
+  CHECK(stats_of(g).num_oom_retries == 1);
+  fill_and_check(p, 12 * MiB, 0x01010101u, NULL);
+  for (unsigned long long i = 1; i <= 4; i++) fail("cuMemAlloc", i, CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK_ST(gma_alloc(g, 40 * MiB, NULL, &q), GMA_ERR_OOM);
+  CHECK(stats_of(g).num_ooms == 1 && has("cannot allocate"));
+  fc_clear();
+  CHECK_OK(gma_alloc(g, 40 * MiB, NULL, &q));
+  fill_and_check(q, 40 * MiB, 0x02020202u, NULL);
+  CHECK_OK(gma_free(g, q));
+  fail("cuMemAlloc", 1, CUDA_ERROR_UNKNOWN);
+  CHECK_ST(gma_alloc(g, 64 * MiB, NULL, &q), GMA_ERR_DEVICE);
+  CHECK(has("CUDA_ERROR_UNKNOWN") && has("cuMemAlloc"));
+  CHECK_OK(gma_alloc(g, 64 * MiB, NULL, &q));
+  CHECK_OK(gma_free(g, q));
+
+  /* A failed epoch event: retire says so with the driver's name. */
+  gma_stream_t s, s2;
+  CHECK_OK(gma_stream_create(g, &s));
+  CHECK_OK(gma_stream_create(g, &s2));
+  CHECK_OK(gma_alloc(g, 1 * MiB, s, &q));
+  CHECK_OK(gma_free(g, q));
+  fail("cuEventRecord", 1, CUDA_ERROR_INVALID_HANDLE);
+  CHECK_ST(gma_stream_retire(g, s), GMA_ERR_DEVICE);
+  CHECK(has("CUDA_ERROR_INVALID_HANDLE"));
+  fail("cuStreamCreate", 1, CUDA_ERROR_OUT_OF_MEMORY);
+  gma_stream_t s3;
+  CHECK_ST(gma_stream_create(g, &s3), GMA_ERR_OOM);
+  CHECK(has("CUDA_ERROR_OUT_OF_MEMORY"));
+  /* Failed event queries are survived: blocks stay cached until a query works. */
+  CHECK_OK(gma_alloc(g, 2 * MiB, s2, &q));
+  fill_and_check(q, 2 * MiB, 0x03030303u, s2);
+  CHECK_OK(gma_free(g, q));
+  for (unsigned long long i = 1; i <= 3; i++) fail("cuEventQuery", i, CUDA_ERROR_LAUNCH_FAILED);
+  CHECK_OK(gma_trim(g, 0));
+  fc_clear();
+  CHECK_OK(gma_alloc(g, 2 * MiB, s2, &q)); /* still usable */
+  fill_and_check(q, 2 * MiB, 0x04040404u, s2);
+  CHECK_OK(gma_free(g, q));
+  CHECK_OK(gma_free(g, p));
+  CHECK_OK(gma_stream_destroy(g, s2));
+  CHECK_OK(gma_stream_destroy(g, s)); /* retired already: only the driver's stream goes */
+  CHECK_OK(gma_destroy(g));
+  CHECK(fc_used(0) == 0);
+
+  /* Growable segments: a failed map or access grant leaves nothing behind. */
+  c = cuda_config("worker:off,expandable_segments:true");
+  CHECK_OK(gma_create(&c, &g));
+  CHECK(fc_used(0) == 0);
+  fail("cuMemMap", 1, CUDA_ERROR_INVALID_VALUE);
+  CHECK_ST(gma_alloc(g, 4 * MiB, NULL, &p), GMA_ERR_DEVICE);
+  CHECK(has("CUDA_ERROR_INVALID_VALUE") && has("cuMemMap"));
+  CHECK(fc_used(0) == stats_of(g).reserved.current);
+  fail("cuMemSetAccess", 1, CUDA_ERROR_INVALID_VALUE);
+  CHECK_ST(gma_alloc(g, 4 * MiB, NULL, &p), GMA_ERR_DEVICE);
+  CHECK(has("cuMemSetAccess"));
+  CHECK(fc_used(0) == stats_of(g).reserved.current);
+  fail("cuMemCreate", 1, CUDA_ERROR_OUT_OF_MEMORY); /* retried */
+  CHECK_OK(gma_alloc(g, 4 * MiB, NULL, &p));
+  fill_and_check(p, 4 * MiB, 0x05050505u, NULL);
+  CHECK(fc_used(0) == stats_of(g).reserved.current);
+  CHECK_OK(gma_free(g, p));
+  CHECK_OK(gma_destroy(g));
+  CHECK(fc_used(0) == 0);
+  CHECK(drv_current() == drv.ctx);
+}
+
+/* ---- events ------------------------------------------------------------ */
+static void epoch_round(gma_t *g, gma_stream_t s1, gma_stream_t s2, int i) {
+  void *p, *q;
+  CHECK_OK(gma_alloc(g, 256 << 10, s1, &p));
+  drv_memset32(p, (uint32_t)i, 256 << 10, s1);
+  CHECK_OK(gma_record_stream(g, p, s2));
+  CHECK_OK(gma_free(g, p));
+  CHECK_OK(gma_alloc(g, 64 << 10, s2, &q));
+  CHECK_OK(gma_free(g, q));
+  CHECK_OK(gma_trim(g, UINT64_MAX)); /* polls: closes both streams' epochs */
+  if (i % 16 == 15) {
+    drv_sync(s1);
+    drv_sync(s2);
+  }
+}
+
+static void scenario_events(void) {
+  gma_t *g = drv_cuda_allocator("worker:off");
+  drv_open();
+  drv_bind_thread();
+  gma_stream_t s1, s2;
+  CHECK_OK(gma_stream_create(g, &s1));
+  CHECK_OK(gma_stream_create(g, &s2));
+  for (int i = 0; i < 32; i++) epoch_round(g, s1, s2, i);
+  unsigned long long created0 = fc_calls("cuEventCreate"), records0 = fc_calls("cuEventRecord");
+  uint64_t epochs0 = stats_of(g).num_epoch_events;
+  const int rounds = 600;
+  for (int i = 0; i < rounds; i++) epoch_round(g, s1, s2, i);
+  unsigned long long created = fc_calls("cuEventCreate") - created0;
+  unsigned long long records = fc_calls("cuEventRecord") - records0;
+  uint64_t epochs = stats_of(g).num_epoch_events - epochs0;
+  printf("events: %d rounds closed %llu epochs with %llu records and %llu new events\n", rounds,
+         (unsigned long long)epochs, records, created);
+  CHECK(epochs >= (uint64_t)rounds && records >= epochs);
+  /* At most the outstanding events of two streams (16 each) ever exist. */
+  CHECK(created <= 32);
+  CHECK_OK(gma_stream_destroy(g, s1));
+  CHECK_OK(gma_stream_destroy(g, s2));
+  CHECK_OK(gma_destroy(g));
+  CHECK(fc_calls("cuEventDestroy") == fc_calls("cuEventCreate")); /* none leaked */
+  CHECK(fc_used(0) == 0);
+}
+
+/* ---- growable ---------------------------------------------------------- */
+/* Holds its stream until *gate is set (at most 10 s), like a long kernel. */
+static void gate_kernel(void *arg) {
+  atomic_int *gate = arg;
+  for (int i = 0; i < 5000 && !atomic_load(gate); i++) sleep_ms(2);
+}
+
+static void scenario_growable(void) {
+  const uint64_t gran = 2 * MiB; /* GMA_FAKECUDA_GRANULARITY */
+  gma_t *g = drv_cuda_allocator("expandable_segments:true,worker:off");
+  drv_open();
+  drv_bind_thread();
+  unsigned long long reserves = fc_calls("cuMemAddressReserve");
+  gma_stream_t s, s2;
+  CHECK_OK(gma_stream_create(g, &s));
+  CHECK_OK(gma_stream_create(g, &s2));
+
+  /* Reserved memory grows by whole chunks, and is what the driver holds. */
+  void *small, *mid;
+  CHECK_OK(gma_alloc(g, 1 * MiB, s, &small));
+  gma_stats_t st = stats_of(g);
+  CHECK(st.reserved.current > 0 && st.reserved.current % gran == 0);
+  CHECK(fc_used(0) == st.reserved.current);
+  uint64_t before = st.reserved.current;
+  CHECK_OK(gma_alloc(g, 3 * MiB, s, &mid));
+  st = stats_of(g);
+  CHECK(st.reserved.current > before && (st.reserved.current - before) % gran == 0);
+  CHECK(fc_used(0) == st.reserved.current);
+
+  /* Two 6 MiB blocks in adjacent chunks, freed, coalesce: a 12 MiB request
+   * fits the merged run, with no new chunk and no new reservation. */
+  void *a, *b, *c;
+  CHECK_OK(gma_alloc(g, 6 * MiB, s, &a));
+  CHECK_OK(gma_alloc(g, 6 * MiB, s, &b));
+  CHECK_OK(gma_free(g, a));
+  CHECK_OK(gma_free(g, b));
+  drv_sync(s);
+  for (int i = 0; i < 500 && stats_of(g).free_bytes < 12 * MiB; i++) {
+    CHECK_OK(gma_trim(g, UINT64_MAX)); /* polls the epochs, releases nothing */
+    sleep_ms(2);
+  }
+  CHECK(stats_of(g).free_bytes >= 12 * MiB);
+  unsigned long long creates = fc_calls("cuMemCreate");
+  CHECK_OK(gma_alloc(g, 12 * MiB, s2, &c));
+  CHECK(fc_calls("cuMemCreate") == creates);
+  CHECK(fc_calls("cuMemAddressReserve") == reserves);
+  fill_and_check(c, 12 * MiB, 0x0c0c0c0cu, s2); /* one fill across several chunks */
+  CHECK_OK(gma_free(g, c));
+  CHECK_OK(gma_free(g, small));
+  CHECK_OK(gma_free(g, mid));
+  drv_sync(s);
+  drv_sync(s2);
+  drain(g);
+  CHECK(fc_used(0) == 0);
+
+  /* Trimming unmaps free chunks, never one under queued stream work: x's
+   * fill waits behind a held kernel when x is freed, y is idle. */
+  atomic_int gate = 0;
+  void *x, *y;
+  CHECK_OK(gma_alloc(g, 4 * MiB, s, &x));
+  CHECK_OK(gma_alloc(g, 8 * MiB, s2, &y));
+  CHECK(fc_launch(s, gate_kernel, &gate) == CUDA_SUCCESS);
+  drv_memset32(x, 0x0d0d0d0du, 4 * MiB, s);
+  CHECK_OK(gma_free(g, x));
+  CHECK_OK(gma_free(g, y));
+  drv_sync(s2);
+  uint64_t held = fc_used(0);
+  CHECK(held >= 12 * MiB);
+  for (int i = 0; i < 50; i++) {
+    CHECK_OK(gma_empty_cache(g)); /* never waits for s */
+    sleep_ms(2);
+  }
+  uint64_t trimmed = fc_used(0);
+  CHECK(trimmed < held);       /* y's chunks went back */
+  CHECK(trimmed >= 4 * MiB);   /* x's did not */
+  CHECK(stats_of(g).reserved.current == trimmed);
+  atomic_store(&gate, 1);
+  /* Had x's chunks been unmapped, its fill would have faulted the context. */
+  CHECK_OK(gma_stream_synchronize(g, s));
+  drain(g);
+  CHECK(fc_used(0) == 0);
+  CHECK(fc_calls("cuMemAddressReserve") == reserves);
+  CHECK_OK(gma_stream_destroy(g, s));
+  CHECK_OK(gma_stream_destroy(g, s2));
+  CHECK_OK(gma_destroy(g));
+  CHECK(fc_calls("cuMemAddressFree") == reserves);
+}
+
+/* ---- devices ----------------------------------------------------------- */
+static void scenario_devices(void) {
+  int n = 0, d = -1;
+  CHECK_OK(gma_device_count(&n));
+  CHECK(n == 2);
+  CHECK_OK(gma_select_device(1, &d));
+  CHECK(d == 1); /* 4 GiB free against 1 GiB */
+  CHECK_OK(gma_select_device((size_t)2 << 30, &d));
+  CHECK(d == 1);
+  CHECK_ST(gma_select_device((size_t)5 << 30, &d), GMA_ERR_OOM);
+  CHECK(d == -1 && has("none of the 2"));
+
+  gma_config_t c = cuda_config(NULL);
+  c.device_ordinal = 2;
+  gma_t *g = NULL;
+  CHECK_ST(gma_create(&c, &g), GMA_ERR_NO_DEVICE);
+  c.device_ordinal = 1;
+  CHECK_OK(gma_create(&c, &g));
+  void *p;
+  CHECK_OK(gma_alloc(g, 3500 * MiB, NULL, &p)); /* only device 1 has room */
+  CHECK(fc_used(1) >= 3500 * MiB && fc_used(0) == 0);
+  CHECK_OK(gma_select_device(1, &d));
+  CHECK(d == 0); /* now device 0 has the most free */
+  gma_t *g0 = NULL;
+  c.device_ordinal = 0;
+  CHECK_OK(gma_create(&c, &g0));
+  void *none;
+  CHECK_ST(gma_alloc(g0, 2048 * MiB, NULL, &none), GMA_ERR_INVALID_SIZE); /* > 1 GiB device */
+  CHECK_OK(gma_destroy(g0));
+  CHECK_OK(gma_free(g, p));
+  CHECK_OK(gma_destroy(g));
+  CHECK(fc_used(1) == 0);
+}
+
+/* ---- context ----------------------------------------------------------- */
+static CUcontext current(void) { return (CUcontext)drv_current(); }
+
+/* Every kind of gma call, each followed by a look at the current context. */
+static void calls_keep_context(CUcontext expected, int ordinal) {
+  gma_config_t c = cuda_config(NULL);
+  c.device_ordinal = ordinal;
+  gma_t *g = NULL;
+  CHECK_OK(gma_create(&c, &g));
+  CHECK(current() == expected);
+  gma_stream_t s;
+  CHECK_OK(gma_stream_create(g, &s));
+  void *p, *q, *r;
+  CHECK_OK(gma_alloc(g, 1 * MiB, NULL, &p));
+  CHECK_OK(gma_alloc(g, 30 * MiB, s, &q));
+  CHECK_OK(gma_alloc(g, 4096, GMA_STREAM_PER_THREAD, &r));
+  CHECK(current() == expected);
+  CHECK_OK(gma_record_stream(g, q, NULL));
+  CHECK_OK(gma_free(g, p));
+  CHECK_OK(gma_free(g, q));
+  CHECK_OK(gma_free(g, r));
+  CHECK(current() == expected);
+  gma_future_t *f;
+  CHECK_OK(gma_alloc_async(g, 16 * MiB, s, NULL, &f));
+  CHECK_OK(gma_future_wait(f, UINT64_MAX, &p));
+  CHECK_OK(gma_future_release(f));
+  CHECK_OK(gma_free(g, p));
+  CHECK_OK(gma_stream_synchronize(g, s));
+  CHECK_OK(gma_stream_synchronize(g, NULL));
+  CHECK_OK(gma_trim(g, 0));
+  CHECK_OK(gma_empty_cache(g));
+  gma_stats_t st = GMA_STATS_INIT;
+  CHECK_OK(gma_stats(g, &st));
+  CHECK(current() == expected);
+  int n, d;
+  CHECK_OK(gma_device_count(&n));
+  CHECK_OK(gma_select_device(1, &d));
+  CHECK(current() == expected);
+  CHECK_OK(gma_stream_retire(g, GMA_STREAM_PER_THREAD));
+  CHECK_OK(gma_stream_destroy(g, s));
+  CHECK_OK(gma_destroy(g));
+  CHECK(current() == expected);
+}
+
+static void *no_context_thread(void *arg) {
+  (void)arg;
+  CHECK(current() == NULL);
+  calls_keep_context(NULL, 0);
+  return NULL;
+}
+
+static void scenario_context(void) {
+  gma_t *probe = drv_cuda_allocator(NULL);
+  CHECK_OK(gma_destroy(probe));
+  drv_open(); /* retains device 0's primary context, makes nothing current */
+  CHECK(current() == NULL);
+  calls_keep_context(NULL, 0); /* a thread without a context keeps none */
+  calls_keep_context(NULL, 1);
+  pthread_t t;
+  CHECK(pthread_create(&t, NULL, no_context_thread, NULL) == 0);
+  pthread_join(t, NULL);
+
+  /* A thread working in device 1's context, using gma on device 0: the
+   * memory lands on device 0 and the thread stays in device 1's context. */
+  __typeof__(&cuDevicePrimaryCtxRetain) retain;
+  __typeof__(&cuDevicePrimaryCtxRelease) release;
+  __typeof__(&cuCtxPushCurrent) push;
+  __typeof__(&cuCtxPopCurrent) pop;
+  void *gp = dlsym(drv.lib, "cuGetProcAddress_v2");
+  CHECK(gp);
+  retain = drv_proc(gp, "cuDevicePrimaryCtxRetain");
+  release = drv_proc(gp, "cuDevicePrimaryCtxRelease");
+  push = drv_proc(gp, "cuCtxPushCurrent");
+  pop = drv_proc(gp, "cuCtxPopCurrent");
+  CUcontext ctx1 = NULL, popped = NULL;
+  CHECK(retain(&ctx1, 1) == CUDA_SUCCESS && ctx1 != (CUcontext)drv.ctx);
+  CHECK(push(ctx1) == CUDA_SUCCESS);
+  calls_keep_context(ctx1, 0);
+  calls_keep_context(ctx1, 1);
+  CHECK(pop(&popped) == CUDA_SUCCESS && popped == ctx1);
+  CHECK(current() == NULL); /* the stack is as it was before the push */
+
+  /* A thread already in device 0's context keeps it. */
+  drv_bind_thread();
+  calls_keep_context((CUcontext)drv.ctx, 0);
+  CHECK(release(1) == CUDA_SUCCESS);
+  CHECK(fc_used(0) == 0 && fc_used(1) == 0);
+}
+
+int main(int argc, char **argv) {
+  const char *scenario = argc > 1 ? argv[1] : "";
+  controls();
+  if (strcmp(scenario, "errors") == 0) {
+    scenario_errors();
+  } else if (strcmp(scenario, "events") == 0) {
+    scenario_events();
+  } else if (strcmp(scenario, "growable") == 0) {
+    scenario_growable();
+  } else if (strcmp(scenario, "devices") == 0) {
+    scenario_devices();
+  } else if (strcmp(scenario, "context") == 0) {
+    scenario_context();
+  } else {
+    fprintf(stderr, "usage: %s errors|events|growable|devices|context\n", argv[0]);
+    return 2;
+  }
+  printf("fakecuda backend %s: ok\n", scenario);
+  return 0;
+}

@@ -1,0 +1,216 @@
+/* A 4-stage pipeline on the CUDA backend, one thread and one gma stream per
+ * stage. For each micro-batch a stage asks gma_alloc_async for the NEXT
+ * micro-batch's output buffer before it waits for the current one, so the
+ * worker serves that request while the current batch "computes" (a fill of
+ * the output with the stage's pattern on the stage's stream). A stage's
+ * output goes to the next stage with its stream ordered after the fill (an
+ * event); the next stage reads a sample of it on its own stream, declares
+ * that use with gma_record_stream and frees it at once. The last stage
+ * samples its own output. Every sample must hold the pattern its producer
+ * wrote: a buffer handed out again while a previous owner's fill or a
+ * consumer's read was still queued would break one.
+ *
+ * Usage: test_gpu_pipeline [seed [micro_batches]] (defaults 2 64).
+ * Skips (77) without a CUDA device. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "drv.h"
+#include "rng.h"
+
+#define STAGES 4
+#define QCAP 4
+#define SAMPLE 4096
+#define VERIFY_EVERY 8
+
+static gma_t *g;
+static uint64_t seed = 2;
+static unsigned batches = 64;
+static gma_stream_t streams[STAGES];
+static atomic_ullong corruptions, samples_checked;
+
+/* Output size of micro-batch m: the same for every stage, 64 KiB .. 4 MiB. */
+static size_t batch_size(unsigned m) {
+  uint64_t s = seed * 0x9e3779b97f4a7c15ull + m + 1;
+  return ((size_t)64 << 10) + (size_t)(rnd(&s) % (((size_t)4 << 20) - ((size_t)64 << 10)));
+}
+
+static uint32_t pattern(unsigned stage, unsigned m) {
+  return (0x11111111u * (stage + 1)) ^ (m * 2654435761u) ^ (uint32_t)seed;
+}
+
+typedef struct msg {
+  void *buf;
+  size_t bytes;
+  unsigned batch;
+} msg_t;
+
+/* A bounded queue from stage k to stage k + 1. */
+typedef struct queue {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  msg_t m[QCAP];
+  unsigned head, n; /* mu */
+} queue_t;
+static queue_t queues[STAGES - 1];
+
+static void q_push(queue_t *q, msg_t m) {
+  pthread_mutex_lock(&q->mu);
+  while (q->n == QCAP) pthread_cond_wait(&q->cv, &q->mu);
+  q->m[(q->head + q->n++) % QCAP] = m;
+  pthread_cond_broadcast(&q->cv);
+  pthread_mutex_unlock(&q->mu);
+}
+
+static msg_t q_pop(queue_t *q) {
+  pthread_mutex_lock(&q->mu);
+  while (q->n == 0) pthread_cond_wait(&q->cv, &q->mu);
+  msg_t m = q->m[q->head];
+  q->head = (q->head + 1) % QCAP;
+  q->n--;
+  pthread_cond_broadcast(&q->cv);
+  pthread_mutex_unlock(&q->mu);
+  return m;
+}
+
+typedef struct pending_sample {
+  uint32_t host[SAMPLE / 4];
+  uint32_t v;
+  unsigned batch;
+} pending_sample_t;
+
+typedef struct stage {
+  unsigned k;
+  pending_sample_t *samples; /* filled on this stage's stream, checked after a sync */
+  unsigned nsamples;
+  unsigned long long futures_at_once;
+} stage_t;
+
+/* Queues a copy of the middle SAMPLE bytes of buf on the stage's stream. */
+static void sample(stage_t *st, const void *buf, size_t bytes, uint32_t v, unsigned m) {
+  pending_sample_t *x = &st->samples[st->nsamples++];
+  x->v = v;
+  x->batch = m;
+  size_t off = (bytes / 2 - SAMPLE / 2) & ~(size_t)3;
+  drv_to_host(x->host, (const char *)buf + off, SAMPLE, streams[st->k]);
+}
+
+static void verify(stage_t *st) {
+  drv_sync(streams[st->k]);
+  for (unsigned i = 0; i < st->nsamples; i++) {
+    pending_sample_t *x = &st->samples[i];
+    for (unsigned w = 0; w < SAMPLE / 4; w++) {
+      if (x->host[w] != x->v) {
+        atomic_fetch_add(&corruptions, 1);
+        fprintf(stderr, "stage %u, micro-batch %u: word %u is %08x, expected %08x\n", st->k,
+                x->batch, w, x->host[w], x->v);
+        break;
+      }
+    }
+    atomic_fetch_add(&samples_checked, 1);
+  }
+  st->nsamples = 0;
+}
+
+static gma_future_t *submit(unsigned k, unsigned m) {
+  gma_future_t *f = NULL;
+  CHECK_OK(gma_alloc_async(g, batch_size(m), streams[k], NULL, &f));
+  return f;
+}
+
+static void *stage_main(void *arg) {
+  stage_t *st = arg;
+  unsigned k = st->k;
+  gma_stream_t s = streams[k];
+  drv_bind_thread();
+  gma_future_t *next = submit(k, 0);
+  for (unsigned m = 0; m < batches; m++) {
+    msg_t in = {0};
+    if (k > 0) in = q_pop(&queues[k - 1]);
+    CHECK(k == 0 || in.batch == m);
+    gma_future_t *f = next;
+    /* Ask for the next micro-batch's buffer before waiting for this one. */
+    next = m + 1 < batches ? submit(k, m + 1) : NULL;
+    if (gma_future_poll(f) == GMA_OK) st->futures_at_once++;
+    void *out = NULL;
+    CHECK_OK(gma_future_wait(f, UINT64_MAX, &out));
+    CHECK_OK(gma_future_release(f));
+    size_t bytes = batch_size(m) & ~(size_t)3;
+    if (k > 0) {
+      /* Read the input on this stage's stream (ordered after its fill by the
+       * producer), then free it: stream-ordered, gated by record_stream. */
+      sample(st, in.buf, in.bytes, pattern(k - 1, m), m);
+      CHECK_OK(gma_record_stream(g, in.buf, s));
+      CHECK_OK(gma_free(g, in.buf));
+    }
+    drv_memset32(out, pattern(k, m), bytes, s); /* the "compute" */
+    if (k + 1 < STAGES) {
+      drv_order(streams[k + 1], s);
+      q_push(&queues[k], (msg_t){out, bytes, m});
+    } else {
+      sample(st, out, bytes, pattern(k, m), m);
+      CHECK_OK(gma_free(g, out));
+    }
+    if (st->nsamples >= VERIFY_EVERY) verify(st);
+  }
+  verify(st);
+  return NULL;
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1) seed = strtoull(argv[1], NULL, 0);
+  if (argc > 2) batches = (unsigned)strtoul(argv[2], NULL, 0);
+  CHECK(batches > 0);
+  printf("gpu pipeline: seed %llu, %u micro-batches x %d stages (rerun: %s %llu %u)\n",
+         (unsigned long long)seed, batches, STAGES, argv[0], (unsigned long long)seed, batches);
+  g = drv_cuda_allocator(NULL); /* skips without a CUDA device */
+  drv_open();
+  drv_bind_thread();
+  stage_t st[STAGES];
+  pthread_t th[STAGES];
+  for (unsigned k = 0; k < STAGES; k++) {
+    CHECK_OK(gma_stream_create(g, &streams[k]));
+    st[k] = (stage_t){.k = k, .samples = calloc(VERIFY_EVERY + 2, sizeof(pending_sample_t))};
+    CHECK(st[k].samples);
+  }
+  for (unsigned k = 0; k + 1 < STAGES; k++) {
+    pthread_mutex_init(&queues[k].mu, NULL);
+    pthread_cond_init(&queues[k].cv, NULL);
+  }
+  for (unsigned k = 0; k < STAGES; k++)
+    CHECK(pthread_create(&th[k], NULL, stage_main, &st[k]) == 0);
+  unsigned long long at_once = 0;
+  for (unsigned k = 0; k < STAGES; k++) {
+    pthread_join(th[k], NULL);
+    at_once += st[k].futures_at_once;
+    free(st[k].samples);
+  }
+  gma_stats_t s = GMA_STATS_INIT;
+  CHECK_OK(gma_stats(g, &s));
+  printf("futures: %llu submitted, %llu ready at submit, %llu already complete when waited on; "
+         "p50 submit-to-ready %llu ns; %llu samples checked, %llu corruptions\n",
+         (unsigned long long)s.futures_submitted, (unsigned long long)s.futures_ready_at_once,
+         at_once, (unsigned long long)s.submit_to_ready_p50_ns,
+         (unsigned long long)atomic_load(&samples_checked),
+         (unsigned long long)atomic_load(&corruptions));
+  CHECK(s.futures_submitted == (uint64_t)STAGES * batches);
+  CHECK(s.futures_ready == s.futures_submitted && s.futures_failed == 0);
+  CHECK(s.allocated.current == 0);
+  CHECK(atomic_load(&samples_checked) == (uint64_t)STAGES * batches);
+  CHECK(atomic_load(&corruptions) == 0);
+  for (unsigned k = 0; k < STAGES; k++) CHECK_OK(gma_stream_destroy(g, streams[k]));
+  for (unsigned k = 0; k + 1 < STAGES; k++) {
+    pthread_mutex_destroy(&queues[k].mu);
+    pthread_cond_destroy(&queues[k].cv);
+  }
+  CHECK_OK(gma_destroy(g));
+  uint64_t used = drv_fake_used();
+  CHECK(used == UINT64_MAX || used == 0);
+  return 0;
+}
