@@ -2,6 +2,7 @@
  * the thread-local last-error message. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "device/device.h"
 #include "gma.h"
@@ -35,12 +36,17 @@ const char *gma_last_error(void) { return last_error; }
 
 const char *gma_version(void) { return GMA_VERSION_STRING; }
 
+/* Formats into a scratch buffer first: a message may quote the previous one
+ * (gma_last_error() as an argument), which must not be overwritten while it
+ * is being read. */
 gma_status_t gma__set_error(gma_status_t status, const char *fmt, ...) {
-  int n = snprintf(last_error, sizeof last_error, "%s: ", gma_status_name(status));
-  if (n < 0 || (size_t)n >= sizeof last_error) return status;
+  char msg[sizeof last_error];
+  int n = snprintf(msg, sizeof msg, "%s: ", gma_status_name(status));
+  if (n < 0 || (size_t)n >= sizeof msg) return status;
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(last_error + n, sizeof last_error - (size_t)n, fmt, ap);
+  vsnprintf(msg + n, sizeof msg - (size_t)n, fmt, ap);
   va_end(ap);
+  memcpy(last_error, msg, sizeof msg);
   return status;
 }
