@@ -183,13 +183,27 @@ static void ctx_leave(bool pushed) {
 /* Runs one driver call in the device's context; returns from the calling
  * function with the mapped status when the call (or the context switch)
  * fails. */
-#define CU_CALL(dev, what, call)                         \
-  do {                                                   \
-    bool pushed_;                                        \
-    CUresult r_ = ctx_enter((dev), &pushed_);            \
-    if (r_ == CUDA_SUCCESS) r_ = (call);                 \
-    ctx_leave(pushed_);                                  \
-    if (r_ != CUDA_SUCCESS) return cu_fail(r_, (what));  \
+#define CU_CALL(dev, what, call)                                         \
+  do {                                                                   \
+    bool pushed_;                                                        \
+    CUresult r_ = ctx_enter((dev), &pushed_);                            \
+    if (r_ != CUDA_SUCCESS) return cu_fail(r_, "cuCtxPushCurrent");      \
+    r_ = (call);                                                         \
+    ctx_leave(pushed_);                                                  \
+    if (r_ != CUDA_SUCCESS) return cu_fail(r_, (what));                  \
+  } while (0)
+
+/* The same for a call on a stream: a created stream knows its context, so
+ * only the special handles (NULL, legacy 0x1, per-thread 0x2), which name
+ * the current context's streams, need the switch. */
+#define CU_STREAM_CALL(dev, stream, what, call)                          \
+  do {                                                                   \
+    if ((uintptr_t)(stream) > 2) {                                       \
+      CUresult r_ = (call);                                              \
+      if (r_ != CUDA_SUCCESS) return cu_fail(r_, (what));                \
+    } else {                                                             \
+      CU_CALL(dev, what, call);                                          \
+    }                                                                    \
   } while (0)
 
 /* ---- Memory ---------------------------------------------------------------- */
@@ -197,6 +211,11 @@ static void ctx_leave(bool pushed) {
 static gma_status_t cuda_mem_alloc(gma__device_t *d, uint64_t size, uintptr_t *out) {
   CUdeviceptr p = 0;
   CU_CALL(cuda_of(d), "cuMemAlloc", drv.cuMemAlloc(&p, (size_t)size));
+  if (p % 512) { /* the boundary promises 512; the driver documents "suitably aligned" */
+    CU_CALL(cuda_of(d), "cuMemFree", drv.cuMemFree(p));
+    return gma__set_error(GMA_ERR_DEVICE, "cuda: cuMemAlloc returned 0x%llx, not 512-byte "
+                          "aligned", (unsigned long long)p);
+  }
   *out = (uintptr_t)p;
   return GMA_OK;
 }
@@ -228,12 +247,14 @@ static gma_status_t cuda_event_create(gma__device_t *d, gma__event_t *out) {
 }
 
 static gma_status_t cuda_event_destroy(gma__device_t *d, gma__event_t ev) {
-  CU_CALL(cuda_of(d), "cuEventDestroy", drv.cuEventDestroy((CUevent)ev));
-  return GMA_OK;
+  (void)d; /* an event knows its context */
+  CUresult r = drv.cuEventDestroy((CUevent)ev);
+  return r == CUDA_SUCCESS ? GMA_OK : cu_fail(r, "cuEventDestroy");
 }
 
 static gma_status_t cuda_event_record(gma__device_t *d, gma__event_t ev, gma_stream_t stream) {
-  CU_CALL(cuda_of(d), "cuEventRecord", drv.cuEventRecord((CUevent)ev, (CUstream)stream));
+  CU_STREAM_CALL(cuda_of(d), stream, "cuEventRecord",
+                 drv.cuEventRecord((CUevent)ev, (CUstream)stream));
   return GMA_OK;
 }
 
@@ -254,8 +275,8 @@ static gma_status_t cuda_event_synchronize(gma__device_t *d, gma__event_t ev) {
 
 static gma_status_t cuda_stream_wait_event(gma__device_t *d, gma_stream_t stream,
                                            gma__event_t ev) {
-  CU_CALL(cuda_of(d), "cuStreamWaitEvent",
-          drv.cuStreamWaitEvent((CUstream)stream, (CUevent)ev, 0));
+  CU_STREAM_CALL(cuda_of(d), stream, "cuStreamWaitEvent",
+                 drv.cuStreamWaitEvent((CUstream)stream, (CUevent)ev, 0));
   return GMA_OK;
 }
 
@@ -269,25 +290,14 @@ static gma_status_t cuda_stream_create(gma__device_t *d, gma_stream_t *out) {
 }
 
 static gma_status_t cuda_stream_destroy(gma__device_t *d, gma_stream_t stream) {
-  CU_CALL(cuda_of(d), "cuStreamDestroy", drv.cuStreamDestroy((CUstream)stream));
+  CU_STREAM_CALL(cuda_of(d), stream, "cuStreamDestroy", drv.cuStreamDestroy((CUstream)stream));
   return GMA_OK;
 }
 
-/* Called on every allocation. A created stream knows its context, so only
- * the special handles (NULL, legacy 0x1, per-thread 0x2), which name the
- * current context's streams, need the context switch. */
+/* Called on every allocation: no context switch for a created stream. */
 static gma_status_t cuda_stream_id(gma__device_t *d, gma_stream_t stream, uint64_t *id) {
   unsigned long long v = 0;
-  CUresult r;
-  if ((uintptr_t)stream > 2) {
-    r = drv.cuStreamGetId((CUstream)stream, &v);
-  } else {
-    bool pushed;
-    r = ctx_enter(cuda_of(d), &pushed);
-    if (r == CUDA_SUCCESS) r = drv.cuStreamGetId((CUstream)stream, &v);
-    ctx_leave(pushed);
-  }
-  if (r != CUDA_SUCCESS) return cu_fail(r, "cuStreamGetId");
+  CU_STREAM_CALL(cuda_of(d), stream, "cuStreamGetId", drv.cuStreamGetId((CUstream)stream, &v));
   /* gma reserves 0 for "no stream"; the driver's ids start at 1, but make
    * sure a 0 could never alias. */
   *id = v + 1;
@@ -295,7 +305,8 @@ static gma_status_t cuda_stream_id(gma__device_t *d, gma_stream_t stream, uint64
 }
 
 static gma_status_t cuda_stream_synchronize(gma__device_t *d, gma_stream_t stream) {
-  CU_CALL(cuda_of(d), "cuStreamSynchronize", drv.cuStreamSynchronize((CUstream)stream));
+  CU_STREAM_CALL(cuda_of(d), stream, "cuStreamSynchronize",
+                 drv.cuStreamSynchronize((CUstream)stream));
   return GMA_OK;
 }
 
