@@ -21,17 +21,10 @@
 #include <time.h>
 
 #include "device/device.h"
+#include "benchkit.h"
 #include "gma.h"
 
-#ifndef GMA_BENCH_BUILD_TYPE
-#define GMA_BENCH_BUILD_TYPE "unknown"
-#endif
-#ifndef GMA_DEBUG
-#define GMA_DEBUG 0
-#endif
 
-#define KiB ((size_t)1 << 10)
-#define MiB ((size_t)1 << 20)
 #define MAX_STREAMS 4
 
 typedef struct options {
@@ -67,24 +60,8 @@ static void die(const char *what, gma_status_t st) {
   exit(1);
 }
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
-static uint64_t xorshift(uint64_t *s) {
-  uint64_t x = *s;
-  x ^= x << 13;
-  x ^= x >> 7;
-  x ^= x << 17;
-  return *s = x;
-}
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
 
 /* Median and nearest-rank p99 of n values (sorts a copy). */
 static void summarize(side_t *s, int n) {

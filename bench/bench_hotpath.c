@@ -41,6 +41,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "benchkit.h"
 #include "gma.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -68,15 +69,7 @@ static inline uint64_t tick_begin(void) {
 #define tick_end tick_begin
 #endif
 
-#ifndef GMA_BENCH_BUILD_TYPE
-#define GMA_BENCH_BUILD_TYPE "unknown"
-#endif
-#ifndef GMA_DEBUG
-#define GMA_DEBUG 0
-#endif
 
-#define KiB ((size_t)1 << 10)
-#define MiB ((size_t)1 << 20)
 
 typedef struct options {
   int samples;       /* timed pairs per side, scenarios 1 and 2 */
@@ -100,20 +93,11 @@ static void die(const char *what, gma_status_t st) {
     if (st_ != GMA_OK) die(#call, st_);   \
   } while (0)
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 #include "rng.h" /* rnd(): xorshift64* */
 
 static int cmp_u32(const void *a, const void *b) {
   uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-  return (x > y) - (x < y);
-}
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
 }
 

@@ -31,13 +31,9 @@
 #include <time.h>
 
 #include "device/device.h"
+#include "benchkit.h"
 #include "gma.h"
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 static double cpu_ms(void) {
   struct rusage ru;
@@ -99,20 +95,12 @@ static double trim_ms(int interval_ms) {
 
 enum { REPS = 31 };
 
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
 
 static double median_d(double *v) {
-  qsort(v, REPS, sizeof *v, cmp_d);
+  qsort(v, REPS, sizeof *v, cmp_double);
   return v[REPS / 2];
 }
 
-static int cmp_u64(const void *a, const void *b) {
-  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-  return x < y ? -1 : x > y;
-}
 
 static uint64_t pct(uint64_t *v, size_t n, double q) {
   qsort(v, n, sizeof *v, cmp_u64);

@@ -53,20 +53,13 @@
 #include <cuda.h> /* CUresult and CUdeviceptr only: the driver is reached through the runtime */
 #include <cuda_runtime_api.h>
 
+#include "benchkit.h"
 #include "gma.h"
 #ifndef GMA_BENCH_CUB_OFF
 #include "cub_alloc.h"
 #endif
 
-#ifndef GMA_BENCH_BUILD_TYPE
-#define GMA_BENCH_BUILD_TYPE "unknown"
-#endif
-#ifndef GMA_DEBUG
-#define GMA_DEBUG 0
-#endif
 
-#define KiB ((size_t)1 << 10)
-#define MiB ((size_t)1 << 20)
 #define EXIT_SKIP 77 /* CTest's and automake's "skipped" */
 
 enum { NTHREADS = 4, ERRLEN = 320 };
@@ -92,20 +85,8 @@ static options_t opt = {.device = 0, .reps = 15, .pairs = 10000, .iterations = 2
                         .batch_ms = 50, .seed = 42, .pressure_fraction = 0.9,
                         .pressure_rounds = 3, .json_path = "bench-gpu.json"};
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* The generator gma-bench-alloc uses, so "mixed" means the same sizes there. */
-static uint64_t xorshift(uint64_t *s) {
-  uint64_t x = *s;
-  x ^= x << 13;
-  x ^= x >> 7;
-  x ^= x << 17;
-  return *s = x;
-}
 
 static void say(char *buf, size_t len, const char *fmt, ...) {
   va_list ap;
@@ -540,10 +521,6 @@ static int run_batch(const scenario_t *sc, side_t *sd, int n, uint64_t *ns, char
 
 /* ---- statistics ------------------------------------------------------------------ */
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
 
 /* Median and nearest-rank p99 of the batches (sorts a copy). */
 static void summarize(result_t *r) {
