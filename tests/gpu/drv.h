@@ -21,7 +21,9 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
+#include "check.h"
 #include "gma.h"
 
 typedef int drv_result_t; /* CUresult (an enum, int-sized) */
@@ -171,6 +173,35 @@ static inline gma_t *drv_cuda_allocator(const char *conf) {
     exit(1);
   }
   return g;
+}
+
+/* Shared by the GPU tests: statistics, a sleep, and a fill-and-verify of a
+ * block through the device. */
+static inline gma_stats_t stats_of(gma_t *g) {
+  gma_stats_t s = GMA_STATS_INIT;
+  CHECK_OK(gma_stats(g, &s));
+  return s;
+}
+
+static inline void sleep_ms(long ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
+  nanosleep(&ts, NULL);
+}
+
+/* Fills p with v on s, reads it back on s and checks every word. */
+static inline void fill_and_check(void *p, size_t bytes, uint32_t v, gma_stream_t s) {
+  uint32_t *h = malloc(bytes);
+  CHECK(h);
+  drv_memset32(p, v, bytes, s);
+  drv_to_host(h, p, bytes, s);
+  drv_sync(s);
+  for (size_t i = 0; i < bytes / 4; i++) {
+    if (h[i] != v) {
+      fprintf(stderr, "word %zu of %p (%zu bytes) is %08x, expected %08x\n", i, p, bytes, h[i], v);
+      exit(1);
+    }
+  }
+  free(h);
 }
 
 #endif /* GMA_TEST_DRV_H */

@@ -68,26 +68,6 @@ static void fail(const char *entry, unsigned long long nth, CUresult r) {
   CHECK(fc_fail(entry, nth, r) == 0);
 }
 
-static gma_stats_t stats_of(gma_t *g) {
-  gma_stats_t s = GMA_STATS_INIT;
-  CHECK_OK(gma_stats(g, &s));
-  return s;
-}
-
-static void sleep_ms(long ms) {
-  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
-  nanosleep(&ts, NULL);
-}
-
-static void fill_and_check(void *p, size_t bytes, uint32_t v, gma_stream_t s) {
-  uint32_t *h = malloc(bytes);
-  CHECK(h);
-  drv_memset32(p, v, bytes, s);
-  drv_to_host(h, p, bytes, s);
-  drv_sync(s);
-  for (size_t i = 0; i < bytes / 4; i++) CHECK(h[i] == v);
-  free(h);
-}
 
 static gma_config_t cuda_config(const char *conf) {
   gma_config_t c = GMA_CONFIG_INIT;

@@ -22,33 +22,6 @@
 #define KiB ((size_t)1 << 10)
 #define MiB ((size_t)1 << 20)
 
-static gma_stats_t stats_of(gma_t *g) {
-  gma_stats_t s = GMA_STATS_INIT;
-  CHECK_OK(gma_stats(g, &s));
-  return s;
-}
-
-static void sleep_ms(long ms) {
-  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
-  nanosleep(&ts, NULL);
-}
-
-/* Fills p with v on s, reads it back on s and checks every word. */
-static void fill_and_check(void *p, size_t bytes, uint32_t v, gma_stream_t s) {
-  uint32_t *h = malloc(bytes);
-  CHECK(h);
-  drv_memset32(p, v, bytes, s);
-  drv_to_host(h, p, bytes, s);
-  drv_sync(s);
-  for (size_t i = 0; i < bytes / 4; i++) {
-    if (h[i] != v) {
-      fprintf(stderr, "word %zu of %p (%zu bytes) is %08x, expected %08x\n", i, p, bytes, h[i], v);
-      exit(1);
-    }
-  }
-  free(h);
-}
-
 /* With no call in flight, the statistics are exact and balance. On the fake
  * driver, the memory gma holds is exactly what the driver has handed out. */
 static void check_balanced(gma_t *g) {
