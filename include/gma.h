@@ -154,6 +154,8 @@ typedef struct gma_config {
    * of the device's granularity mapped in as the pool grows and unmapped by
    * trimming, so neighbouring blocks coalesce across chunks. */
   int expandable_segments;       /* "expandable_segments": true | false (false) */
+  /* Trace recording from gma_create on (see gma_trace_start); "" = off. */
+  char trace_path[512];          /* "trace": a file path (the value runs to the next comma) */
 } gma_config_t;
 
 /* Designated in C (and C++20) so -Wextra stays quiet about the other fields. */
@@ -417,6 +419,27 @@ typedef struct gma_stream_stats {
 /* Statistics of one stream; GMA_ERR_INVALID_ARGUMENT if gma has no record of
  * it (never used, or retired). Any thread. */
 GMA_API gma_status_t gma_stream_stats(gma_t *g, gma_stream_t stream, gma_stream_stats_t *out);
+
+/* ---------------------------------------------------------------------------
+ * Trace recording, snapshots and the memory summary
+ * ------------------------------------------------------------------------- */
+/* Starts recording every allocation event of g (allocations, frees,
+ * record_stream, async submits and completions, batches, segment growth and
+ * release, trims, OOMs) to path as gma's trace CSV (README: "Traces: the CSV
+ * format"), replacing a trace already running. GMA_ERR_CONFIG if the file
+ * cannot be created. Any thread. */
+GMA_API gma_status_t gma_trace_start(gma_t *g, const char *path);
+/* Writes what is buffered and closes the trace; GMA_OK when none runs. */
+GMA_API gma_status_t gma_trace_stop(gma_t *g);
+/* Writes g's segments and blocks (address, size, state, stream, requested
+ * size) as JSON to path, taken under the pool lock (a consistent picture).
+ * Any thread. */
+GMA_API gma_status_t gma_snapshot_json(gma_t *g, const char *path);
+/* Writes a human-readable table of g's memory (current, peak and total by
+ * pool, segments, OOMs and retries, hits by level, futures, trims) into buf,
+ * NUL-terminated. GMA_ERR_INVALID_SIZE if len is too small (the message says
+ * how much is needed; buf then holds as much as fits). Any thread. */
+GMA_API gma_status_t gma_memory_summary(gma_t *g, char *buf, size_t len);
 
 /* ---------------------------------------------------------------------------
  * Streams and simulated kernels. Streams work on every device; gma_sim_launch

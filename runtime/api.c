@@ -89,8 +89,13 @@ gma_status_t gma_create(const gma_config_t *config, gma_t **out) {
     if (!g->cfg.memory_limit || g->cfg.memory_limit > dev_total) g->cfg.memory_limit = dev_total;
     st = gma__pool_init(&g->pool, g->dev, &g->cfg);
   }
-  if (st == GMA_OK && (st = gma__worker_start(&g->worker, g, &g->pool, &g->cfg)) != GMA_OK)
+  if (st == GMA_OK && g->cfg.trace_path[0] && (st = gma_trace_start(g, g->cfg.trace_path)) != GMA_OK)
     gma__pool_fini(&g->pool);
+  if (st == GMA_OK && (st = gma__worker_start(&g->worker, g, &g->pool, &g->cfg)) != GMA_OK) {
+    gma__trace_t *traces = g->pool.traces;
+    gma__pool_fini(&g->pool);
+    gma__trace_free(traces);
+  }
   if (st != GMA_OK) {
     g->dev->ops->destroy(g->dev);
     free(g);
@@ -106,7 +111,9 @@ gma_status_t gma_destroy(gma_t *g) {
   /* Device work may still use cached blocks; let it finish before the memory
    * goes back, so the device never touches memory it no longer owns. */
   g->dev->ops->device_synchronize(g->dev);
+  gma__trace_t *traces = g->pool.traces; /* recording until the pool is gone */
   gma_status_t st = gma__pool_fini(&g->pool);
+  gma__trace_free(traces);
   g->dev->ops->destroy(g->dev);
   free(g);
   return st;
@@ -114,9 +121,27 @@ gma_status_t gma_destroy(gma_t *g) {
 
 const char *gma_device_name(const gma_t *g) { return g ? g->dev->name : "none"; }
 
+static gma_status_t alloc_now(gma_t *g, size_t size, gma_stream_t stream, void **out);
+static gma_status_t free_now(gma_t *g, void *ptr);
+
+/* The block size behind a live pointer, for trace rows (0 if unknown). */
+static uint64_t block_size(gma_t *g, void *ptr) {
+  gma__block_t *b = ptr ? gma__pagemap_get(&g->pool.pagemap, (uintptr_t)ptr) : NULL;
+  return b ? b->size : 0;
+}
+
 gma_status_t gma_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out) {
   CHECK_ARG(g, "gma_alloc: allocator is NULL");
   CHECK_ARG(out, "gma_alloc: out is NULL");
+  gma_status_t st = alloc_now(g, size, stream, out);
+  gma__trace_t *t = gma__trace_on(&g->pool.trace);
+  if (t) /* stamped after the allocation: its pointer exists from now on */
+    gma__trace_emit(t, gma__trace_now(), st == GMA_OK ? GMA__TR_ALLOCATE : GMA__TR_ALLOCATE_FAILURE,
+                    (uintptr_t)*out, size, (uintptr_t)stream, block_size(g, *out), 0, 0, st);
+  return st;
+}
+
+static gma_status_t alloc_now(gma_t *g, size_t size, gma_stream_t stream, void **out) {
   *out = NULL;
   if (size == 0)
     return gma__set_error(GMA_ERR_INVALID_SIZE, "gma_alloc: size is 0; ask for 1 byte or more");
@@ -138,6 +163,25 @@ gma_status_t gma_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out) {
 gma_status_t gma_free(gma_t *g, void *ptr) {
   CHECK_ARG(g, "gma_free: allocator is NULL");
   if (!ptr) return GMA_OK; /* like free(NULL) and cudaFree(NULL) */
+  gma__trace_t *t = gma__trace_on(&g->pool.trace);
+  uint64_t t_ns = 0, requested = 0, bytes = 0, stream = 0;
+  if (t) {
+    /* Stamped before the free: once freed, the block may be handed out again
+     * (and recorded) by another thread. Read while the block is still ours. */
+    t_ns = gma__trace_now();
+    gma__block_t *b = gma__pagemap_get(&g->pool.pagemap, (uintptr_t)ptr);
+    if (b && b->addr == (uintptr_t)ptr && gma__load_relaxed(&b->state) == GMA__LIVE) {
+      requested = b->requested;
+      bytes = b->size;
+      stream = b->stream ? (uintptr_t)b->stream->handle : 0;
+    }
+  }
+  gma_status_t st = free_now(g, ptr);
+  if (t) gma__trace_emit(t, t_ns, GMA__TR_FREE, (uintptr_t)ptr, requested, stream, bytes, 0, 0, st);
+  return st;
+}
+
+static gma_status_t free_now(gma_t *g, void *ptr) {
   gma_status_t st = gma__bin_free(&g->pool, ptr);
   if (st != GMA_OK) st = gma__pool_free_slow(&g->pool, ptr);
   /* An async request waits for memory: let the worker try again. */
@@ -149,7 +193,10 @@ gma_status_t gma_free(gma_t *g, void *ptr) {
 gma_status_t gma_record_stream(gma_t *g, void *ptr, gma_stream_t stream) {
   CHECK_ARG(g, "gma_record_stream: allocator is NULL");
   CHECK_ARG(ptr, "gma_record_stream: ptr is NULL");
-  return gma__pool_record_stream(&g->pool, ptr, stream);
+  gma_status_t st = gma__pool_record_stream(&g->pool, ptr, stream);
+  if (st == GMA_OK)
+    GMA__TRACE(&g->pool, GMA__TR_RECORD_STREAM, (uintptr_t)ptr, 0, stream, 0, 0, 0, 0);
+  return st;
 }
 
 gma_status_t gma_empty_cache(gma_t *g) {
@@ -181,8 +228,27 @@ gma_status_t gma_alloc_batch(gma_t *g, size_t n, const size_t *sizes, gma_stream
   }
   uint64_t id;
   gma_status_t st = g->dev->ops->stream_id(g->dev, stream, &id);
-  if (st != GMA_OK) return st;
-  return gma__pool_alloc_batch(&g->pool, n, sizes, stream, id, ptrs);
+  if (st == GMA_OK) st = gma__pool_alloc_batch(&g->pool, n, sizes, stream, id, ptrs);
+  gma__trace_t *t = gma__trace_on(&g->pool.trace);
+  if (t) gma__trace_batch(&g->pool, t, st, n, sizes, stream, ptrs);
+  return st;
+}
+
+void gma__trace_batch(gma__pool_t *p, gma__trace_t *t, gma_status_t st, size_t n,
+                      const size_t *sizes, gma_stream_t stream, void *const *ptrs) {
+  uint64_t now = gma__trace_now(), total = 0;
+  for (size_t i = 0; i < n; i++) total += sizes[i];
+  if (st != GMA_OK) {
+    gma__trace_emit(t, now, GMA__TR_ALLOCATE_FAILURE, 0, total, (uintptr_t)stream, 0, 0, n, st);
+    return;
+  }
+  uint64_t bid = atomic_fetch_add_explicit(&p->trace_ids, 1, memory_order_relaxed) + 1;
+  gma__trace_emit(t, now, GMA__TR_BATCH, 0, total, (uintptr_t)stream, 0, bid, n, 0);
+  for (size_t i = 0; i < n; i++) {
+    gma__block_t *b = gma__pagemap_get(&p->pagemap, (uintptr_t)ptrs[i]);
+    gma__trace_emit(t, now, GMA__TR_ALLOCATE, (uintptr_t)ptrs[i], sizes[i], (uintptr_t)stream,
+                    b ? b->size : 0, bid, 0, 0);
+  }
 }
 
 gma_status_t gma_set_pressure_callback(gma_t *g, gma_pressure_callback_t cb, void *user) {

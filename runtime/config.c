@@ -18,7 +18,7 @@
 #define GiB (1ull << 30)
 #define TiB (1ull << 40)
 
-typedef enum { KIND_SIZE, KIND_COUNT, KIND_DEVICE, KIND_REUSE, KIND_ONOFF, KIND_BOOL } value_kind_t;
+typedef enum { KIND_SIZE, KIND_COUNT, KIND_DEVICE, KIND_REUSE, KIND_ONOFF, KIND_BOOL, KIND_PATH } value_kind_t;
 
 /* One row per key: where it lives in gma_config_t and its allowed range
  * (checked after defaults are applied; 0 in a config means "default"). */
@@ -50,6 +50,7 @@ static const key_spec_t keys[] = {
     {"ring_size", FIELD(ring_size), KIND_COUNT, 2, 1048576},
     {"future_timeout_ms", FIELD(future_timeout_ms), KIND_COUNT, 1, 86400000},
     {"expandable_segments", FIELD(expandable_segments), KIND_BOOL, 0, 1},
+    {"trace", FIELD(trace_path), KIND_PATH, 0, 0},
     {"sim_alloc_ns", FIELD(sim_alloc_latency_ns), KIND_COUNT, 0, 10000000000ull},
     {"sim_free_ns", FIELD(sim_free_latency_ns), KIND_COUNT, 0, 10000000000ull},
     {"sim_event_ns", FIELD(sim_event_latency_ns), KIND_COUNT, 0, 10000000000ull},
@@ -172,6 +173,15 @@ gma_status_t gma_config_parse(gma_config_t *config, const char *text) {
       return gma__set_error(GMA_ERR_CONFIG, "unknown key '%.*s'; known keys: %s", (int)klen, key,
                             known);
     }
+    if (k->kind == KIND_PATH) {
+      if (vlen == 0 || vlen >= sizeof work.trace_path)
+        return gma__set_error(GMA_ERR_CONFIG, "key '%s': the path must have 1 to %zu characters",
+                              k->key, sizeof work.trace_path - 1);
+      char *at = (char *)&work + k->offset;
+      memcpy(at, val, vlen);
+      at[vlen] = '\0';
+      continue;
+    }
     uint64_t v;
     bool ok;
     const char *expected;
@@ -251,6 +261,7 @@ gma_status_t gma__config_resolve(const gma_config_t *in, gma_config_t *out) {
   if (!c.future_timeout_ms) c.future_timeout_ms = 1000;
   /* Range checks again: the struct may have been filled without the parser. */
   for (size_t i = 0; i < NKEYS; i++) {
+    if (keys[i].kind == KIND_PATH) continue;
     uint64_t v = get_field(&c, &keys[i]);
     bool defaulted_zero = v == 0 && (keys[i].offset == FIELD(memory_limit));
     if (!defaulted_zero && (v < keys[i].min || v > keys[i].max))
@@ -264,6 +275,8 @@ gma_status_t gma__config_resolve(const gma_config_t *in, gma_config_t *out) {
                           "small_segment (%" PRIu64 ") must be a multiple of 512 and at least "
                           "small_size (%" PRIu64 ")",
                           c.small_segment_size, c.small_size);
+  if (memchr(c.trace_path, '\0', sizeof c.trace_path) == NULL)
+    return gma__set_error(GMA_ERR_CONFIG, "trace: the path is not NUL-terminated");
   if (c.ring_size & (c.ring_size - 1))
     return gma__set_error(GMA_ERR_CONFIG, "ring_size (%" PRIu64 ") must be a power of 2",
                           c.ring_size);

@@ -44,6 +44,7 @@ struct gma_future {
   _Atomic bool done;          /* completion finished, callback included (done_mu) */
   _Atomic int claim;          /* 0: memory unclaimed; 1: freed by someone */
   struct gma_future *wnext;   /* worker's waiting list (worker thread only) */
+  uint64_t trace_id;          /* its Id in the trace; 0: not traced */
 };
 
 static uint64_t now_ns(void) {
@@ -121,6 +122,21 @@ static void claim_and_free(gma_future_t *f, gma_t *g) {
   for (size_t i = 0; i < f->n; i++) gma_free(g, f->ptrs[i]);
 }
 
+/* The completion's trace rows: async_complete, then for a batch its
+ * allocate rows carrying the future's Id. */
+static void trace_complete(gma_future_t *f, gma_status_t st) {
+  gma__trace_t *t = gma__trace_on(&f->g->pool.trace);
+  if (!t) return;
+  uint64_t now = gma__trace_now(), total = f->sizes ? 0 : f->size;
+  for (size_t i = 0; f->sizes && i < f->n; i++) total += f->sizes[i];
+  gma__trace_emit(t, now, GMA__TR_ASYNC_COMPLETE, st == GMA_OK && !f->sizes ? (uintptr_t)f->ptr : 0,
+                  total, (uintptr_t)f->stream, 0, f->trace_id, f->sizes ? f->n : 0,
+                  st == GMA_OK ? 0 : st);
+  for (size_t i = 0; st == GMA_OK && f->sizes && i < f->n; i++)
+    gma__trace_emit(t, now, GMA__TR_ALLOCATE, (uintptr_t)f->ptrs[i], f->sizes[i],
+                    (uintptr_t)f->stream, 0, f->trace_id, 0, 0);
+}
+
 /* Publishes the final status, wakes waiters, runs the callback, and frees
  * the memory if the caller already let the future go. */
 static void complete(gma__worker_t *w, gma_future_t *f, gma_status_t st) {
@@ -137,6 +153,7 @@ static void complete(gma__worker_t *w, gma_future_t *f, gma_status_t st) {
   }
   if (st == GMA_OK)
     for (size_t i = 0; i < f->n; i++) gma__pool_hold(&f->g->pool, f->ptrs[i], true);
+  if (f->trace_id) trace_complete(f, st);
   atomic_store(&f->state, (int)st); /* seq_cst: pairs with release()'s flag (Dekker) */
   if (f->cb) f->cb(f, st, f->user);
   /* Waiters return only now, so the callback has run when wait returns. A
@@ -208,6 +225,15 @@ static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t 
   }
   f->submit_ns = now_ns();
   f->deadline_ns = f->submit_ns + (o && o->timeout_ns ? o->timeout_ns : w->timeout_ns);
+  f->trace_id = 0;
+  gma__trace_t *t = gma__trace_on(&g->pool.trace);
+  if (t) {
+    f->trace_id = atomic_fetch_add_explicit(&g->pool.trace_ids, 1, memory_order_relaxed) + 1;
+    uint64_t total = f->sizes ? 0 : f->size;
+    for (size_t i = 0; f->sizes && i < f->n; i++) total += f->sizes[i];
+    gma__trace_emit(t, gma__trace_now(), GMA__TR_ASYNC_SUBMIT, 0, total, (uintptr_t)f->stream, 0,
+                    f->trace_id, f->sizes ? f->n : 0, 0);
+  }
   atomic_fetch_add_explicit(&w->submitted, 1, memory_order_relaxed);
   uint64_t id;
   gma_status_t st = g->dev->ops->stream_id(g->dev, f->stream, &id); /* a clear error now */

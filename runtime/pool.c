@@ -328,6 +328,7 @@ static gma_status_t seg_create(gma__pool_t *p, int kind, uint64_t size, gma__blo
     return st;
   }
   p->c.device_allocs++;
+  GMA__TRACE(p, GMA__TR_SEGMENT_ALLOC, base, size, 0, 0, 0, 0, 0);
   return GMA_OK;
 }
 
@@ -361,9 +362,10 @@ static void release_free_segments(gma__pool_t *p) {
     int kind = seg->kind;
     seg_detach(p, i);
     free(seg);
-    if (p->dev->ops->mem_free(p->dev, base, size) == GMA_OK)
+    if (p->dev->ops->mem_free(p->dev, base, size) == GMA_OK) {
       p->c.device_frees++;
-    else
+      GMA__TRACE(p, GMA__TR_SEGMENT_FREE, base, size, 0, 0, 0, 0, 0);
+    } else
       seg_adopt(p, kind, base, size, NULL); /* keep what the device would not take back */
   }
 }
@@ -372,7 +374,8 @@ static void release_free_segments(gma__pool_t *p) {
 
 gma_status_t gma__pool_init(gma__pool_t *p, gma__device_t *dev, const gma_config_t *cfg) {
   memset(p, 0, sizeof *p);
-  if (pthread_mutex_init(&p->lock, NULL) != 0 || pthread_mutex_init(&p->count_lock, NULL) != 0)
+  if (pthread_mutex_init(&p->lock, NULL) != 0 || pthread_mutex_init(&p->count_lock, NULL) != 0 ||
+      pthread_mutex_init(&p->trace_mu, NULL) != 0)
     return gma__set_error(GMA_ERR_INTERNAL, "pthread_mutex_init failed");
   p->dev = dev;
   p->small_size = cfg->small_size;
@@ -456,6 +459,7 @@ static gma_status_t oom_error(gma__pool_t *p, uint64_t size, size_t requested,
   uint64_t dev_free = 0, dev_total = 0;
   p->dev->ops->mem_info(p->dev, &dev_free, &dev_total);
   p->c.ooms++;
+  GMA__TRACE(p, GMA__TR_OOM, 0, requested, stream, size, 0, 0, 0);
   gma__stats_sample(p);
   return gma__set_error(
       GMA_ERR_OOM,
@@ -837,6 +841,7 @@ gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r) {
   }
   for (size_t i = 0; i < n; i++) {
     if (p->dev->ops->mem_free(p->dev, out[i]->base, out[i]->size) == GMA_OK) {
+      GMA__TRACE(p, GMA__TR_SEGMENT_FREE, out[i]->base, out[i]->size, 0, 0, 0, 0, 0);
       freed += out[i]->size;
       if (i < n_idle) freed_idle += out[i]->size;
       free(out[i]);
@@ -864,6 +869,12 @@ gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r) {
   } else {
     p->c.trims_explicit += freed > 0;
   }
+  /* Explicit trims are replayed (they also settle streams), timed ones only
+   * shown; Count carries an explicit trim's keep_bytes. */
+  if (!r->timed || freed)
+    GMA__TRACE(p, GMA__TR_TRIM, 0, freed, 0, 0, 0, r->timed ? 0 : r->keep,
+               !r->timed ? GMA__TRIM_EXPLICIT : r->pressured ? GMA__TRIM_PRESSURE
+                                                              : GMA__TRIM_TIMED);
   pthread_mutex_unlock(&p->lock);
   free(out);
   return st;
@@ -910,7 +921,8 @@ gma_status_t gma__pool_fini(gma__pool_t *p) {
         leaked_bytes += b->size;
       }
     }
-    if (!seg->region) p->dev->ops->mem_free(p->dev, seg->base, seg->size);
+    if (!seg->region && p->dev->ops->mem_free(p->dev, seg->base, seg->size) == GMA_OK)
+      GMA__TRACE(p, GMA__TR_SEGMENT_FREE, seg->base, seg->size, 0, 0, 0, 0, 0);
     free(seg);
   }
   free(p->segs);
@@ -930,6 +942,7 @@ gma_status_t gma__pool_fini(gma__pool_t *p) {
   gma__pagemap_free(&p->pagemap);
   pthread_mutex_destroy(&p->count_lock);
   pthread_mutex_destroy(&p->lock);
+  pthread_mutex_destroy(&p->trace_mu);
   if (leaked == 0) return GMA_OK;
   fprintf(stderr, "gma: destroyed with %" PRIu64 " live allocations (%" PRIu64 " bytes); freed\n",
           leaked, leaked_bytes);

@@ -20,6 +20,7 @@
 #include "device/device.h"
 #include "gma.h"
 #include "pagemap.h"
+#include "trace.h"
 
 #define GMA__ROUND 512u       /* every block size is a multiple of this */
 #define GMA__MIN_SPLIT 512u   /* a split leaves a remainder at least this large */
@@ -241,7 +242,22 @@ typedef struct gma__pool {
   size_t nspare, spare_cap;
   gma__counters_t c;
   uint32_t rng;                 /* treap priorities */
+  gma__trace_t *_Atomic trace;  /* atomic: the recording trace or NULL (see trace.h) */
+  gma__trace_t *traces;         /* trace_mu: every trace started, newest first (freed at
+                                   destroy; older ones linked by ->older) */
+  pthread_mutex_t trace_mu;     /* serializes gma_trace_start/stop */
+  _Atomic uint64_t trace_ids;   /* atomic: ids of batches and futures in the trace */
 } gma__pool_t;
+
+/* Records a pool event when a trace runs (one load and branch when not). */
+#define GMA__TRACE(p, action, ptr, size, stream, block, id, count, status)                    \
+  do {                                                                                      \
+    gma__trace_t *t_ = gma__trace_on(&(p)->trace);                                          \
+    if (t_)                                                                                 \
+      gma__trace_emit(t_, gma__trace_now(), (action), (uint64_t)(ptr), (uint64_t)(size),    \
+                      (uint64_t)(uintptr_t)(stream), (uint64_t)(block), (uint64_t)(id),     \
+                      (uint64_t)(count), (int)(status));                                    \
+  } while (0)
 
 /* pool.c: public operations; each takes the lock itself. Any thread. */
 gma_status_t gma__pool_init(gma__pool_t *p, gma__device_t *dev, const gma_config_t *cfg);
@@ -383,6 +399,10 @@ void gma__stat_sub(gma_stat_t *s, uint64_t bytes);
 void gma__stats_sample(gma__pool_t *p);
 /* Adds s's counters to *into (relaxed loads). */
 void gma__stats_fold(const gma__stream_t *s, gma__tcount_t *into);
+
+/* api.c: a batch's trace rows (a batch row, then its allocate rows). */
+void gma__trace_batch(gma__pool_t *p, gma__trace_t *t, gma_status_t st, size_t n,
+                      const size_t *sizes, gma_stream_t stream, void *const *ptrs);
 
 /* api.c: the pool behind an allocator, for internal tests. */
 gma__pool_t *gma__pool_of(gma_t *g);

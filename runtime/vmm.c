@@ -75,8 +75,9 @@ void gma__vm_fini(gma__pool_t *p) {
     gma__region_t *r = p->region[k];
     if (!r) continue;
     for (uint64_t i = 0; i < r->ngran; i++)
-      if (r->state[i] != GMA__GRAN_UNMAPPED)
-        p->dev->ops->vm_unmap(p->dev, r->base + i * r->gran, r->gran, r->handle[i]);
+      if (r->state[i] != GMA__GRAN_UNMAPPED &&
+          p->dev->ops->vm_unmap(p->dev, r->base + i * r->gran, r->gran, r->handle[i]) == GMA_OK)
+        GMA__TRACE(p, GMA__TR_SEGMENT_UNMAP, r->base + i * r->gran, r->gran, 0, 0, 0, 0, 0);
     p->dev->ops->vm_release(p->dev, r->base, r->size);
     region_free(r);
     p->region[k] = NULL;
@@ -221,6 +222,7 @@ gma_status_t gma__vm_grow(gma__pool_t *p, int kind, uint64_t size) {
   gma_status_t st = map_run(p, r, g0, n);
   if (st != GMA_OK) return st;
   st = region_adopt(p, r, r->base + g0 * g, n * g);
+  if (st == GMA_OK) GMA__TRACE(p, GMA__TR_SEGMENT_MAP, r->base + g0 * g, n * g, 0, 0, 0, 0, 0);
   if (st != GMA_OK) {
     r->mapped -= n * g;
     p->c.device_allocs -= n;
@@ -314,6 +316,7 @@ void gma__vm_finish(gma__pool_t *p, const gma__vm_range_t *x, uint64_t unmapped)
   r->busy -= x->size;
   p->c.device_frees += unmapped / r->gran;
   p->c.bytes_trimmed += unmapped;
+  if (unmapped) GMA__TRACE(p, GMA__TR_SEGMENT_UNMAP, x->addr, unmapped, 0, 0, 0, 0, 0);
   if (unmapped == x->size) return;
   /* The device refused: the rest is still mapped memory; use it again. If
    * even that fails (no host memory), the chunks stay BUSY: unusable but

@@ -1,0 +1,202 @@
+/* Owns the two pictures of an allocator's memory a person reads: the JSON
+ * snapshot of every segment and block (gma_snapshot_json) and the memory
+ * summary table (gma_memory_summary). Both are taken under the pool lock. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "allocator.h"
+
+static const char *state_name(uint8_t st) {
+  switch (st) {
+    case GMA__LIVE: return "live";
+    case GMA__BINNED: return "binned";
+    case GMA__CACHED: return "cached";
+    case GMA__PENDING: return "pending";
+    default: return "free";
+  }
+}
+
+gma_status_t gma_snapshot_json(gma_t *g, const char *path) {
+  if (!g || !path || !*path)
+    return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_snapshot_json: NULL allocator or path");
+  FILE *f = fopen(path, "w");
+  if (!f)
+    return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_snapshot_json: cannot create '%s': %s",
+                          path, strerror(errno));
+  gma__pool_t *p = &g->pool;
+  pthread_mutex_lock(&p->lock);
+  gma__stats_sample(p);
+  uint64_t live = 0, requested = 0;
+  for (size_t i = 0; i < p->nsegs; i++)
+    for (gma__block_t *b = p->segs[i]->first; b; b = b->next)
+      if (gma__load_relaxed(&b->state) == GMA__LIVE) {
+        live += b->size;
+        requested += b->requested;
+      }
+  fprintf(f,
+          "{\"version\":1,\"device\":\"%s\",\"reserved\":%" PRIu64 ",\"allocated\":%" PRIu64
+          ",\"requested\":%" PRIu64 ",\"segments\":[",
+          g->dev->name, p->c.reserved.current, live, requested);
+  for (size_t i = 0; i < p->nsegs; i++) {
+    gma__segment_t *seg = p->segs[i];
+    fprintf(f,
+            "%s\n{\"address\":\"0x%" PRIxPTR "\",\"size\":%" PRIu64
+            ",\"pool\":\"%s\",\"growable\":%s,\"blocks\":[",
+            i ? "," : "", seg->base, seg->size, seg->kind == GMA__SMALL ? "small" : "large",
+            seg->region ? "true" : "false");
+    for (gma__block_t *b = seg->first; b; b = b->next) {
+      uint8_t st = gma__load_relaxed(&b->state);
+      /* A FREE block belongs to no stream (its record may be stale). */
+      uintptr_t stream = st != GMA__FREE && b->stream ? (uintptr_t)b->stream->handle : 0;
+      fprintf(f,
+              "%s{\"address\":\"0x%" PRIxPTR "\",\"size\":%" PRIu64
+              ",\"state\":\"%s\",\"stream\":\"0x%" PRIxPTR "\",\"requested\":%" PRIu64 "}",
+              b == seg->first ? "" : ",", b->addr, b->size, state_name(st), stream,
+              st == GMA__LIVE ? b->requested : 0);
+    }
+    fputs("]}", f);
+  }
+  pthread_mutex_unlock(&p->lock);
+  fputs("\n]}\n", f);
+  if (ferror(f) | (fclose(f) != 0))
+    return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_snapshot_json: writing '%s' failed",
+                          path);
+  return GMA_OK;
+}
+
+/* ---- The summary -------------------------------------------------------------- */
+
+typedef struct out {
+  char *buf;
+  size_t len, at; /* at may pass len: the size needed */
+} out_t;
+
+static void put(out_t *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(out_t *o, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(o->at < o->len ? o->buf + o->at : NULL, o->at < o->len ? o->len - o->at : 0,
+                    fmt, ap);
+  va_end(ap);
+  if (n > 0) o->at += (size_t)n;
+}
+
+/* Bytes as a short human figure: "512 B", "3.5 MiB", "37.12 GiB". */
+static const char *human(char *s, size_t n, uint64_t b) {
+  static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)b;
+  int u = 0;
+  while (v >= 1024 && u < 4) v /= 1024, u++;
+  if (u == 0) snprintf(s, n, "%" PRIu64 " B", b);
+  else snprintf(s, n, "%.2f %s", v, unit[u]);
+  return s;
+}
+
+#define RULE "+----------------------------+--------------+--------------+--------------+\n"
+
+static void row3(out_t *o, const char *name, uint64_t cur, uint64_t peak, uint64_t total,
+                 bool bytes) {
+  char a[32], b[32], c[32];
+  if (bytes) {
+    human(a, sizeof a, cur);
+    human(b, sizeof b, peak);
+    human(c, sizeof c, total);
+  } else {
+    snprintf(a, sizeof a, "%" PRIu64, cur);
+    snprintf(b, sizeof b, "%" PRIu64, peak);
+    snprintf(c, sizeof c, "%" PRIu64, total);
+  }
+  put(o, "| %-26s | %12s | %12s | %12s |\n", name, a, b, c);
+}
+
+static void row1(out_t *o, const char *name, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void row1(out_t *o, const char *name, const char *fmt, ...) {
+  char v[64];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(v, sizeof v, fmt, ap);
+  va_end(ap);
+  put(o, "| %-26s | %-42s |\n", name, v);
+}
+
+gma_status_t gma_memory_summary(gma_t *g, char *buf, size_t len) {
+  if (!g || !buf || !len)
+    return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_memory_summary: NULL allocator or buffer");
+  gma_stats_t s = GMA_STATS_INIT;
+  gma_status_t st = gma_stats(g, &s);
+  if (st != GMA_OK) return st;
+  /* By pool: current bytes from a walk; reserved per pool and segment counts. */
+  uint64_t live[GMA__NKINDS] = {0}, reserved[GMA__NKINDS] = {0}, segs[GMA__NKINDS] = {0};
+  uint64_t blocks_live = 0;
+  gma__pool_t *p = &g->pool;
+  pthread_mutex_lock(&p->lock);
+  for (size_t i = 0; i < p->nsegs; i++) {
+    gma__segment_t *seg = p->segs[i];
+    reserved[seg->kind] += seg->size;
+    segs[seg->kind]++;
+    for (gma__block_t *b = seg->first; b; b = b->next)
+      if (gma__load_relaxed(&b->state) == GMA__LIVE) {
+        live[seg->kind] += b->size;
+        blocks_live++;
+      }
+  }
+  pthread_mutex_unlock(&p->lock);
+
+  out_t o = {buf, len, 0};
+  char a[32], b[32];
+  put(&o, "+=========================================================================+\n");
+  char title[80];
+  snprintf(title, sizeof title, "gma memory summary: device %s%s", g->dev->name,
+           g->cfg.expandable_segments ? ", growable segments" : "");
+  put(&o, "| %-71s |\n", title);
+  put(&o, RULE);
+  put(&o, "| %-26s | %12s | %12s | %12s |\n", "metric", "current", "peak", "total");
+  put(&o, RULE);
+  row3(&o, "allocated", s.allocated.current, s.allocated.peak, s.allocated.total, true);
+  row1(&o, "  from small pool", "%s now", human(a, sizeof a, live[GMA__SMALL]));
+  row1(&o, "  from large pool", "%s now", human(a, sizeof a, live[GMA__LARGE]));
+  row3(&o, "requested", s.requested.current, s.requested.peak, s.requested.total, true);
+  row3(&o, "active (alloc + pending)", s.active.current, s.active.peak, s.active.total, true);
+  row3(&o, "reserved", s.reserved.current, s.reserved.peak, s.reserved.total, true);
+  row1(&o, "  small pool", "%s in %" PRIu64 " segments", human(a, sizeof a, reserved[GMA__SMALL]),
+       segs[GMA__SMALL]);
+  row1(&o, "  large pool", "%s in %" PRIu64 " segments", human(a, sizeof a, reserved[GMA__LARGE]),
+       segs[GMA__LARGE]);
+  row3(&o, "cached (reserved - alloc)", s.cached.current, s.cached.peak, s.cached.total, true);
+  row1(&o, "  stream / pending / free", "%s / %s / %s",
+       human(a, sizeof a, s.stream_cached_bytes), human(b, sizeof b, s.pending_bytes),
+       human((char[32]){0}, 32, s.free_bytes));
+  row1(&o, "largest free block", "%s (fragmentation %.1f%%)",
+       human(a, sizeof a, s.largest_free_block), 100.0 * s.fragmentation);
+  put(&o, RULE);
+  row1(&o, "allocations / frees", "%" PRIu64 " / %" PRIu64 " (%" PRIu64 " live)", s.num_allocs,
+       s.num_frees, blocks_live);
+  row1(&o, "hits: bin/stream/pool/dev", "%" PRIu64 " / %" PRIu64 " / %" PRIu64 " / %" PRIu64,
+       s.hits_bin, s.hits_stream, s.hits_pool, s.hits_device);
+  row1(&o, "device allocs / frees", "%" PRIu64 " / %" PRIu64, s.num_device_allocs,
+       s.num_device_frees);
+  row1(&o, "OOMs / OOM retries", "%" PRIu64 " / %" PRIu64, s.num_ooms, s.num_oom_retries);
+  row1(&o, "batches (split)", "%" PRIu64 " (%" PRIu64 ")", s.num_batches, s.num_batches_split);
+  row1(&o, "futures: submitted/at once", "%" PRIu64 " / %" PRIu64, s.futures_submitted,
+       s.futures_ready_at_once);
+  row1(&o, "futures: ready/failed/t-o", "%" PRIu64 " / %" PRIu64 " / %" PRIu64 " (%" PRIu64
+       " queued)", s.futures_ready, s.futures_failed, s.futures_timed_out, s.queue_depth);
+  row1(&o, "trims: explicit/timed", "%" PRIu64 " / %" PRIu64 " (%s given back)",
+       s.trims_explicit, s.trims_timed, human(a, sizeof a, s.bytes_trimmed));
+  row1(&o, "trims: idle/pressure", "%" PRIu64 " / %" PRIu64 " (pressure level %d)",
+       s.trims_idle, s.trims_pressure, s.pressure_level);
+  row1(&o, "streams / epoch events", "%" PRIu64 " / %" PRIu64, s.num_streams,
+       s.num_epoch_events);
+  put(&o, "+=========================================================================+\n");
+  if (o.at >= len) {
+    buf[len - 1] = '\0';
+    return gma__set_error(GMA_ERR_INVALID_SIZE,
+                          "gma_memory_summary: the buffer has %zu bytes; the summary needs %zu",
+                          len, o.at + 1);
+  }
+  return GMA_OK;
+}
