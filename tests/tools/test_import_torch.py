@@ -1,0 +1,475 @@
+#!/usr/bin/env python3
+"""Tests tools/gma-import-torch: refusal of pickles that name globals, bad
+inputs, exact CSV rows for small hand-made snapshots, and the five recorded
+PyTorch snapshots in shared/traces against the peaks their README lists.
+
+Usage: test_import_torch.py TOOL TRACES_DIR
+Exit 0 when every part passed, 1 when one failed, 77 when every part was
+skipped (only the shared traces part can be).
+"""
+
+import collections
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import time
+
+TOOL = None
+TRACES = None
+FAILS = []
+HEADER = "Thread,Time,Action,Pointer,Size,Stream,Block,Id,Count,Status"
+MIB = 1 << 20
+GIB = float(1 << 30)
+
+# From shared/traces/README.md: events, peak allocated (requested, incl.
+# pre-live), PyTorch peak reserved, both in GiB.
+SHARED = [
+    ("cnn_latent_eor.pickle", 5803, 0.10, 0.12),
+    ("opt125m_zo_finetune.pickle", 23105, 1.66, 1.77),
+    ("transformer_ctx128_forward.pickle", 8227, 16.39, 16.65),
+    ("transformer_ctx512_forward_mixed.pickle", 6765, 37.12, 37.73),
+    ("llama_finetune_notebook.pickle", 10307, 5.47, 6.03),
+]
+
+
+def check(cond, what):
+    if not cond:
+        FAILS.append(what)
+        print("  FAIL: " + what)
+    return cond
+
+
+def run(args, cwd=None):
+    p = subprocess.run([sys.executable, TOOL] + args, cwd=cwd, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
+    return p.returncode, p.stdout, p.stderr
+
+
+def write_pickle(path, obj_or_bytes):
+    data = obj_or_bytes if isinstance(obj_or_bytes, bytes) else pickle.dumps(obj_or_bytes)
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def read_rows(path):
+    with open(path) as f:
+        lines = f.read().splitlines()
+    check(lines and lines[0] == HEADER, "%s: header is %r" % (path, lines[:1]))
+    return lines[1:]
+
+
+class Evil:
+    """pickle.dumps of this calls os.system when loaded by a plain unpickler."""
+
+    def __reduce__(self):
+        return (os.system, ("echo PWNED > marker",))
+
+
+def refusal_message(path, glob):
+    return ("gma-import-torch: refusing %s: the pickle names the global '%s'; snapshots are "
+            "plain dicts and lists, so this file is not a memory snapshot (or is malicious)"
+            % (path, glob))
+
+
+def part_refusal(tmp):
+    print("part 1: pickles that name globals are refused, bad inputs give one clear line")
+    d = os.path.join(tmp, "refuse")
+    os.mkdir(d)
+    evil_cases = [
+        # Protocol 0 by hand: GLOBAL 'os system', MARK, STRING, TUPLE, REDUCE, STOP.
+        ("handmade.pickle", b"cos\nsystem\n(S'echo PWNED > marker'\ntR.", "os.system"),
+        # What pickle.dumps writes for os.system (its module is posix on Linux).
+        ("reduce.pickle", pickle.dumps(Evil(), protocol=2), os.system.__module__ + ".system"),
+        # The same through STACK_GLOBAL (protocol 4).
+        ("reduce4.pickle", pickle.dumps(Evil(), protocol=4), os.system.__module__ + ".system"),
+        # A harmless-looking global is refused too: every global is.
+        ("ordereddict.pickle", pickle.dumps(collections.OrderedDict(a=1), protocol=4),
+         "collections.OrderedDict"),
+        # Deep inside an otherwise valid snapshot.
+        ("nested.pickle", pickle.dumps({"segments": [], "device_traces": [[
+            {"action": "alloc", "addr": 16, "size": 1, "stream": 0,
+             "frames": [collections.OrderedDict(name="f")]}]]}), "collections.OrderedDict"),
+    ]
+    for name, data, glob in evil_cases:
+        path = write_pickle(os.path.join(d, name), data)
+        rc, out, err = run([path, "-o", os.path.join(d, name + ".csv")], cwd=d)
+        check(rc == 2, "%s: exit %d, want 2" % (name, rc))
+        check(err == refusal_message(path, glob) + "\n", "%s: stderr %r" % (name, err))
+        check(out == "", "%s: stdout %r" % (name, out))
+        check(not os.path.exists(os.path.join(d, "marker")), "%s: the marker was created" % name)
+        check(not os.path.exists(os.path.join(d, name + ".csv")), "%s: wrote a CSV" % name)
+
+    # A persistent id is another way to hand the unpickler an object: refused.
+    path = write_pickle(os.path.join(d, "persid.pickle"), b"Pfoo\n.")
+    rc, out, err = run([path], cwd=d)
+    check(rc == 2 and err.startswith("gma-import-torch: refusing ") and "persistent id" in err,
+          "persistent id: exit %d, stderr %r" % (rc, err))
+
+    good = pickle.dumps({"segments": [], "device_traces": [[
+        {"action": "alloc", "addr": 4096, "size": 100, "stream": 0, "time_us": 5}]]})
+    bad_inputs = [
+        ("text.pickle", b"Thread,Time,Action\nthis is not a pickle\n", "is not a pickle"),
+        ("empty.pickle", b"", "is not a pickle or is truncated"),
+        ("truncated.pickle", good[:len(good) // 2], "is not a pickle or is truncated"),
+        ("list.pickle", pickle.dumps([1, 2, 3]), "not a memory snapshot"),
+        ("notrace.pickle", pickle.dumps({"segments": []}), "has no 'device_traces'"),
+        ("noaddr.pickle", pickle.dumps({"segments": [], "device_traces": [[
+            {"action": "alloc", "size": 1, "stream": 0}]]}), "has no 'addr' field"),
+        ("badseg.pickle", pickle.dumps({"segments": [{"device": 0}], "device_traces": [[]]}),
+         "no integer 'total_size'"),
+        ("nothing.pickle", pickle.dumps({"segments": [], "device_traces": [[], []]}),
+         "nothing to write"),
+    ]
+    for name, data, want in bad_inputs:
+        path = write_pickle(os.path.join(d, name), data)
+        rc, out, err = run([path, "-o", os.path.join(d, "bad.csv")], cwd=d)
+        check(rc == 2, "%s: exit %d, want 2" % (name, rc))
+        check(err.startswith("gma-import-torch: ") and err.count("\n") == 1
+              and "Traceback" not in err and want in err, "%s: stderr %r" % (name, err))
+    rc, out, err = run([os.path.join(d, "missing.pickle")], cwd=d)
+    check(rc == 2 and "cannot read" in err and err.count("\n") == 1,
+          "missing file: exit %d, stderr %r" % (rc, err))
+    path = write_pickle(os.path.join(d, "ok.pickle"), good)
+    rc, out, err = run([path, "-o", os.path.join(d, "no", "such", "dir.csv")], cwd=d)
+    check(rc == 1 and "cannot write" in err and "Traceback" not in err,
+          "unwritable output: exit %d, stderr %r" % (rc, err))
+    rc, out, err = run([path, "-o", path], cwd=d)
+    check(rc == 2 and "is the input" in err, "output = input: exit %d, stderr %r" % (rc, err))
+    return True
+
+
+def seg(device, address, total, blocks, stream=0):
+    return {"device": device, "address": address, "total_size": total, "stream": stream,
+            "is_expandable": False, "blocks": blocks}
+
+
+def blk(address, size, state, requested=None):
+    b = {"address": address, "size": size, "state": state}
+    if requested is not None:
+        b["requested_size"] = requested
+    return b
+
+
+def ev(action, addr, size, t=None, stream=0, **extra):
+    e = {"action": action, "size": size, "stream": stream, "frames": []}
+    if addr is not None:
+        e["addr"] = addr
+    if t is not None:
+        e["time_us"] = t
+    e.update(extra)
+    return e
+
+
+def convert(path, out, extra=()):
+    js = out + ".json"
+    rc, so, se = run([path, "-o", out, "--json", js] + list(extra))
+    if not check(rc == 0, "%s: exit %d, stderr %r" % (path, rc, se)):
+        return None, so
+    with open(js) as f:
+        return json.load(f), so
+
+
+def expect_rows(path, want):
+    got = read_rows(path)
+    if got != want:
+        check(False, "%s: rows differ" % path)
+        for i in range(max(len(got), len(want))):
+            g = got[i] if i < len(got) else "<none>"
+            w = want[i] if i < len(want) else "<none>"
+            print("    %s got  %s\n    %s want %s" % ("!" if g != w else " ", g, " ", w))
+
+
+def part_small(tmp):
+    print("part 2: hand-made snapshots, exact rows")
+    d = os.path.join(tmp, "small")
+    os.mkdir(d)
+
+    # One device. Segment 0x1000000 (2 MiB, stream 0x5) predates the trace and
+    # holds a block live at dump that the trace never names (seeded with its
+    # requested_size), one the trace allocates, an inactive one, and an
+    # active_pending_free one without requested_size (seeded with its size).
+    # Segment 0x2000000 is reserved in the trace. Segment 0x3000000 (4 MiB)
+    # predates the trace and is freed in it, after the trace frees 0x3000000
+    # without having allocated it (seeded with the free's size).
+    # reserved at start = (2 + 1) MiB at dump - 1 MiB reserved + 4 MiB freed = 6 MiB.
+    snap = {
+        "segments": [
+            seg(0, 0x1000000, 2 * MIB, [
+                blk(0x1000000, 1024, "active_allocated", 1000),
+                blk(0x1000400, 512, "active_allocated", 500),
+                blk(0x1000600, 512, "inactive", 0),
+                blk(0x1000800, 512, "active_pending_free"),
+                blk(0x1000a00, 2 * MIB - 0xa00, "inactive", 0),
+            ], stream=0x5),
+            seg(0, 0x2000000, 1 * MIB, [blk(0x2000000, 1 * MIB, "inactive", 0)]),
+        ],
+        "device_traces": [[
+            ev("alloc", 0x1000400, 500, 1000000, stream=0x5),
+            ev("free_requested", 0x3000000, 300, 1000010),
+            ev("free_completed", 0x3000000, 300, 1000010),
+            ev("segment_free", 0x3000000, 4 * MIB, 1000020),
+            ev("segment_alloc", 0x2000000, 1 * MIB, 1000500, stream=0x7f00),
+            ev("alloc", 0x2000000, 700, 1000500, stream=0x7f00),
+            ev("snapshot", 0, 0, 1000600),
+            ev("oom", None, 5000000, 1000700, device_free=100),
+            ev("free_requested", 0x2000000, 700, 1001000, stream=0x7f00),
+            ev("free_completed", 0x2000000, 700, 1001000, stream=0x7f00),
+            ev("user_defined", 0, 0, 1001000),
+        ]],
+    }
+    path = write_pickle(os.path.join(d, "one.pickle"), snap)
+    out = os.path.join(d, "one.csv")
+    s, stdout = convert(path, out)
+    if s:
+        expect_rows(out, [
+            "0,0.000000000,segment_alloc,0x0,6291456,0x0,0,0,0,",
+            "0,0.000000000,allocate,0x3000000,300,0x0,0,0,0,",
+            "0,0.000000000,allocate,0x1000000,1000,0x5,0,0,0,",
+            "0,0.000000000,allocate,0x1000800,512,0x5,0,0,0,",
+            "0,0.000000000,allocate,0x1000400,500,0x5,0,0,0,",
+            "0,0.000010000,free,0x3000000,300,0x0,0,0,0,",
+            "0,0.000020000,segment_free,0x3000000,4194304,0x0,0,0,0,",
+            "0,0.000500000,segment_alloc,0x2000000,1048576,0x7f00,0,0,0,",
+            "0,0.000500000,allocate,0x2000000,700,0x7f00,0,0,0,",
+            "0,0.000700000,oom,0x0,5000000,0x0,0,0,0,",
+            "0,0.001000000,free,0x2000000,700,0x7f00,0,0,0,",
+        ])
+        dev = s["devices"][0]
+        want = {"device": 0, "output": out, "seeded_allocations": 3, "seeded_bytes": 1812,
+                "seeded_freed_in_trace": 1, "seeded_live_at_dump": 2,
+                "reserved_at_start_bytes": 6 * MIB, "peak_allocated_bytes": 2712,
+                "peak_reserved_bytes": 6 * MIB, "events_total": 11, "rows_total": 11,
+                "ignored_actions": {"user_defined": 1}, "time_source": "time_us",
+                "inconsistencies": {},
+                "events_read": {"alloc": 2, "free_requested": 2, "free_completed": 2,
+                                "segment_alloc": 1, "segment_free": 1, "snapshot": 1,
+                                "oom": 1, "user_defined": 1},
+                "rows_written": {"segment_alloc": 2, "allocate": 5, "free": 2,
+                                 "segment_free": 1, "oom": 1}}
+        for k, v in want.items():
+            check(dev.get(k) == v, "one: summary %s is %r, want %r" % (k, dev.get(k), v))
+        check(len(s["devices"]) == 1, "one: %d devices in the JSON" % len(s["devices"]))
+        for line in ("peak allocated          0.00 GiB", "PyTorch peak reserved   0.01 GiB",
+                     "ignored         user_defined 1"):
+            check(line in stdout, "one: summary lacks %r:\n%s" % (line, stdout))
+
+    # Older format: no time_us, so the event index is the time in microseconds.
+    snap = {"segments": [seg(0, 0x10000, 2 * MIB, [blk(0x10000, 2 * MIB, "inactive", 0)])],
+            "device_traces": [[
+                ev("segment_alloc", 0x10000, 2 * MIB),
+                ev("alloc", 0x10000, 4000),
+                ev("alloc", 0x11000, 100),
+                ev("free_requested", 0x10000, 4000),
+                ev("free_completed", 0x10000, 4000),
+                ev("free_requested", 0x11000, 100),
+                ev("oom", 0, 3 * MIB, device_free=0),
+            ]]}
+    path = write_pickle(os.path.join(d, "old.pickle"), snap)
+    out = os.path.join(d, "old.csv")
+    s, _ = convert(path, out, ["--quiet"])
+    if s:
+        expect_rows(out, [
+            "0,0.000000000,segment_alloc,0x10000,2097152,0x0,0,0,0,",
+            "0,0.000001000,allocate,0x10000,4000,0x0,0,0,0,",
+            "0,0.000002000,allocate,0x11000,100,0x0,0,0,0,",
+            "0,0.000003000,free,0x10000,4000,0x0,0,0,0,",
+            "0,0.000005000,free,0x11000,100,0x0,0,0,0,",
+            "0,0.000006000,oom,0x0,3145728,0x0,0,0,0,",
+        ])
+        dev = s["devices"][0]
+        check(dev["time_source"] == "event index", "old: time_source %r" % dev["time_source"])
+        check(dev["reserved_at_start_bytes"] == 0 and dev["peak_reserved_bytes"] == 2 * MIB
+              and dev["peak_allocated_bytes"] == 4100 and dev["seeded_allocations"] == 0,
+              "old: summary %r" % dev)
+
+    # Expandable segments: segment_map / segment_unmap rows keep their names
+    # and count in the reserved offset: 8 MiB mapped at dump - 4 MiB mapped
+    # in the trace + 2 MiB unmapped in it = 6 MiB at the start.
+    snap = {"segments": [dict(seg(0, 0x40000000, 8 * MIB, [
+                blk(0x40000000, 8 * MIB, "inactive", 0)]), is_expandable=True)],
+            "device_traces": [[
+                ev("segment_map", 0x40600000, 4 * MIB, 10),
+                ev("segment_unmap", 0x40000000, 2 * MIB, 20),
+            ]]}
+    path = write_pickle(os.path.join(d, "expandable.pickle"), snap)
+    out = os.path.join(d, "expandable.csv")
+    s, _ = convert(path, out, ["--quiet"])
+    if s:
+        expect_rows(out, [
+            "0,0.000000000,segment_alloc,0x0,6291456,0x0,0,0,0,",
+            "0,0.000000000,segment_map,0x40600000,4194304,0x0,0,0,0,",
+            "0,0.000010000,segment_unmap,0x40000000,2097152,0x0,0,0,0,",
+        ])
+        check(s["devices"][0]["peak_reserved_bytes"] == 10 * MIB,
+              "expandable: peak reserved %r" % s["devices"][0]["peak_reserved_bytes"])
+
+    # Devices: 0 has events, 1 only memory live at dump (a file of seeded
+    # rows), 2 nothing (no file). Several files: .devN before the extension.
+    snap = {"segments": [
+                seg(0, 0xa000000, 2 * MIB, [blk(0xa000000, 2 * MIB, "inactive", 0)]),
+                seg(1, 0xb000000, 2 * MIB, [blk(0xb000000, 4096, "active_allocated", 4000),
+                                            blk(0xb001000, 2 * MIB - 4096, "inactive", 0)])],
+            "device_traces": [
+                [ev("alloc", 0xa000000, 64, 7), ev("free_requested", 0xa000000, 64, 9)],
+                [], []]}
+    path = write_pickle(os.path.join(d, "multi.pickle"), snap)
+    out = os.path.join(d, "multi.csv")
+    s, _ = convert(path, out, ["--quiet"])
+    if s:
+        check(not os.path.exists(out), "multi: wrote %s too" % out)
+        check(not os.path.exists(os.path.join(d, "multi.dev2.csv")), "multi: wrote a dev2 file")
+        check([x["device"] for x in s["devices"]] == [0, 1], "multi: devices %r" % s["devices"])
+        expect_rows(os.path.join(d, "multi.dev0.csv"), [
+            "0,0.000000000,segment_alloc,0x0,2097152,0x0,0,0,0,",
+            "0,0.000000000,allocate,0xa000000,64,0x0,0,0,0,",
+            "0,0.000002000,free,0xa000000,64,0x0,0,0,0,",
+        ])
+        expect_rows(os.path.join(d, "multi.dev1.csv"), [
+            "0,0.000000000,segment_alloc,0x0,2097152,0x0,0,0,0,",
+            "0,0.000000000,allocate,0xb000000,4000,0x0,0,0,0,",
+        ])
+
+    # Default output name; --quiet prints nothing; a snapshot that contradicts
+    # itself (a double free, an alloc of a live pointer) still gives rows a
+    # replayer can follow, and the summary counts what was repaired.
+    snap = {"segments": [], "device_traces": [[
+        ev("alloc", 0x100, 10, 0), ev("alloc", 0x100, 20, 1),
+        ev("free_requested", 0x100, 20, 2), ev("free_requested", 0x100, 20, 3)]]}
+    path = write_pickle(os.path.join(d, "bad.pickle"), snap)
+    rc, so, se = run([path, "--quiet"])
+    check(rc == 0 and so == "", "default name: exit %d, stdout %r, stderr %r" % (rc, so, se))
+    out = os.path.join(d, "bad.csv")
+    if check(os.path.exists(out), "default name: no %s" % out):
+        expect_rows(out, [
+            "0,0.000000000,allocate,0x100,10,0x0,0,0,0,",
+            "0,0.000001000,free,0x100,10,0x0,0,0,0,",
+            "0,0.000001000,allocate,0x100,20,0x0,0,0,0,",
+            "0,0.000002000,free,0x100,20,0x0,0,0,0,",
+        ])
+    s, _ = convert(path, os.path.join(d, "bad2.csv"), ["--quiet"])
+    if s:
+        check(s["devices"][0]["inconsistencies"] == {"alloc_of_live_pointer": 1,
+                                                     "free_of_dead_pointer": 1},
+              "bad: inconsistencies %r" % s["devices"][0]["inconsistencies"])
+
+    rc, so, _ = run(["--help"])
+    check(rc == 0 and "0x0" in so and "segment_alloc" in so and "free_completed" in so,
+          "--help: exit %d" % rc)
+    with open(TOOL) as f:
+        check(f.readline() == "#!/usr/bin/env python3\n", "the tool's first line is not the shebang")
+    check(os.access(TOOL, os.X_OK), "the tool is not executable")
+    return True
+
+
+def verify_csv(name, path, summ):
+    """Recompute the peaks from the rows and check that they replay: every
+    free names a live pointer, no allocate names one, time never decreases."""
+    alloc = peak_alloc = res = peak_res = 0
+    live = {}
+    last_t = 0.0
+    bad = collections.Counter()
+    actions = collections.Counter()
+    for row in read_rows(path):
+        f = row.split(",")
+        if len(f) != 10:
+            bad["fields"] += 1
+            continue
+        t, action, ptr, size = float(f[1]), f[2], int(f[3], 16), int(f[4])
+        actions[action] += 1
+        if t < last_t:
+            bad["time"] += 1
+        last_t = t
+        if action == "allocate":
+            if ptr in live:
+                bad["allocate_live"] += 1
+            live[ptr] = size
+            alloc += size
+            peak_alloc = max(peak_alloc, alloc)
+        elif action == "free":
+            if ptr not in live:
+                bad["free_dead"] += 1
+            alloc -= live.pop(ptr, 0)
+        elif action in ("segment_alloc", "segment_map"):
+            res += size
+            peak_res = max(peak_res, res)
+        elif action in ("segment_free", "segment_unmap"):
+            res -= size
+            if res < 0:
+                bad["reserved_negative"] += 1
+        elif action != "oom":
+            bad["action " + action] += 1
+    check(not bad, "%s: CSV problems %r" % (name, dict(bad)))
+    check(peak_alloc == summ["peak_allocated_bytes"], "%s: CSV peak allocated %d, summary %d"
+          % (name, peak_alloc, summ["peak_allocated_bytes"]))
+    check(peak_res == summ["peak_reserved_bytes"], "%s: CSV peak reserved %d, summary %d"
+          % (name, peak_res, summ["peak_reserved_bytes"]))
+    check(dict(actions) == summ["rows_written"], "%s: CSV rows %r, summary %r"
+          % (name, dict(actions), summ["rows_written"]))
+
+
+def part_shared(tmp):
+    print("part 3: the shared PyTorch traces in %s" % TRACES)
+    if not os.path.isdir(TRACES):
+        print("  skipped: %s is not a directory (GMA_TRACES_DIR)" % TRACES)
+        return False
+    d = os.path.join(tmp, "shared")
+    os.mkdir(d)
+    print("  %-40s %7s %6s %10s %16s %16s %6s" % ("file", "events", "rows", "seeded GiB",
+          "peak alloc GiB", "peak reserved", "sec"))
+    for name, events, want_alloc, want_res in SHARED:
+        path = os.path.join(TRACES, name)
+        if not check(os.path.exists(path), "%s is missing from %s" % (name, TRACES)):
+            continue
+        out = os.path.join(d, name.replace(".pickle", ".csv"))
+        t0 = time.monotonic()
+        s, _ = convert(path, out, ["--quiet"])
+        secs = time.monotonic() - t0
+        if not s:
+            continue
+        check(len(s["devices"]) == 1, "%s: %d devices" % (name, len(s["devices"])))
+        dev = s["devices"][0]
+        got_alloc = dev["peak_allocated_bytes"] / GIB
+        got_res = dev["peak_reserved_bytes"] / GIB
+        print("  %-40s %7d %6d %10.2f %7.2f (%5.2f) %7.2f (%5.2f) %6.2f"
+              % (name, dev["events_total"], dev["rows_total"], dev["seeded_bytes"] / GIB,
+                 got_alloc, want_alloc, got_res, want_res, secs))
+        check(dev["events_total"] == events, "%s: %d events, README says %d"
+              % (name, dev["events_total"], events))
+        check(abs(got_alloc - want_alloc) <= 0.01, "%s: peak allocated %.3f GiB, README %.2f"
+              % (name, got_alloc, want_alloc))
+        check(abs(got_res - want_res) <= 0.01, "%s: PyTorch peak reserved %.3f GiB, README %.2f"
+              % (name, got_res, want_res))
+        check(not dev["inconsistencies"] and not dev["ignored_actions"],
+              "%s: inconsistencies %r, ignored %r" % (name, dev["inconsistencies"],
+                                                       dev["ignored_actions"]))
+        check(secs < 10, "%s: took %.1f s" % (name, secs))
+        verify_csv(name, out, dev)
+    return True
+
+
+def main():
+    global TOOL, TRACES
+    if len(sys.argv) != 3:
+        sys.stderr.write("usage: test_import_torch.py TOOL TRACES_DIR\n")
+        return 2
+    TOOL, TRACES = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    ran = 0
+    with tempfile.TemporaryDirectory(prefix="gma-import-test-") as tmp:
+        for part in (part_refusal, part_small, part_shared):
+            ran += 1 if part(tmp) else 0
+    if FAILS:
+        print("%d check(s) failed" % len(FAILS))
+        return 1
+    if ran == 0:
+        print("every part skipped")
+        return 77
+    print("all passed (%d of 3 parts ran)" % ran)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

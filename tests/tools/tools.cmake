@@ -1,0 +1,20 @@
+# Tests of the Python tools in tools/ (label "tools"). They need only a
+# Python 3 interpreter, no GPU and no build output; the recorded PyTorch
+# snapshots they convert live outside the repository, in GMA_TRACES_DIR
+# (that part of the test is skipped, saying why, when the directory is missing).
+set(GMA_TRACES_DIR "${PROJECT_SOURCE_DIR}/../shared/traces" CACHE PATH
+    "Directory of the PyTorch memory snapshots the tools tests convert")
+
+find_package(Python3 COMPONENTS Interpreter)
+if(NOT Python3_Interpreter_FOUND)
+  message(STATUS "gma: no Python 3 interpreter found; the tools tests (label tools) are not registered")
+  return()
+endif()
+
+add_test(NAME tools_import_torch
+         COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_import_torch.py
+                 ${PROJECT_SOURCE_DIR}/tools/gma-import-torch ${GMA_TRACES_DIR})
+set_tests_properties(tools_import_torch PROPERTIES
+  LABELS tools
+  TIMEOUT 120
+  SKIP_RETURN_CODE 77)
