@@ -1,0 +1,657 @@
+/* The replay engine (see replay.h): CSV parsing, the replay loop, and the
+ * measurements. Single-threaded: one thread issues every call, in trace
+ * order, on one gma stream per trace stream; frees are stream-ordered by
+ * gma itself, as they were in the recorded program. */
+#define _GNU_SOURCE
+#include "replay.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- Parsing ---------------------------------------------------------------------- */
+
+static const char *const action_names[RA_NACTIONS] = {
+    [RA_ALLOCATE] = "allocate",
+    [RA_ALLOCATE_FAILURE] = "allocate failure",
+    [RA_FREE] = "free",
+    [RA_RECORD_STREAM] = "record_stream",
+    [RA_ASYNC_SUBMIT] = "async_submit",
+    [RA_ASYNC_COMPLETE] = "async_complete",
+    [RA_BATCH] = "batch",
+    [RA_SEGMENT_ALLOC] = "segment_alloc",
+    [RA_SEGMENT_FREE] = "segment_free",
+    [RA_SEGMENT_MAP] = "segment_map",
+    [RA_SEGMENT_UNMAP] = "segment_unmap",
+    [RA_TRIM] = "trim",
+    [RA_OOM] = "oom",
+    [RA_IDLE] = "idle",
+};
+
+static int action_of(const char *s, size_t len) {
+  for (int a = 0; a < RA_NACTIONS; a++)
+    if (strlen(action_names[a]) == len && memcmp(action_names[a], s, len) == 0) return a;
+  /* RMM spells a failed allocation "allocate failure" too; anything else is unknown. */
+  return -1;
+}
+
+/* Splits line at commas into at most max fields (in place); returns the count. */
+static int split(char *line, char **f, size_t *len, int max) {
+  int n = 0;
+  char *s = line;
+  for (;;) {
+    char *c = strchr(s, ',');
+    if (n < max) {
+      f[n] = s;
+      len[n] = c ? (size_t)(c - s) : strcspn(s, "\r\n");
+    }
+    n++;
+    if (!c) break;
+    s = c + 1;
+  }
+  return n;
+}
+
+static bool num(const char *s, size_t len, int base, uint64_t *out) {
+  if (len == 0) {
+    *out = 0;
+    return true;
+  }
+  char buf[40];
+  if (len >= sizeof buf) return false;
+  memcpy(buf, s, len);
+  buf[len] = '\0';
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(buf, &end, base);
+  if (errno || *end) return false;
+  *out = v;
+  return true;
+}
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errlen, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+/* Stable sort by time; traces are nearly always sorted already. */
+static void sort_events(replay_event_t *v, size_t n) {
+  size_t i = 1;
+  while (i < n && v[i].time >= v[i - 1].time) i++;
+  if (i >= n) return;
+  for (; i < n; i++) { /* insertion: rows out of order are few and close */
+    if (v[i].time >= v[i - 1].time) continue;
+    replay_event_t x = v[i];
+    size_t j = i;
+    while (j > 0 && v[j - 1].time > x.time) {
+      v[j] = v[j - 1];
+      j--;
+    }
+    v[j] = x;
+  }
+}
+
+int replay_parse(FILE *f, const char *name, replay_trace_t **out, char *err, size_t errlen) {
+  char *line = NULL;
+  size_t cap = 0;
+  ssize_t got = getline(&line, &cap, f);
+  if (got <= 0) {
+    free(line);
+    return fail(err, errlen, "%s: empty file (no header)", name);
+  }
+  static const char *const want[] = {"Thread", "Time", "Action", "Pointer", "Size", "Stream"};
+  char *fld[16];
+  size_t len[16];
+  int nf = split(line, fld, len, 16);
+  for (int i = 0; i < 6; i++)
+    if (nf < 6 || len[i] != strlen(want[i]) || memcmp(fld[i], want[i], len[i]) != 0) {
+      free(line);
+      return fail(err, errlen,
+                  "%s: line 1 is not a trace header: it must start with "
+                  "Thread,Time,Action,Pointer,Size,Stream (RMM's columns)",
+                  name);
+    }
+  replay_trace_t *t = calloc(1, sizeof *t);
+  if (!t) {
+    free(line);
+    return fail(err, errlen, "out of host memory");
+  }
+  snprintf(t->name, sizeof t->name, "%s", name);
+  size_t evcap = 0;
+  uint64_t lineno = 1;
+  int64_t recorded = 0;
+  while ((got = getline(&line, &cap, f)) > 0) {
+    lineno++;
+    if (line[0] == '\n' || line[0] == '\r') continue;
+    nf = split(line, fld, len, 16);
+    if (nf != 6 && nf != 10) {
+      replay_trace_free(t);
+      free(line);
+      return fail(err, errlen, "%s:%" PRIu64 ": %d fields; a row has 6 (RMM) or 10 (gma)", name,
+                  lineno, nf);
+    }
+    int a = action_of(fld[2], len[2]);
+    if (a < 0) {
+      replay_trace_free(t);
+      free(line);
+      return fail(err, errlen, "%s:%" PRIu64 ": unknown action '%.*s'", name, lineno,
+                  (int)len[2], fld[2]);
+    }
+    if (t->n == evcap) {
+      evcap = evcap ? evcap * 2 : 4096;
+      replay_event_t *v = realloc(t->ev, evcap * sizeof *v);
+      if (!v) {
+        replay_trace_free(t);
+        free(line);
+        return fail(err, errlen, "out of host memory for %zu events", evcap);
+      }
+      t->ev = v;
+    }
+    replay_event_t *e = &t->ev[t->n];
+    memset(e, 0, sizeof *e);
+    e->action = (uint8_t)a;
+    char tbuf[48];
+    size_t tl = len[1] < sizeof tbuf - 1 ? len[1] : sizeof tbuf - 1;
+    memcpy(tbuf, fld[1], tl);
+    tbuf[tl] = '\0';
+    char *tend;
+    e->time = strtod(tbuf, &tend);
+    if (tend == tbuf) e->time = (double)t->n * 1e-6; /* no usable time: keep row order */
+    bool ok = num(fld[3], len[3], 16, &e->ptr) && num(fld[4], len[4], 10, &e->size) &&
+              num(fld[5], len[5], 16, &e->stream);
+    if (ok && nf == 10) {
+      uint64_t block;
+      ok = num(fld[6], len[6], 10, &block) && num(fld[7], len[7], 10, &e->id) &&
+           num(fld[8], len[8], 10, &e->count);
+      size_t sl = len[9];
+      if (a == RA_TRIM) e->explicit_trim = sl == 8 && memcmp(fld[9], "explicit", 8) == 0;
+      else e->failed = sl > 0;
+    }
+    if (!ok) {
+      replay_trace_free(t);
+      free(line);
+      return fail(err, errlen, "%s:%" PRIu64 ": a number column does not parse", name, lineno);
+    }
+    if (a == RA_ALLOCATE_FAILURE) e->failed = 1;
+    t->count[a]++;
+    t->n++;
+  }
+  free(line);
+  if (ferror(f)) {
+    replay_trace_free(t);
+    return fail(err, errlen, "%s: read error", name);
+  }
+  sort_events(t->ev, t->n);
+  for (size_t i = 0; i < t->n; i++) {
+    const replay_event_t *e = &t->ev[i];
+    if (e->action == RA_SEGMENT_ALLOC || e->action == RA_SEGMENT_MAP) recorded += (int64_t)e->size;
+    else if (e->action == RA_SEGMENT_FREE || e->action == RA_SEGMENT_UNMAP)
+      recorded -= (int64_t)e->size;
+    else continue;
+    t->has_recorded = 1;
+    if (recorded > 0 && (uint64_t)recorded > t->recorded_peak) t->recorded_peak = (uint64_t)recorded;
+  }
+  *out = t;
+  return 0;
+}
+
+int replay_load(const char *path, replay_trace_t **out, char *err, size_t errlen) {
+  FILE *f = fopen(path, "r");
+  if (!f) return fail(err, errlen, "cannot open %s: %s", path, strerror(errno));
+  const char *base = strrchr(path, '/');
+  int rc = replay_parse(f, base ? base + 1 : path, out, err, errlen);
+  fclose(f);
+  return rc;
+}
+
+void replay_trace_free(replay_trace_t *t) {
+  if (!t) return;
+  free(t->ev);
+  free(t);
+}
+
+/* ---- Maps: trace pointer -> replay allocation; id -> future ----------------------- */
+
+typedef struct slot {
+  uint64_t key; /* 0: empty; UINT64_MAX: tombstone */
+  void *ptr;
+  uint64_t size;
+} slot_t;
+
+typedef struct map {
+  slot_t *s;
+  size_t mask, used, live;
+} map_t;
+
+static uint64_t mix(uint64_t k) {
+  k ^= k >> 33;
+  k *= 0xff51afd7ed558ccdull;
+  return k ^ (k >> 33);
+}
+
+static bool map_init(map_t *m, size_t want) {
+  size_t cap = 1024;
+  while (cap < want * 2) cap *= 2;
+  m->s = calloc(cap, sizeof *m->s);
+  m->mask = cap - 1;
+  m->used = m->live = 0;
+  return m->s != NULL;
+}
+
+static slot_t *map_find(map_t *m, uint64_t key) {
+  for (size_t i = mix(key) & m->mask;; i = (i + 1) & m->mask) {
+    if (m->s[i].key == key) return &m->s[i];
+    if (m->s[i].key == 0) return NULL;
+  }
+}
+
+static bool map_grow(map_t *m) {
+  map_t n;
+  if (!map_init(&n, (m->live + 1) * 2)) return false;
+  for (size_t i = 0; i <= m->mask; i++)
+    if (m->s[i].key && m->s[i].key != UINT64_MAX) {
+      size_t j = mix(m->s[i].key) & n.mask;
+      while (n.s[j].key) j = (j + 1) & n.mask;
+      n.s[j] = m->s[i];
+      n.used++;
+      n.live++;
+    }
+  free(m->s);
+  *m = n;
+  return true;
+}
+
+static bool map_put(map_t *m, uint64_t key, void *ptr, uint64_t size) {
+  if ((m->used + 1) * 2 > m->mask + 1 && !map_grow(m)) return false;
+  size_t i = mix(key) & m->mask;
+  while (m->s[i].key && m->s[i].key != UINT64_MAX) i = (i + 1) & m->mask;
+  if (!m->s[i].key) m->used++;
+  m->s[i] = (slot_t){key, ptr, size};
+  m->live++;
+  return true;
+}
+
+static void map_del(map_t *m, slot_t *s) {
+  s->key = UINT64_MAX;
+  m->live--;
+}
+
+/* ---- The replay ---------------------------------------------------------------------- */
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* An async request in flight: its future, and a batch's pointer array. */
+typedef struct pending {
+  gma_future_t *f;
+  void **ptrs;
+  size_t n;
+} pending_t;
+
+typedef struct stream_entry {
+  uint64_t key;
+  gma_stream_t s;
+} stream_entry_t;
+
+typedef struct run {
+  gma_t *g;
+  const replay_trace_t *t;
+  const replay_options_t *o;
+  replay_result_t *r;
+  map_t ptrs, futures;
+  stream_entry_t *streams;
+  size_t nstreams;
+  uint32_t *alat, *flat; /* latencies, ns */
+  size_t na, nf;
+  uint64_t live;         /* requested bytes live */
+  int64_t recorded;      /* the recording allocator's reserved now */
+  uint64_t best_reserved; /* at the samples */
+  int stream_error;
+} run_t;
+
+static gma_stream_t stream_of(run_t *x, uint64_t key) {
+  if (key == 0) return NULL;
+  for (size_t i = 0; i < x->nstreams; i++)
+    if (x->streams[i].key == key) return x->streams[i].s;
+  stream_entry_t *v = realloc(x->streams, (x->nstreams + 1) * sizeof *v);
+  gma_stream_t s = NULL;
+  if (!v || gma_stream_create(x->g, &s) != GMA_OK) {
+    x->stream_error = 1; /* replay on the default stream rather than stop */
+    if (v) x->streams = v;
+    return NULL;
+  }
+  x->streams = v;
+  x->streams[x->nstreams++] = (stream_entry_t){key, s};
+  return s;
+}
+
+static void note_live(run_t *x, uint64_t req_add, uint64_t req_sub) {
+  x->live += req_add;
+  x->live -= req_sub < x->live ? req_sub : x->live;
+  if (x->live > x->r->peak_requested) x->r->peak_requested = x->live;
+}
+
+static void do_alloc(run_t *x, const replay_event_t *e) {
+  void *p = NULL;
+  uint64_t t0 = now_ns();
+  gma_status_t st = gma_alloc(x->g, e->size ? e->size : 1, stream_of(x, e->stream), &p);
+  x->alat[x->na++] = (uint32_t)(now_ns() - t0 > UINT32_MAX ? UINT32_MAX : now_ns() - t0);
+  x->r->replayed++;
+  if (st != GMA_OK) {
+    x->r->failed_allocs++;
+    return;
+  }
+  slot_t *old = map_find(&x->ptrs, e->ptr);
+  if (old) { /* the trace reused a live pointer: it lost a free; drop the old one */
+    x->r->unmatched++;
+    note_live(x, 0, old->size);
+    gma_free(x->g, old->ptr);
+    map_del(&x->ptrs, old);
+  }
+  map_put(&x->ptrs, e->ptr, p, e->size);
+  note_live(x, e->size, 0);
+}
+
+static void do_free(run_t *x, const replay_event_t *e) {
+  slot_t *s = map_find(&x->ptrs, e->ptr);
+  if (!s) {
+    x->r->unmatched++;
+    return;
+  }
+  uint64_t t0 = now_ns();
+  gma_free(x->g, s->ptr);
+  uint64_t dt = now_ns() - t0;
+  x->flat[x->nf++] = (uint32_t)(dt > UINT32_MAX ? UINT32_MAX : dt);
+  x->r->replayed++;
+  note_live(x, 0, s->size);
+  map_del(&x->ptrs, s);
+}
+
+/* The members of a batch follow its row (or its async_complete row). */
+static size_t do_batch(run_t *x, size_t i, const replay_event_t *head, void **got) {
+  size_t n = (size_t)head->count;
+  if (i + n >= x->t->n) n = x->t->n - i - 1;
+  size_t *sizes = malloc((n ? n : 1) * sizeof *sizes);
+  void **ptrs = got ? got : malloc((n ? n : 1) * sizeof *ptrs);
+  if (!sizes || !ptrs) {
+    free(sizes);
+    if (!got) free(ptrs);
+    return n;
+  }
+  for (size_t k = 0; k < n; k++) sizes[k] = x->t->ev[i + 1 + k].size ? x->t->ev[i + 1 + k].size : 1;
+  gma_status_t st = GMA_OK;
+  if (!got) {
+    uint64_t t0 = now_ns();
+    st = n ? gma_alloc_batch(x->g, n, sizes, stream_of(x, head->stream), ptrs) : GMA_OK;
+    uint64_t dt = n ? (now_ns() - t0) / n : 0;
+    for (size_t k = 0; k < n; k++) x->alat[x->na++] = (uint32_t)(dt > UINT32_MAX ? UINT32_MAX : dt);
+    x->r->replayed++;
+  }
+  if (st != GMA_OK) {
+    x->r->failed_allocs += n;
+  } else {
+    for (size_t k = 0; k < n; k++) {
+      map_put(&x->ptrs, x->t->ev[i + 1 + k].ptr, ptrs[k], sizes[k]);
+      note_live(x, sizes[k], 0);
+    }
+  }
+  free(sizes);
+  if (!got) free(ptrs);
+  return n;
+}
+
+static void sample(run_t *x, size_t i) {
+  gma_stats_t s = GMA_STATS_INIT;
+  if (gma_stats(x->g, &s) != GMA_OK) return;
+  if (s.reserved.current > x->best_reserved || i == 0) {
+    x->best_reserved = s.reserved.current;
+    x->r->fragmentation_at_peak = s.fragmentation;
+    if (x->o->snapshot_path) gma_snapshot_json(x->g, x->o->snapshot_path);
+  }
+  if (x->o->timeline) {
+    fprintf(x->o->timeline, "%zu,%.9f,%" PRIu64 ",%" PRIu64 ",", i, x->t->ev[i].time, x->live,
+            s.reserved.current);
+    if (x->t->has_recorded) fprintf(x->o->timeline, "%" PRId64, x->recorded);
+    fputc('\n', x->o->timeline);
+  }
+}
+
+static void progress(run_t *x, size_t i, uint64_t t0) {
+  double frac = x->t->n ? (double)i / (double)x->t->n : 1;
+  int w = 30, full = (int)(frac * w);
+  double el = (double)(now_ns() - t0) / 1e9;
+  fprintf(stderr, "\r  %-28.28s [%.*s%*s] %3d%%  %zu events  %.1f s", x->o->label ? x->o->label : "",
+          full, "##############################", w - full, "", (int)(frac * 100), i, el);
+  if (i == x->t->n) fputc('\n', stderr);
+}
+
+static int cmp_u32(const void *a, const void *b) {
+  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+  return (x > y) - (x < y);
+}
+
+static replay_latency_t latency(uint32_t *v, size_t n) {
+  replay_latency_t l = {.n = n};
+  if (!n) return l;
+  qsort(v, n, sizeof *v, cmp_u32);
+  l.p50 = v[(n - 1) / 2];
+  l.p99 = v[(size_t)((double)(n - 1) * 0.99)];
+  l.p999 = v[(size_t)((double)(n - 1) * 0.999)];
+  l.max = v[n - 1];
+  return l;
+}
+
+static void sleep_s(double s) {
+  struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+int replay_run(const replay_trace_t *t, const char *conf, const replay_options_t *o,
+               replay_result_t *r, char *err, size_t errlen) {
+  replay_options_t defaults = {0};
+  if (!o) o = &defaults;
+  memset(r, 0, sizeof *r);
+  gma_config_t c = GMA_CONFIG_INIT;
+  c.ignore_env = 1;
+  c.device = o->device && strcmp(o->device, "cuda") == 0 ? GMA_DEVICE_CUDA : GMA_DEVICE_SIM;
+  if (conf && *conf && gma_config_parse(&c, conf) != GMA_OK)
+    return fail(err, errlen, "config '%s': %s", conf, gma_last_error());
+  run_t x = {.t = t, .o = o, .r = r};
+  if (gma_create(&c, &x.g) != GMA_OK)
+    return fail(err, errlen, "gma_create(%s): %s", conf ? conf : "", gma_last_error());
+  x.alat = malloc((t->n + 1) * sizeof *x.alat);
+  x.flat = malloc((t->n + 1) * sizeof *x.flat);
+  if (!x.alat || !x.flat || !map_init(&x.ptrs, 4096) || !map_init(&x.futures, 64)) {
+    free(x.alat);
+    free(x.flat);
+    free(x.ptrs.s);
+    gma_destroy(x.g);
+    return fail(err, errlen, "out of host memory");
+  }
+  size_t every = o->samples ? t->n / o->samples : t->n / 2000;
+  if (every == 0) every = 1;
+  size_t pstep = t->n / 100 ? t->n / 100 : 1;
+  uint64_t t0 = now_ns(), slept = 0;
+  for (size_t i = 0; i < t->n; i++) {
+    const replay_event_t *e = &t->ev[i];
+    switch (e->action) {
+      case RA_ALLOCATE:
+        if (!e->failed && e->id == 0) do_alloc(&x, e);
+        break;
+      case RA_FREE:
+        if (!e->failed) do_free(&x, e);
+        break;
+      case RA_RECORD_STREAM: {
+        slot_t *s = map_find(&x.ptrs, e->ptr);
+        if (s) gma_record_stream(x.g, s->ptr, stream_of(&x, e->stream));
+        else r->unmatched++;
+        r->replayed++;
+        break;
+      }
+      case RA_BATCH:
+        i += do_batch(&x, i, e, NULL);
+        break;
+      case RA_ASYNC_SUBMIT: {
+        /* A batch's sizes are the allocate rows after its completion. */
+        pending_t *pd = calloc(1, sizeof *pd);
+        gma_status_t st = GMA_ERR_OOM;
+        if (pd && e->count == 0) {
+          st = gma_alloc_async(x.g, e->size ? e->size : 1, stream_of(&x, e->stream), NULL, &pd->f);
+        } else if (pd) {
+          size_t k = i + 1, n = (size_t)e->count;
+          while (k < t->n && !(t->ev[k].action == RA_ASYNC_COMPLETE && t->ev[k].id == e->id)) k++;
+          size_t *sizes = k + n < t->n ? malloc(n * sizeof *sizes) : NULL;
+          pd->ptrs = sizes ? calloc(n, sizeof *pd->ptrs) : NULL;
+          pd->n = n;
+          st = GMA_ERR_INVALID_ARGUMENT; /* the trace lacks the batch's rows */
+          if (sizes && pd->ptrs) {
+            for (size_t m = 0; m < n; m++)
+              sizes[m] = t->ev[k + 1 + m].size ? t->ev[k + 1 + m].size : 1;
+            st = gma_alloc_batch_async(x.g, n, sizes, stream_of(&x, e->stream), pd->ptrs, NULL,
+                                       &pd->f);
+          }
+          free(sizes);
+        }
+        r->replayed++;
+        if (st == GMA_OK && map_put(&x.futures, e->id, pd, 0)) break;
+        r->failed_allocs += e->count ? e->count : 1;
+        if (pd) {
+          if (st == GMA_OK) gma_future_release(pd->f);
+          free(pd->ptrs);
+          free(pd);
+        }
+        break;
+      }
+      case RA_ASYNC_COMPLETE: {
+        slot_t *s = map_find(&x.futures, e->id);
+        size_t n = (size_t)e->count;
+        if (!s) {
+          i += n; /* its allocate rows */
+          break;
+        }
+        pending_t *pd = s->ptr;
+        void *one = NULL;
+        gma_status_t st = gma_future_wait(pd->f, 10000000000ull, n ? NULL : &one);
+        if (st == GMA_OK && !e->failed) {
+          if (!n) {
+            map_put(&x.ptrs, e->ptr, one, e->size);
+            note_live(&x, e->size, 0);
+          }
+          for (size_t m = 0; m < n && m < pd->n && i + 1 + m < t->n; m++) {
+            map_put(&x.ptrs, t->ev[i + 1 + m].ptr, pd->ptrs[m], t->ev[i + 1 + m].size);
+            note_live(&x, t->ev[i + 1 + m].size, 0);
+          }
+        } else if (st == GMA_OK) { /* the recorded request failed: give it back */
+          if (!n) gma_free(x.g, one);
+          for (size_t m = 0; m < pd->n; m++) gma_free(x.g, pd->ptrs[m]);
+        } else if (!e->failed) {
+          r->failed_allocs += n ? n : 1;
+        }
+        i += n;
+        gma_future_release(pd->f);
+        free(pd->ptrs);
+        free(pd);
+        map_del(&x.futures, s);
+        break;
+      }
+      case RA_SEGMENT_ALLOC:
+      case RA_SEGMENT_MAP:
+        x.recorded += (int64_t)e->size;
+        break;
+      case RA_SEGMENT_FREE:
+      case RA_SEGMENT_UNMAP:
+        x.recorded -= (int64_t)e->size;
+        break;
+      case RA_TRIM:
+        if (e->explicit_trim) {
+          gma_trim(x.g, e->count);
+          r->replayed++;
+        }
+        break;
+      case RA_IDLE: {
+        double s = (double)e->size / 1e9, cap = o->max_idle_s > 0 ? o->max_idle_s : 1.0;
+        if (s > cap) s = cap;
+        uint64_t a = now_ns();
+        sleep_s(s);
+        slept += now_ns() - a;
+        break;
+      }
+      default:
+        break;
+    }
+    if (i % every == 0 || i + 1 == t->n) sample(&x, i < t->n ? i : t->n - 1);
+    if (o->progress && (i % pstep == 0)) progress(&x, i, t0);
+  }
+  uint64_t t1 = now_ns();
+  if (o->progress) progress(&x, t->n, t0);
+  r->events = t->n;
+  r->wall_s = (double)(t1 - t0 - slept) / 1e9;
+  r->events_per_s = r->wall_s > 0 ? (double)t->n / r->wall_s : 0;
+  r->alloc = latency(x.alat, x.na);
+  r->free = latency(x.flat, x.nf);
+  r->recorded_peak_reserved = t->recorded_peak;
+  gma_stats_t s = GMA_STATS_INIT;
+  gma_stats(x.g, &s);
+  r->peak_allocated = s.allocated.peak;
+  r->peak_reserved = s.reserved.peak;
+  r->device_allocs = s.num_device_allocs;
+  r->device_frees = s.num_device_frees;
+  r->hits_bin = s.hits_bin;
+  r->hits_stream = s.hits_stream;
+  r->hits_pool = s.hits_pool;
+  r->hits_device = s.hits_device;
+  r->oom_retries = s.num_oom_retries;
+  /* What the trace left live (pre-live memory never freed) goes back now. */
+  for (size_t i = 0; i <= x.ptrs.mask; i++)
+    if (x.ptrs.s[i].key && x.ptrs.s[i].key != UINT64_MAX) gma_free(x.g, x.ptrs.s[i].ptr);
+  for (size_t i = 0; i <= x.futures.mask; i++)
+    if (x.futures.s[i].key && x.futures.s[i].key != UINT64_MAX) {
+      pending_t *pd = x.futures.s[i].ptr; /* never collected: release frees its memory */
+      gma_future_release(pd->f);
+      free(pd->ptrs);
+      free(pd);
+    }
+  for (size_t i = 0; i < x.nstreams; i++) gma_stream_destroy(x.g, x.streams[i].s);
+  gma_destroy(x.g);
+  free(x.streams);
+  free(x.ptrs.s);
+  free(x.futures.s);
+  free(x.alat);
+  free(x.flat);
+  if (x.stream_error) fprintf(stderr, "gma-replay: some streams could not be created; their "
+                                      "events ran on the default stream\n");
+  return 0;
+}
+
+void replay_result_json(FILE *f, const replay_result_t *r) {
+  fprintf(f,
+          "{\"events\": %" PRIu64 ", \"replayed_calls\": %" PRIu64 ", \"peak_requested\": %" PRIu64
+          ", \"peak_allocated\": %" PRIu64 ", \"peak_reserved\": %" PRIu64
+          ", \"recorded_peak_reserved\": %" PRIu64 ", \"fragmentation_at_peak\": %.4f"
+          ", \"device_allocs\": %" PRIu64 ", \"device_frees\": %" PRIu64
+          ", \"hits\": {\"bin\": %" PRIu64 ", \"stream\": %" PRIu64 ", \"pool\": %" PRIu64
+          ", \"device\": %" PRIu64 "}, \"failed_allocs\": %" PRIu64 ", \"unmatched\": %" PRIu64
+          ", \"oom_retries\": %" PRIu64
+          ", \"alloc_ns\": {\"p50\": %" PRIu64 ", \"p99\": %" PRIu64 ", \"p999\": %" PRIu64
+          ", \"max\": %" PRIu64 "}, \"free_ns\": {\"p50\": %" PRIu64 ", \"p99\": %" PRIu64
+          ", \"p999\": %" PRIu64 ", \"max\": %" PRIu64 "}, \"wall_s\": %.6f"
+          ", \"events_per_s\": %.0f}",
+          r->events, r->replayed, r->peak_requested, r->peak_allocated, r->peak_reserved,
+          r->recorded_peak_reserved, r->fragmentation_at_peak, r->device_allocs, r->device_frees,
+          r->hits_bin, r->hits_stream, r->hits_pool, r->hits_device, r->failed_allocs,
+          r->unmatched, r->oom_retries, r->alloc.p50, r->alloc.p99, r->alloc.p999, r->alloc.max,
+          r->free.p50, r->free.p99, r->free.p999, r->free.max, r->wall_s, r->events_per_s);
+}
