@@ -126,7 +126,7 @@ typedef struct gma_config {
                                   10 MiB (20 MiB; a multiple of 2M, up to 64G) */
   gma_reuse_t reuse;           /* "reuse": query | wait | none */
   uint64_t bin_max;            /* "bin_max": largest request served by the lock-free
-                                  per-stream bins (4 MiB; 512..1G) */
+                                  per-stream bins (1 MiB; 512..1G) */
   uint64_t bin_depth;          /* "bin_depth": most blocks one bin holds (64; 1..65536) */
   int bins_off;                /* "bins": on | off (off: every call goes to the pool) */
   /* Simulated device (ignored by CUDA). */

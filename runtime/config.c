@@ -252,7 +252,7 @@ gma_status_t gma__config_resolve(const gma_config_t *in, gma_config_t *out) {
   if (!c.small_segment_size) c.small_segment_size = 2 * MiB;
   if (!c.large_segment_size) c.large_segment_size = 20 * MiB;
   if (!c.sim_capacity) c.sim_capacity = 80 * GiB;
-  if (!c.bin_max) c.bin_max = 4 * MiB;
+  if (!c.bin_max) c.bin_max = 1 * MiB; /* why not more: README, "The hot path" */
   if (!c.bin_depth) c.bin_depth = 64;
   if (!c.trim_interval_ms) c.trim_interval_ms = 1000;
   if (!c.release_threshold) c.release_threshold = 256 * MiB;

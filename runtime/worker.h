@@ -11,7 +11,7 @@
 
 #include "pool.h"
 
-#define GMA__LATENCY_BUCKETS 240 /* size-class-like buckets: 1/8 resolution */
+#define GMA__LATENCY_BUCKETS 512 /* size-class buckets (sizeclass.h): up to ~4 s, 1/32 above 1 ms */
 
 typedef struct gma__worker {
   pthread_t thread;

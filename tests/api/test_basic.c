@@ -118,15 +118,16 @@ static void test_alloc_free_alignment(void) {
   CHECK_OK(gma_destroy(g));
 }
 
-/* Sizes up to bin_max (4 MiB) get their size class: 512-byte steps up to
- * 4 KiB, then 8 classes per doubling; larger ones are rounded up to a multiple
- * of 512. allocated counts block sizes, requested what the caller asked for. */
+/* Sizes up to bin_max (1 MiB) get their size class: 512-byte steps up to
+ * 4 KiB, then 8 classes per doubling up to 64 KiB and 16 up to 1 MiB; larger
+ * ones are rounded up to a multiple of 512. allocated counts block sizes,
+ * requested what the caller asked for. */
 static void test_rounding(void) {
   static const struct {
     size_t ask, rounded;
   } cases[] = {{1, 512}, {511, 512}, {512, 512}, {513, 1024}, {1536, 1536},
-               {4097, 4608}, {5000, 5120}, {(1 << 20) + 1, (1 << 20) + (1 << 17)},
-               {(4 << 20) + 1, (4 << 20) + 512}};
+               {4097, 4608}, {5000, 5120}, {70000, 73728}, {(512 << 10) + 1, 557056},
+               {(1 << 20) + 1, (1 << 20) + 512}, {(4 << 20) + 1, (4 << 20) + 512}};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     /* A fresh allocator each time, so no cached block larger than needed can
      * serve the request and blur the rounded size. */
@@ -164,7 +165,7 @@ static void test_reuse_same_stream(void) {
       CHECK_OK(gma_alloc(g, sizes[k], streams[si], &q));
       gma_stats_t after = stats_of(g);
       CHECK(after.hits_bin + after.hits_stream == before.hits_bin + before.hits_stream + 1);
-      CHECK(sizes[k] > (4u << 20) || after.hits_bin == before.hits_bin + 1);
+      CHECK(sizes[k] > (1u << 20) || after.hits_bin == before.hits_bin + 1); /* bin_max */
       CHECK(after.num_device_allocs == before.num_device_allocs);
       CHECK(after.hits_device == before.hits_device);
       /* With one cached block of exactly this size, best fit finds that one. */

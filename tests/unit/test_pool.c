@@ -185,7 +185,8 @@ static void random_workload(uint64_t seed, const char *bins) {
   CHECK_OK(gma_destroy(g));
 }
 
-/* Size classes: <= 4 KiB in 512 B steps; above, 8 per doubling (waste < 1/8). */
+/* Size classes: <= 4 KiB in 512 B steps; above, 8 steps per doubling up to
+ * 64 KiB, 16 up to 1 MiB, 32 above (waste < 1/8, 1/16, 1/32). */
 static void size_classes(void) {
   for (uint64_t size = 1; size <= (64u << 20); size += 1 + size / 37) {
     unsigned c = gma__class_of(size);
@@ -193,13 +194,16 @@ static void size_classes(void) {
     CHECK(cs >= size && cs % 512 == 0);
     CHECK(c == 0 || gma__class_size(c - 1) < size); /* the smallest class that fits */
     if (size > 4096) CHECK((cs - size) * 8 < cs);
+    if (size > (64u << 10)) CHECK((cs - size) * 16 < cs);
+    if (size > (1u << 20)) CHECK((cs - size) * 32 < cs);
     CHECK(gma__class_floor(cs) == c);
     if (cs > 512) CHECK(gma__class_floor(cs - 512) == c - 1 || gma__class_size(c - 1) <= cs - 512);
   }
   CHECK(gma__class_size(gma__class_of(4096)) == 4096);
   CHECK(gma__class_size(gma__class_of(4097)) == 4608);
-  CHECK(gma__class_size(gma__class_of(1000000)) == 1048576);
-  CHECK(gma__class_size(gma__class_of(1100000)) == 1179648);
+  CHECK(gma__class_size(gma__class_of(1000000)) == 1015808); /* 512 KiB + 15 x 32 KiB */
+  CHECK(gma__class_size(gma__class_of(1100000)) == 1114112); /* 1 MiB + 2 x 32 KiB */
+  CHECK(gma__class_size(gma__class_of(70000)) == 73728);      /* 64 KiB + 2 x 4 KiB */
 }
 
 /* The bins: a free goes into the stream's bin and the next alloc of the same

@@ -316,6 +316,7 @@ typedef struct run {
   uint32_t *alat, *flat; /* latencies, ns */
   size_t na, nf;
   uint64_t live;         /* requested bytes live */
+  uint64_t window_max;   /* highest live since the last timeline row */
   int64_t recorded;      /* the recording allocator's reserved now */
   uint64_t best_reserved; /* at the samples */
   int stream_error;
@@ -341,6 +342,7 @@ static void note_live(run_t *x, uint64_t req_add, uint64_t req_sub) {
   x->live += req_add;
   x->live -= req_sub < x->live ? req_sub : x->live;
   if (x->live > x->r->peak_requested) x->r->peak_requested = x->live;
+  if (x->live > x->window_max) x->window_max = x->live;
 }
 
 static void do_alloc(run_t *x, const replay_event_t *e) {
@@ -421,8 +423,11 @@ static void sample(run_t *x, size_t i) {
     if (x->o->snapshot_path) gma_snapshot_json(x->g, x->o->snapshot_path);
   }
   if (x->o->timeline) {
-    fprintf(x->o->timeline, "%zu,%.9f,%" PRIu64 ",%" PRIu64 ",", i, x->t->ev[i].time, x->live,
-            s.reserved.current);
+    /* Allocated is the highest value since the previous row, so a short
+     * spike between rows still shows (peak-preserving downsampling). */
+    fprintf(x->o->timeline, "%zu,%.9f,%" PRIu64 ",%" PRIu64 ",", i, x->t->ev[i].time,
+            x->window_max > x->live ? x->window_max : x->live, s.reserved.current);
+    x->window_max = x->live;
     if (x->t->has_recorded) fprintf(x->o->timeline, "%" PRId64, x->recorded);
     fputc('\n', x->o->timeline);
   }

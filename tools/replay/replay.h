@@ -54,7 +54,9 @@ void replay_trace_free(replay_trace_t *t);
 
 typedef struct replay_options {
   const char *device;       /* "sim" (default) or "cuda" */
-  FILE *timeline;           /* if set: Event,Time,Allocated,Reserved,RecordedReserved rows */
+  FILE *timeline;           /* if set: Event,Time,Allocated,Reserved,RecordedReserved rows;
+                               Allocated is the highest live (requested) bytes since the
+                               previous row, so peaks survive the downsampling */
   size_t samples;           /* timeline points (default 2000) */
   const char *snapshot_path; /* if set: gma_snapshot_json at the sampled peak reserved */
   int progress;             /* draw a progress bar on stderr */
