@@ -512,7 +512,7 @@ static gma_status_t grow(gma__pool_t *p, int kind, uint64_t size, gma__block_t *
  * wait under reuse:wait, or a new segment. *level says which hit counter it
  * is; nothing is counted here. GMA_ERR_OOM leaves the message to the caller. */
 static gma_status_t find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uint64_t size,
-                                 gma__block_t **out, uint64_t **level) {
+                                 gma__block_t **out, uint64_t **level, bool may_grow) {
   /* Blocks freed after record_stream wait in the pending list; if their
    * gates passed, put them back first, so a request of the same size finds
    * the same place and the layout does not drift from one iteration of a
@@ -531,6 +531,7 @@ static gma_status_t find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uin
     return GMA_OK;
   }
   *level = &p->c.hits_device;
+  if (!may_grow) return GMA_ERR_OOM; /* the caller has another plan; no message */
   gma_status_t st = grow(p, kind, size, out);
   p->c.grows_inline += st == GMA_OK;
   return st;
@@ -550,7 +551,7 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t
   uint64_t *level = NULL;
   if (!s)
     st = gma__set_error(GMA_ERR_OOM, "host memory for a stream record");
-  else if ((st = find_or_grow(p, s, kind, size, &b, &level)) == GMA_ERR_OOM)
+  else if ((st = find_or_grow(p, s, kind, size, &b, &level, true)) == GMA_ERR_OOM)
     st = oom_error(p, size, requested, stream);
   if (st == GMA_OK) {
     (*level)++;
@@ -579,7 +580,12 @@ gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes
   for (size_t i = 0; i < n; i++) total += round_up(sizes[i], GMA__ROUND);
   int kind = total <= p->small_size ? GMA__SMALL : GMA__LARGE;
   gma__block_t **taken = calloc(n, sizeof *taken);
-  if (!taken) return gma__set_error(GMA_ERR_OOM, "host memory for a batch of %zu", n);
+  uint64_t **levels = calloc(n, sizeof *levels); /* hit counters, counted on success */
+  if (!taken || !levels) {
+    free(taken);
+    free(levels);
+    return gma__set_error(GMA_ERR_OOM, "host memory for a batch of %zu", n);
+  }
   gma_status_t st;
   pthread_mutex_lock(&p->lock);
   gma__stream_t *s = gma__stream_resolve(p, stream, stream_id);
@@ -590,33 +596,52 @@ gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes
     st = gma__set_error(GMA_ERR_OOM, "host memory for a stream record");
     goto out;
   }
+  /* Where the memory comes from, cheapest first: one contiguous block of the
+   * memory already held; the blocks one by one in memory already held; one
+   * contiguous block of a new segment; one by one, growing as needed. A
+   * batch never takes a new segment while the memory it needs is already
+   * free in pieces: a training step's gradient batch would otherwise leave
+   * a segment behind each step, split up by other requests in between. */
   bool split = false;
-  st = find_or_grow(p, s, kind, total, &b, &level);
-  if (st == GMA_OK) {
-    /* One block of the total, cut front to back: each take splits off the
-     * rest right after it, in the same container (free pool, or one stream's
-     * cache), to take next. A rest in any other state means the split could
-     * not happen (no host memory for a record): stop and roll back. */
-    uint8_t from = state_of(b);
-    gma__stream_t *owner = b->stream;
-    for (; got < n; got++) {
-      uint64_t size = round_up(sizes[got], GMA__ROUND);
-      if (!b || state_of(b) != from || b->stream != owner || b->size < size) break;
-      take_block(p, b, size, sizes[got], s);
-      taken[got] = b;
-      b = b->next;
-    }
-    if (got == n) (*level) += n;
-  } else if (st == GMA_ERR_OOM) {
-    /* No contiguous room can be had: place them one by one. */
-    split = true;
-    for (; got < n; got++) {
-      uint64_t size = round_up(sizes[got], GMA__ROUND);
-      int k = size <= p->small_size ? GMA__SMALL : GMA__LARGE;
-      if ((st = find_or_grow(p, s, k, size, &b, &level)) != GMA_OK) break;
-      (*level)++;
-      take_block(p, b, size, sizes[got], s);
-      taken[got] = b;
+  for (int plan = 0; plan < 4 && got < n; plan++) {
+    bool grow_ok = plan >= 2;
+    if (plan % 2 == 0) {
+      st = find_or_grow(p, s, kind, total, &b, &level, grow_ok);
+      if (st == GMA_ERR_OOM) continue; /* no room that way: the next plan */
+      if (st != GMA_OK) break;         /* a device error: the batch fails */
+      /* One block of the total, cut front to back: each take splits off the
+       * rest right after it, in the same container (free pool, or one
+       * stream's cache), to take next. A rest in any other state means the
+       * split could not happen (no host memory for a record): roll back. */
+      uint8_t from = state_of(b);
+      gma__stream_t *owner = b->stream;
+      for (; got < n; got++) {
+        uint64_t size = round_up(sizes[got], GMA__ROUND);
+        if (!b || state_of(b) != from || b->stream != owner || b->size < size) break;
+        take_block(p, b, size, sizes[got], s);
+        taken[got] = b;
+        b = b->next;
+      }
+      if (got == n) {
+        (*level) += n;
+      } else {
+        st = gma__set_error(GMA_ERR_OOM, "host memory for block records");
+        break;
+      }
+    } else {
+      for (; got < n; got++) {
+        uint64_t size = round_up(sizes[got], GMA__ROUND);
+        int k = size <= p->small_size ? GMA__SMALL : GMA__LARGE;
+        if ((st = find_or_grow(p, s, k, size, &b, &levels[got], grow_ok)) != GMA_OK) break;
+        take_block(p, b, size, sizes[got], s);
+        taken[got] = b;
+      }
+      split = got == n;
+      for (size_t i = 0; split && i < n; i++) (*levels[i])++;
+      if (got < n && st == GMA_ERR_OOM && plan == 1) { /* not enough held: undo, grow */
+        for (size_t i = 0; i < got; i++) untake_block(p, taken[i]);
+        got = 0;
+      }
     }
   }
   if (got < n) {
@@ -634,6 +659,7 @@ out:
   GMA__VALIDATE(p);
   pthread_mutex_unlock(&p->lock);
   free(taken);
+  free(levels);
   return st;
 }
 

@@ -184,35 +184,80 @@ static bool run_unmapped(const gma__region_t *r, uint64_t g0, uint64_t n) {
   return true;
 }
 
-gma_status_t gma__vm_grow(gma__pool_t *p, int kind, uint64_t size) {
-  gma__region_t *r = p->region[kind];
+/* A FREE block's chunks that a trim could give back, in bytes. */
+static uint64_t inside(const gma__block_t *b) {
+  uint64_t g = b->seg->region->gran;
+  uint64_t lo = round_up(b->addr, g), hi = (b->addr + b->size) / g * g;
+  return hi > lo ? hi - lo : 0;
+}
+
+/* Where to map chunks for size bytes: *g0, *n, and the FREE block the new
+ * chunks will extend (NULL for a fresh run). False when the range has no
+ * room. Prefers extending a segment that ends in a FREE block: the chunks
+ * coalesce with it, so fewer bytes need mapping; the largest tail wins. */
+static bool plan_growth(gma__pool_t *p, gma__region_t *r, uint64_t size, uint64_t *g0,
+                        uint64_t *n, gma__block_t **tail_block) {
   uint64_t g = r->gran;
-  /* Prefer extending a segment that ends in a FREE block: the new chunks
-   * coalesce with it, so fewer bytes need mapping. The largest such tail
-   * wins. */
-  uint64_t g0 = UINT64_MAX, n = 0;
+  *g0 = UINT64_MAX;
+  *n = 0;
+  *tail_block = NULL;
   for (size_t i = 0; i < p->nsegs; i++) {
     gma__segment_t *seg = p->segs[i];
     if (seg->region != r || state_of(seg->last) != GMA__FREE) continue;
     uint64_t tail = seg->last->size;
     uint64_t need = round_up(size > tail ? size - tail : 0, g) / g;
     uint64_t end = (seg->base + seg->size - r->base) / g;
-    if (need && (g0 == UINT64_MAX || need < n) && run_unmapped(r, end, need)) {
-      g0 = end;
-      n = need;
+    if (need && (*g0 == UINT64_MAX || need < *n) && run_unmapped(r, end, need)) {
+      *g0 = end;
+      *n = need;
+      *tail_block = seg->last;
     }
   }
-  if (g0 == UINT64_MAX) { /* first fit of a fresh run */
-    n = round_up(size, g) / g;
-    for (uint64_t i = 0, run = 0; i < r->ngran; i++) {
-      run = r->state[i] == GMA__GRAN_UNMAPPED ? run + 1 : 0;
-      if (run == n) {
-        g0 = i + 1 - n;
-        break;
-      }
+  if (*g0 != UINT64_MAX) return true;
+  *n = round_up(size, g) / g; /* first fit of a fresh run */
+  for (uint64_t i = 0, run = 0; i < r->ngran; i++) {
+    run = r->state[i] == GMA__GRAN_UNMAPPED ? run + 1 : 0;
+    if (run == *n) {
+      *g0 = i + 1 - *n;
+      return true;
     }
   }
-  if (g0 == UINT64_MAX)
+  return false;
+}
+
+/* Unmaps free chunks (inside FREE blocks other than keep) until want bytes
+ * went back or none are left. Growth calls it first, so memory that is free
+ * but in pieces too small for the request is given back rather than kept
+ * beside the new chunks: reserved then follows what is live. */
+static void release_for_growth(gma__pool_t *p, gma__region_t *r, uint64_t want,
+                               const gma__block_t *keep) {
+  uint64_t released = 0;
+  for (size_t i = 0; i < p->nsegs && released < want;) {
+    gma__segment_t *seg = p->segs[i];
+    gma__block_t *b = seg->region == r ? seg->first : NULL;
+    while (b && (b == keep || state_of(b) != GMA__FREE || !inside(b))) b = b->next;
+    gma__vm_range_t x;
+    if (b && gma__vm_detach(p, b, &x)) { /* the table changed: look at i again */
+      x.unmapped = gma__vm_unmap(p, &x);
+      gma__vm_finish(p, &x, x.unmapped);
+      released += x.unmapped;
+      if (x.unmapped < x.size) return; /* the device refuses: stop trying */
+      continue;
+    }
+    i++;
+  }
+}
+
+gma_status_t gma__vm_grow(gma__pool_t *p, int kind, uint64_t size) {
+  gma__region_t *r = p->region[kind];
+  uint64_t g = r->gran, g0, n;
+  gma__block_t *tail;
+  bool room = plan_growth(p, r, size, &g0, &n, &tail);
+  if (room) { /* give back free chunks first, then plan again: the layout moved */
+    release_for_growth(p, r, n * g, tail);
+    room = plan_growth(p, r, size, &g0, &n, &tail);
+  }
+  if (!room)
     return gma__set_error(GMA_ERR_OOM,
                           "the growable segment's address range (%" PRIu64
                           " bytes) has no unmapped run of %" PRIu64 " bytes left",
@@ -327,13 +372,6 @@ void gma__vm_finish(gma__pool_t *p, const gma__vm_range_t *x, uint64_t unmapped)
     memset(r->state + g0 + unmapped / r->gran, GMA__GRAN_BUSY, (size_t)(rest / r->gran));
     r->busy += rest;
   }
-}
-
-/* A FREE block's chunks that a trim could give back, in bytes. */
-static uint64_t inside(const gma__block_t *b) {
-  uint64_t g = b->seg->region->gran;
-  uint64_t lo = round_up(b->addr, g), hi = (b->addr + b->size) / g * g;
-  return hi > lo ? hi - lo : 0;
 }
 
 void gma__vm_release_free(gma__pool_t *p) {

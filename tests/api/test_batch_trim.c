@@ -62,6 +62,33 @@ static void batch_all_or_nothing_injected(void) {
   }
 }
 
+/* Memory already held, but only in pieces: the batch goes into the pieces
+ * rather than into a new segment (a training step's gradient batch would
+ * otherwise leave a segment behind every step). */
+static void batch_prefers_held_pieces(void) {
+  gma_t *g = sim_allocator("worker:off");
+  void *x1, *x2, *y;
+  CHECK_OK(gma_alloc(g, 8 * MiB, NULL, &x1)); /* one shared 20 MiB segment: [0, 8) */
+  CHECK_OK(gma_alloc(g, 8 * MiB, NULL, &x2)); /* [8, 16) */
+  CHECK_OK(gma_alloc(g, 4 * MiB, NULL, &y));  /* [16, 20) */
+  CHECK_OK(gma_free(g, x1));
+  CHECK_OK(gma_free(g, y)); /* 12 MiB held, in pieces of 8 and 4 */
+  gma_stats_t before = stats_of(g);
+  CHECK(before.num_device_allocs == 1);
+  size_t sizes[2] = {6 * MiB, 4 * MiB}; /* 10 MiB: no contiguous room */
+  void *ptrs[2];
+  CHECK_OK(gma_alloc_batch(g, 2, sizes, NULL, ptrs));
+  gma_stats_t after = stats_of(g);
+  CHECK(after.num_device_allocs == 1 && after.reserved.current == before.reserved.current);
+  CHECK(after.num_batches == 1 && after.num_batches_split == 1);
+  CHECK(ptrs[0] == x1 && ptrs[1] == y);
+  CHECK(after.hits_stream + after.hits_pool == before.hits_stream + before.hits_pool + 2);
+  CHECK_OK(gma_free(g, ptrs[0]));
+  CHECK_OK(gma_free(g, ptrs[1]));
+  CHECK_OK(gma_free(g, x2));
+  CHECK_OK(gma_destroy(g));
+}
+
 /* No contiguous room, but room block by block: the batch is placed one by
  * one. No room at all: OOM, and the blocks placed so far are given back. */
 static void batch_split_and_oom(void) {
@@ -191,6 +218,7 @@ static void reserve_warms_bins(void) {
 int main(void) {
   batch_is_contiguous();
   batch_all_or_nothing_injected();
+  batch_prefers_held_pieces();
   batch_split_and_oom();
   batch_bad_input();
   trim_keeps();

@@ -122,6 +122,29 @@ static void trim_waits_for_stream_work(void) {
   CHECK_OK(gma_destroy(g));
 }
 
+/* Growth gives back free chunks that are too scattered for the request
+ * first, so reserved memory follows what is live instead of keeping the
+ * holes beside the new chunks. */
+static void growth_releases_scattered_chunks(void) {
+  gma_t *g = expandable(NULL);
+  void *a = alloc_on(g, 4 * MiB, NULL), *b = alloc_on(g, 4 * MiB, NULL),
+       *c = alloc_on(g, 4 * MiB, NULL), *d = alloc_on(g, 4 * MiB, NULL);
+  CHECK_OK(gma_free(g, a));
+  CHECK_OK(gma_free(g, c)); /* two 4 MiB holes: no room for 10 MiB */
+  settle(g, NULL);
+  CHECK(stats_of(g).reserved.current == 16 * MiB);
+  void *e = alloc_on(g, 10 * MiB, NULL);
+  gma_stats_t s = stats_of(g);
+  CHECK(s.reserved.current == 18 * MiB); /* b + d + e: the holes went back */
+  CHECK(s.num_device_frees == 4);
+  memset(b, 1, 4 * MiB);
+  memset(d, 2, 4 * MiB);
+  CHECK_OK(gma_free(g, b));
+  CHECK_OK(gma_free(g, d));
+  CHECK_OK(gma_free(g, e));
+  CHECK_OK(gma_destroy(g));
+}
+
 static void limit_and_faults(void) {
   gma_t *g = expandable("memory_limit:8M");
   void *a = alloc_on(g, 6 * MiB, NULL), *b = NULL;
@@ -211,6 +234,7 @@ int main(void) {
   grows_by_chunks_and_coalesces();
   trim_splits_segments();
   trim_waits_for_stream_work();
+  growth_releases_scattered_chunks();
   limit_and_faults();
   growing_does_not_fragment();
   batch_and_async();
