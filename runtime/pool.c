@@ -579,6 +579,7 @@ gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes
   uint64_t total = 0;
   for (size_t i = 0; i < n; i++) total += round_up(sizes[i], GMA__ROUND);
   int kind = total <= p->small_size ? GMA__SMALL : GMA__LARGE;
+  gma_status_t st = GMA_OK;
   gma__block_t **taken = calloc(n, sizeof *taken);
   uint64_t **levels = calloc(n, sizeof *levels); /* hit counters, counted on success */
   if (!taken || !levels) {
@@ -586,7 +587,6 @@ gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes
     free(levels);
     return gma__set_error(GMA_ERR_OOM, "host memory for a batch of %zu", n);
   }
-  gma_status_t st;
   pthread_mutex_lock(&p->lock);
   gma__stream_t *s = gma__stream_resolve(p, stream, stream_id);
   gma__block_t *b = NULL;

@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # Installs what gma needs to build and test on a fresh Debian/Ubuntu machine:
-# a C compiler, CMake, pkg-config and concurrencykit (libck-dev). The CUDA
+# a C compiler, CMake, pkg-config, concurrencykit (libck-dev) and Python 3
+# (the trace importer, the pictures and their tests). The CUDA
 # Toolkit is optional (headers only; without it gma builds the simulated
 # device alone). Safe to run again: it installs only what is missing.
 set -euo pipefail
 
 need=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
-for p in libck-dev cmake pkg-config gcc make; do
+for p in libck-dev cmake pkg-config gcc make python3; do
   have_pkg "$p" || need+=("$p")
 done
 
 if [ ${#need[@]} -eq 0 ]; then
-  echo "bootstrap: all dependencies present (libck-dev, cmake, pkg-config, gcc, make)"
+  echo "bootstrap: all dependencies present (libck-dev, cmake, pkg-config, gcc, make, python3)"
   exit 0
 fi
 

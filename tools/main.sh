@@ -1,25 +1,72 @@
 #!/usr/bin/env bash
-# gma's main job: build a Release gma, then run the demo workload and the
-# benchmarks on the simulated device (host memory and host-thread streams),
-# which runs on any machine, then the GPU benchmarks (tools/bench_gpu.sh),
-# which say so and skip when there is no GPU.
+# gma's main job: build a Release gma, replay real workloads and a synthetic
+# one on it, and show what gma does with them, in numbers and pictures.
+#
+#  1. imports the PyTorch memory snapshots in ../shared/traces (or
+#     $GMA_TRACES_DIR) with tools/gma-import-torch;
+#  2. replays them, and the synthetic 1F1B pipeline workload, with
+#     tools/gma-replay under two configurations side by side (default and
+#     growable segments) on the SIMULATED device (no GPU needed), next to the
+#     reserved memory PyTorch recorded for the same workload;
+#  3. draws memory over time and the segment map at the peak with
+#     tools/gma-viz (SVG + HTML under build/release/pictures/);
+#  4. runs the demo and the benchmarks (simulated device), then the GPU
+#     benchmarks, which say so and skip when there is no GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/bootstrap.sh
 jobs=$(nproc 2>/dev/null || echo 2)
-cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DGMA_BUILD_TESTS=OFF >/dev/null
-cmake --build build/release -j "$jobs" >/dev/null
-echo "gma $(sed -n 's/#define GMA_VERSION_STRING "\(.*\)"/\1/p' include/gma/version.h): demo and benchmarks on the SIMULATED device (no GPU needed); GPU benchmarks follow when a GPU is present"
+out=build/release
+cmake -S . -B "$out" -DCMAKE_BUILD_TYPE=Release -DGMA_BUILD_TESTS=OFF >/dev/null
+cmake --build "$out" -j "$jobs" >/dev/null
+echo "gma $(sed -n 's/#define GMA_VERSION_STRING "\(.*\)"/\1/p' include/gma/version.h): replays and" \
+     "benchmarks on the SIMULATED device (no GPU needed); GPU benchmarks follow when a GPU is present"
+
+traces_dir=${GMA_TRACES_DIR:-../shared/traces}
+mkdir -p "$out/traces" "$out/replay" "$out/pictures"
+inputs=()
+if compgen -G "$traces_dir/*.pickle" >/dev/null; then
+  echo
+  echo "=== importing the PyTorch snapshots in $traces_dir"
+  for f in "$traces_dir"/*.pickle; do
+    name=$(basename "$f" .pickle)
+    tools/gma-import-torch --quiet -o "$out/traces/$name.csv" "$f"
+    inputs+=("$out/traces/$name.csv")
+    echo "  $name -> $out/traces/$name.csv"
+  done
+else
+  echo "no PyTorch snapshots in $traces_dir (set GMA_TRACES_DIR): replaying the synthetic workload only"
+fi
+
 echo
-./build/release/gma-demo
+echo "=== replaying on the simulated device: default segments and growable segments"
+"$out/gma-replay" --config default= --config expandable=expandable_segments:true \
+  --json "$out/replay.json" --timeline-dir "$out/replay" --snapshot-dir "$out/replay" \
+  --workload pipeline "${inputs[@]}"
+
 echo
-./build/release/bench/gma-bench-alloc --json build/release/bench_alloc.json
+echo "=== pictures"
+for tl in "$out"/replay/*.default.timeline.csv; do
+  name=$(basename "$tl" .default.timeline.csv)
+  tools/gma-viz --title "$name" --recorded-label PyTorch \
+    --timeline default="$tl" --timeline expandable="$out/replay/$name.expandable.timeline.csv" \
+    --snapshot "$out/replay/$name.default.peak.json" --snapshot-label default \
+    --svg "$out/pictures/$name.svg" --html "$out/pictures/$name.html"
+  echo "  $out/pictures/$name.svg (and .html)"
+done
+
 echo
-./build/release/bench/gma-bench-hotpath --json build/release/bench_hotpath.json
+echo "=== demo"
+"$out/gma-demo"
 echo
-./build/release/bench/gma-bench-worker --json build/release/bench_worker.json
+"$out/bench/gma-bench-alloc" --json "$out/bench_alloc.json"
 echo
-echo "simulated-device results (JSON): build/release/bench_alloc.json, build/release/bench_hotpath.json, build/release/bench_worker.json"
+"$out/bench/gma-bench-hotpath" --json "$out/bench_hotpath.json"
+echo
+"$out/bench/gma-bench-worker" --json "$out/bench_worker.json"
+echo
+echo "results (JSON): $out/replay.json, $out/bench_alloc.json, $out/bench_hotpath.json," \
+     "$out/bench_worker.json; pictures: $out/pictures/"
 echo
 echo "=== GPU benchmarks (tools/bench_gpu.sh)"
 bash tools/bench_gpu.sh

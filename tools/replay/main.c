@@ -53,7 +53,7 @@ static const char *human(char *s, size_t n, uint64_t b) {
 
 static void base_name(const char *path, char *out, size_t n) {
   const char *b = strrchr(path, '/');
-  snprintf(out, n, "%s", b ? b + 1 : path);
+  snprintf(out, n, "%.*s", (int)(n - 1), b ? b + 1 : path);
   char *dot = strrchr(out, '.');
   if (dot && strcmp(dot, ".csv") == 0) *dot = '\0';
 }
@@ -243,7 +243,7 @@ int main(int argc, char **argv) {
     replay_result_t res[MAX_CONFIGS];
     for (int c = 0; c < ncfg; c++) {
       char path[1024], label[224];
-      snprintf(label, sizeof label, "%s [%s]", name, cfg[c].name);
+      snprintf(label, sizeof label, "%.120s [%.60s]", name, cfg[c].name);
       replay_options_t o = {.device = device, .progress = tty, .label = label};
       FILE *tl = NULL;
       if (tl_dir) {
@@ -267,7 +267,7 @@ int main(int argc, char **argv) {
       }
       outcome_t *oc = &all[nall++];
       snprintf(oc->trace, sizeof oc->trace, "%s", name);
-      snprintf(oc->config, sizeof oc->config, "%s", cfg[c].name);
+      snprintf(oc->config, sizeof oc->config, "%.63s", cfg[c].name);
       oc->r = res[c];
       oc->has_recorded = t->has_recorded;
       if (jf) {
