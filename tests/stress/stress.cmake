@@ -10,6 +10,8 @@
 #   stream_rotation         "smoke": 64 streams in turn; reserved memory stays bounded
 #   stress_expandable_smoke "smoke": the smoke workload on growable segments, with
 #                           the worker trimming (unmapping) every 5 ms under it
+#   stress_trace_smoke      "smoke": the smoke workload with trace recording on
+#                           (8 threads' events into one trace; TSan checks it)
 set(gma_stress_src ${CMAKE_CURRENT_LIST_DIR}/stress_streams.c)
 
 math(EXPR gma_stress_smoke_ops "30000 / ${GMA_STRESS_SCALE}")
@@ -26,6 +28,9 @@ gma_test(NAME stress_streams_smoke SOURCES ${gma_stress_src} INTERNAL
 gma_test(NAME stress_expandable_smoke SOURCES ${gma_stress_src} INTERNAL
   LABELS smoke TIMEOUT 120 ARGS 5 ${gma_stress_smoke_ops} 4 2
   --conf expandable_segments:true,trim_interval_ms:5,release_threshold:512,idle_ms:1)
+gma_test(NAME stress_trace_smoke SOURCES ${gma_stress_src} INTERNAL
+  LABELS smoke TIMEOUT 120 ARGS 6 ${gma_stress_smoke_ops} 4 2
+  --conf trace:${CMAKE_CURRENT_BINARY_DIR}/stress_trace.csv)
 gma_test(NAME stress_streams SOURCES ${gma_stress_src} INTERNAL
   LABELS stress TIMEOUT 600 ARGS 2 ${gma_stress_full_ops} 4 2)
 gma_test(NAME stress_planted_epoch SOURCES ${gma_stress_src} INTERNAL

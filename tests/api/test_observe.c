@@ -1,0 +1,194 @@
+/* What gma says about itself: gma_snapshot_json (every segment and block,
+ * consistent with the statistics), gma_memory_summary (the table, its size
+ * check), and trace recording (the header, one row per call with the right
+ * action, thread numbering, failures with their status, bad paths). Public
+ * API only. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "simkit.h"
+
+#define MiB ((size_t)1 << 20)
+
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "r");
+  CHECK(f);
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  rewind(f);
+  char *s = malloc((size_t)n + 1);
+  CHECK(s && fread(s, 1, (size_t)n, f) == (size_t)n);
+  s[n] = '\0';
+  fclose(f);
+  return s;
+}
+
+static int count(const char *hay, const char *needle) {
+  int n = 0;
+  for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle)) n++;
+  return n;
+}
+
+static void tmp_path(char *buf, const char *suffix) {
+  snprintf(buf, 128, "/tmp/gma-observe-%d-XXXXXX%s", (int)getpid(), suffix);
+  int fd = mkstemps(buf, (int)strlen(suffix));
+  CHECK(fd >= 0);
+  close(fd);
+}
+
+static void snapshot(void) {
+  gma_t *g = sim_allocator("worker:off");
+  gma_stream_t s;
+  CHECK_OK(gma_stream_create(g, &s));
+  void *a, *b, *c;
+  CHECK_OK(gma_alloc(g, 1000, NULL, &a));
+  CHECK_OK(gma_alloc(g, 3 * MiB, s, &b));
+  CHECK_OK(gma_alloc(g, 40 * MiB, NULL, &c));
+  CHECK_OK(gma_free(g, c));
+  char path[128];
+  tmp_path(path, ".json");
+  CHECK_OK(gma_snapshot_json(g, path));
+  char *j = slurp(path);
+  gma_stats_t st = stats_of(g);
+  unsigned long long reserved = 0, allocated = 0, requested = 0;
+  CHECK(sscanf(j, "{\"version\":1,\"device\":\"sim\",\"reserved\":%llu,\"allocated\":%llu,"
+                  "\"requested\":%llu",
+               &reserved, &allocated, &requested) == 3);
+  CHECK(reserved == st.reserved.current && allocated == st.allocated.current);
+  CHECK(requested == 1000 + 3 * MiB);
+  CHECK(count(j, "\"state\":\"live\"") == 2);
+  CHECK(count(j, "\"pool\":") == (int)st.num_segments);
+  char needle[96];
+  snprintf(needle, sizeof needle, "{\"address\":\"%p\",\"size\":%zu,\"state\":\"live\",\"stream\":\"%p\","
+           "\"requested\":%zu}", b, 3 * MiB, (void *)s, 3 * MiB);
+  CHECK(strstr(j, needle) != NULL);
+  snprintf(needle, sizeof needle, "\"address\":\"%p\",\"size\":1024,\"state\":\"live\"", a);
+  CHECK(strstr(j, needle) != NULL);
+  CHECK(strstr(j, "\"state\":\"cached\"") || strstr(j, "\"state\":\"free\"")); /* c */
+  CHECK(j[strlen(j) - 2] == '}');
+  free(j);
+  unlink(path);
+  CHECK_ST(gma_snapshot_json(g, "/nonexistent-dir/x.json"), GMA_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(gma_last_error(), "/nonexistent-dir/x.json") != NULL);
+  CHECK_ST(gma_snapshot_json(NULL, path), GMA_ERR_INVALID_ARGUMENT);
+  CHECK_OK(gma_free(g, a));
+  CHECK_OK(gma_free(g, b));
+  CHECK_OK(gma_stream_destroy(g, s));
+  CHECK_OK(gma_destroy(g));
+}
+
+static void summary(void) {
+  gma_t *g = sim_allocator("worker:off");
+  void *a;
+  CHECK_OK(gma_alloc(g, 5 * MiB, NULL, &a));
+  char buf[8192];
+  CHECK_OK(gma_memory_summary(g, buf, sizeof buf));
+  CHECK(strstr(buf, "gma memory summary: device sim") != NULL);
+  CHECK(strstr(buf, "| allocated                  |     5.00 MiB |     5.00 MiB |     5.00 MiB |"));
+  CHECK(strstr(buf, "| reserved                   |    20.00 MiB |") != NULL);
+  CHECK(strstr(buf, "| allocations / frees        | 1 / 0 (1 live)") != NULL);
+  CHECK(strstr(buf, "OOMs / OOM retries") && strstr(buf, "futures: submitted/at once"));
+  /* Every line the same width: a table. */
+  int lines = 0;
+  for (char *l = buf, *e; (e = strchr(l, '\n')); l = e + 1, lines++) CHECK(e - l == 75);
+  CHECK(lines > 20);
+  char small[64];
+  memset(small, 'x', sizeof small);
+  CHECK_ST(gma_memory_summary(g, small, sizeof small), GMA_ERR_INVALID_SIZE);
+  CHECK(strstr(gma_last_error(), "has 64 bytes; the summary needs") != NULL);
+  CHECK(small[sizeof small - 1] == '\0' && strncmp(small, "+====", 5) == 0);
+  CHECK_ST(gma_memory_summary(g, NULL, 10), GMA_ERR_INVALID_ARGUMENT);
+  CHECK_ST(gma_memory_summary(g, buf, 0), GMA_ERR_INVALID_ARGUMENT);
+  CHECK_OK(gma_free(g, a));
+  CHECK_OK(gma_destroy(g));
+}
+
+typedef struct other {
+  gma_t *g;
+  void *p;
+} other_t;
+
+static void *other_thread(void *arg) {
+  other_t *o = arg;
+  CHECK_OK(gma_alloc(o->g, 2048, NULL, &o->p));
+  return NULL;
+}
+
+static void trace(void) {
+  char path[128], path2[128];
+  tmp_path(path, ".csv");
+  tmp_path(path2, ".csv");
+  gma_t *g = sim_allocator("worker:off");
+  CHECK_ST(gma_trace_start(g, "/nonexistent-dir/t.csv"), GMA_ERR_CONFIG);
+  CHECK(strstr(gma_last_error(), "cannot create '/nonexistent-dir/t.csv'") != NULL);
+  CHECK_OK(gma_trace_stop(g)); /* none running: fine */
+  CHECK_OK(gma_trace_start(g, path));
+  void *a, *bad;
+  CHECK_OK(gma_alloc(g, 1000, NULL, &a));
+  CHECK_ST(gma_alloc(g, 0, NULL, &bad), GMA_ERR_INVALID_SIZE);
+  other_t o = {g, NULL};
+  pthread_t t;
+  CHECK(pthread_create(&t, NULL, other_thread, &o) == 0);
+  CHECK(pthread_join(t, NULL) == 0);
+  CHECK_OK(gma_free(g, a));
+  CHECK_ST(gma_free(g, a), GMA_ERR_DOUBLE_FREE);
+  CHECK_OK(gma_trace_start(g, path2)); /* replaces the first: it is closed */
+  CHECK_OK(gma_free(g, o.p));
+  CHECK_OK(gma_trace_stop(g));
+  void *after;
+  CHECK_OK(gma_alloc(g, 512, NULL, &after)); /* not recorded */
+  CHECK_OK(gma_free(g, after));
+  CHECK_OK(gma_destroy(g));
+
+  char *t1 = slurp(path), *t2 = slurp(path2);
+  const char *hdr = "Thread,Time,Action,Pointer,Size,Stream,Block,Id,Count,Status\n";
+  CHECK(strncmp(t1, hdr, strlen(hdr)) == 0 && strncmp(t2, hdr, strlen(hdr)) == 0);
+  char row[160];
+  snprintf(row, sizeof row, ",allocate,%p,1000,0x0,1024,0,0,\n", a);
+  CHECK(strstr(t1, row) && strncmp(strstr(t1, row) - 14, "\n0,", 3) == 0); /* thread 0 */
+  CHECK(strstr(t1, ",allocate failure,0x0,0,0x0,0,0,0,GMA_ERR_INVALID_SIZE\n") != NULL);
+  snprintf(row, sizeof row, ",allocate,%p,2048,0x0,2048,0,0,\n", o.p);
+  CHECK(strstr(t1, row) && strncmp(strstr(t1, row) - 14, "\n1,", 3) == 0); /* thread 1 */
+  snprintf(row, sizeof row, ",free,%p,1000,0x0,1024,0,0,\n", a);
+  CHECK(strstr(t1, row) != NULL);
+  snprintf(row, sizeof row, ",free,%p,0,0x0,0,0,0,GMA_ERR_DOUBLE_FREE\n", a);
+  CHECK(strstr(t1, row) != NULL);
+  CHECK(count(t1, ",segment_alloc,") == 1);
+  CHECK(count(t1, "\n") == 7); /* header + segment, 3 allocates (one failed), 2 frees */
+  snprintf(row, sizeof row, ",free,%p,2048,0x0,2048,0,0,\n", o.p);
+  CHECK(strstr(t2, row) != NULL && count(t2, "\n") == 2);
+  free(t1);
+  free(t2);
+  unlink(path);
+  unlink(path2);
+
+  /* The config key: trace:PATH starts recording at gma_create. */
+  char conf[200];
+  snprintf(conf, sizeof conf, "worker:off,trace:%s", path);
+  g = sim_allocator(conf);
+  CHECK_OK(gma_alloc(g, 100, NULL, &a));
+  CHECK_OK(gma_free(g, a));
+  CHECK_OK(gma_destroy(g)); /* closes the trace */
+  t1 = slurp(path);
+  CHECK(count(t1, ",allocate,") == 1 && count(t1, ",free,") == 1 &&
+        count(t1, ",segment_free,") == 1);
+  free(t1);
+  unlink(path);
+  gma_config_t c = GMA_CONFIG_INIT;
+  CHECK_ST(gma_config_parse(&c, "trace:"), GMA_ERR_CONFIG);
+  c.ignore_env = 1;
+  c.device = GMA_DEVICE_SIM;
+  CHECK_OK(gma_config_parse(&c, "trace:/nonexistent-dir/t.csv"));
+  CHECK_ST(gma_create(&c, &g), GMA_ERR_CONFIG);
+}
+
+int main(void) {
+  snapshot();
+  summary();
+  trace();
+  printf("test_observe: ok\n");
+  return 0;
+}
