@@ -20,12 +20,6 @@ static gma_t *new_sim(void) {
   return g;
 }
 
-static gma_stats_t stats_of(gma_t *g) {
-  gma_stats_t s = GMA_STATS_INIT;
-  CHECK_OK(gma_stats(g, &s));
-  return s;
-}
-
 /* Every status of the X-macro has its own name and a non-empty text; values
  * outside the map get the documented placeholder rather than NULL, so callers
  * can print any int they were handed. */

@@ -31,12 +31,6 @@ static gma_t *new_sim(uint64_t capacity) {
   return new_sim_cfg(&c);
 }
 
-static gma_stats_t stats_of(gma_t *g) {
-  gma_stats_t s = GMA_STATS_INIT;
-  CHECK_OK(gma_stats(g, &s));
-  return s;
-}
-
 /* The statistics a failed call must not touch. Byte counts that move between
  * stream_cached, pending and free as streams progress are left out: their
  * movement is the allocator's background business, not the failed call's. */

@@ -35,12 +35,6 @@ static gma_t *new_sim(void) {
   return g;
 }
 
-static gma_stats_t stats_of(gma_t *g) {
-  gma_stats_t s = GMA_STATS_INIT;
-  CHECK_OK(gma_stats(g, &s));
-  return s;
-}
-
 /* The relations every snapshot satisfies, whatever happened before. */
 static void check_invariants(const gma_stats_t *s, int line) {
   int ok = 1;

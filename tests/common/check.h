@@ -31,4 +31,11 @@
 
 #define CHECK_OK(call) CHECK_ST(call, GMA_OK)
 
+/* The allocator's statistics now (fails the test if gma_stats fails). */
+static inline gma_stats_t stats_of(gma_t *g) {
+  gma_stats_t s = GMA_STATS_INIT;
+  CHECK_OK(gma_stats(g, &s));
+  return s;
+}
+
 #endif /* GMA_TEST_CHECK_H */

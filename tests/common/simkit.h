@@ -21,11 +21,6 @@ static inline gma_t *sim_allocator(const char *conf) {
   return g;
 }
 
-static inline gma_stats_t stats_of(gma_t *g) {
-  gma_stats_t s = GMA_STATS_INIT;
-  CHECK_OK(gma_stats(g, &s));
-  return s;
-}
 
 static inline void sleep_us(long us) {
   struct timespec ts = {us / 1000000, (us % 1000000) * 1000};

@@ -175,13 +175,8 @@ static inline gma_t *drv_cuda_allocator(const char *conf) {
   return g;
 }
 
-/* Shared by the GPU tests: statistics, a sleep, and a fill-and-verify of a
- * block through the device. */
-static inline gma_stats_t stats_of(gma_t *g) {
-  gma_stats_t s = GMA_STATS_INIT;
-  CHECK_OK(gma_stats(g, &s));
-  return s;
-}
+/* Shared by the GPU tests: a sleep, and a fill-and-verify of a block
+ * through the device. */
 
 static inline void sleep_ms(long ms) {
   struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
