@@ -156,6 +156,12 @@ typedef struct gma_config {
   int expandable_segments;       /* "expandable_segments": true | false (false) */
   /* Trace recording from gma_create on (see gma_trace_start); "" = off. */
   char trace_path[512];          /* "trace": a file path (the value runs to the next comma) */
+  /* CPU fallback: when device memory is exhausted even after releasing cache
+   * and retrying, serve the request from pinned host memory mapped into the
+   * device's address space instead of failing (gma_pointer_info says so). */
+  int fallback_host;             /* "fallback": none | host (none) */
+  uint64_t host_release_threshold; /* "host_release_threshold": free pinned host memory
+                                      the worker's timed trim keeps (64M; 0 = default) */
 } gma_config_t;
 
 /* Designated in C (and C++20) so -Wextra stays quiet about the other fields. */
@@ -216,6 +222,12 @@ GMA_API const char *gma_device_name(const gma_t *g);
  * least 256 bytes and safe to use on stream at once: no earlier device work on
  * any stream still touches it. Sizes are rounded up to 512 bytes. Any thread. */
 GMA_API gma_status_t gma_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out);
+/* gma_alloc with a tag naming what the memory is for ("weights", "kv-cache";
+ * 1..31 characters, at most 255 distinct tags per allocator): snapshots, the
+ * memory summary and leak reports group memory by tag. gma_alloc's memory has
+ * the tag "untagged". Any thread. */
+GMA_API gma_status_t gma_alloc_tagged(gma_t *g, size_t size, gma_stream_t stream,
+                                      const char *tag, void **out);
 /* Frees ptr, ordered on the stream it was allocated on: work already queued on
  * that stream may still use it, and gma reuses the memory elsewhere only once
  * that work (and the work of every stream named in gma_record_stream) is done.
@@ -381,6 +393,12 @@ typedef struct gma_stats {
   uint64_t queue_depth;         /* async requests in the ring or waiting for memory now */
   uint64_t submit_to_ready_p50_ns; /* worker-served requests, submit to completion */
   uint64_t submit_to_ready_p99_ns; /* (within 1/8 of the value) */
+  gma_stat_t host_allocated;    /* pinned host memory in live gma_host_alloc blocks */
+  gma_stat_t host_reserved;     /* pinned host memory held (live, cached and pending) */
+  uint64_t num_host_allocs;     /* successful gma_host_alloc calls */
+  uint64_t num_host_frees;      /* successful gma_host_free calls */
+  uint64_t num_fallbacks;       /* gma_alloc calls served from host memory (fallback:host) */
+  uint64_t fallback_bytes;      /* host memory in live fallback allocations now */
 } gma_stats_t;
 
 #if defined(__cplusplus) && __cplusplus < 202002L
@@ -419,6 +437,46 @@ typedef struct gma_stream_stats {
 /* Statistics of one stream; GMA_ERR_INVALID_ARGUMENT if gma has no record of
  * it (never used, or retired). Any thread. */
 GMA_API gma_status_t gma_stream_stats(gma_t *g, gma_stream_t stream, gma_stream_stats_t *out);
+
+/* ---------------------------------------------------------------------------
+ * Where memory lives; pinned host memory
+ * ------------------------------------------------------------------------- */
+typedef enum gma_memory_kind {
+  GMA_MEMORY_DEVICE = 0,      /* device memory (gma_alloc) */
+  GMA_MEMORY_HOST_PINNED = 1, /* pinned host memory (gma_host_alloc) */
+  GMA_MEMORY_FALLBACK = 2     /* pinned host memory mapped for the device, given by
+                                 gma_alloc when device memory ran out (fallback:host) */
+} gma_memory_kind_t;
+
+typedef struct gma_pointer_info {
+  size_t size;              /* sizeof(gma_pointer_info_t) as the caller compiled it */
+  gma_memory_kind_t kind;
+  void *base;               /* the allocation ptr lies in (ptr may point inside it) */
+  size_t requested;         /* bytes asked for */
+  size_t block_size;        /* bytes gma set aside for it */
+  gma_stream_t stream;      /* the stream it was allocated on */
+  const char *tag;          /* its tag (valid while g lives) */
+} gma_pointer_info_t;
+#if defined(__cplusplus) && __cplusplus < 202002L
+#define GMA_POINTER_INFO_INIT {sizeof(gma_pointer_info_t)}
+#else
+#define GMA_POINTER_INFO_INIT {.size = sizeof(gma_pointer_info_t)}
+#endif
+
+/* Describes the live allocation ptr points into (its start or inside it).
+ * GMA_ERR_INVALID_POINTER if ptr lies in no live allocation of g. Any thread. */
+GMA_API gma_status_t gma_pointer_info(gma_t *g, const void *ptr, gma_pointer_info_t *info);
+
+/* Pinned (page-locked) host memory for copies between host and device, from
+ * a cache with size classes: gma_host_free is stream-ordered like gma_free,
+ * and a freed block is handed out again only once the work queued on its
+ * stream before the free (a copy from or to it) has completed, so neither the
+ * host nor another copy overwrites data a copy is still reading. The worker
+ * gives cached host memory above host_release_threshold back. On CUDA the
+ * memory comes from cuMemHostAlloc (portable, device-mapped); on the
+ * simulated device it is ordinary host memory. Any thread. */
+GMA_API gma_status_t gma_host_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out);
+GMA_API gma_status_t gma_host_free(gma_t *g, void *ptr);
 
 /* ---------------------------------------------------------------------------
  * Trace recording, snapshots and the memory summary
