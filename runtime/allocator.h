@@ -4,6 +4,7 @@
 #define GMA_ALLOCATOR_H
 
 #include "device/device.h"
+#include "host.h"
 #include "pool.h"
 #include "worker.h"
 
@@ -11,6 +12,7 @@ struct gma {
   gma__device_t *dev; /* immutable after gma_create */
   gma_config_t cfg;   /* resolved; immutable after gma_create */
   gma__pool_t pool;
+  gma__host_t host;   /* pinned host memory and CPU fallbacks */
   gma__worker_t worker;
 };
 

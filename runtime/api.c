@@ -89,10 +89,14 @@ gma_status_t gma_create(const gma_config_t *config, gma_t **out) {
     if (!g->cfg.memory_limit || g->cfg.memory_limit > dev_total) g->cfg.memory_limit = dev_total;
     st = gma__pool_init(&g->pool, g->dev, &g->cfg);
   }
-  if (st == GMA_OK && g->cfg.trace_path[0] && (st = gma_trace_start(g, g->cfg.trace_path)) != GMA_OK)
-    gma__pool_fini(&g->pool);
-  if (st == GMA_OK && (st = gma__worker_start(&g->worker, g, &g->pool, &g->cfg)) != GMA_OK) {
+  if (st == GMA_OK && (st = gma__host_init(&g->host, g->dev)) != GMA_OK) gma__pool_fini(&g->pool);
+  bool started = st == GMA_OK; /* pool and host pool exist */
+  if (st == GMA_OK && g->cfg.trace_path[0]) st = gma_trace_start(g, g->cfg.trace_path);
+  if (st == GMA_OK) st = gma__worker_start(&g->worker, g, &g->pool, &g->cfg);
+  if (st != GMA_OK && started) {
+    uint64_t n, bytes;
     gma__trace_t *traces = g->pool.traces;
+    gma__host_fini(&g->host, &n, &bytes);
     gma__pool_fini(&g->pool);
     gma__trace_free(traces);
   }
@@ -112,8 +116,17 @@ gma_status_t gma_destroy(gma_t *g) {
    * goes back, so the device never touches memory it no longer owns. */
   g->dev->ops->device_synchronize(g->dev);
   gma__trace_t *traces = g->pool.traces; /* recording until the pool is gone */
+  uint64_t host_leaks, host_leaked;
+  gma__host_fini(&g->host, &host_leaks, &host_leaked);
   gma_status_t st = gma__pool_fini(&g->pool);
   gma__trace_free(traces);
+  if (host_leaks) {
+    fprintf(stderr, "gma: destroyed with %" PRIu64 " live host allocations (%" PRIu64
+                    " bytes, pinned or CPU fallback); freed\n", host_leaks, host_leaked);
+    if (st == GMA_OK)
+      st = gma__set_error(GMA_ERR_LEAK, "gma_destroy: %" PRIu64 " live host allocations (%" PRIu64
+                          " bytes) were never freed; gma freed them", host_leaks, host_leaked);
+  }
   g->dev->ops->destroy(g->dev);
   free(g);
   return st;
@@ -122,6 +135,7 @@ gma_status_t gma_destroy(gma_t *g) {
 const char *gma_device_name(const gma_t *g) { return g ? g->dev->name : "none"; }
 
 static gma_status_t alloc_now(gma_t *g, size_t size, gma_stream_t stream, void **out);
+static gma_status_t alloc_fallback(gma_t *g, size_t size, gma_stream_t stream, void **out);
 static gma_status_t free_now(gma_t *g, void *ptr);
 
 /* The block size behind a live pointer, for trace rows (0 if unknown). */
@@ -134,11 +148,22 @@ gma_status_t gma_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out) {
   CHECK_ARG(g, "gma_alloc: allocator is NULL");
   CHECK_ARG(out, "gma_alloc: out is NULL");
   gma_status_t st = alloc_now(g, size, stream, out);
+  if (st == GMA_ERR_OOM && g->cfg.fallback_host) st = alloc_fallback(g, size, stream, out);
   gma__trace_t *t = gma__trace_on(&g->pool.trace);
   if (t) /* stamped after the allocation: its pointer exists from now on */
     gma__trace_emit(t, gma__trace_now(), st == GMA_OK ? GMA__TR_ALLOCATE : GMA__TR_ALLOCATE_FAILURE,
                     (uintptr_t)*out, size, (uintptr_t)stream, block_size(g, *out), 0, 0, st);
   return st;
+}
+
+/* fallback:host: device memory is exhausted even after releasing cache and
+ * retrying; serve from pinned host memory the device can reach. */
+static gma_status_t alloc_fallback(gma_t *g, size_t size, gma_stream_t stream, void **out) {
+  char why[512];
+  snprintf(why, sizeof why, "%s", gma_last_error());
+  gma_status_t st = gma__host_alloc(&g->host, size, stream, true, out);
+  if (st == GMA_OK) return GMA_OK;
+  return gma__set_error(GMA_ERR_OOM, "%s; the CPU fallback failed too: %s", why, gma_last_error());
 }
 
 static gma_status_t alloc_now(gma_t *g, size_t size, gma_stream_t stream, void **out) {
@@ -184,6 +209,9 @@ gma_status_t gma_free(gma_t *g, void *ptr) {
 static gma_status_t free_now(gma_t *g, void *ptr) {
   gma_status_t st = gma__bin_free(&g->pool, ptr);
   if (st != GMA_OK) st = gma__pool_free_slow(&g->pool, ptr);
+  /* Not device memory of ours: a CPU fallback's host memory, perhaps. */
+  if (st == GMA_ERR_INVALID_POINTER && gma__host_owns_fallback(&g->host, ptr))
+    st = gma__host_free(&g->host, ptr, true);
   /* An async request waits for memory: let the worker try again. */
   if (st == GMA_OK && atomic_load_explicit(&g->worker.memory_wanted, memory_order_relaxed))
     gma__worker_kick(&g->worker);
@@ -201,7 +229,21 @@ gma_status_t gma_record_stream(gma_t *g, void *ptr, gma_stream_t stream) {
 
 gma_status_t gma_empty_cache(gma_t *g) {
   CHECK_ARG(g, "gma_empty_cache: allocator is NULL");
+  gma__host_trim(&g->host, 0);
   return gma__pool_trim(&g->pool, 0);
+}
+
+gma_status_t gma_host_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out) {
+  CHECK_ARG(g, "gma_host_alloc: allocator is NULL");
+  CHECK_ARG(out, "gma_host_alloc: out is NULL");
+  *out = NULL;
+  return gma__host_alloc(&g->host, size, stream, false, out);
+}
+
+gma_status_t gma_host_free(gma_t *g, void *ptr) {
+  CHECK_ARG(g, "gma_host_free: allocator is NULL");
+  if (!ptr) return GMA_OK;
+  return gma__host_free(&g->host, ptr, false);
 }
 
 gma_status_t gma_trim(gma_t *g, uint64_t keep_bytes) {
@@ -287,6 +329,7 @@ gma_status_t gma_stats(gma_t *g, gma_stats_t *out) {
   gma_stats_t full = GMA_STATS_INIT;
   gma__pool_stats(&g->pool, &full);
   gma__worker_stats(&g->worker, &full);
+  gma__host_stats(&g->host, &full);
   /* Copy only what the caller's (possibly older, smaller) struct holds. */
   size_t n = out->size;
   full.size = n;

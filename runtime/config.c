@@ -18,7 +18,9 @@
 #define GiB (1ull << 30)
 #define TiB (1ull << 40)
 
-typedef enum { KIND_SIZE, KIND_COUNT, KIND_DEVICE, KIND_REUSE, KIND_ONOFF, KIND_BOOL, KIND_PATH } value_kind_t;
+typedef enum {
+  KIND_SIZE, KIND_COUNT, KIND_DEVICE, KIND_REUSE, KIND_ONOFF, KIND_BOOL, KIND_PATH, KIND_FALLBACK
+} value_kind_t;
 
 /* One row per key: where it lives in gma_config_t and its allowed range
  * (checked after defaults are applied; 0 in a config means "default"). */
@@ -51,6 +53,8 @@ static const key_spec_t keys[] = {
     {"future_timeout_ms", FIELD(future_timeout_ms), KIND_COUNT, 1, 86400000},
     {"expandable_segments", FIELD(expandable_segments), KIND_BOOL, 0, 1},
     {"trace", FIELD(trace_path), KIND_PATH, 0, 0},
+    {"fallback", FIELD(fallback_host), KIND_FALLBACK, 0, 1},
+    {"host_release_threshold", FIELD(host_release_threshold), KIND_SIZE, 0, 1024 * TiB},
     {"sim_alloc_ns", FIELD(sim_alloc_latency_ns), KIND_COUNT, 0, 10000000000ull},
     {"sim_free_ns", FIELD(sim_free_latency_ns), KIND_COUNT, 0, 10000000000ull},
     {"sim_event_ns", FIELD(sim_event_latency_ns), KIND_COUNT, 0, 10000000000ull},
@@ -63,7 +67,7 @@ static uint64_t get_field(const gma_config_t *c, const key_spec_t *k) {
   const char *at = (const char *)c + k->offset;
   if (k->kind == KIND_DEVICE) return (uint64_t)*(const gma_device_kind_t *)at;
   if (k->kind == KIND_REUSE) return (uint64_t)*(const gma_reuse_t *)at;
-  if (k->kind == KIND_ONOFF || k->kind == KIND_BOOL || k->offset == FIELD(device_ordinal))
+  if (k->kind == KIND_ONOFF || k->kind == KIND_BOOL || k->kind == KIND_FALLBACK || k->offset == FIELD(device_ordinal))
     return (uint64_t)(int64_t)*(const int *)at;
   return *(const uint64_t *)at;
 }
@@ -74,7 +78,7 @@ static void set_field(gma_config_t *c, const key_spec_t *k, uint64_t v) {
     *(gma_device_kind_t *)at = (gma_device_kind_t)v;
   else if (k->kind == KIND_REUSE)
     *(gma_reuse_t *)at = (gma_reuse_t)v;
-  else if (k->kind == KIND_ONOFF || k->kind == KIND_BOOL || k->offset == FIELD(device_ordinal))
+  else if (k->kind == KIND_ONOFF || k->kind == KIND_BOOL || k->kind == KIND_FALLBACK || k->offset == FIELD(device_ordinal))
     *(int *)at = (int)v;
   else
     *(uint64_t *)at = v;
@@ -129,6 +133,7 @@ static const char *const reuse_names[] = {"query", "wait", "none"};
 /* "bins" sets bins_off: index 0 is "on" (bins_off = 0). */
 static const char *const onoff_names[] = {"on", "off"};
 static const char *const bool_names[] = {"false", "true"};
+static const char *const fallback_names[] = {"none", "host"};
 
 static void trim(const char **s, size_t *len) {
   while (*len && isspace((unsigned char)**s)) (*s)++, (*len)--;
@@ -202,6 +207,10 @@ gma_status_t gma_config_parse(gma_config_t *config, const char *text) {
         ok = parse_name(val, vlen, bool_names, 2, &v);
         expected = "true or false";
         break;
+      case KIND_FALLBACK:
+        ok = parse_name(val, vlen, fallback_names, 2, &v);
+        expected = "none or host";
+        break;
       case KIND_SIZE:
         ok = parse_number(val, vlen, true, &v);
         expected = "a size such as 512, 64K, 2M, 1G";
@@ -259,6 +268,7 @@ gma_status_t gma__config_resolve(const gma_config_t *in, gma_config_t *out) {
   if (!c.idle_ms) c.idle_ms = 10000;
   if (!c.ring_size) c.ring_size = 1024;
   if (!c.future_timeout_ms) c.future_timeout_ms = 1000;
+  if (!c.host_release_threshold) c.host_release_threshold = 64 * MiB;
   /* Range checks again: the struct may have been filled without the parser. */
   for (size_t i = 0; i < NKEYS; i++) {
     if (keys[i].kind == KIND_PATH) continue;

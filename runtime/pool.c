@@ -429,6 +429,7 @@ static void take_block(gma__pool_t *p, gma__block_t *b, uint64_t size, size_t re
   b->free_since_ns = 0;
   gma__store_relaxed(&b->ngates, 0);
   gma__store_relaxed(&b->future_held, 0);
+  gma__store_relaxed(&b->tag, 0);
   gma__store_relaxed(&b->state, GMA__LIVE);
   gma__tcount_t *c = gma__tcount(p, s);
   gma__counter_add_owner(&c->allocs, 1);

@@ -26,6 +26,7 @@
 #define GMA__MIN_SPLIT 512u   /* a split leaves a remainder at least this large */
 #define GMA__EPOCH_EVENTS 16u /* outstanding epoch events per stream */
 #define GMA__TL_SLOTS 8u      /* per-thread cache of (stream -> counters) */
+#define GMA__MAX_TAGS 256u    /* tag ids fit a uint8_t; 0 is "untagged" */
 
 enum { GMA__SMALL = 0, GMA__LARGE = 1, GMA__NKINDS = 2 };
 
@@ -83,6 +84,8 @@ typedef struct gma__block {
                                     yet (gma_destroy frees it quietly, not as a leak) */
   uint64_t free_since_ns;        /* FREE in a growable segment: when a trim pass first saw
                                     it free (its idle clock); 0 otherwise */
+  _Atomic uint8_t tag;           /* LIVE: its tag's id (0: untagged); atomic: set by the
+                                    owner after the allocation, read by snapshots */
 } gma__block_t;
 
 /* A growable segment's address range (expandable_segments): reserved once,
@@ -247,6 +250,10 @@ typedef struct gma__pool {
                                    destroy; older ones linked by ->older) */
   pthread_mutex_t trace_mu;     /* serializes gma_trace_start/stop */
   _Atomic uint64_t trace_ids;   /* atomic: ids of batches and futures in the trace */
+  /* Tags (tags.c): names[1..ntags], published with a release store of ntags
+   * and never changed after; appended under lock. names[0] is "untagged". */
+  char tag_names[GMA__MAX_TAGS][32];
+  _Atomic uint32_t ntags;
 } gma__pool_t;
 
 /* Records a pool event when a trace runs (one load and branch when not). */
@@ -399,6 +406,11 @@ void gma__stat_sub(gma_stat_t *s, uint64_t bytes);
 void gma__stats_sample(gma__pool_t *p);
 /* Adds s's counters to *into (relaxed loads). */
 void gma__stats_fold(const gma__stream_t *s, gma__tcount_t *into);
+
+/* tags.c: the id of tag (added if new; lock-free when known), or -1 with the
+ * error set (bad name, table full). The name of an id. */
+int gma__tag_intern(gma__pool_t *p, const char *tag);
+const char *gma__tag_name(gma__pool_t *p, unsigned id);
 
 /* api.c: a batch's trace rows (a batch row, then its allocate rows). */
 void gma__trace_batch(gma__pool_t *p, gma__trace_t *t, gma_status_t st, size_t n,

@@ -220,6 +220,7 @@ gma_status_t gma__bin_alloc(gma__pool_t *p, size_t size, gma_stream_t stream, ui
   gma__block_t *b = (gma__block_t *)((char *)e - offsetof(gma__block_t, bin_link));
   gma__tsan_acquire(b); /* pairs with gma__bin_free's release before the push */
   gma__store_relaxed(&b->future_held, 0);
+  gma__store_relaxed(&b->tag, 0);
   gma__store_relaxed(&b->state, GMA__LIVE);
   b->requested = size;
   gma__tcount_t *c = gma__tcount(p, s);

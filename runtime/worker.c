@@ -4,6 +4,8 @@
  * lock, so a tick never holds up callers for the duration of device frees. */
 #include "worker.h"
 
+#include "allocator.h"
+
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -58,6 +60,7 @@ static void tick(gma__worker_t *w) {
   if (level == GMA_PRESSURE_HIGH) r.keep /= 4;
   if (level == GMA_PRESSURE_CRITICAL) r.keep = 0;
   gma__pool_release(p, &r); /* a failed device free keeps the segment: retried next tick */
+  gma__host_trim(&w->g->host, level == GMA_PRESSURE_CRITICAL ? 0 : w->g->cfg.host_release_threshold);
   if (w->grow_ahead && level < GMA_PRESSURE_HIGH) gma__pool_grow_ahead(p, w->grow_ahead);
 }
 

@@ -392,6 +392,35 @@ static gma_status_t cuda_vm_unmap(gma__device_t *d, uintptr_t addr, uint64_t siz
   return GMA_OK;
 }
 
+/* ---- Pinned host memory ---------------------------------------------------------- */
+
+/* Portable (usable from every context) and mapped into the device's address
+ * space: the CPU fallback hands the device address to kernels. */
+static gma_status_t cuda_host_alloc(gma__device_t *d, uint64_t size, void **host,
+                                    uintptr_t *dev_addr) {
+  cuda_device_t *dev = cuda_of(d);
+  void *p = NULL;
+  CU_CALL(dev, "cuMemHostAlloc",
+          drv.cuMemHostAlloc(&p, (size_t)size,
+                             CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
+  CUdeviceptr dp = 0;
+  bool pushed;
+  CUresult r = ctx_enter(dev, &pushed);
+  if (r == CUDA_SUCCESS) r = drv.cuMemHostGetDevicePointer(&dp, p, 0);
+  if (r != CUDA_SUCCESS) drv.cuMemFreeHost(p);
+  ctx_leave(pushed);
+  if (r != CUDA_SUCCESS) return cu_fail(r, "cuMemHostGetDevicePointer");
+  *host = p;
+  *dev_addr = (uintptr_t)dp;
+  return GMA_OK;
+}
+
+static gma_status_t cuda_host_free(gma__device_t *d, void *host, uint64_t size) {
+  (void)size;
+  CU_CALL(cuda_of(d), "cuMemFreeHost", drv.cuMemFreeHost(host));
+  return GMA_OK;
+}
+
 /* ---- Lifetime -------------------------------------------------------------------- */
 
 static void cuda_destroy(gma__device_t *d) {
@@ -420,6 +449,8 @@ static const gma__device_ops_t cuda_ops = {
     .vm_release = cuda_vm_release,
     .vm_map = cuda_vm_map,
     .vm_unmap = cuda_vm_unmap,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
     .sim_launch = NULL,
     .destroy = cuda_destroy,
 };

@@ -38,5 +38,8 @@
   X(cuMemRelease)                    \
   X(cuMemMap)                        \
   X(cuMemUnmap)                      \
-  X(cuMemSetAccess)
+  X(cuMemSetAccess)                  \
+  X(cuMemHostAlloc)                  \
+  X(cuMemHostGetDevicePointer)       \
+  X(cuMemFreeHost)
 #endif

@@ -79,6 +79,13 @@ typedef struct gma__device_ops {
   gma_status_t (*vm_map)(gma__device_t *dev, uintptr_t addr, uint64_t size, uint64_t *handle);
   gma_status_t (*vm_unmap)(gma__device_t *dev, uintptr_t addr, uint64_t size, uint64_t handle);
 
+  /* Pinned host memory, mapped for the device: *host is its host address,
+   * *dev_addr the device's (the same value on CUDA with unified addressing
+   * and on the simulated device). Host memory does not count against the
+   * device's capacity. host_free is not stream-ordered. */
+  gma_status_t (*host_alloc)(gma__device_t *dev, uint64_t size, void **host, uintptr_t *dev_addr);
+  gma_status_t (*host_free)(gma__device_t *dev, void *host, uint64_t size);
+
   /* Simulated kernels; NULL on backends that cannot run them. */
   gma_status_t (*sim_launch)(gma__device_t *dev, gma_stream_t stream, gma_sim_kernel_fn fn,
                              void *arg);

@@ -630,6 +630,31 @@ static gma_status_t sim_vm_unmap(gma__device_t *d, uintptr_t addr, uint64_t size
 }
 
 /* ---------------------------------------------------------------------------
+ * Host memory: ordinary anonymous memory (the simulated device reads host
+ * memory anyway), so the device address is the host address.
+ * ------------------------------------------------------------------------- */
+static gma_status_t sim_host_alloc(gma__device_t *d, uint64_t size, void **host,
+                                   uintptr_t *dev_addr) {
+  (void)d;
+  void *p = size && size <= SIZE_MAX
+                ? mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                       -1, 0)
+                : MAP_FAILED;
+  if (p == MAP_FAILED)
+    return gma__set_error(GMA_ERR_OOM, "sim: no host memory for %llu pinned bytes",
+                          (unsigned long long)size);
+  *host = p;
+  *dev_addr = (uintptr_t)p;
+  return GMA_OK;
+}
+
+static gma_status_t sim_host_free(gma__device_t *d, void *host, uint64_t size) {
+  (void)d;
+  munmap(host, (size_t)size);
+  return GMA_OK;
+}
+
+/* ---------------------------------------------------------------------------
  * Events
  * ------------------------------------------------------------------------- */
 /* Drops one reference (NULL is a no-op); caller holds ev_mu. */
@@ -1268,6 +1293,8 @@ static const gma__device_ops_t sim_ops = {
     .vm_release = sim_vm_release,
     .vm_map = sim_vm_map,
     .vm_unmap = sim_vm_unmap,
+    .host_alloc = sim_host_alloc,
+    .host_free = sim_host_free,
     .sim_launch = sim_launch,
     .destroy = sim_destroy,
 };

@@ -911,6 +911,90 @@ CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
   return r;
 }
 
+/* ---------------------------------------------------------------------------
+ * Pinned host memory (cuMemHostAlloc): the simulated device's host memory.
+ * The device address equals the host address (unified addressing). Blocks
+ * are kept in a list under fc.mu so bad frees and lookups are refused, as
+ * by the driver. Not registered as device ranges: the GPU tests never touch
+ * host memory from simulated device work.
+ * ------------------------------------------------------------------------- */
+typedef struct fc_host {
+  void *ptr;
+  size_t size;
+  int dev;
+  struct fc_host *next;
+} fc_host_t;
+static fc_host_t *fc_hosts; /* fc.mu */
+
+CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags) {
+  FC_BEGIN(cuMemHostAlloc);
+  fc_device_t *d;
+  CUresult r = ctx_enter(&d);
+  if (r != CUDA_SUCCESS) return r;
+  if (!pp || bytesize == 0 ||
+      (flags & ~(unsigned)(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP |
+                           CU_MEMHOSTALLOC_WRITECOMBINED))) {
+    dev_exit(d);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  fc_host_t *h = calloc(1, sizeof *h);
+  uintptr_t dummy;
+  r = h ? from_sim(d->sim->ops->host_alloc(d->sim, bytesize, &h->ptr, &dummy),
+                   CUDA_ERROR_INVALID_VALUE)
+        : CUDA_ERROR_OUT_OF_MEMORY;
+  if (r == CUDA_SUCCESS) {
+    h->size = bytesize;
+    h->dev = d->ctx.ordinal;
+    pthread_mutex_lock(&fc.mu);
+    h->next = fc_hosts;
+    fc_hosts = h;
+    pthread_mutex_unlock(&fc.mu);
+    *pp = h->ptr;
+  } else {
+    free(h);
+  }
+  dev_exit(d);
+  return r;
+}
+
+CUresult CUDAAPI cuMemHostGetDevicePointer(CUdeviceptr *pdptr, void *p, unsigned int flags) {
+  FC_BEGIN(cuMemHostGetDevicePointer);
+  fc_device_t *d;
+  CUresult r = ctx_enter(&d);
+  if (r != CUDA_SUCCESS) return r;
+  r = CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&fc.mu);
+  for (fc_host_t *h = fc_hosts; h && pdptr && flags == 0; h = h->next)
+    if ((char *)p >= (char *)h->ptr && (char *)p < (char *)h->ptr + h->size) {
+      *pdptr = (CUdeviceptr)(uintptr_t)p;
+      r = CUDA_SUCCESS;
+      break;
+    }
+  pthread_mutex_unlock(&fc.mu);
+  dev_exit(d);
+  return r;
+}
+
+CUresult CUDAAPI cuMemFreeHost(void *p) {
+  FC_BEGIN(cuMemFreeHost);
+  fc_device_t *d;
+  CUresult r = ctx_enter(&d);
+  if (r != CUDA_SUCCESS) return r;
+  pthread_mutex_lock(&fc.mu);
+  fc_host_t **pp = &fc_hosts;
+  while (*pp && (*pp)->ptr != p) pp = &(*pp)->next;
+  fc_host_t *h = *pp;
+  if (h) *pp = h->next;
+  pthread_mutex_unlock(&fc.mu);
+  if (h) {
+    fc_device_t *owner = &fc.dev[h->dev];
+    owner->sim->ops->host_free(owner->sim, h->ptr, h->size);
+    free(h);
+  }
+  dev_exit(d);
+  return h ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
 /* Frees a cuMemAlloc allocation of any device (unified addressing); a
  * current context is required, as by the driver. */
 CUresult CUDAAPI cuMemFree(CUdeviceptr dptr) {

@@ -1,0 +1,316 @@
+/* Owns the pinned host memory pool and the CPU fallback's allocations (see
+ * host.h). One mutex: host allocations are for copies and fallbacks, far
+ * from the device hot path. Device calls (allocating pinned memory can take
+ * milliseconds) are made outside the mutex. */
+#include "host.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "pool.h"
+#include "sizeclass.h"
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* The address a block is known by: what its caller got. */
+static uintptr_t key_of(const gma__hblock_t *b) {
+  return b->fallback ? b->dptr : (uintptr_t)b->ptr;
+}
+
+static size_t bucket_of(const gma__host_t *h, uintptr_t key) {
+  uint64_t x = (uint64_t)key * 0x9e3779b97f4a7c15ull;
+  return (size_t)(x >> 32) & (h->nbuckets - 1);
+}
+
+/* mu held. */
+static gma__hblock_t *find(gma__host_t *h, uintptr_t key) {
+  for (gma__hblock_t *b = h->buckets[bucket_of(h, key)]; b; b = b->hnext)
+    if (key_of(b) == key) return b;
+  return NULL;
+}
+
+/* mu held; false without host memory for a bigger table (the block is then
+ * not added and the caller gives it back). */
+static bool insert(gma__host_t *h, gma__hblock_t *b) {
+  if (h->count + 1 > h->nbuckets) {
+    size_t n = h->nbuckets * 2;
+    gma__hblock_t **nb = calloc(n, sizeof *nb);
+    if (!nb) return false;
+    gma__hblock_t **old = h->buckets;
+    size_t oldn = h->nbuckets;
+    h->buckets = nb;
+    h->nbuckets = n;
+    for (size_t i = 0; i < oldn; i++)
+      for (gma__hblock_t *x = old[i], *next; x; x = next) {
+        next = x->hnext;
+        size_t k = bucket_of(h, key_of(x));
+        x->hnext = nb[k];
+        nb[k] = x;
+      }
+    free(old);
+  }
+  size_t k = bucket_of(h, key_of(b));
+  b->hnext = h->buckets[k];
+  h->buckets[k] = b;
+  h->count++;
+  return true;
+}
+
+static void unlink_hash(gma__host_t *h, gma__hblock_t *b) {
+  gma__hblock_t **pp = &h->buckets[bucket_of(h, key_of(b))];
+  while (*pp != b) pp = &(*pp)->hnext;
+  *pp = b->hnext;
+  h->count--;
+}
+
+gma_status_t gma__host_init(gma__host_t *h, gma__device_t *dev) {
+  memset(h, 0, sizeof *h);
+  h->dev = dev;
+  h->nbuckets = 64;
+  h->buckets = calloc(h->nbuckets, sizeof *h->buckets);
+  if (!h->buckets) return gma__set_error(GMA_ERR_OOM, "host memory for the host pool");
+  pthread_mutex_init(&h->mu, NULL);
+  return GMA_OK;
+}
+
+/* mu held: PENDING blocks whose event completed become FREE, in FIFO order
+ * (a block behind one still running waits its turn: cheap and fair). */
+static void poll_pending(gma__host_t *h) {
+  while (h->pending_head) {
+    gma__hblock_t *b = h->pending_head;
+    bool done = false;
+    if (h->dev->ops->event_query(h->dev, b->ev, &done) != GMA_OK) {
+      h->device_errors++; /* stays pending: never reused on a guess */
+      return;
+    }
+    if (!done) return;
+    h->pending_head = b->next;
+    if (!h->pending_head) h->pending_tail = NULL;
+    h->pending_bytes -= b->size;
+    b->state = GMA__HOST_FREE;
+    b->free_since_ns = now_ns();
+    unsigned c = gma__class_of(b->size);
+    b->next = h->free_list[c];
+    h->free_list[c] = b;
+    h->free_bytes += b->size;
+  }
+}
+
+static uint64_t class_size(size_t size) {
+  unsigned c = gma__class_of(size);
+  return c < GMA__HOST_CLASSES ? gma__class_size(c) : (size + 4095) / 4096 * 4096;
+}
+
+gma_status_t gma__host_alloc(gma__host_t *h, size_t size, gma_stream_t stream, bool fallback,
+                             void **out) {
+  if (size == 0) return gma__set_error(GMA_ERR_INVALID_SIZE, "gma_host_alloc: size is 0");
+  uint64_t csize = class_size(size);
+  unsigned c = gma__class_of(csize);
+  pthread_mutex_lock(&h->mu);
+  poll_pending(h);
+  gma__hblock_t *b = c < GMA__HOST_CLASSES ? h->free_list[c] : NULL;
+  if (b) {
+    h->free_list[c] = b->next;
+    h->free_bytes -= b->size;
+    unlink_hash(h, b); /* its key may change with the fallback flag */
+  }
+  pthread_mutex_unlock(&h->mu);
+  if (!b) {
+    b = calloc(1, sizeof *b);
+    if (!b) return gma__set_error(GMA_ERR_OOM, "host memory for a host block record");
+    gma_status_t st = h->dev->ops->host_alloc(h->dev, csize, &b->ptr, &b->dptr);
+    if (st != GMA_OK) {
+      free(b);
+      return st;
+    }
+    b->size = csize;
+    pthread_mutex_lock(&h->mu);
+    gma__stat_add(&h->reserved, csize);
+    pthread_mutex_unlock(&h->mu);
+  }
+  b->requested = size;
+  b->stream = stream;
+  b->fallback = fallback;
+  b->tag = 0;
+  b->state = GMA__HOST_LIVE;
+  b->next = NULL;
+  pthread_mutex_lock(&h->mu);
+  bool ok = insert(h, b);
+  if (ok) {
+    h->live_bytes += b->size;
+    gma__stat_add(&h->allocated, b->size);
+    if (fallback) {
+      h->fallback_live += b->size;
+      h->fallbacks++;
+    } else {
+      h->allocs++;
+    }
+  } else {
+    gma__stat_sub(&h->reserved, b->size);
+  }
+  pthread_mutex_unlock(&h->mu);
+  if (!ok) {
+    if (b->ev) h->dev->ops->event_destroy(h->dev, b->ev);
+    h->dev->ops->host_free(h->dev, b->ptr, b->size);
+    free(b);
+    return gma__set_error(GMA_ERR_OOM, "host memory for the host pool's table");
+  }
+  *out = fallback ? (void *)b->dptr : b->ptr;
+  return GMA_OK;
+}
+
+gma_status_t gma__host_free(gma__host_t *h, void *ptr, bool fallback) {
+  pthread_mutex_lock(&h->mu);
+  gma__hblock_t *b = find(h, (uintptr_t)ptr);
+  gma_status_t st = GMA_OK;
+  if (!b || b->fallback != fallback) {
+    st = gma__set_error(GMA_ERR_INVALID_POINTER,
+                        "%s(%p): not memory gma_host_alloc returned; pass exactly its pointer",
+                        fallback ? "gma_free" : "gma_host_free", ptr);
+  } else if (b->state != GMA__HOST_LIVE) {
+    st = gma__set_error(GMA_ERR_DOUBLE_FREE, "%s(%p): already freed",
+                        fallback ? "gma_free" : "gma_host_free", ptr);
+  }
+  if (st != GMA_OK) {
+    pthread_mutex_unlock(&h->mu);
+    return st;
+  }
+  /* The event covers the work queued on its stream so far: a copy from or
+   * to the block. Until it completes the block is not handed out again. */
+  const gma__device_ops_t *o = h->dev->ops;
+  if (!b->ev) st = o->event_create(h->dev, &b->ev);
+  if (st == GMA_OK) st = o->event_record(h->dev, b->ev, b->stream);
+  if (st != GMA_OK) {
+    /* No event: wait for the stream instead, so the block is safe now. */
+    char detail[256];
+    snprintf(detail, sizeof detail, "%s", gma_last_error());
+    if (o->stream_synchronize(h->dev, b->stream) != GMA_OK) {
+      pthread_mutex_unlock(&h->mu);
+      return gma__set_error(GMA_ERR_DEVICE, "%s(%p): could not order the free after the "
+                            "stream's work (%s); the block stays allocated, free it again",
+                            fallback ? "gma_free" : "gma_host_free", ptr, detail);
+    }
+    if (b->ev) { /* recorded nothing: re-create it next time */
+      o->event_destroy(h->dev, b->ev);
+      b->ev = NULL;
+    }
+  }
+  h->live_bytes -= b->size;
+  gma__stat_sub(&h->allocated, b->size);
+  if (b->fallback) h->fallback_live -= b->size;
+  else h->frees++;
+  if (b->ev) {
+    b->state = GMA__HOST_PENDING;
+    if (h->pending_tail) h->pending_tail->next = b;
+    else h->pending_head = b;
+    h->pending_tail = b;
+    h->pending_bytes += b->size;
+  } else {
+    b->state = GMA__HOST_FREE;
+    b->free_since_ns = now_ns();
+    unsigned c = gma__class_of(b->size);
+    b->next = h->free_list[c];
+    h->free_list[c] = b;
+    h->free_bytes += b->size;
+  }
+  pthread_mutex_unlock(&h->mu);
+  return GMA_OK;
+}
+
+bool gma__host_owns_fallback(gma__host_t *h, void *ptr) {
+  pthread_mutex_lock(&h->mu);
+  gma__hblock_t *b = find(h, (uintptr_t)ptr);
+  bool yes = b && b->fallback;
+  pthread_mutex_unlock(&h->mu);
+  return yes;
+}
+
+void gma__host_trim(gma__host_t *h, uint64_t keep) {
+  gma__hblock_t *out = NULL;
+  pthread_mutex_lock(&h->mu);
+  poll_pending(h);
+  /* Largest classes first: fewest device calls per byte given back. */
+  for (unsigned c = GMA__HOST_CLASSES; c-- > 0 && h->free_bytes > keep;) {
+    while (h->free_list[c] && h->free_bytes > keep) {
+      gma__hblock_t *b = h->free_list[c];
+      h->free_list[c] = b->next;
+      h->free_bytes -= b->size;
+      unlink_hash(h, b);
+      gma__stat_sub(&h->reserved, b->size);
+      b->next = out;
+      out = b;
+    }
+  }
+  pthread_mutex_unlock(&h->mu);
+  for (gma__hblock_t *b = out, *next; b; b = next) { /* outside the lock */
+    next = b->next;
+    if (b->ev) h->dev->ops->event_destroy(h->dev, b->ev);
+    h->dev->ops->host_free(h->dev, b->ptr, b->size);
+    free(b);
+  }
+}
+
+void gma__host_set_tag(gma__host_t *h, void *ptr, uint8_t tag) {
+  pthread_mutex_lock(&h->mu);
+  gma__hblock_t *b = find(h, (uintptr_t)ptr);
+  if (b && b->state == GMA__HOST_LIVE) b->tag = tag;
+  pthread_mutex_unlock(&h->mu);
+}
+
+bool gma__host_pointer_info(gma__host_t *h, struct gma__pool *p, const void *ptr,
+                            gma_pointer_info_t *info) {
+  uintptr_t a = (uintptr_t)ptr;
+  bool found = false;
+  pthread_mutex_lock(&h->mu);
+  /* Interior pointers too: a linear look over the live blocks (host blocks
+   * are few and large). */
+  for (size_t i = 0; i < h->nbuckets && !found; i++)
+    for (gma__hblock_t *b = h->buckets[i]; b && !found; b = b->hnext) {
+      uintptr_t k = key_of(b);
+      if (b->state != GMA__HOST_LIVE || a < k || a >= k + b->size) continue;
+      info->kind = b->fallback ? GMA_MEMORY_FALLBACK : GMA_MEMORY_HOST_PINNED;
+      info->base = (void *)k;
+      info->requested = b->requested;
+      info->block_size = b->size;
+      info->stream = b->stream;
+      info->tag = gma__tag_name(p, b->tag);
+      found = true;
+    }
+  pthread_mutex_unlock(&h->mu);
+  return found;
+}
+
+void gma__host_stats(gma__host_t *h, gma_stats_t *out) {
+  pthread_mutex_lock(&h->mu);
+  out->host_allocated = h->allocated;
+  out->host_reserved = h->reserved;
+  out->num_host_allocs = h->allocs;
+  out->num_host_frees = h->frees;
+  out->num_fallbacks = h->fallbacks;
+  out->fallback_bytes = h->fallback_live;
+  pthread_mutex_unlock(&h->mu);
+}
+
+void gma__host_fini(gma__host_t *h, uint64_t *leaked, uint64_t *leaked_bytes) {
+  *leaked = *leaked_bytes = 0;
+  for (size_t i = 0; i < h->nbuckets; i++)
+    for (gma__hblock_t *b = h->buckets[i], *next; b; b = next) {
+      next = b->hnext;
+      if (b->state == GMA__HOST_LIVE) {
+        (*leaked)++;
+        *leaked_bytes += b->size;
+      }
+      if (b->ev) h->dev->ops->event_destroy(h->dev, b->ev);
+      h->dev->ops->host_free(h->dev, b->ptr, b->size);
+      free(b);
+    }
+  free(h->buckets);
+  h->buckets = NULL;
+  pthread_mutex_destroy(&h->mu);
+}

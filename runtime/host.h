@@ -1,0 +1,78 @@
+/* The pinned host memory pool (gma_host_alloc / gma_host_free) and the CPU
+ * fallback's allocations, which come from it (see host.c).
+ *
+ * A host block is LIVE (handed out), PENDING (freed; an event recorded on its
+ * stream at the free has not completed, so a copy queued before the free may
+ * still read or write it) or FREE (in its size class's free list). Unlike
+ * device memory, a freed host block is not reused at once even on its own
+ * stream: the host itself writes it, outside any stream's order.
+ *
+ * Invariants (mu): every block is in the map; LIVE blocks are in no list;
+ * PENDING ones are in the pending FIFO with a recorded event; FREE ones in the
+ * free list of class gma__class_of(size);
+ * reserved = live + pending + free bytes; fallback_live <= live. */
+#ifndef GMA_HOST_H
+#define GMA_HOST_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "device/device.h"
+#include "gma.h"
+
+struct gma__pool;
+
+#define GMA__HOST_CLASSES 1024u
+
+typedef struct gma__hblock {
+  void *ptr;          /* host address */
+  uintptr_t dptr;     /* the device's address of it (the fallback hands this out) */
+  uint64_t size;      /* class size */
+  uint64_t requested;
+  gma_stream_t stream;
+  gma__event_t ev;    /* created at the first free, reused */
+  uint8_t state;      /* GMA__HOST_* */
+  uint8_t fallback;   /* handed out by gma_alloc as a CPU fallback */
+  uint8_t tag;
+  uint64_t free_since_ns;
+  struct gma__hblock *next; /* free list or pending FIFO */
+  struct gma__hblock *hnext; /* hash chain */
+} gma__hblock_t;
+
+enum { GMA__HOST_LIVE = 1, GMA__HOST_PENDING = 2, GMA__HOST_FREE = 3 };
+
+typedef struct gma__host {
+  pthread_mutex_t mu;
+  gma__device_t *dev;          /* immutable */
+  gma__hblock_t **buckets;     /* by address: ptr (host) and dptr (device) both map */
+  size_t nbuckets, count;
+  gma__hblock_t *free_list[GMA__HOST_CLASSES];
+  gma__hblock_t *pending_head, *pending_tail;
+  uint64_t free_bytes, pending_bytes, live_bytes, fallback_live;
+  gma_stat_t allocated, reserved;
+  uint64_t allocs, frees, fallbacks;
+  uint64_t device_errors;
+} gma__host_t;
+
+gma_status_t gma__host_init(gma__host_t *h, gma__device_t *dev);
+/* Frees every block (device work must be finished); returns the count and
+ * bytes of LIVE ones (leaks) through the pointers. */
+void gma__host_fini(gma__host_t *h, uint64_t *leaked, uint64_t *leaked_bytes);
+/* fallback: a gma_alloc fallback; *out is then the device address. */
+gma_status_t gma__host_alloc(gma__host_t *h, size_t size, gma_stream_t stream, bool fallback,
+                             void **out);
+/* GMA_ERR_INVALID_POINTER if ptr is not a block of h; GMA_ERR_DOUBLE_FREE if
+ * not live; fallback says which kind of pointer the caller expects. */
+gma_status_t gma__host_free(gma__host_t *h, void *ptr, bool fallback);
+/* Is ptr (exactly) a live fallback allocation? Any thread. */
+bool gma__host_owns_fallback(gma__host_t *h, void *ptr);
+/* Moves completed PENDING blocks to FREE, then gives FREE blocks back to the
+ * device (the oldest first) until at most keep bytes stay free. */
+void gma__host_trim(gma__host_t *h, uint64_t keep);
+void gma__host_set_tag(gma__host_t *h, void *ptr, uint8_t tag);
+bool gma__host_pointer_info(gma__host_t *h, struct gma__pool *p, const void *ptr,
+                            gma_pointer_info_t *info);
+void gma__host_stats(gma__host_t *h, gma_stats_t *out);
+
+#endif /* GMA_HOST_H */

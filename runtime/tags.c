@@ -1,0 +1,89 @@
+/* Owns what a caller can learn about one allocation: its tag (gma_alloc_tagged;
+ * names interned per allocator, ids stored on the block) and where it lives
+ * (gma_pointer_info: device memory, pinned host memory, or host memory given
+ * as a CPU fallback). */
+#include <inttypes.h>
+#include <string.h>
+
+#include "allocator.h"
+
+int gma__tag_intern(gma__pool_t *p, const char *tag) {
+  size_t len = tag ? strlen(tag) : 0;
+  if (len == 0 || len >= sizeof p->tag_names[0]) {
+    gma__set_error(GMA_ERR_INVALID_ARGUMENT, "tag '%s': a tag has 1 to %zu characters",
+                   tag ? tag : "(null)", sizeof p->tag_names[0] - 1);
+    return -1;
+  }
+  /* Known tags are found without a lock: names are published before ntags. */
+  uint32_t n = gma__load_acquire(&p->ntags);
+  for (uint32_t i = 1; i <= n; i++)
+    if (strcmp(p->tag_names[i], tag) == 0) return (int)i;
+  pthread_mutex_lock(&p->lock);
+  n = gma__load_relaxed(&p->ntags);
+  int id = -1;
+  for (uint32_t i = 1; i <= n && id < 0; i++)
+    if (strcmp(p->tag_names[i], tag) == 0) id = (int)i;
+  if (id < 0 && n + 1 < GMA__MAX_TAGS) {
+    id = (int)(n + 1);
+    memcpy(p->tag_names[id], tag, len + 1);
+    gma__store_release(&p->ntags, n + 1);
+  }
+  pthread_mutex_unlock(&p->lock);
+  if (id < 0)
+    gma__set_error(GMA_ERR_INVALID_ARGUMENT, "tag '%s': this allocator already has %u tags, the "
+                   "most it keeps; reuse tags", tag, GMA__MAX_TAGS - 1);
+  return id;
+}
+
+const char *gma__tag_name(gma__pool_t *p, unsigned id) {
+  return id == 0 || id > gma__load_acquire(&p->ntags) ? "untagged" : p->tag_names[id];
+}
+
+gma_status_t gma_alloc_tagged(gma_t *g, size_t size, gma_stream_t stream, const char *tag,
+                              void **out) {
+  if (!g || !out)
+    return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_alloc_tagged: NULL %s",
+                          g ? "out" : "allocator");
+  *out = NULL;
+  int id = gma__tag_intern(&g->pool, tag);
+  if (id < 0) return GMA_ERR_INVALID_ARGUMENT;
+  gma_status_t st = gma_alloc(g, size, stream, out);
+  if (st != GMA_OK) return st;
+  gma__block_t *b = gma__pagemap_get(&g->pool.pagemap, (uintptr_t)*out);
+  if (b) gma__store_relaxed(&b->tag, (uint8_t)id); /* ours: LIVE, handed to us */
+  else gma__host_set_tag(&g->host, *out, (uint8_t)id); /* a CPU fallback */
+  return GMA_OK;
+}
+
+gma_status_t gma_pointer_info(gma_t *g, const void *ptr, gma_pointer_info_t *info) {
+  if (!g || !info)
+    return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_pointer_info: NULL %s",
+                          g ? "info" : "allocator");
+  if (info->size < sizeof(size_t) || info->size > sizeof(gma_pointer_info_t))
+    return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_pointer_info: info->size is %zu; "
+                          "initialize with GMA_POINTER_INFO_INIT", info->size);
+  gma_pointer_info_t r = {.size = info->size};
+  gma__pool_t *p = &g->pool;
+  uintptr_t a = (uintptr_t)ptr;
+  bool found = false;
+  pthread_mutex_lock(&p->lock);
+  gma__segment_t *seg = gma__seg_find(p, a);
+  gma__block_t *b = seg ? seg->first : NULL;
+  while (b && a >= b->addr + b->size) b = b->next; /* one segment's blocks */
+  if (b && gma__load_relaxed(&b->state) == GMA__LIVE) {
+    r.kind = GMA_MEMORY_DEVICE;
+    r.base = (void *)b->addr;
+    r.requested = b->requested;
+    r.block_size = b->size;
+    r.stream = b->stream ? b->stream->handle : NULL;
+    r.tag = gma__tag_name(p, gma__load_relaxed(&b->tag));
+    found = true;
+  }
+  pthread_mutex_unlock(&p->lock);
+  if (!found && !gma__host_pointer_info(&g->host, p, ptr, &r))
+    return gma__set_error(GMA_ERR_INVALID_POINTER,
+                          "gma_pointer_info(%p): the pointer lies in no live allocation of this "
+                          "allocator (device or host)", ptr);
+  memcpy(info, &r, info->size);
+  return GMA_OK;
+}
