@@ -940,12 +940,15 @@ gma_status_t gma__pool_stream_retire(gma__pool_t *p, gma_stream_t stream) {
 
 gma_status_t gma__pool_fini(gma__pool_t *p) {
   uint64_t leaked_bytes = 0, leaked = 0;
+  uint64_t tag_bytes[GMA__MAX_TAGS] = {0}, tag_count[GMA__MAX_TAGS] = {0};
   for (size_t i = 0; i < p->nsegs; i++) {
     gma__segment_t *seg = p->segs[i];
     for (gma__block_t *b = seg->first; b; b = b->next) {
       if (state_of(b) == GMA__LIVE && !gma__load_relaxed(&b->future_held)) {
         leaked++;
         leaked_bytes += b->size;
+        tag_bytes[gma__load_relaxed(&b->tag)] += b->size;
+        tag_count[gma__load_relaxed(&b->tag)]++;
       }
     }
     if (!seg->region && p->dev->ops->mem_free(p->dev, seg->base, seg->size) == GMA_OK)
@@ -971,12 +974,21 @@ gma_status_t gma__pool_fini(gma__pool_t *p) {
   pthread_mutex_destroy(&p->lock);
   pthread_mutex_destroy(&p->trace_mu);
   if (leaked == 0) return GMA_OK;
-  fprintf(stderr, "gma: destroyed with %" PRIu64 " live allocations (%" PRIu64 " bytes); freed\n",
-          leaked, leaked_bytes);
+  /* The leak report, grouped by tag (the names stay in the pool's memory). */
+  char by_tag[512] = "";
+  size_t at = 0;
+  for (unsigned t = 0; t < GMA__MAX_TAGS && at < sizeof by_tag; t++)
+    if (tag_count[t]) {
+      int n = snprintf(by_tag + at, sizeof by_tag - at, "%s%s: %" PRIu64 " (%" PRIu64 " bytes)",
+                       at ? ", " : "", gma__tag_name(p, t), tag_count[t], tag_bytes[t]);
+      if (n > 0) at += (size_t)n;
+    }
+  fprintf(stderr, "gma: destroyed with %" PRIu64 " live allocations (%" PRIu64 " bytes); freed; "
+          "by tag: %s\n", leaked, leaked_bytes, by_tag);
   return gma__set_error(GMA_ERR_LEAK,
                         "gma_destroy: %" PRIu64 " live allocations (%" PRIu64
-                        " bytes) were never freed; gma freed them",
-                        leaked, leaked_bytes);
+                        " bytes) were never freed (by tag: %s); gma freed them",
+                        leaked, leaked_bytes, by_tag);
 }
 
 /* ---- Validation --------------------------------------------------------------*/

@@ -53,9 +53,11 @@ gma_status_t gma_snapshot_json(gma_t *g, const char *path) {
       uintptr_t stream = st != GMA__FREE && b->stream ? (uintptr_t)b->stream->handle : 0;
       fprintf(f,
               "%s{\"address\":\"0x%" PRIxPTR "\",\"size\":%" PRIu64
-              ",\"state\":\"%s\",\"stream\":\"0x%" PRIxPTR "\",\"requested\":%" PRIu64 "}",
+              ",\"state\":\"%s\",\"stream\":\"0x%" PRIxPTR "\",\"requested\":%" PRIu64
+              ",\"tag\":\"%s\"}",
               b == seg->first ? "" : ",", b->addr, b->size, state_name(st), stream,
-              st == GMA__LIVE ? b->requested : 0);
+              st == GMA__LIVE ? b->requested : 0,
+              st == GMA__LIVE ? gma__tag_name(p, gma__load_relaxed(&b->tag)) : "");
     }
     fputs("]}", f);
   }
@@ -131,7 +133,7 @@ gma_status_t gma_memory_summary(gma_t *g, char *buf, size_t len) {
   if (st != GMA_OK) return st;
   /* By pool: current bytes from a walk; reserved per pool and segment counts. */
   uint64_t live[GMA__NKINDS] = {0}, reserved[GMA__NKINDS] = {0}, segs[GMA__NKINDS] = {0};
-  uint64_t blocks_live = 0;
+  uint64_t blocks_live = 0, tag_bytes[GMA__MAX_TAGS] = {0}, tag_count[GMA__MAX_TAGS] = {0};
   gma__pool_t *p = &g->pool;
   pthread_mutex_lock(&p->lock);
   for (size_t i = 0; i < p->nsegs; i++) {
@@ -142,6 +144,9 @@ gma_status_t gma_memory_summary(gma_t *g, char *buf, size_t len) {
       if (gma__load_relaxed(&b->state) == GMA__LIVE) {
         live[seg->kind] += b->size;
         blocks_live++;
+        unsigned t = gma__load_relaxed(&b->tag);
+        tag_bytes[t] += b->size;
+        tag_count[t]++;
       }
   }
   pthread_mutex_unlock(&p->lock);
@@ -191,6 +196,19 @@ gma_status_t gma_memory_summary(gma_t *g, char *buf, size_t len) {
        s.trims_idle, s.trims_pressure, s.pressure_level);
   row1(&o, "streams / epoch events", "%" PRIu64 " / %" PRIu64, s.num_streams,
        s.num_epoch_events);
+  row1(&o, "host pinned: live/held", "%s / %s", human(a, sizeof a, s.host_allocated.current),
+       human(b, sizeof b, s.host_reserved.current));
+  row1(&o, "CPU fallbacks", "%" PRIu64 " (%s live)", s.num_fallbacks,
+       human(a, sizeof a, s.fallback_bytes));
+  put(&o, RULE);
+  put(&o, "| %-26s | %-42s |\n", "live device memory by tag", "");
+  for (unsigned t = 0; t < GMA__MAX_TAGS; t++)
+    if (tag_count[t]) {
+      char name[40];
+      snprintf(name, sizeof name, "  %s", gma__tag_name(p, t));
+      row1(&o, name, "%s in %" PRIu64 " allocations", human(a, sizeof a, tag_bytes[t]),
+           tag_count[t]);
+    }
   put(&o, "+=========================================================================+\n");
   if (o.at >= len) {
     buf[len - 1] = '\0';

@@ -61,9 +61,9 @@ static void snapshot(void) {
   CHECK(requested == 1000 + 3 * MiB);
   CHECK(count(j, "\"state\":\"live\"") == 2);
   CHECK(count(j, "\"pool\":") == (int)st.num_segments);
-  char needle[96];
+  char needle[256];
   snprintf(needle, sizeof needle, "{\"address\":\"%p\",\"size\":%zu,\"state\":\"live\",\"stream\":\"%p\","
-           "\"requested\":%zu}", b, 3 * MiB, (void *)s, 3 * MiB);
+           "\"requested\":%zu,\"tag\":\"untagged\"}", b, 3 * MiB, (void *)s, 3 * MiB);
   CHECK(strstr(j, needle) != NULL);
   snprintf(needle, sizeof needle, "\"address\":\"%p\",\"size\":1024,\"state\":\"live\"", a);
   CHECK(strstr(j, needle) != NULL);
