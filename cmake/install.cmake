@@ -1,0 +1,119 @@
+# Install rules and the package files: headers, libgma.so (versioned SONAME)
+# and libgma.a, a CMake package (find_package(gma CONFIG) gives gma::gma and
+# gma::gma_static) and a pkg-config file. Included at the end of the top-level
+# CMakeLists.txt, after the targets exist. Nothing test-only is installed: not
+# the tests, not the fake CUDA driver, not the benchmarks, not the tools
+# (gma-replay and gma-demo run from the build tree; see tests/install).
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+set(GMA_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/gma" CACHE STRING
+    "Where the CMake package files go, relative to the install prefix")
+mark_as_advanced(GMA_INSTALL_CMAKEDIR)
+
+# concurrencykit in the installed link interface. The build links whatever the
+# top-level found (PkgConfig::CK, or the gma_ck INTERFACE target of the
+# find_library fallback); neither name may leak into the exported targets, since
+# the consumer's machine has to find ck for itself. So the exported interface
+# names gma::ck instead, which gmaConfig.cmake creates on the consumer's side
+# (pkg-config, else find_library). Only INTERFACE_LINK_LIBRARIES changes: the
+# libraries themselves still link ${gma_ck_target} (LINK_LIBRARIES), and
+# targets in this build still get ${gma_ck_target} through BUILD_INTERFACE.
+foreach(t gma gma_static)
+  get_target_property(gma_ifc_libs ${t} INTERFACE_LINK_LIBRARIES)
+  if(NOT gma_ifc_libs)
+    continue()
+  endif()
+  string(REGEX REPLACE "([][+.*?()^$|\\\\])" "\\\\\\1" gma_ck_re "${gma_ck_target}")
+  # An entry is the target itself or wrapped in a generator expression
+  # ($<LINK_ONLY:...> for a static library's private dependencies).
+  list(TRANSFORM gma_ifc_libs REPLACE "(^|:)${gma_ck_re}(>|$)"
+       "\\1$<BUILD_INTERFACE:${gma_ck_target}>$<INSTALL_INTERFACE:gma::ck>\\2")
+  set_property(TARGET ${t} PROPERTY INTERFACE_LINK_LIBRARIES "${gma_ifc_libs}")
+endforeach()
+
+# --- Libraries and headers ------------------------------------------------------
+# Components: "runtime" is what a program linked against libgma.so needs at run
+# time (libgma.so.0.1.0 and the libgma.so.0 SONAME link); "development" is the
+# rest (libgma.so namelink, libgma.a, headers, CMake and pkg-config files). A
+# plain cmake --install installs both.
+install(TARGETS gma gma_static EXPORT gmaTargets
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+    COMPONENT runtime NAMELINK_COMPONENT development
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT development
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+
+# The public headers are include/gma.h and include/gma/*.h (design.md: one
+# public header plus gma/version.h); everything under include/ is public.
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
+  COMPONENT development
+  FILES_MATCHING PATTERN "*.h")
+
+# --- CMake package ----------------------------------------------------------------
+install(EXPORT gmaTargets
+  NAMESPACE gma::
+  FILE gmaTargets.cmake
+  DESTINATION ${GMA_INSTALL_CMAKEDIR}
+  COMPONENT development)
+
+# What gmaConfig.cmake needs to know about this build.
+set(GMA_CONFIG_THREADS_PREFER_PTHREAD_FLAG ${THREADS_PREFER_PTHREAD_FLAG})
+configure_package_config_file(
+  ${CMAKE_CURRENT_LIST_DIR}/gmaConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/cmake/gmaConfig.cmake
+  INSTALL_DESTINATION ${GMA_INSTALL_CMAKEDIR})
+write_basic_package_version_file(
+  ${PROJECT_BINARY_DIR}/cmake/gmaConfigVersion.cmake
+  VERSION ${PROJECT_VERSION}
+  COMPATIBILITY SameMajorVersion)
+install(FILES
+  ${PROJECT_BINARY_DIR}/cmake/gmaConfig.cmake
+  ${PROJECT_BINARY_DIR}/cmake/gmaConfigVersion.cmake
+  DESTINATION ${GMA_INSTALL_CMAKEDIR}
+  COMPONENT development)
+
+# --- pkg-config -------------------------------------------------------------------
+# Static linking needs ck, the threads flag and libdl after libgma.a. ck comes
+# through Requires.private when this build found it with pkg-config (ck.pc then
+# exists on this machine); otherwise as -lck in Libs.private, so a missing ck.pc
+# does not make pkg-config reject gma.pc.
+set(gma_pc_requires_private "")
+set(gma_pc_libs_private "")
+if(gma_ck_target STREQUAL "PkgConfig::CK")
+  set(gma_pc_requires_private "ck >= 0.7.1")
+else()
+  get_filename_component(gma_ck_libdir "${CK_LIBRARY}" DIRECTORY)
+  if(NOT gma_ck_libdir IN_LIST CMAKE_C_IMPLICIT_LINK_DIRECTORIES)
+    string(APPEND gma_pc_libs_private " -L${gma_ck_libdir}")
+  endif()
+  string(APPEND gma_pc_libs_private " -lck")
+endif()
+if(CMAKE_THREAD_LIBS_INIT)
+  string(APPEND gma_pc_libs_private " ${CMAKE_THREAD_LIBS_INIT}")
+endif()
+foreach(lib ${CMAKE_DL_LIBS})
+  string(APPEND gma_pc_libs_private " -l${lib}")
+endforeach()
+string(STRIP "${gma_pc_libs_private}" gma_pc_libs_private)
+
+# The prefix is only known at install time (cmake --install --prefix P), so
+# the file is configured twice: now for everything but the prefix, then by the
+# install step with CMAKE_INSTALL_PREFIX as the install run sees it.
+set(gma_pc_prefix "@gma_pc_prefix@")
+foreach(d LIBDIR INCLUDEDIR)
+  if(IS_ABSOLUTE "${CMAKE_INSTALL_${d}}")
+    set(gma_pc_${d} "${CMAKE_INSTALL_${d}}")
+  else()
+    set(gma_pc_${d} "\${prefix}/${CMAKE_INSTALL_${d}}")
+  endif()
+endforeach()
+configure_file(${CMAKE_CURRENT_LIST_DIR}/gma.pc.in ${PROJECT_BINARY_DIR}/cmake/gma.pc.in @ONLY)
+install(CODE "
+  set(gma_pc_prefix \"\${CMAKE_INSTALL_PREFIX}\")
+  configure_file(\"${PROJECT_BINARY_DIR}/cmake/gma.pc.in\" \"${PROJECT_BINARY_DIR}/cmake/gma.pc\" @ONLY)
+" COMPONENT development)
+install(FILES ${PROJECT_BINARY_DIR}/cmake/gma.pc
+  DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig
+  COMPONENT development)
