@@ -8,12 +8,40 @@
 #include "pool.h"
 #include "worker.h"
 
+/* magic: LIVE from gma_create until gma_destroy, then DEAD. A destroyed
+ * allocator's struct is kept (on a process-wide list, so leak checkers see it
+ * reachable) so that a call on the stale handle finds DEAD and fails with a
+ * clear error instead of reading freed memory. Calls racing with gma_destroy
+ * are not allowed and not detected. */
+#define GMA__MAGIC_LIVE 0x6c6976655f616d67ull /* "gma_live" */
+#define GMA__MAGIC_DEAD 0x646165645f616d67ull /* "gma_dead" */
+
 struct gma {
+  uint64_t magic;
+  struct gma *next_dead; /* the list of destroyed allocators (api.c) */
   gma__device_t *dev; /* immutable after gma_create */
   gma_config_t cfg;   /* resolved; immutable after gma_create */
   gma__pool_t pool;
   gma__host_t host;   /* pinned host memory and CPU fallbacks */
   gma__worker_t worker;
 };
+
+/* GMA_OK for a live allocator; GMA_ERR_INVALID_ARGUMENT naming fn for NULL
+ * or a destroyed one. One load and compare: every entry point calls it. */
+static inline gma_status_t gma__check(const gma_t *g, const char *fn) {
+  if (__builtin_expect(g != NULL && g->magic == GMA__MAGIC_LIVE, 1)) return GMA_OK;
+  if (!g) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "%s: allocator is NULL", fn);
+  if (g->magic == GMA__MAGIC_DEAD)
+    return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
+                          "%s: the allocator was destroyed (gma_destroy); its handle must not be "
+                          "used any more", fn);
+  return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "%s: %p is not an allocator gma_create made",
+                        fn, (const void *)g);
+}
+#define GMA__CHECK(g, fn)                      \
+  do {                                         \
+    gma_status_t chk_ = gma__check((g), (fn)); \
+    if (chk_ != GMA_OK) return chk_;           \
+  } while (0)
 
 #endif /* GMA_ALLOCATOR_H */

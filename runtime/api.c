@@ -1,6 +1,7 @@
 /* Owns the public entry points: argument checks, clear error messages, the
  * allocator object, device selection, and routing each call to its owner. */
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,6 +78,7 @@ gma_status_t gma_create(const gma_config_t *config, gma_t **out) {
   *out = NULL;
   gma_t *g = calloc(1, sizeof *g);
   if (!g) return gma__set_error(GMA_ERR_OOM, "gma_create: no host memory for the allocator");
+  g->magic = GMA__MAGIC_LIVE; /* gma_create's own calls (gma_trace_start) check it */
   gma_status_t st = gma__config_resolve(config, &g->cfg);
   if (st == GMA_OK) st = open_device(&g->cfg, &g->dev);
   if (st != GMA_OK) {
@@ -109,8 +111,13 @@ gma_status_t gma_create(const gma_config_t *config, gma_t **out) {
   return GMA_OK;
 }
 
+/* Destroyed allocators' structs (see allocator.h: stale handles fail cleanly). */
+static pthread_mutex_t dead_mu = PTHREAD_MUTEX_INITIALIZER;
+static gma_t *dead_list;
+
 gma_status_t gma_destroy(gma_t *g) {
   if (!g) return GMA_OK;
+  GMA__CHECK(g, "gma_destroy");
   gma__worker_stop(&g->worker); /* first: it touches the pool */
   /* Device work may still use cached blocks; let it finish before the memory
    * goes back, so the device never touches memory it no longer owns. */
@@ -128,11 +135,17 @@ gma_status_t gma_destroy(gma_t *g) {
                           " bytes) were never freed; gma freed them", host_leaks, host_leaked);
   }
   g->dev->ops->destroy(g->dev);
-  free(g);
+  g->magic = GMA__MAGIC_DEAD; /* the rest of the struct is dead memory now */
+  pthread_mutex_lock(&dead_mu);
+  g->next_dead = dead_list;
+  dead_list = g;
+  pthread_mutex_unlock(&dead_mu);
   return st;
 }
 
-const char *gma_device_name(const gma_t *g) { return g ? g->dev->name : "none"; }
+const char *gma_device_name(const gma_t *g) {
+  return g && g->magic == GMA__MAGIC_LIVE ? g->dev->name : "none";
+}
 
 static gma_status_t alloc_now(gma_t *g, size_t size, gma_stream_t stream, void **out);
 static gma_status_t alloc_fallback(gma_t *g, size_t size, gma_stream_t stream, void **out);
@@ -145,7 +158,7 @@ static uint64_t block_size(gma_t *g, void *ptr) {
 }
 
 gma_status_t gma_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out) {
-  CHECK_ARG(g, "gma_alloc: allocator is NULL");
+  GMA__CHECK(g, "gma_alloc");
   CHECK_ARG(out, "gma_alloc: out is NULL");
   gma_status_t st = alloc_now(g, size, stream, out);
   if (st == GMA_ERR_OOM && g->cfg.fallback_host) st = alloc_fallback(g, size, stream, out);
@@ -186,7 +199,7 @@ static gma_status_t alloc_now(gma_t *g, size_t size, gma_stream_t stream, void *
 }
 
 gma_status_t gma_free(gma_t *g, void *ptr) {
-  CHECK_ARG(g, "gma_free: allocator is NULL");
+  GMA__CHECK(g, "gma_free");
   if (!ptr) return GMA_OK; /* like free(NULL) and cudaFree(NULL) */
   gma__trace_t *t = gma__trace_on(&g->pool.trace);
   uint64_t t_ns = 0, requested = 0, bytes = 0, stream = 0;
@@ -219,7 +232,7 @@ static gma_status_t free_now(gma_t *g, void *ptr) {
 }
 
 gma_status_t gma_record_stream(gma_t *g, void *ptr, gma_stream_t stream) {
-  CHECK_ARG(g, "gma_record_stream: allocator is NULL");
+  GMA__CHECK(g, "gma_record_stream");
   CHECK_ARG(ptr, "gma_record_stream: ptr is NULL");
   gma_status_t st = gma__pool_record_stream(&g->pool, ptr, stream);
   if (st == GMA_OK)
@@ -228,32 +241,32 @@ gma_status_t gma_record_stream(gma_t *g, void *ptr, gma_stream_t stream) {
 }
 
 gma_status_t gma_empty_cache(gma_t *g) {
-  CHECK_ARG(g, "gma_empty_cache: allocator is NULL");
+  GMA__CHECK(g, "gma_empty_cache");
   gma__host_trim(&g->host, 0);
   return gma__pool_trim(&g->pool, 0);
 }
 
 gma_status_t gma_host_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out) {
-  CHECK_ARG(g, "gma_host_alloc: allocator is NULL");
+  GMA__CHECK(g, "gma_host_alloc");
   CHECK_ARG(out, "gma_host_alloc: out is NULL");
   *out = NULL;
   return gma__host_alloc(&g->host, size, stream, false, out);
 }
 
 gma_status_t gma_host_free(gma_t *g, void *ptr) {
-  CHECK_ARG(g, "gma_host_free: allocator is NULL");
+  GMA__CHECK(g, "gma_host_free");
   if (!ptr) return GMA_OK;
   return gma__host_free(&g->host, ptr, false);
 }
 
 gma_status_t gma_trim(gma_t *g, uint64_t keep_bytes) {
-  CHECK_ARG(g, "gma_trim: allocator is NULL");
+  GMA__CHECK(g, "gma_trim");
   return gma__pool_trim(&g->pool, keep_bytes);
 }
 
 gma_status_t gma_alloc_batch(gma_t *g, size_t n, const size_t *sizes, gma_stream_t stream,
                              void **ptrs) {
-  CHECK_ARG(g, "gma_alloc_batch: allocator is NULL");
+  GMA__CHECK(g, "gma_alloc_batch");
   CHECK_ARG(n > 0 && sizes && ptrs, "gma_alloc_batch: n is 0, or sizes or ptrs is NULL");
   uint64_t total = 0;
   for (size_t i = 0; i < n; i++) {
@@ -294,13 +307,13 @@ void gma__trace_batch(gma__pool_t *p, gma__trace_t *t, gma_status_t st, size_t n
 }
 
 gma_status_t gma_set_pressure_callback(gma_t *g, gma_pressure_callback_t cb, void *user) {
-  CHECK_ARG(g, "gma_set_pressure_callback: allocator is NULL");
+  GMA__CHECK(g, "gma_set_pressure_callback");
   return gma__worker_set_callback(&g->worker, cb, user);
 }
 
 gma_status_t gma_reserve(gma_t *g, gma_stream_t stream, size_t n, const size_t *sizes,
                          const size_t *counts) {
-  CHECK_ARG(g, "gma_reserve: allocator is NULL");
+  GMA__CHECK(g, "gma_reserve");
   CHECK_ARG(n == 0 || (sizes && counts), "gma_reserve: sizes or counts is NULL");
   size_t total = 0;
   for (size_t i = 0; i < n; i++) total += counts[i];
@@ -322,7 +335,7 @@ gma_status_t gma_reserve(gma_t *g, gma_stream_t stream, size_t n, const size_t *
 }
 
 gma_status_t gma_stats(gma_t *g, gma_stats_t *out) {
-  CHECK_ARG(g, "gma_stats: allocator is NULL");
+  GMA__CHECK(g, "gma_stats");
   CHECK_ARG(out, "gma_stats: out is NULL");
   CHECK_ARG(out->size >= sizeof(size_t) && out->size <= sizeof(gma_stats_t),
             "gma_stats: out->size is %zu; initialize with GMA_STATS_INIT", out->size);
@@ -338,13 +351,13 @@ gma_status_t gma_stats(gma_t *g, gma_stats_t *out) {
 }
 
 gma_status_t gma_stream_create(gma_t *g, gma_stream_t *out) {
-  CHECK_ARG(g, "gma_stream_create: allocator is NULL");
+  GMA__CHECK(g, "gma_stream_create");
   CHECK_ARG(out, "gma_stream_create: out is NULL");
   return g->dev->ops->stream_create(g->dev, out);
 }
 
 gma_status_t gma_stream_destroy(gma_t *g, gma_stream_t stream) {
-  CHECK_ARG(g, "gma_stream_destroy: allocator is NULL");
+  GMA__CHECK(g, "gma_stream_destroy");
   CHECK_ARG(stream != NULL && stream != GMA_STREAM_LEGACY && stream != GMA_STREAM_PER_THREAD,
             "gma_stream_destroy(%p): the default streams cannot be destroyed", stream);
   /* Forget the stream before its handle value can be reused by a new one. */
@@ -354,12 +367,12 @@ gma_status_t gma_stream_destroy(gma_t *g, gma_stream_t stream) {
 }
 
 gma_status_t gma_stream_retire(gma_t *g, gma_stream_t stream) {
-  CHECK_ARG(g, "gma_stream_retire: allocator is NULL");
+  GMA__CHECK(g, "gma_stream_retire");
   return gma__pool_stream_retire(&g->pool, stream);
 }
 
 gma_status_t gma_stream_stats(gma_t *g, gma_stream_t stream, gma_stream_stats_t *out) {
-  CHECK_ARG(g, "gma_stream_stats: allocator is NULL");
+  GMA__CHECK(g, "gma_stream_stats");
   CHECK_ARG(out, "gma_stream_stats: out is NULL");
   CHECK_ARG(out->size >= sizeof(size_t) && out->size <= sizeof(gma_stream_stats_t),
             "gma_stream_stats: out->size is %zu; initialize with GMA_STREAM_STATS_INIT",
@@ -368,12 +381,12 @@ gma_status_t gma_stream_stats(gma_t *g, gma_stream_t stream, gma_stream_stats_t 
 }
 
 gma_status_t gma_stream_synchronize(gma_t *g, gma_stream_t stream) {
-  CHECK_ARG(g, "gma_stream_synchronize: allocator is NULL");
+  GMA__CHECK(g, "gma_stream_synchronize");
   return g->dev->ops->stream_synchronize(g->dev, stream);
 }
 
 gma_status_t gma_sim_launch(gma_t *g, gma_stream_t stream, gma_sim_kernel_fn fn, void *arg) {
-  CHECK_ARG(g, "gma_sim_launch: allocator is NULL");
+  GMA__CHECK(g, "gma_sim_launch");
   CHECK_ARG(fn, "gma_sim_launch: fn is NULL");
   if (!g->dev->ops->sim_launch)
     return gma__set_error(GMA_ERR_UNSUPPORTED, "gma_sim_launch: the %s device cannot run "

@@ -262,8 +262,8 @@ static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t 
 
 static gma_status_t check_async(gma_t *g, gma_stream_t stream, const gma_async_options_t *o,
                                 gma_future_t **out, const char *fn) {
-  if (!g || !out) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "%s: NULL %s", fn,
-                                        g ? "out" : "allocator");
+  GMA__CHECK(g, fn);
+  if (!out) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
   *out = NULL;
   if (o && (o->size < sizeof(size_t) || o->size > sizeof *o))
     return gma__set_error(GMA_ERR_INVALID_ARGUMENT,

@@ -20,8 +20,9 @@ static const char *state_name(uint8_t st) {
 }
 
 gma_status_t gma_snapshot_json(gma_t *g, const char *path) {
-  if (!g || !path || !*path)
-    return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_snapshot_json: NULL allocator or path");
+  GMA__CHECK(g, "gma_snapshot_json");
+  if (!path || !*path)
+    return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_snapshot_json: NULL or empty path");
   FILE *f = fopen(path, "w");
   if (!f)
     return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_snapshot_json: cannot create '%s': %s",
@@ -126,8 +127,9 @@ static void row1(out_t *o, const char *name, const char *fmt, ...) {
 }
 
 gma_status_t gma_memory_summary(gma_t *g, char *buf, size_t len) {
-  if (!g || !buf || !len)
-    return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_memory_summary: NULL allocator or buffer");
+  GMA__CHECK(g, "gma_memory_summary");
+  if (!buf || !len)
+    return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_memory_summary: NULL or empty buffer");
   gma_stats_t s = GMA_STATS_INIT;
   gma_status_t st = gma_stats(g, &s);
   if (st != GMA_OK) return st;

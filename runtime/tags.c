@@ -41,9 +41,8 @@ const char *gma__tag_name(gma__pool_t *p, unsigned id) {
 
 gma_status_t gma_alloc_tagged(gma_t *g, size_t size, gma_stream_t stream, const char *tag,
                               void **out) {
-  if (!g || !out)
-    return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_alloc_tagged: NULL %s",
-                          g ? "out" : "allocator");
+  GMA__CHECK(g, "gma_alloc_tagged");
+  if (!out) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_alloc_tagged: out is NULL");
   *out = NULL;
   int id = gma__tag_intern(&g->pool, tag);
   if (id < 0) return GMA_ERR_INVALID_ARGUMENT;
@@ -56,9 +55,8 @@ gma_status_t gma_alloc_tagged(gma_t *g, size_t size, gma_stream_t stream, const 
 }
 
 gma_status_t gma_pointer_info(gma_t *g, const void *ptr, gma_pointer_info_t *info) {
-  if (!g || !info)
-    return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_pointer_info: NULL %s",
-                          g ? "info" : "allocator");
+  GMA__CHECK(g, "gma_pointer_info");
+  if (!info) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_pointer_info: info is NULL");
   if (info->size < sizeof(size_t) || info->size > sizeof(gma_pointer_info_t))
     return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_pointer_info: info->size is %zu; "
                           "initialize with GMA_POINTER_INFO_INIT", info->size);

@@ -251,8 +251,9 @@ void gma__trace_free(gma__trace_t *t) {
 /* ---- The public calls ------------------------------------------------------------ */
 
 gma_status_t gma_trace_start(gma_t *g, const char *path) {
-  if (!g || !path || !*path)
-    return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_trace_start: NULL allocator or empty path");
+  GMA__CHECK(g, "gma_trace_start");
+  if (!path || !*path)
+    return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_trace_start: NULL or empty path");
   gma__trace_t *t;
   gma_status_t st = gma__trace_open(path, &t);
   if (st != GMA_OK) return st;
@@ -267,7 +268,7 @@ gma_status_t gma_trace_start(gma_t *g, const char *path) {
 }
 
 gma_status_t gma_trace_stop(gma_t *g) {
-  if (!g) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_trace_stop: allocator is NULL");
+  GMA__CHECK(g, "gma_trace_stop");
   gma__pool_t *p = &g->pool;
   pthread_mutex_lock(&p->trace_mu);
   gma__trace_t *t = gma__load_relaxed(&p->trace);
