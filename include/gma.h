@@ -479,6 +479,31 @@ GMA_API gma_status_t gma_host_alloc(gma_t *g, size_t size, gma_stream_t stream, 
 GMA_API gma_status_t gma_host_free(gma_t *g, void *ptr);
 
 /* ---------------------------------------------------------------------------
+ * Live allocations: ages and leak reports
+ * ------------------------------------------------------------------------- */
+typedef struct gma_allocation_info {
+  void *ptr;
+  size_t requested;   /* bytes asked for */
+  size_t block_size;  /* bytes set aside */
+  gma_stream_t stream;
+  const char *tag;    /* valid while g lives */
+  uint64_t age_ns;    /* time since it was handed out, to the worker's tick
+                         (trim_interval_ms) or better */
+} gma_allocation_info_t;
+
+/* The live device allocations at least min_age_ns old, oldest first: fills
+ * out[0 .. min(cap, *count) - 1] and sets *count to how many there are (which
+ * may exceed cap; cap 0 just counts). Any thread. */
+GMA_API gma_status_t gma_find_old_allocations(gma_t *g, uint64_t min_age_ns,
+                                              gma_allocation_info_t *out, size_t cap,
+                                              size_t *count);
+/* A human report of the live device allocations: count and bytes by tag, then
+ * the oldest (up to rows of them) with size, stream, tag and age. gma_destroy
+ * prints it to stderr when allocations are left. GMA_ERR_INVALID_SIZE if len
+ * is too small (the message says how much is needed). Any thread. */
+GMA_API gma_status_t gma_live_report(gma_t *g, size_t rows, char *buf, size_t len);
+
+/* ---------------------------------------------------------------------------
  * Trace recording, snapshots and the memory summary
  * ------------------------------------------------------------------------- */
 /* Starts recording every allocation event of g (allocations, frees,

@@ -122,6 +122,11 @@ gma_status_t gma_destroy(gma_t *g) {
   /* Device work may still use cached blocks; let it finish before the memory
    * goes back, so the device never touches memory it no longer owns. */
   g->dev->ops->device_synchronize(g->dev);
+  /* The leak report: what was never freed, by tag, the oldest first. */
+  char report[4096];
+  gma_status_t rst = gma_live_report(g, 10, report, sizeof report);
+  if ((rst == GMA_OK || rst == GMA_ERR_INVALID_SIZE) && strncmp(report, "0 live", 6) != 0)
+    fprintf(stderr, "gma: leak report at gma_destroy: %s", report);
   gma__trace_t *traces = g->pool.traces; /* recording until the pool is gone */
   uint64_t host_leaks, host_leaked;
   gma__host_fini(&g->host, &host_leaks, &host_leaked);

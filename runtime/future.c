@@ -119,7 +119,10 @@ static void unref(gma_future_t *f) {
 static void claim_and_free(gma_future_t *f, gma_t *g) {
   int zero = 0;
   if (!g || !atomic_compare_exchange_strong(&f->claim, &zero, 1)) return;
-  for (size_t i = 0; i < f->n; i++) gma_free(g, f->ptrs[i]);
+  for (size_t i = 0; i < f->n; i++) {
+    gma__pool_hold(&g->pool, f->ptrs[i], false); /* ours to free now (gma_free refuses held) */
+    gma_free(g, f->ptrs[i]);
+  }
 }
 
 /* The completion's trace rows: async_complete, then for a batch its

@@ -5,6 +5,7 @@
 #include "sizeclass.h"
 
 #include <inttypes.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -390,6 +391,8 @@ gma_status_t gma__pool_init(gma__pool_t *p, gma__device_t *dev, const gma_config
   }
   p->rng = 0x9E3779B9u;
   p->sweep_at = 64;
+  p->clock_in_slow_path = cfg->worker_off;
+  gma__pool_tick_clock(p);
   if (cfg->expandable_segments) return gma__vm_init(p);
   return GMA_OK;
 }
@@ -430,6 +433,7 @@ static void take_block(gma__pool_t *p, gma__block_t *b, uint64_t size, size_t re
   gma__store_relaxed(&b->ngates, 0);
   gma__store_relaxed(&b->future_held, 0);
   gma__store_relaxed(&b->tag, 0);
+  gma__store_relaxed(&b->born_ns, gma__load_relaxed(&p->clock_ns));
   gma__store_relaxed(&b->state, GMA__LIVE);
   gma__tcount_t *c = gma__tcount(p, s);
   gma__counter_add_owner(&c->allocs, 1);
@@ -538,8 +542,15 @@ static gma_status_t find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uin
   return st;
 }
 
+void gma__pool_tick_clock(gma__pool_t *p) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  gma__store_relaxed(&p->clock_ns, (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec);
+}
+
 gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t stream,
                                   uint64_t stream_id, void **out) {
+  if (p->clock_in_slow_path) gma__pool_tick_clock(p);
   /* Requests the bins serve get their class's size, so the block can go
    * into a bin when freed. */
   uint64_t size = requested <= p->bin_max ? gma__class_size(gma__class_of(requested))
@@ -708,6 +719,16 @@ gma_status_t gma__pool_free_slow(gma__pool_t *p, void *ptr) {
   gma__block_t *b = live_block(p, addr);
   uint8_t live = GMA__LIVE;
   /* The CAS settles a race with a lock-free free of the same pointer. */
+  if (b && gma__load_relaxed(&b->future_held)) {
+    /* Memory an async request got and nobody collected: the caller cannot
+     * have been handed this pointer, so it is stale (freed before and since
+     * given to the request). Freeing it would free the request's memory. */
+    pthread_mutex_unlock(&p->lock);
+    return gma__set_error(GMA_ERR_INVALID_POINTER,
+                          "gma_free(%p): this memory belongs to an async request whose future "
+                          "was not collected (gma_future_wait) or released; a stale pointer?",
+                          ptr);
+  }
   if (!b || !gma__cas_acq_rel(&b->state, &live, GMA__PENDING)) {
     gma_status_t st = bad_pointer(p, addr, "gma_free");
     pthread_mutex_unlock(&p->lock);
@@ -974,7 +995,7 @@ gma_status_t gma__pool_fini(gma__pool_t *p) {
   pthread_mutex_destroy(&p->lock);
   pthread_mutex_destroy(&p->trace_mu);
   if (leaked == 0) return GMA_OK;
-  /* The leak report, grouped by tag (the names stay in the pool's memory). */
+  /* The status's message, by tag (gma_destroy printed the full report). */
   char by_tag[512] = "";
   size_t at = 0;
   for (unsigned t = 0; t < GMA__MAX_TAGS && at < sizeof by_tag; t++)
@@ -983,8 +1004,6 @@ gma_status_t gma__pool_fini(gma__pool_t *p) {
                        at ? ", " : "", gma__tag_name(p, t), tag_count[t], tag_bytes[t]);
       if (n > 0) at += (size_t)n;
     }
-  fprintf(stderr, "gma: destroyed with %" PRIu64 " live allocations (%" PRIu64 " bytes); freed; "
-          "by tag: %s\n", leaked, leaked_bytes, by_tag);
   return gma__set_error(GMA_ERR_LEAK,
                         "gma_destroy: %" PRIu64 " live allocations (%" PRIu64
                         " bytes) were never freed (by tag: %s); gma freed them",

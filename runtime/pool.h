@@ -86,6 +86,8 @@ typedef struct gma__block {
                                     it free (its idle clock); 0 otherwise */
   _Atomic uint8_t tag;           /* LIVE: its tag's id (0: untagged); atomic: set by the
                                     owner after the allocation, read by snapshots */
+  _Atomic uint64_t born_ns;      /* LIVE: the pool's clock when it was handed out (atomic:
+                                    written without the lock, read by age reports) */
 } gma__block_t;
 
 /* A growable segment's address range (expandable_segments): reserved once,
@@ -254,7 +256,16 @@ typedef struct gma__pool {
    * and never changed after; appended under lock. names[0] is "untagged". */
   char tag_names[GMA__MAX_TAGS][32];
   _Atomic uint32_t ntags;
+  /* A coarse clock for allocation ages: reading the real clock costs more
+   * than a whole bin hit on some machines (85 ns on the CI VM), so the hot
+   * path copies this instead. Set by the worker's ticks, age reports, and
+   * the slow path when there is no worker. */
+  _Atomic uint64_t clock_ns;
+  bool clock_in_slow_path;      /* immutable: no worker ticks the clock */
 } gma__pool_t;
+
+/* Sets the pool's coarse clock to now; any thread. */
+void gma__pool_tick_clock(gma__pool_t *p);
 
 /* Records a pool event when a trace runs (one load and branch when not). */
 #define GMA__TRACE(p, action, ptr, size, stream, block, id, count, status)                    \

@@ -221,6 +221,7 @@ gma_status_t gma__bin_alloc(gma__pool_t *p, size_t size, gma_stream_t stream, ui
   gma__tsan_acquire(b); /* pairs with gma__bin_free's release before the push */
   gma__store_relaxed(&b->future_held, 0);
   gma__store_relaxed(&b->tag, 0);
+  gma__store_relaxed(&b->born_ns, gma__load_relaxed(&p->clock_ns));
   gma__store_relaxed(&b->state, GMA__LIVE);
   b->requested = size;
   gma__tcount_t *c = gma__tcount(p, s);
@@ -238,8 +239,9 @@ gma_status_t gma__bin_free(gma__pool_t *p, void *ptr) {
   /* The address check matters only for a buggy double free racing with a
    * coalesce that recycled this record for another block: records are never
    * unmapped, and their addr changes only under the lock. */
-  if (!b || b->addr != (uintptr_t)ptr || gma__load_relaxed(&b->ngates) || p->test_flags)
-    return MISS;
+  if (!b || b->addr != (uintptr_t)ptr || gma__load_relaxed(&b->ngates) || p->test_flags ||
+      gma__load_relaxed(&b->future_held))
+    return MISS; /* held by an uncollected future: the slow path refuses it */
   unsigned cls = gma__class_floor(b->size);
   gma__stream_t *s = b->stream;
   if (cls >= p->nbins || !s || gma__load_relaxed(&s->retired)) return MISS;

@@ -41,6 +41,7 @@ static gma_pressure_t pressure(gma__pool_t *p) {
  * free pool to grow_ahead when there is room. Worker thread only. */
 static void tick(gma__worker_t *w) {
   gma__pool_t *p = w->p;
+  gma__pool_tick_clock(p); /* allocation ages count in ticks */
   gma_pressure_t level = pressure(p);
   pthread_mutex_lock(&w->mu);
   bool changed = (int)level != w->level || w->report;
