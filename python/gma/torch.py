@@ -1,0 +1,171 @@
+"""gma under PyTorch, through libgma_torch.so (plugins/torch).
+
+    import gma.torch
+    gma.torch.use()                 # before the first CUDA tensor
+    x = torch.empty(1 << 20, device="cuda")
+    print(gma.torch.summary())
+
+use() is the three lines
+
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(
+        path, "gma_torch_alloc", "gma_torch_free")
+    torch.cuda.memory.change_current_allocator(alloc)
+
+The plug-in makes one gma allocator per device on first use, configured by
+GMA_CONF (device_id is the device PyTorch asks for). PyTorch's
+memory_stats(), empty_cache() and Tensor.record_stream() do not reach a
+plug-in loaded from Python: use stats(), summary(), empty_cache() and
+record_stream() here instead. torch is imported only inside use() and
+record_stream(); everything else works through ctypes alone.
+"""
+import ctypes
+import os
+import threading
+
+from . import _lib
+from . import Allocator, InvalidArgument, _error, _text, _to_dict
+
+ALLOC_FN = "gma_torch_alloc"
+FREE_FN = "gma_torch_free"
+
+_lock = threading.Lock()
+_plugin = None
+
+
+def library_path():
+    """The path of libgma_torch.so: $GMA_TORCH_LIBRARY, else beside libgma
+    (the build writes both into the build directory), else the places
+    gma._lib.find_library looks, else the system's library path."""
+    p = os.environ.get("GMA_TORCH_LIBRARY")
+    if p:
+        return p
+    libgma = _lib.find_library()
+    if libgma and os.path.isabs(libgma):
+        d = os.path.dirname(libgma)
+        for c in (os.path.join(d, "libgma_torch.so"),
+                  os.path.join(d, "plugins", "torch", "libgma_torch.so")):
+            if os.path.exists(c):
+                return c
+    p = _lib.find_library("gma_torch", env="GMA_TORCH_LIBRARY")
+    if not p:
+        raise OSError("libgma_torch.so not found: set GMA_TORCH_LIBRARY, or build it "
+                      "(CMake target gma_torch)")
+    return p
+
+
+_PROTOS = {
+    "gma_torch_alloc": (ctypes.c_void_p, [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]),
+    "gma_torch_free": (None, [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]),
+    "gma_torch_last_error": (ctypes.c_char_p, []),
+    "gma_torch_allocator": (ctypes.c_void_p, [ctypes.c_int]),
+    "gma_torch_stats": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(_lib.Stats)]),
+    "gma_torch_summary": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]),
+    "gma_torch_snapshot": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p]),
+    "gma_torch_empty_cache": (ctypes.c_int, [ctypes.c_int]),
+    "gma_torch_record_stream": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]),
+    "gma_torch_shutdown": (None, []),
+}
+
+
+def plugin():
+    """The loaded libgma_torch.so (a ctypes.CDLL with prototypes set). libgma
+    is loaded first, so the plug-in and this package share one copy."""
+    global _plugin
+    with _lock:
+        if _plugin is None:
+            _lib.load()
+            lib = ctypes.CDLL(library_path())
+            for name, (res, args) in _PROTOS.items():
+                f = getattr(lib, name)
+                f.restype, f.argtypes = res, args
+            _plugin = lib
+        return _plugin
+
+
+def last_error():
+    """The plug-in's message for the calling thread's last failing call."""
+    return _text(plugin().gma_torch_last_error())
+
+
+def _check(st, function):
+    if st != 0:
+        raise _error(st, function, last_error())
+
+
+def use(conf=None):
+    """Makes gma PyTorch's CUDA allocator (before any CUDA tensor exists).
+    conf, if given, becomes GMA_CONF for the plug-in's allocators. Returns
+    the CUDAPluggableAllocator."""
+    import torch  # only here: the rest of gma needs no torch
+
+    if conf is not None:
+        os.environ["GMA_CONF"] = conf
+    # Load libgma and the plug-in here first: PyTorch's ctypes.CDLL of the
+    # same path then reuses them, so gma.torch's exports and gma.Allocator
+    # see the very allocators PyTorch allocates from.
+    path = plugin()._name
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(path, ALLOC_FN, FREE_FN)
+    torch.cuda.memory.change_current_allocator(alloc)
+    return alloc
+
+
+def stats(device=0):
+    """gma_stats of device's allocator as a dict (gma.Allocator.stats' keys);
+    all zeros before anything was allocated on it."""
+    s = _lib.new(_lib.Stats)
+    _check(plugin().gma_torch_stats(device, ctypes.byref(s)), "gma_torch_stats")
+    return _to_dict(s)
+
+
+def summary(device=0):
+    """gma_memory_summary of device's allocator, a str."""
+    n = 1 << 16
+    while True:
+        buf = ctypes.create_string_buffer(n)
+        st = plugin().gma_torch_summary(device, buf, n)
+        if st == -2 and n < (1 << 26):  # GMA_ERR_INVALID_SIZE: too small
+            n *= 4
+            continue
+        _check(st, "gma_torch_summary")
+        return _text(buf.value)
+
+
+def snapshot(device=0, path=None):
+    """gma_snapshot_json of device's allocator: to path (returned), or as a dict."""
+    if path is not None:
+        _check(plugin().gma_torch_snapshot(device, os.fsencode(path)), "gma_torch_snapshot")
+        return path
+    return allocator(device).snapshot()
+
+
+def empty_cache(device=0):
+    """gma_empty_cache on device's allocator (torch.cuda.empty_cache() does not reach it)."""
+    _check(plugin().gma_torch_empty_cache(device), "gma_torch_empty_cache")
+
+
+def record_stream(tensor, stream, device=None):
+    """Tells gma that tensor (or a pointer, an int) is also used on stream
+    (a torch.cuda.Stream or a handle), so its free waits for that work.
+    Tensor.record_stream does not reach a plug-in: call this instead, after
+    queueing the work on stream. For a tensor, use the pointer PyTorch got
+    from gma: tensor.untyped_storage().data_ptr()."""
+    if isinstance(tensor, int):
+        ptr = tensor
+        if device is None:
+            device = 0
+    else:
+        storage = tensor.untyped_storage()
+        ptr = storage.data_ptr()
+        if device is None:
+            device = tensor.device.index or 0
+    s = getattr(stream, "cuda_stream", stream)
+    _check(plugin().gma_torch_record_stream(ptr, device, s or None), "gma_torch_record_stream")
+
+
+def allocator(device=0):
+    """device's gma allocator as a gma.Allocator that does not own it (for
+    pointer_info, stream_stats, trace_start, ...); created if needed."""
+    h = plugin().gma_torch_allocator(device)
+    if not h:
+        raise _error(InvalidArgument.status, "gma_torch_allocator", last_error())
+    return Allocator.from_handle(h, owner=plugin())

@@ -1,0 +1,53 @@
+# Tests of the Python binding (python/gma), the PyTorch plug-in
+# (plugins/torch) and the CuPy and PyTorch adapters, label "python"; the
+# plug-in's teardown in C, label "plugin".
+#
+# The Python tests load the build's libgma and libgma_torch into the system's
+# python. A sanitizer-instrumented libgma would need the sanitizer runtime
+# preloaded into that uninstrumented interpreter, so they are registered only
+# in builds without GMA_SANITIZE (the Debug build runs them); the C teardown
+# test runs in every build, sanitizers included.
+
+gma_test(NAME plugin_torch_exit_threads SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_torch_exit.c
+         ARGS threads LABELS plugin TIMEOUT 60)
+target_link_libraries(plugin_torch_exit_threads PRIVATE gma_torch)
+gma_test(NAME plugin_torch_exit_atexit EXE plugin_torch_exit_threads ARGS atexit
+         LABELS plugin TIMEOUT 60)
+set_tests_properties(plugin_torch_exit_atexit PROPERTIES
+  PASS_REGULAR_EXPRESSION "late calls after the plug-in's atexit handler: harmless")
+# The live tensor the atexit handler reports is freed by gma_destroy: no leak
+# for LeakSanitizer, and the report on stderr is expected.
+
+if(NOT GMA_SANITIZE STREQUAL "")
+  message(STATUS "gma: the Python tests (label python) are not registered in the "
+                 "GMA_SANITIZE=${GMA_SANITIZE} build: an instrumented libgma would need the "
+                 "sanitizer runtime preloaded into python; the Debug build runs them")
+  return()
+endif()
+find_package(Python3 COMPONENTS Interpreter)
+if(NOT Python3_Interpreter_FOUND)
+  message(STATUS "gma: no Python 3 interpreter found; the Python tests (label python) are "
+                 "not registered")
+  return()
+endif()
+
+# Prints sizeof and field offsets of the structs python/gma/_lib.py mirrors.
+add_executable(gma_py_sizes ${CMAKE_CURRENT_LIST_DIR}/sizes.c)
+target_link_libraries(gma_py_sizes PRIVATE gma)
+
+set(gma_py_env
+  "GMA_CONF=device:sim"
+  "GMA_LIBRARY=$<TARGET_FILE:gma>"
+  "GMA_TORCH_LIBRARY=$<TARGET_FILE:gma_torch>"
+  "PYTHONPATH=${PROJECT_SOURCE_DIR}/python"
+  "PYTHONDONTWRITEBYTECODE=1")
+foreach(t binding sizes torch_plugin adapters cupy torch)
+  add_test(NAME python_${t}
+           COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_${t}.py
+                   $<TARGET_FILE:gma_py_sizes> ${PROJECT_SOURCE_DIR}/include/gma.h)
+  set_tests_properties(python_${t} PROPERTIES
+    LABELS python
+    TIMEOUT 60
+    SKIP_RETURN_CODE 77
+    ENVIRONMENT "${gma_py_env}")
+endforeach()
