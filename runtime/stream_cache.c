@@ -267,6 +267,10 @@ gma_status_t gma__bin_free(gma__pool_t *p, void *ptr) {
   gma__counter_add_owner(&c->bin_in, b->size);
   gma__tsan_release(b); /* pairs with the acquire after a pop or drain */
   ck_stack_push_mpmc(&bin->stack, &b->bin_link);
+  /* The push wrote b->bin_link.next after that release (inside ck's asm, which
+   * TSan cannot see ordering); a drain reads it. Release on the stack too:
+   * the drain acquires it after its batch pop. */
+  gma__tsan_release(&bin->stack);
   return GMA_OK;
 }
 
