@@ -41,6 +41,7 @@ void gma__stream_drain_bins(gma__pool_t *p, gma__stream_t *s) {
     /* One swap takes the whole stack; frees racing with it push onto the
      * now empty stack and are drained next time. */
     ck_stack_entry_t *e = ck_stack_batch_pop_mpmc(&s->bins[i].stack);
+    gma__tsan_acquire(&s->bins[i].stack); /* pairs with gma__bin_free's release after its push */
     gma__store_relaxed(&s->bins[i].count, 0); /* empty now: resets the soft bound */
     while (e) {
       gma__block_t *b = (gma__block_t *)((char *)e - offsetof(gma__block_t, bin_link));
