@@ -27,6 +27,46 @@ for b in $builds; do
   fi
 done
 
+# ---- fuzz: begin (tests/fuzz; separate from the three builds above) -------------
+# A fourth build, build/fuzz, with clang: the libFuzzer target fuzz_gma and a
+# 30 s fuzzing run on a copy of the seed corpus (`ctest -L fuzz`: fuzz_corpus
+# and fuzz_short, about a minute in all plus the build). It runs only where
+# clang can link -fsanitize=fuzzer, and only for a full run (no ctest
+# arguments); GMA_TEST_FUZZ=0 skips it, GMA_TEST_FUZZ=1 runs it even with
+# ctest arguments. The three builds above replay the corpus (fuzz_corpus) anyway.
+fuzz_mode=${GMA_TEST_FUZZ:-auto}
+fuzz_skip=""
+if [ "$fuzz_mode" = 0 ]; then
+  fuzz_skip="GMA_TEST_FUZZ=0"
+elif [ "$fuzz_mode" = auto ] && [ $# -ne 0 ]; then
+  fuzz_skip="ctest arguments were given (GMA_TEST_FUZZ=1 runs it anyway)"
+elif ! command -v clang >/dev/null 2>&1; then
+  fuzz_skip="no clang on PATH (libFuzzer needs clang)"
+else
+  fuzz_probe=$(mktemp -d)
+  printf '#include <stddef.h>\n#include <stdint.h>\nint LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) { return d && n ? 0 : 0; }\n' >"$fuzz_probe/p.c"
+  if ! clang -fsanitize=fuzzer,address,undefined "$fuzz_probe/p.c" -o "$fuzz_probe/p" >/dev/null 2>&1; then
+    fuzz_skip="clang cannot link -fsanitize=fuzzer,address,undefined (libFuzzer runtime missing)"
+  fi
+  rm -rf "$fuzz_probe"
+fi
+if [ -n "$fuzz_skip" ]; then
+  echo "=== build/fuzz: short fuzz run skipped: $fuzz_skip"
+else
+  echo "=== build/fuzz: CC=clang, libFuzzer target fuzz_gma"
+  if CC=clang cmake -S . -B build/fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGMA_DEBUG=2 \
+       -DGMA_BUILD_BENCH=OFF >/dev/null &&
+     cmake --build build/fuzz -j "$jobs" --target fuzz_gma fuzz_replay >/dev/null; then
+    echo "=== build/fuzz: ctest -L fuzz"
+    if ! ctest --test-dir build/fuzz --output-on-failure -L fuzz; then
+      failed+=("fuzz")
+    fi
+  else
+    failed+=("fuzz (build)")
+  fi
+fi
+# ---- fuzz: end --------------------------------------------------------------------
+
 if [ ${#failed[@]} -ne 0 ]; then
   echo "FAILED builds: ${failed[*]}"
   exit 1

@@ -1,0 +1,2109 @@
+/* Model-based fuzzer of gma's public API on the simulated device.
+ *
+ * LLVMFuzzerTestOneInput decodes its bytes into a configuration and a
+ * sequence of operations, runs them single-threaded against a fresh allocator
+ * on the simulated device, and checks every answer against a reference model
+ * kept here: the live allocations (address range, requested and block size,
+ * stream, tag, kind), the pinned host blocks, the futures and the counters
+ * gma must report. Any disagreement calls abort() with a message naming the
+ * check, the operation number and gma's last error, so libFuzzer records the
+ * input. The same source builds two drivers: the libFuzzer binary fuzz_gma
+ * (clang, -fsanitize=fuzzer) and fuzz_replay (replay_main.c, any compiler),
+ * which runs files and directories of inputs through this function; CTest's
+ * fuzz_corpus replays the seed corpus and the regressions with it.
+ *
+ * INPUT ENCODING (tests/fuzz/make_corpus.py writes seeds in it)
+ *   byte 0  configuration flags: bit0 worker on, bit1 expandable_segments,
+ *           bit2 bins off, bits3-4 reuse (0 query, 1 wait, 2 none, 3 query),
+ *           bit5 fallback:host, bit6 trace to /dev/null, bit7 fault injection
+ *   byte 1  bits0-1 sim_capacity (32M, 64M, 64M, 128M), bits2-3 trim_interval_ms
+ *           (1, 2, 5, 50), bit4 release_threshold 8M (else 512 B), bit5
+ *           idle_ms 10000 (else 1), bit6 grow_ahead 4M, bit7 small knobs
+ *           (bin_depth 2, ring_size 2, bin_max 64K)
+ *   byte 2  bits0-2 sim_fail_alloc N, bits3-5 sim_fail_event 8*N (only with
+ *           byte0 bit7), bit6 memory_limit = 3/4 of the capacity, bit7
+ *           small_segment 1M + large_segment 4M
+ *   byte 3  bits0-3 end mode: 6 futures released without waiting, 7 one
+ *           block leaked on purpose (gma_destroy must say GMA_ERR_LEAK), 8
+ *           futures kept across gma_destroy and released afterwards, other
+ *           values normal (futures waited for and collected); bit4 a pressure
+ *           callback (worker on); bit5 pinned host and CPU-fallback blocks may
+ *           outlive their stream (else the fuzzer frees them before it
+ *           destroys the stream; see tests/fuzz/crashes/README.md)
+ *   then operations until the bytes run out (at most MAX_OPS): one byte whose
+ *   top two bits name the logical thread T (0-2 use user streams S0-S2, 3 the
+ *   default stream, or its per-thread stream after OP_DEFAULT_MODE) and whose
+ *   low six bits, modulo NOPS, the operation (the first 64 - 2*NOPS codes get
+ *   a third slot), followed by the operation's argument bytes. Missing bytes
+ *   read as 0. The logical threads' operations interleave as the bytes say;
+ *   everything runs on the calling thread, so a run is as deterministic as the
+ *   device's own threads allow.
+ *
+ * THE MODEL
+ *   - live device (and CPU-fallback) blocks: pointer, requested size, block
+ *     size (from gma_pointer_info, checked against the README's size classes),
+ *     stream slot and that slot's generation (a retire or destroy starts a new
+ *     gma record), tag, the last pattern a kernel wrote, whether another stream
+ *     used it;
+ *   - pinned host blocks (gma_host_alloc), with the pattern the host wrote;
+ *   - streams: three user streams (destroyed and re-created, the handle value
+ *     may be recycled), the default stream (NULL and GMA_STREAM_LEGACY
+ *     alternate) and the per-thread default stream;
+ *   - futures, with a completion callback that tells the model each outcome,
+ *     so counts stay exact even for futures released before they completed;
+ *   - expected counters: allocations and frees, host allocations and frees,
+ *     fallbacks, futures submitted and completed by outcome.
+ *
+ * CHECKS after every operation: every new allocation is 256-byte aligned, does
+ * not overlap any live block of the model (device, fallback or host), and
+ * gma_pointer_info agrees with it; statistics agree with the model: exactly
+ * (allocated, requested, active, num_allocs, num_frees, hits by level,
+ * futures by outcome, queue depth, the accounting equation reserved =
+ * allocated + stream_cached + pending + free) whenever no async request is in
+ * flight, and as bounds otherwise; host statistics always exactly; misuse
+ * (double free, interior and foreign pointers, destroyed streams, the default
+ * streams given to gma_stream_destroy, bad sizes and tags) returns its status
+ * and changes nothing; simulated pattern kernels (filled, held or gated, and
+ * checked in stream order, also across streams after gma_record_stream) abort
+ * at once when another user overwrote their memory. At the end of an input
+ * every block is freed, every stream synchronized, gma_empty_cache must give
+ * every byte back (reserved 0, host reserved 0), and gma_destroy must return
+ * GMA_OK (GMA_ERR_LEAK in the leak mode).
+ *
+ * Gated kernels hold their stream until an OP_GATE_OPEN (or any synchronize,
+ * or the end) opens their gate: stream order then deterministically keeps
+ * their memory from other streams. A gate that stays shut 10 s means a call
+ * waited for the device while the fuzzer held a stream: that aborts too.
+ *
+ * Environment: FUZZ_GMA_VERBOSE=1 prints every operation; FUZZ_GMA_PROFILE=1
+ * the time spent per operation kind; FUZZ_GMA_SKIP_KNOWN=1 steers clear of
+ * the open bugs listed in tests/fuzz/crashes/README.md (byte 3 bit5 is
+ * ignored, async batch sizes near SIZE_MAX become memory_limit + 1), so a long
+ * run finds new ones instead. */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gma.h"
+
+#define KiB ((size_t)1 << 10)
+#define MiB ((size_t)1 << 20)
+
+enum {
+  MAX_OPS = 400,    /* operations per input */
+  MAX_LIVE = 40,    /* live device/fallback blocks in the model */
+  MAX_HOST = 12,    /* live pinned host blocks */
+  MAX_FUT = 24,     /* future slots (busy until released and settled) */
+  MAX_UNRELEASED = 6,
+  MAX_GATES = 4,
+  NGRAVE = 16,      /* addresses of freed blocks, for double frees */
+  NSLOTS = 5,       /* streams: 0-2 user, 3 default, 4 per-thread default */
+  NDEAD = 8,        /* handles of destroyed streams */
+  MAX_BATCH = 8,
+  SETTLE_MS = 3000, /* how long in-flight work may take to settle */
+  GATE_LIMIT_MS = 10000
+};
+
+/* ---- operations ----------------------------------------------------------- */
+/* The order is the encoding: tests/fuzz/make_corpus.py mirrors it. */
+#define OP_LIST(X)                                                              \
+  X(ALLOC) X(FREE) X(K_HOLD) X(K_FILL) X(RECORD) X(ASYNC) /* these get 3 slots */ \
+  X(ALLOC_TAGGED) X(MISUSE) X(K_CHECK) X(GATE_OPEN) X(ASYNC_BATCH)              \
+  X(F_POLL) X(F_WAIT) X(F_RELEASE) X(BATCH) X(TRIM) X(EMPTY_CACHE) X(SYNC)      \
+  X(RETIRE) X(DESTROY) X(HOST_ALLOC) X(HOST_FREE) X(HOST_KERNEL) X(PINFO)       \
+  X(RESERVE) X(INTROSPECT) X(SLEEP) X(SYNC_ALL) X(DEFAULT_MODE)
+enum {
+#define X(name) OP_##name,
+  OP_LIST(X)
+#undef X
+  NOPS
+};
+static const char *const op_names[] = {
+#define X(name) #name,
+    OP_LIST(X)
+#undef X
+};
+
+/* ---- small helpers ---------------------------------------------------------- */
+
+static uint64_t mix64(uint64_t x) { /* splitmix64 finalizer */
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void sleep_us(long us) {
+  struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+  nanosleep(&ts, NULL);
+}
+
+static uint64_t round_up(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
+
+/* The README's size classes, written from its text (not from sizeclass.h):
+ * 512-byte steps up to 4 KiB, then each (2^k, 2^(k+1)] cut into 8 steps up
+ * to 64 KiB, 16 up to 1 MiB, 32 above. */
+static uint64_t class_round(uint64_t s) {
+  if (s <= 4096) return round_up(s ? s : 1, 512);
+  unsigned k = 63u - (unsigned)__builtin_clzll(s - 1); /* 2^k < s <= 2^(k+1) */
+  uint64_t steps = k + 1 <= 16 ? 8 : k + 1 <= 20 ? 16 : 32;
+  return round_up(s, ((uint64_t)1 << k) / steps);
+}
+
+/* ---- the kernels -------------------------------------------------------------- */
+/* Kernels touch 8-byte words at absolute addresses that are multiples of a
+ * power-of-two stride (>= 256, so at most about 512 words per kernel): two
+ * kernels with strides a <= b share every sample point of the coarser one,
+ * so two ranges overlapping by at least the larger stride share a word. Words
+ * are relaxed atomics: when gma hands out memory too early two kernels touch
+ * the same words, and the pattern check (not a data race report) is what
+ * must catch it. */
+
+typedef struct gate {
+  _Atomic uint64_t opened; /* generations opened so far */
+  uint64_t armed;          /* main thread: generation new kernels wait for */
+} gate_t;
+
+enum { K_FILL_ONLY = 0, K_CHECK_ONLY = 1, K_HOLD_ONE = 2 };
+
+typedef struct kern {
+  uintptr_t base;
+  size_t len;
+  uint64_t pattern;
+  int mode;
+  long hold_us;
+  gate_t *gate;
+  uint64_t gate_gen;
+  uint64_t blk;   /* the model's id of the block, for messages */
+  int opno;       /* the operation that launched it */
+  _Atomic int *started; /* set once the pattern is written (gated kernels) */
+} kern_t;
+
+static _Atomic uint64_t g_kernels_done; /* process-wide: kernels that finished */
+
+static size_t stride_for(size_t len) {
+  size_t s = 256;
+  while (len / s > 512) s *= 2;
+  return s;
+}
+
+static uint64_t word_value(uint64_t pattern, uintptr_t addr) { return mix64(pattern ^ addr); }
+
+static void pattern_write(uintptr_t base, size_t len, uint64_t pattern) {
+  size_t s = stride_for(len);
+  for (uintptr_t a = round_up(base, s); a + 8 <= base + len; a += s)
+    __atomic_store_n((uint64_t *)a, word_value(pattern, a), __ATOMIC_RELAXED);
+}
+
+/* Returns how many sampled words differ; *first the first one's address. */
+static size_t pattern_verify(uintptr_t base, size_t len, uint64_t pattern, uintptr_t *first) {
+  size_t s = stride_for(len), bad = 0;
+  for (uintptr_t a = round_up(base, s); a + 8 <= base + len; a += s)
+    if (__atomic_load_n((uint64_t *)a, __ATOMIC_RELAXED) != word_value(pattern, a)) {
+      if (!bad) *first = a;
+      bad++;
+    }
+  return bad;
+}
+
+static void gate_wait(gate_t *g, uint64_t gen, const char *who, int opno) {
+  uint64_t t0 = now_ns();
+  while (atomic_load_explicit(&g->opened, memory_order_acquire) < gen) {
+    if (now_ns() - t0 > (uint64_t)GATE_LIMIT_MS * 1000000u) {
+      fprintf(stderr,
+              "fuzz_gma: CHECK FAILED: a %s (launched by op %d) waited %d s for its gate: some call "
+              "waited for the device while the fuzzer held a stream shut (a hang)\n",
+              who, opno, GATE_LIMIT_MS / 1000);
+      abort();
+    }
+    sleep_us(20);
+  }
+}
+
+static void kern_run(void *arg) {
+  kern_t *k = arg;
+  if (k->mode != K_CHECK_ONLY) pattern_write(k->base, k->len, k->pattern);
+  if (k->started) atomic_store_explicit(k->started, 1, memory_order_release);
+  if (k->mode == K_HOLD_ONE) {
+    if (k->gate) gate_wait(k->gate, k->gate_gen, "gated pattern kernel", k->opno);
+    else if (k->hold_us) sleep_us(k->hold_us);
+  }
+  if (k->mode != K_FILL_ONLY) {
+    uintptr_t first = 0;
+    size_t bad = pattern_verify(k->base, k->len, k->pattern, &first);
+    if (bad) {
+      fprintf(stderr,
+              "fuzz_gma: CHECK FAILED: corruption: %zu sampled words of block #%" PRIu64
+              " [%#" PRIxPTR ", +%zu) changed while a kernel owned them (first at %#" PRIxPTR
+              "; kernel launched by op %d): gma handed the memory to another user too early\n",
+              bad, k->blk, k->base, k->len, first, k->opno);
+      abort();
+    }
+  }
+  free(k);
+  atomic_fetch_add_explicit(&g_kernels_done, 1, memory_order_release);
+}
+
+/* Cross-stream ordering without events (the public API has none): a kernel on
+ * the owner stream sets the flag, one on the other stream waits for it. The
+ * setter's store is its last access; the waiter frees the flag. */
+typedef struct xflag {
+  _Atomic int set;
+  int opno;
+} xflag_t;
+
+static void flag_set_kernel(void *arg) {
+  xflag_t *f = arg;
+  atomic_store_explicit(&f->set, 1, memory_order_release); /* pairs with flag_wait's acquire */
+  atomic_fetch_add_explicit(&g_kernels_done, 1, memory_order_release);
+}
+
+static void flag_wait_kernel(void *arg) {
+  xflag_t *f = arg;
+  uint64_t t0 = now_ns();
+  while (!atomic_load_explicit(&f->set, memory_order_acquire)) {
+    if (now_ns() - t0 > (uint64_t)GATE_LIMIT_MS * 1000000u) {
+      fprintf(stderr, "fuzz_gma: CHECK FAILED: a flag-wait kernel (op %d) waited %d s (a hang)\n",
+              f->opno, GATE_LIMIT_MS / 1000);
+      abort();
+    }
+    sleep_us(10);
+  }
+  free(f);
+  atomic_fetch_add_explicit(&g_kernels_done, 1, memory_order_release);
+}
+
+/* ---- the model ---------------------------------------------------------------- */
+
+typedef struct mstream {
+  gma_stream_t h;     /* user streams: the handle; others: unused */
+  bool live;          /* user streams: created and not destroyed */
+  unsigned gen;       /* bumped by retire and destroy: gma's record starts over */
+  int has_record;     /* 1 gma has a record, 0 it has none, -1 unknown */
+  bool counts_exact;  /* this generation's counts are known exactly */
+  uint64_t allocs, frees; /* this generation's, as gma_stream_stats counts them */
+  uint64_t wait_gen[4];   /* the stream's queue waits for gate g's generation wait_gen[g] */
+} mstream_t;
+
+typedef struct mblock {
+  uintptr_t p;
+  size_t size;
+  uint64_t bsize;
+  int si;
+  unsigned gen;
+  gma_stream_t h;     /* the handle it was allocated with */
+  int thread;
+  int tag;            /* -1 untagged */
+  gma_memory_kind_t kind;
+  uint64_t pat;       /* the pattern the last kernel left (0: none) */
+  bool shared;        /* used on another stream: no more kernels of ours */
+  uint64_t id;
+} mblock_t;
+
+typedef struct mhost {
+  uintptr_t p;
+  size_t size;
+  uint64_t bsize;
+  int si;
+  unsigned gen;
+  gma_stream_t h;
+  uint64_t pat;       /* the pattern the host or the last kernel left */
+  bool dev_used;      /* a kernel was queued on it: the host no longer reads it */
+  uint64_t id;
+} mhost_t;
+
+typedef struct mfut {
+  bool used;          /* the slot holds a future not yet released, or not settled */
+  gma_future_t *f;
+  bool batch;
+  size_t n;
+  size_t sizes[MAX_BATCH];
+  void *ptrs[MAX_BATCH]; /* a batch's result array (must outlive the request) */
+  void *got[MAX_BATCH];  /* what the first collecting wait returned */
+  int si;
+  unsigned gen;
+  gma_stream_t h;
+  bool released, collected;
+  _Atomic int cb_status; /* the status the callback saw */
+  _Atomic int cb_runs;   /* times the callback ran (must end at 1) */
+  bool accounted;        /* the model counted the callback's outcome */
+  int seen;              /* the final status a poll or wait returned; GMA_PENDING: none */
+  bool freed_counted;    /* release freed its memory (frees counted) */
+} mfut_t;
+
+static const char *const tag_names[] = {"weights", "kv-cache", "act", "grad", "tmp", "x", "",
+                                        "this-tag-is-much-too-long-for-gma"};
+
+typedef struct fuzz {
+  gma_t *g;
+  gma_config_t cfg;
+  uint64_t capacity, limit, bin_max;
+  bool worker, fallback, faults, grow_ahead;
+  int end_mode;
+  int opno;
+  const char *opname;
+  bool verbose;
+  bool t3_ptds;         /* logical thread 3 uses the per-thread stream */
+  bool orphaned;        /* a retire failed (fault): memory may stay reserved */
+  bool reserve_unknown; /* a failed gma_reserve left counts to re-learn */
+  bool lag;             /* the worker may be freeing a released future's memory */
+  bool host_outlives;   /* pinned host blocks may outlive their stream (see configure) */
+  bool skip_known;      /* FUZZ_GMA_SKIP_KNOWN: steer clear of the known bugs */
+  mstream_t st[NSLOTS];
+  gma_stream_t dead[NDEAD];
+  int ndead;
+  mblock_t live[MAX_LIVE];
+  int nlive;
+  mhost_t host[MAX_HOST];
+  int nhost;
+  uintptr_t grave[NGRAVE];
+  int ngrave;
+  uintptr_t host_grave[NGRAVE];
+  int nhost_grave;
+  mfut_t fut[MAX_FUT];
+  gate_t gates[MAX_GATES];
+  _Atomic int started[MAX_OPS + 1]; /* gated kernels' "pattern written" flags, by op */
+  uint64_t next_id, next_pattern;
+  uint64_t kernels_launched;
+  /* expected counters */
+  uint64_t n_allocs, n_frees, n_host_allocs, n_host_frees, n_fallbacks;
+  uint64_t n_submitted, n_ready, n_failed, n_timed_out;
+  uint64_t pressure_calls;
+  int stream_rr;        /* which stream the per-step check looks at */
+} fuzz_t;
+
+static fuzz_t F;
+
+#define FAIL(...)                                                                             \
+  do {                                                                                        \
+    fprintf(stderr, "fuzz_gma: CHECK FAILED at %s:%d (op %d, %s): ", __FILE__, __LINE__, F.opno, \
+            F.opname ? F.opname : "-");                                                       \
+    fprintf(stderr, __VA_ARGS__);                                                             \
+    fprintf(stderr, "\n  gma_last_error: %s\n", gma_last_error());                            \
+    abort();                                                                                  \
+  } while (0)
+#define EXPECT(cond, ...) \
+  do {                    \
+    if (!(cond)) FAIL(__VA_ARGS__); \
+  } while (0)
+#define EXPECT_ST(st, want, what) \
+  EXPECT((st) == (want), "%s returned %s, expected %s", what, gma_status_name(st), gma_status_name(want))
+
+static void vlog(const char *fmt, ...) {
+  if (!F.verbose) return;
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "  [%3d] %-12s ", F.opno, F.opname ? F.opname : "-");
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+}
+
+/* ---- input reader ------------------------------------------------------------ */
+
+typedef struct rd {
+  const uint8_t *p;
+  size_t n, i;
+} rd_t;
+
+static unsigned rd8(rd_t *r) { return r->i < r->n ? r->p[r->i++] : 0; }
+
+/* Sizes: tiny to tens of MiB, a few that recur (so freed blocks are wanted
+ * again), and edges (0, class bounds, the capacity, SIZE_MAX). */
+static size_t pick_size(rd_t *r) {
+  unsigned b = rd8(r), x = rd8(r);
+  uint64_t v = ((uint64_t)(b & 31) << 8 | x); /* 0..8191 */
+  static const size_t popular[8] = {512, 4096, 8292, 65536, 200000, 1 << 20, 3 << 20, 12 << 20};
+  switch (b >> 5) {
+    case 0: return 1 + v * 512 / 8192;
+    case 1: return 512 + v * (4 * KiB - 512) / 8192;
+    case 2: return 4 * KiB + v * (60 * KiB) / 8192;
+    case 3: return 64 * KiB + v * (960 * KiB) / 8192;
+    case 4: return 1 * MiB + v * (3 * MiB) / 8192;
+    case 5: return 4 * MiB + v * (36 * MiB) / 8192;
+    case 6: return popular[b & 7];
+    default: break;
+  }
+  switch (b & 15) {
+    case 0: return 0;
+    case 1: return 1;
+    case 2: return (size_t)F.bin_max ? (size_t)F.bin_max : MiB;
+    case 3: return ((size_t)F.bin_max ? (size_t)F.bin_max : MiB) + 1;
+    case 4: return 2 * MiB;
+    case 5: return 10 * MiB;
+    case 6: return 10 * MiB + 1;
+    case 7: return 20 * MiB;
+    case 8: return (size_t)F.limit;
+    case 9: return (size_t)F.limit + 1;
+    case 10: return (size_t)F.capacity / 2;
+    case 11: return 4097;
+    case 12: return 4096;
+    case 13: return 511;
+    case 14: return SIZE_MAX;
+    default: return SIZE_MAX - 511;
+  }
+}
+
+/* ---- streams ------------------------------------------------------------------- */
+
+static gma_stream_t handle_of(int si) {
+  if (si < 3) return F.st[si].h;
+  if (si == 3) return (F.opno & 1) ? GMA_STREAM_LEGACY : NULL;
+  return GMA_STREAM_PER_THREAD;
+}
+
+/* Logical thread t's stream; a thread whose stream was destroyed (and not
+ * re-created) works on the default stream meanwhile. */
+static int stream_of_thread(int t) {
+  if (t < 3) return F.st[t].live ? t : 3;
+  return F.t3_ptds ? 4 : 3;
+}
+
+static bool slot_live(int si) { return si >= 3 || F.st[si].live; }
+
+/* A live stream slot chosen by a byte (user streams may be absent). */
+static int pick_stream(unsigned b) {
+  for (int k = 0; k < NSLOTS; k++) {
+    int si = (int)((b + (unsigned)k) % NSLOTS);
+    if (slot_live(si)) return si;
+  }
+  return 3;
+}
+
+static bool handle_is_live(gma_stream_t h) {
+  for (int i = 0; i < 3; i++)
+    if (F.st[i].live && F.st[i].h == h) return true;
+  return false;
+}
+
+static void stream_new_gen(int si) {
+  F.st[si].gen++;
+  if (si < 3 && !F.st[si].live) memset(F.st[si].wait_gen, 0, sizeof F.st[si].wait_gen);
+  F.st[si].has_record = 0;
+  F.st[si].counts_exact = true;
+  F.st[si].allocs = F.st[si].frees = 0;
+}
+
+/* ---- stats ------------------------------------------------------------------------ */
+
+static gma_stats_t stats_now(void) {
+  gma_stats_t s = GMA_STATS_INIT;
+  gma_status_t st = gma_stats(F.g, &s);
+  EXPECT_ST(st, GMA_OK, "gma_stats");
+  return s;
+}
+
+/* Futures whose outcome the model does not know yet (callback not run). */
+static int futures_in_flight(void) {
+  int n = 0;
+  for (int i = 0; i < MAX_FUT; i++)
+    if (F.fut[i].used && !F.fut[i].accounted) n++;
+  return n;
+}
+
+/* Completed with memory nobody collected and not released: live in gma,
+ * unknown to the model's byte sums. */
+static int futures_uncollected(void) {
+  int n = 0;
+  for (int i = 0; i < MAX_FUT; i++) {
+    mfut_t *m = &F.fut[i];
+    if (m->used && !m->released && !m->collected &&
+        (!m->accounted || atomic_load(&m->cb_status) == GMA_OK))
+      n++;
+  }
+  return n;
+}
+
+static void fut_free_slot(mfut_t *m) { m->used = false; }
+
+/* Requests on slot si the worker may still serve (it resolves the stream
+ * when it serves them). */
+static bool slot_in_flight(int si) {
+  for (int i = 0; i < MAX_FUT; i++)
+    if (F.fut[i].used && !F.fut[i].accounted && F.fut[i].si == si) return true;
+  return false;
+}
+
+/* Counts outcomes the callbacks reported since the last look. */
+static void observe_futures(void) {
+  for (int i = 0; i < MAX_FUT; i++) {
+    mfut_t *m = &F.fut[i];
+    if (!m->used || m->accounted) continue;
+    if (atomic_load_explicit(&m->cb_runs, memory_order_acquire) == 0) continue;
+    EXPECT(atomic_load(&m->cb_runs) == 1, "future callback ran %d times", atomic_load(&m->cb_runs));
+    m->accounted = true;
+    int s = atomic_load(&m->cb_status);
+    if (s == GMA_OK) {
+      F.n_ready++;
+      F.n_allocs += m->n;
+      if (m->released) { /* released before it completed: gma frees it, maybe on the worker */
+        F.n_frees += m->n;
+        F.lag = true;
+      }
+    } else if (s == GMA_ERR_TIMEOUT) {
+      F.n_timed_out++;
+    } else {
+      F.n_failed++;
+      EXPECT(s == GMA_ERR_CANCELLED ? m->released : s == GMA_ERR_DEVICE && F.faults,
+             "future completed with %s", gma_status_name((gma_status_t)s));
+    }
+    if (m->released) fut_free_slot(m);
+  }
+}
+
+typedef struct sums {
+  uint64_t dev_bytes, dev_req, fb_bytes, host_bytes;
+  uint64_t dev_count;
+} sums_t;
+
+static sums_t model_sums(void) {
+  sums_t s = {0};
+  for (int i = 0; i < F.nlive; i++) {
+    mblock_t *b = &F.live[i];
+    if (b->kind == GMA_MEMORY_DEVICE) {
+      s.dev_bytes += b->bsize;
+      s.dev_req += b->size;
+      s.dev_count++;
+    } else {
+      s.fb_bytes += b->bsize;
+    }
+  }
+  for (int i = 0; i < F.nhost; i++) s.host_bytes += F.host[i].bsize;
+  return s;
+}
+
+/* The checks that hold at every step, exact when nothing runs on the worker
+ * on the model's behalf. A released future's free can trail its callback by
+ * a moment, so exact counts get a short while to settle. */
+static void check_stats(void) {
+  observe_futures();
+  sums_t m = model_sums();
+  bool inflight = futures_in_flight() > 0;
+  gma_stats_t s = stats_now();
+  if (!inflight && !F.reserve_unknown) {
+    /* The worker's free of a released future's block updates its counters
+     * one by one without the lock: give it a moment to finish. */
+    for (uint64_t t0 = now_ns(); s.num_allocs != F.n_allocs || s.num_frees != F.n_frees ||
+                                 (F.lag && s.reserved.current != s.allocated.current +
+                                                                      s.stream_cached_bytes +
+                                                                      s.pending_bytes + s.free_bytes);) {
+      if (now_ns() - t0 > (uint64_t)SETTLE_MS * 1000000u)
+        FAIL("num_allocs %" PRIu64 " / num_frees %" PRIu64 ", the model expects %" PRIu64
+             " / %" PRIu64 " (no request in flight)",
+             s.num_allocs, s.num_frees, F.n_allocs, F.n_frees);
+      sleep_us(50);
+      s = stats_now();
+    }
+    F.lag = false;
+  }
+  if (F.reserve_unknown && !inflight) {
+    /* A failed gma_reserve allocated and freed an unknown number of blocks;
+     * it must have freed all it allocated (give a released future's free on
+     * the worker its moment, as above). */
+    for (uint64_t t0 = now_ns(); s.num_allocs - F.n_allocs != s.num_frees - F.n_frees &&
+                                 now_ns() - t0 < (uint64_t)SETTLE_MS * 1000000u;
+         s = stats_now())
+      sleep_us(50);
+    EXPECT(s.num_allocs - F.n_allocs == s.num_frees - F.n_frees,
+           "a failed gma_reserve kept blocks: allocs +%" PRIu64 ", frees +%" PRIu64,
+           s.num_allocs - F.n_allocs, s.num_frees - F.n_frees);
+    F.n_allocs = s.num_allocs;
+    F.n_frees = s.num_frees;
+    F.reserve_unknown = false;
+    return; /* exact again from the next step on */
+  }
+  /* Always. */
+  EXPECT(s.allocated.peak >= s.allocated.current && s.requested.peak >= s.requested.current &&
+             s.reserved.peak >= s.reserved.current,
+         "a peak below its current value");
+  EXPECT(s.reserved.current >= s.allocated.current,
+         "reserved %" PRIu64 " < allocated %" PRIu64, s.reserved.current, s.allocated.current);
+  EXPECT(s.cached.current == s.reserved.current - s.allocated.current,
+         "cached %" PRIu64 " != reserved - allocated %" PRIu64, s.cached.current,
+         s.reserved.current - s.allocated.current);
+  EXPECT(s.fragmentation >= 0.0 && s.fragmentation <= 1.0, "fragmentation %f", s.fragmentation);
+  EXPECT(s.reserved.current <= F.limit, "reserved %" PRIu64 " above the limit %" PRIu64,
+         s.reserved.current, F.limit);
+  EXPECT(s.allocated.current >= m.dev_bytes && s.requested.current >= m.dev_req,
+         "allocated %" PRIu64 " / requested %" PRIu64 " below the model's live %" PRIu64 " / %" PRIu64,
+         s.allocated.current, s.requested.current, m.dev_bytes, m.dev_req);
+  EXPECT(s.num_allocs >= F.n_allocs || F.reserve_unknown, "num_allocs %" PRIu64 " < model %" PRIu64,
+         s.num_allocs, F.n_allocs);
+  EXPECT(s.host_allocated.current == m.host_bytes + m.fb_bytes,
+         "host_allocated %" PRIu64 ", the model has %" PRIu64 " pinned + %" PRIu64 " fallback",
+         s.host_allocated.current, m.host_bytes, m.fb_bytes);
+  EXPECT(s.host_reserved.current >= s.host_allocated.current, "host_reserved below host_allocated");
+  EXPECT(s.num_host_allocs == F.n_host_allocs && s.num_host_frees == F.n_host_frees,
+         "host allocs/frees %" PRIu64 "/%" PRIu64 ", model %" PRIu64 "/%" PRIu64, s.num_host_allocs,
+         s.num_host_frees, F.n_host_allocs, F.n_host_frees);
+  EXPECT(s.num_fallbacks == F.n_fallbacks && s.fallback_bytes == m.fb_bytes,
+         "fallbacks %" PRIu64 " (%" PRIu64 " bytes), model %" PRIu64 " (%" PRIu64 ")",
+         s.num_fallbacks, s.fallback_bytes, F.n_fallbacks, m.fb_bytes);
+  EXPECT(s.futures_submitted == F.n_submitted, "futures_submitted %" PRIu64 ", model %" PRIu64,
+         s.futures_submitted, F.n_submitted);
+  if (inflight || F.reserve_unknown) return;
+  /* Nothing in flight: exact. */
+  EXPECT(s.futures_ready == F.n_ready && s.futures_failed == F.n_failed &&
+             s.futures_timed_out == F.n_timed_out && s.queue_depth == 0,
+         "futures ready/failed/timed out/queued %" PRIu64 "/%" PRIu64 "/%" PRIu64 "/%" PRIu64
+         ", model %" PRIu64 "/%" PRIu64 "/%" PRIu64 "/0",
+         s.futures_ready, s.futures_failed, s.futures_timed_out, s.queue_depth, F.n_ready,
+         F.n_failed, F.n_timed_out);
+  EXPECT(s.hits_bin + s.hits_stream + s.hits_pool + s.hits_device == s.num_allocs,
+         "hits by level sum to %" PRIu64 ", num_allocs %" PRIu64,
+         s.hits_bin + s.hits_stream + s.hits_pool + s.hits_device, s.num_allocs);
+  EXPECT(s.reserved.current ==
+             s.allocated.current + s.stream_cached_bytes + s.pending_bytes + s.free_bytes,
+         "accounting: reserved %" PRIu64 " != allocated %" PRIu64 " + stream_cached %" PRIu64
+         " + pending %" PRIu64 " + free %" PRIu64,
+         s.reserved.current, s.allocated.current, s.stream_cached_bytes, s.pending_bytes,
+         s.free_bytes);
+  EXPECT(s.active.current == s.allocated.current + s.pending_bytes,
+         "active %" PRIu64 " != allocated + pending", s.active.current);
+  if (futures_uncollected() == 0)
+    EXPECT(s.allocated.current == m.dev_bytes && s.requested.current == m.dev_req,
+           "allocated %" PRIu64 " / requested %" PRIu64 ", the model's live blocks hold %" PRIu64
+           " / %" PRIu64 " (%" PRIu64 " blocks)",
+           s.allocated.current, s.requested.current, m.dev_bytes, m.dev_req, m.dev_count);
+}
+
+/* One stream per step: gma_stream_stats against the model's generation. */
+static void check_stream_stats(void) {
+  int si = F.stream_rr++ % NSLOTS;
+  if (!slot_live(si) || si == 4) return; /* the per-thread stream: covered via alloc checks */
+  mstream_t *ms = &F.st[si];
+  gma_stream_stats_t ss = GMA_STREAM_STATS_INIT;
+  gma_status_t st = gma_stream_stats(F.g, handle_of(si), &ss);
+  if (ms->has_record == 0) {
+    EXPECT_ST(st, GMA_ERR_INVALID_ARGUMENT, "gma_stream_stats of a stream gma has no record of");
+    return;
+  }
+  if (ms->has_record == 1) EXPECT_ST(st, GMA_OK, "gma_stream_stats");
+  if (st != GMA_OK) return;
+  EXPECT(ss.hits + ss.misses == ss.allocs, "stream hits + misses != allocs");
+  EXPECT(ss.safe_epoch < ss.epoch, "stream safe_epoch %" PRIu64 " >= epoch %" PRIu64, ss.safe_epoch,
+         ss.epoch);
+  if (ms->counts_exact && futures_in_flight() == 0) {
+    EXPECT(ss.allocs == ms->allocs && ss.frees == ms->frees,
+           "stream %d allocs/frees %" PRIu64 "/%" PRIu64 ", model %" PRIu64 "/%" PRIu64, si,
+           ss.allocs, ss.frees, ms->allocs, ms->frees);
+    uint64_t bytes = 0;
+    for (int i = 0; i < F.nlive; i++)
+      if (F.live[i].kind == GMA_MEMORY_DEVICE && F.live[i].si == si && F.live[i].gen == ms->gen)
+        bytes += F.live[i].bsize;
+    EXPECT(ss.allocated_bytes == bytes, "stream %d allocated_bytes %" PRIu64 ", model %" PRIu64, si,
+           ss.allocated_bytes, bytes);
+  }
+}
+
+/* What a failed call must leave as it was. */
+typedef struct snap {
+  bool valid;
+  gma_stats_t s;
+} snap_t;
+
+static snap_t snap_take(void) {
+  snap_t n = {0};
+  observe_futures();
+  if (futures_in_flight() || F.reserve_unknown) return n; /* the worker may change them */
+  /* The worker may still be freeing a released future's memory. */
+  n.s = stats_now();
+  for (uint64_t t0 = now_ns();
+       F.lag && (n.s.num_frees != F.n_frees ||
+                 n.s.reserved.current != n.s.allocated.current + n.s.stream_cached_bytes +
+                                             n.s.pending_bytes + n.s.free_bytes);
+       n.s = stats_now()) {
+    if (now_ns() - t0 > (uint64_t)SETTLE_MS * 1000000u) return n; /* check_stats will say */
+    sleep_us(50);
+  }
+  F.lag = false;
+  n.valid = true;
+  return n;
+}
+
+static void snap_same(const snap_t *a, const char *what) {
+  if (!a->valid) return;
+  gma_stats_t b = stats_now();
+  EXPECT(a->s.allocated.current == b.allocated.current &&
+             a->s.requested.current == b.requested.current && a->s.num_allocs == b.num_allocs &&
+             a->s.num_frees == b.num_frees && a->s.host_allocated.current == b.host_allocated.current &&
+             a->s.num_host_allocs == b.num_host_allocs && a->s.num_host_frees == b.num_host_frees &&
+             a->s.num_fallbacks == b.num_fallbacks && a->s.num_batches == b.num_batches,
+         "%s changed the allocator: allocated %" PRIu64 " -> %" PRIu64 ", requested %" PRIu64
+         " -> %" PRIu64 ", allocs %" PRIu64 " -> %" PRIu64 ", frees %" PRIu64 " -> %" PRIu64
+         ", host allocated %" PRIu64 " -> %" PRIu64,
+         what, a->s.allocated.current, b.allocated.current, a->s.requested.current,
+         b.requested.current, a->s.num_allocs, b.num_allocs, a->s.num_frees, b.num_frees,
+         a->s.host_allocated.current, b.host_allocated.current);
+}
+
+/* ---- registering allocations ---------------------------------------------------- */
+
+/* [p, p + len) against every live range of the model. */
+static void check_no_overlap(uintptr_t p, size_t len, const char *what) {
+  uintptr_t e = p + (len ? len : 1);
+  for (int i = 0; i < F.nlive; i++) {
+    mblock_t *b = &F.live[i];
+    if (p < b->p + b->size && b->p < e)
+      FAIL("%s [%#" PRIxPTR ", +%zu) overlaps live block #%" PRIu64 " [%#" PRIxPTR ", +%zu)", what,
+           p, len, b->id, b->p, b->size);
+  }
+  for (int i = 0; i < F.nhost; i++) {
+    mhost_t *h = &F.host[i];
+    if (p < h->p + h->size && h->p < e)
+      FAIL("%s [%#" PRIxPTR ", +%zu) overlaps live host block #%" PRIu64 " [%#" PRIxPTR ", +%zu)",
+           what, p, len, h->id, h->p, h->size);
+  }
+}
+
+static bool default_handle(gma_stream_t h) { return h == NULL || h == GMA_STREAM_LEGACY; }
+
+static void grave_remove(uintptr_t *grave, int *n, uintptr_t p) {
+  for (int i = 0; i < *n; i++)
+    if (grave[i] == p) grave[i] = grave[--*n];
+}
+
+static void grave_add(uintptr_t *grave, int *n, uintptr_t p) {
+  if (*n < NGRAVE) grave[(*n)++] = p;
+  else grave[F.next_id % NGRAVE] = p;
+}
+
+/* gma_alloc and friends returned ptr for size on slot si: check and add it.
+ * how: 0 a single allocation (class-sized), 1 a batch block (512-rounded). */
+static mblock_t *add_block(void *ptr, size_t size, int si, unsigned gen, gma_stream_t h, int thread,
+                           int tag, int how) {
+  uintptr_t p = (uintptr_t)ptr;
+  EXPECT(p != 0, "a successful allocation returned NULL");
+  EXPECT(p % 256 == 0, "pointer %#" PRIxPTR " is not 256-byte aligned", p);
+  check_no_overlap(p, size, "new allocation");
+  EXPECT(F.nlive < MAX_LIVE, "model full");
+  gma_pointer_info_t info = GMA_POINTER_INFO_INIT;
+  gma_status_t st = gma_pointer_info(F.g, ptr, &info);
+  EXPECT_ST(st, GMA_OK, "gma_pointer_info of a new allocation");
+  EXPECT((uintptr_t)info.base == p, "pointer_info base %p for %#" PRIxPTR, info.base, p);
+  EXPECT(info.requested == size, "pointer_info requested %zu, asked for %zu", info.requested, size);
+  EXPECT(info.block_size >= size, "block_size %zu < size %zu", info.block_size, size);
+  if (info.kind == GMA_MEMORY_DEVICE) {
+    EXPECT(info.block_size % 512 == 0, "block_size %zu not a multiple of 512", info.block_size);
+    if (how == 1 || size > F.bin_max) {
+      EXPECT(info.block_size == round_up(size, 512),
+             "block_size %zu for %zu bytes; expected them 512-rounded (%" PRIu64 ")",
+             info.block_size, size, round_up(size, 512));
+    } else {
+      uint64_t c = class_round(size), next = class_round(c + 1);
+      EXPECT(info.block_size >= c && info.block_size < next,
+             "block_size %zu for %zu bytes; its size class is [%" PRIu64 ", %" PRIu64 ")",
+             info.block_size, size, c, next);
+    }
+  } else {
+    EXPECT(info.kind == GMA_MEMORY_FALLBACK && F.fallback, "pointer_info kind %d", (int)info.kind);
+    EXPECT(info.block_size == class_round(size), "fallback block_size %zu for %zu bytes",
+           info.block_size, size);
+  }
+  if (default_handle(h))
+    EXPECT(default_handle(info.stream), "pointer_info stream %p, allocated on the default stream",
+           info.stream);
+  else
+    EXPECT(info.stream == h, "pointer_info stream %p, allocated on %p", info.stream, h);
+  const char *want_tag = tag >= 0 ? tag_names[tag] : "untagged";
+  EXPECT(info.tag && strcmp(info.tag, want_tag) == 0, "pointer_info tag '%s', expected '%s'",
+         info.tag ? info.tag : "(null)", want_tag);
+  /* An interior byte names the same allocation. */
+  if (size > 1) {
+    gma_pointer_info_t in = GMA_POINTER_INFO_INIT;
+    EXPECT_ST(gma_pointer_info(F.g, (char *)ptr + size - 1, &in), GMA_OK, "gma_pointer_info(last byte)");
+    EXPECT(in.base == ptr, "pointer_info of the last byte gives base %p, not %p", in.base, ptr);
+  }
+  mblock_t *b = &F.live[F.nlive++];
+  *b = (mblock_t){.p = p, .size = size, .bsize = info.block_size, .si = si, .gen = gen, .h = h,
+                  .thread = thread, .tag = tag, .kind = info.kind, .id = ++F.next_id};
+  grave_remove(F.grave, &F.ngrave, p);
+  if (info.kind == GMA_MEMORY_DEVICE) {
+    if (F.st[si].gen == gen) F.st[si].allocs++;
+  } else {
+    F.n_fallbacks++;
+  }
+  return b;
+}
+
+static void remove_block(int i) {
+  mblock_t *b = &F.live[i];
+  grave_add(F.grave, &F.ngrave, b->p);
+  F.live[i] = F.live[--F.nlive];
+}
+
+/* A live block of thread t (or any thread when t < 0), chosen by a byte. */
+static int pick_block(int t, unsigned byte) {
+  int idx[MAX_LIVE], n = 0;
+  for (int i = 0; i < F.nlive; i++)
+    if (t < 0 || F.live[i].thread == t) idx[n++] = i;
+  if (!n) return -1;
+  return idx[byte % (unsigned)n];
+}
+
+/* Kernels may use a block only on its own stream while that stream is the
+ * one it was allocated on (not destroyed, not retired since). */
+static bool block_usable(const mblock_t *b) {
+  return !b->shared && slot_live(b->si) && F.st[b->si].gen == b->gen &&
+         (b->si >= 3 || F.st[b->si].h == b->h);
+}
+
+/* ---- kernels ------------------------------------------------------------------ */
+
+static void launch(int si, gma_stream_t h, gma_sim_kernel_fn fn, void *arg) {
+  gma_status_t st = gma_sim_launch(F.g, h, fn, arg);
+  EXPECT(st == GMA_OK, "gma_sim_launch on stream slot %d (%p) returned %s", si, h,
+         gma_status_name(st));
+  F.kernels_launched++;
+}
+
+static gate_t *gate_arm(unsigned which, uint64_t *gen) {
+  gate_t *g = &F.gates[which % MAX_GATES];
+  uint64_t opened = atomic_load(&g->opened);
+  if (g->armed <= opened) g->armed = opened + 1;
+  *gen = g->armed;
+  return g;
+}
+
+/* Whether work queued on slot si now may wait for a gate still shut. */
+static bool slot_blocked(int si) {
+  for (int g = 0; g < MAX_GATES; g++)
+    if (F.st[si].wait_gen[g] > atomic_load(&F.gates[g].opened)) return true;
+  return false;
+}
+
+static void gates_open_all(void) {
+  for (int i = 0; i < MAX_GATES; i++)
+    if (F.gates[i].armed > atomic_load(&F.gates[i].opened))
+      atomic_store_explicit(&F.gates[i].opened, F.gates[i].armed, memory_order_release);
+}
+
+/* Queues a pattern kernel over [base, base + len) on stream h.
+ * arg byte: bit7 gated (bits 0-1 the gate), else hold (bits 0-5) microseconds. */
+static uint64_t launch_pattern(int si, gma_stream_t h, uintptr_t base, size_t len, int mode,
+                               uint64_t pattern, unsigned arg, uint64_t blk) {
+  kern_t *k = malloc(sizeof *k);
+  EXPECT(k != NULL, "host memory");
+  *k = (kern_t){.base = base, .len = len, .mode = mode, .blk = blk, .opno = F.opno};
+  k->pattern = pattern ? pattern : mix64(++F.next_pattern ^ 0x5eed);
+  int k_gate_index = -1;
+  uint64_t k_gate_gen = 0;
+  if (mode == K_HOLD_ONE) {
+    if (arg & 0x80) {
+      k->gate = gate_arm(arg, &k->gate_gen);
+      k_gate_index = (int)(k->gate - F.gates);
+      k_gate_gen = k->gate_gen;
+    } else {
+      k->hold_us = (long)(arg & 63);
+    }
+  }
+  uint64_t pat = k->pattern;
+  _Atomic int *started = k->gate && F.opno <= MAX_OPS ? &F.started[F.opno] : NULL;
+  if (started) atomic_store(started, 0);
+  k->started = started;
+  bool blocked = slot_blocked(si);
+  launch(si, h, kern_run, k);
+  /* A gated kernel is meant to own its memory from now on: unless its stream
+   * waits for another gate first, let it write its pattern before going on,
+   * so that whoever overwrites the memory too early does so after it (and
+   * the kernel sees it at its check). Bounded, for a loaded machine. */
+  uint64_t limit = (blocked || F.cfg.reuse == GMA_REUSE_WAIT ? 1 : 200) * 1000000ull;
+  for (uint64_t t0 = now_ns(); started && !atomic_load_explicit(started, memory_order_acquire) &&
+                               now_ns() - t0 < limit;)
+    sleep_us(10);
+  if (k_gate_index >= 0 && F.st[si].wait_gen[k_gate_index] < k_gate_gen)
+    F.st[si].wait_gen[k_gate_index] = k_gate_gen;
+  return pat;
+}
+
+/* ---- operations ------------------------------------------------------------------ */
+
+static void op_host_free(rd_t *r);
+
+static void op_alloc(rd_t *r, int t, bool tagged) {
+  int si = stream_of_thread(t);
+  gma_stream_t h = handle_of(si);
+  int tag = tagged ? (int)(rd8(r) % 8) : -1;
+  size_t size = pick_size(r);
+  if (F.nlive >= MAX_LIVE) { /* keep the model bounded: free one instead */
+    int i = pick_block(-1, (unsigned)size);
+    EXPECT_ST(gma_free(F.g, (void *)F.live[i].p), GMA_OK, "gma_free (model full)");
+    if (F.live[i].kind == GMA_MEMORY_DEVICE) {
+      F.n_frees++;
+      if (F.st[F.live[i].si].gen == F.live[i].gen) F.st[F.live[i].si].frees++;
+    }
+    remove_block(i);
+    return;
+  }
+  uint64_t fb_live = model_sums().fb_bytes;
+  if (F.fallback && fb_live > 192 * MiB && size > MiB) size = MiB; /* bound host memory */
+  snap_t before = snap_take();
+  void *p = (void *)1;
+  gma_status_t st = tagged ? gma_alloc_tagged(F.g, size, h, tag_names[tag], &p)
+                           : gma_alloc(F.g, size, h, &p);
+  vlog("T%d slot %d size %zu tag %d -> %s %p", t, si, size, tag, gma_status_name(st), p);
+  bool bad_tag = tag >= 6;
+  if (bad_tag) {
+    EXPECT_ST(st, GMA_ERR_INVALID_ARGUMENT, "gma_alloc_tagged with a bad tag");
+  } else if (size == 0 || size > F.limit) {
+    EXPECT_ST(st, GMA_ERR_INVALID_SIZE, "gma_alloc of a size never possible");
+  } else {
+    F.st[si].has_record = 1; /* the bins or the slow path: gma knows the stream now */
+    EXPECT(st == GMA_OK || st == GMA_ERR_OOM || (st == GMA_ERR_DEVICE && F.faults),
+           "gma_alloc(%zu) returned %s", size, gma_status_name(st));
+  }
+  if (st == GMA_OK) {
+    mblock_t *b = add_block(p, size, si, F.st[si].gen, h, t, tagged ? tag : -1, 0);
+    if (b->kind == GMA_MEMORY_DEVICE) F.n_allocs++;
+    return;
+  }
+  EXPECT(p == NULL, "a failed gma_alloc left *out = %p", p);
+  snap_same(&before, "a failed gma_alloc");
+}
+
+static void free_block(int i, const char *what) {
+  mblock_t *b = &F.live[i];
+  gma_status_t st = gma_free(F.g, (void *)b->p);
+  vlog("%s block #%" PRIu64 " %#" PRIxPTR " (%zu) -> %s", what, b->id, b->p, b->size,
+       gma_status_name(st));
+  EXPECT_ST(st, GMA_OK, what);
+  if (b->kind == GMA_MEMORY_DEVICE) {
+    F.n_frees++;
+    if (F.st[b->si].gen == b->gen) F.st[b->si].frees++;
+  }
+  remove_block(i);
+}
+
+static void op_free(rd_t *r, int t) {
+  int i = pick_block(t, rd8(r));
+  if (i < 0) i = pick_block(-1, F.opno);
+  if (i < 0) return;
+  free_block(i, "gma_free");
+}
+
+/* An address in no live model block, or interior to one (*inside set). */
+static bool in_live_block(uintptr_t a, bool *start) {
+  for (int i = 0; i < F.nlive; i++)
+    if (a >= F.live[i].p && a < F.live[i].p + F.live[i].size) {
+      *start = a == F.live[i].p;
+      return true;
+    }
+  for (int i = 0; i < F.nhost; i++)
+    if (a >= F.host[i].p && a < F.host[i].p + F.host[i].size) {
+      *start = a == F.host[i].p;
+      return true;
+    }
+  *start = false;
+  return false;
+}
+
+static bool any_future_busy(void) {
+  for (int i = 0; i < MAX_FUT; i++)
+    if (F.fut[i].used) return true;
+  return false;
+}
+
+static void op_misuse(rd_t *r, int t) {
+  unsigned v = rd8(r), a = rd8(r), x = rd8(r); /* always three bytes */
+  static char not_ours[64];
+  snap_t before = snap_take();
+  gma_status_t st;
+  const char *what = "misuse";
+  switch (v % 16) {
+    case 0: { /* double free of a freed address */
+      if (!F.ngrave || any_future_busy()) return; /* an uncollected future may own it */
+      uintptr_t p = F.grave[a % (unsigned)F.ngrave];
+      bool start, in = in_live_block(p, &start);
+      if (in && start) return; /* reused: it is live again */
+      st = gma_free(F.g, (void *)p);
+      what = "double free";
+      if (in) EXPECT_ST(st, GMA_ERR_INVALID_POINTER, "gma_free of an address inside a live block");
+      else
+        EXPECT(st == GMA_ERR_DOUBLE_FREE || st == GMA_ERR_INVALID_POINTER,
+               "double free of %#" PRIxPTR " returned %s", p, gma_status_name(st));
+      break;
+    }
+    case 1: { /* interior pointer */
+      int i = pick_block(-1, a);
+      if (i < 0 || F.live[i].bsize <= 256 || F.live[i].size <= 256) return;
+      mblock_t *b = &F.live[i];
+      uintptr_t p = b->p + 256 * (1 + x % ((b->size - 1) / 256));
+      if (p >= b->p + b->size) p = b->p + 256;
+      st = gma_free(F.g, (void *)p);
+      what = "interior free";
+      EXPECT_ST(st, GMA_ERR_INVALID_POINTER, "gma_free of an interior pointer");
+      st = gma_record_stream(F.g, (void *)p, handle_of(pick_stream(a)));
+      EXPECT_ST(st, GMA_ERR_INVALID_POINTER, "gma_record_stream of an interior pointer");
+      break;
+    }
+    case 2: /* foreign: static memory, then a small integer */
+      st = gma_free(F.g, not_ours + 32);
+      what = "foreign free";
+      EXPECT_ST(st, GMA_ERR_INVALID_POINTER, "gma_free of a foreign pointer");
+      st = gma_free(F.g, (void *)(uintptr_t)(0x1000 + 256 * (a % 16)));
+      EXPECT_ST(st, GMA_ERR_INVALID_POINTER, "gma_free of a small integer");
+      st = gma_host_free(F.g, not_ours);
+      EXPECT_ST(st, GMA_ERR_INVALID_POINTER, "gma_host_free of a foreign pointer");
+      break;
+    case 3: { /* the wrong free for the memory */
+      if (F.nhost) {
+        st = gma_free(F.g, (void *)F.host[a % (unsigned)F.nhost].p);
+        EXPECT_ST(st, GMA_ERR_INVALID_POINTER, "gma_free of pinned host memory");
+      }
+      int i = pick_block(-1, a);
+      if (i >= 0) {
+        st = gma_host_free(F.g, (void *)F.live[i].p);
+        EXPECT_ST(st, GMA_ERR_INVALID_POINTER, "gma_host_free of gma_alloc memory");
+      }
+      what = "wrong free";
+      break;
+    }
+    case 4: { /* record_stream of a freed address */
+      if (!F.ngrave || any_future_busy()) return;
+      uintptr_t p = F.grave[a % (unsigned)F.ngrave];
+      bool start;
+      if (in_live_block(p, &start)) return;
+      st = gma_record_stream(F.g, (void *)p, handle_of(pick_stream(a)));
+      what = "record_stream of a freed pointer";
+      EXPECT_ST(st, GMA_ERR_INVALID_POINTER, what);
+      st = gma_record_stream(F.g, NULL, NULL);
+      EXPECT_ST(st, GMA_ERR_INVALID_ARGUMENT, "gma_record_stream(NULL)");
+      break;
+    }
+    case 5: /* NULL is a no-op */
+      EXPECT_ST(gma_free(F.g, NULL), GMA_OK, "gma_free(NULL)");
+      EXPECT_ST(gma_host_free(F.g, NULL), GMA_OK, "gma_host_free(NULL)");
+      what = "free(NULL)";
+      break;
+    case 6: /* the default streams cannot be destroyed */
+      EXPECT_ST(gma_stream_destroy(F.g, NULL), GMA_ERR_INVALID_ARGUMENT, "gma_stream_destroy(NULL)");
+      EXPECT_ST(gma_stream_destroy(F.g, GMA_STREAM_LEGACY), GMA_ERR_INVALID_ARGUMENT,
+                "gma_stream_destroy(LEGACY)");
+      EXPECT_ST(gma_stream_destroy(F.g, GMA_STREAM_PER_THREAD), GMA_ERR_INVALID_ARGUMENT,
+                "gma_stream_destroy(PER_THREAD)");
+      what = "destroy default streams";
+      break;
+    case 7: { /* a destroyed stream's handle (unless a new stream got it) */
+      if (!F.ndead) return;
+      gma_stream_t h = F.dead[a % (unsigned)F.ndead];
+      if (handle_is_live(h)) return;
+      void *p = (void *)1;
+      st = gma_alloc(F.g, 4096, h, &p);
+      EXPECT_ST(st, GMA_ERR_INVALID_ARGUMENT, "gma_alloc on a destroyed stream");
+      EXPECT(p == NULL, "failed gma_alloc left *out set");
+      kern_t *k = calloc(1, sizeof *k);
+      st = gma_sim_launch(F.g, h, kern_run, k);
+      EXPECT(st != GMA_OK, "gma_sim_launch on a destroyed stream succeeded");
+      free(k);
+      int i = pick_block(-1, a);
+      if (i >= 0) {
+        st = gma_record_stream(F.g, (void *)F.live[i].p, h);
+        EXPECT_ST(st, GMA_ERR_INVALID_ARGUMENT, "gma_record_stream to a destroyed stream");
+      }
+      size_t one = 512;
+      void *ptrs[1] = {(void *)7};
+      st = gma_alloc_batch(F.g, 1, &one, h, ptrs);
+      EXPECT_ST(st, GMA_ERR_INVALID_ARGUMENT, "gma_alloc_batch on a destroyed stream");
+      EXPECT(ptrs[0] == (void *)7, "a failed batch wrote its pointers");
+      what = "destroyed stream";
+      break;
+    }
+    case 8: { /* async on the per-thread stream, and without a worker */
+      gma_future_t *f = (gma_future_t *)1;
+      st = gma_alloc_async(F.g, 4096, GMA_STREAM_PER_THREAD, NULL, &f);
+      EXPECT_ST(st, GMA_ERR_INVALID_ARGUMENT, "gma_alloc_async(PER_THREAD)");
+      EXPECT(f == NULL, "failed gma_alloc_async left *out set");
+      gma_async_options_t o = GMA_ASYNC_OPTIONS_INIT;
+      o.size = 3; /* not made with GMA_ASYNC_OPTIONS_INIT */
+      st = gma_alloc_async(F.g, 4096, NULL, &o, &f);
+      EXPECT_ST(st, GMA_ERR_INVALID_ARGUMENT, "gma_alloc_async with a bad options size");
+      what = "async misuse";
+      break;
+    }
+    case 9: { /* bad batches */
+      size_t sizes[3] = {4096, 0, 512};
+      void *ptrs[3] = {(void *)7, (void *)7, (void *)7};
+      st = gma_alloc_batch(F.g, 3, sizes, handle_of(stream_of_thread(t)), ptrs);
+      EXPECT_ST(st, GMA_ERR_INVALID_SIZE, "gma_alloc_batch with a 0 size");
+      st = gma_alloc_batch(F.g, 0, sizes, NULL, ptrs);
+      EXPECT_ST(st, GMA_ERR_INVALID_ARGUMENT, "gma_alloc_batch(n = 0)");
+      sizes[1] = (size_t)F.limit;
+      st = gma_alloc_batch(F.g, 3, sizes, NULL, ptrs);
+      EXPECT_ST(st, GMA_ERR_INVALID_SIZE, "gma_alloc_batch above the limit");
+      EXPECT(ptrs[0] == (void *)7 && ptrs[1] == (void *)7, "a failed batch wrote its pointers");
+      what = "bad batch";
+      break;
+    }
+    case 10: { /* structs not made with their INIT macros */
+      gma_stats_t s = GMA_STATS_INIT;
+      s.size = 1;
+      EXPECT_ST(gma_stats(F.g, &s), GMA_ERR_INVALID_ARGUMENT, "gma_stats with a bad size");
+      gma_pointer_info_t pi = GMA_POINTER_INFO_INIT;
+      pi.size = sizeof pi + 8;
+      EXPECT_ST(gma_pointer_info(F.g, not_ours, &pi), GMA_ERR_INVALID_ARGUMENT,
+                "gma_pointer_info with a bad size");
+      gma_stream_stats_t ss = GMA_STREAM_STATS_INIT;
+      ss.size = 0;
+      EXPECT_ST(gma_stream_stats(F.g, NULL, &ss), GMA_ERR_INVALID_ARGUMENT,
+                "gma_stream_stats with a bad size");
+      what = "bad struct sizes";
+      break;
+    }
+    case 11: { /* host double free */
+      if (!F.nhost_grave) return;
+      uintptr_t p = F.host_grave[a % (unsigned)F.nhost_grave];
+      bool start;
+      if (in_live_block(p, &start)) return;
+      st = gma_host_free(F.g, (void *)p);
+      what = "host double free";
+      EXPECT(st == GMA_ERR_DOUBLE_FREE || st == GMA_ERR_INVALID_POINTER,
+             "host double free returned %s", gma_status_name(st));
+      break;
+    }
+    case 12: { /* a fallback block through gma_host_free, an interior host pointer */
+      for (int i = 0; i < F.nlive; i++)
+        if (F.live[i].kind == GMA_MEMORY_FALLBACK) {
+          st = gma_host_free(F.g, (void *)F.live[i].p);
+          EXPECT_ST(st, GMA_ERR_INVALID_POINTER, "gma_host_free of a CPU-fallback block");
+          break;
+        }
+      if (F.nhost && F.host[a % (unsigned)F.nhost].size > 256) {
+        st = gma_host_free(F.g, (void *)(F.host[a % (unsigned)F.nhost].p + 256));
+        EXPECT_ST(st, GMA_ERR_INVALID_POINTER, "gma_host_free of an interior pointer");
+      }
+      what = "host misuse";
+      break;
+    }
+    case 13: { /* pointer info of freed and foreign addresses */
+      gma_pointer_info_t pi = GMA_POINTER_INFO_INIT;
+      st = gma_pointer_info(F.g, not_ours, &pi);
+      EXPECT_ST(st, GMA_ERR_INVALID_POINTER, "gma_pointer_info of a foreign pointer");
+      if (F.ngrave && !any_future_busy()) {
+        uintptr_t p = F.grave[a % (unsigned)F.ngrave];
+        bool start;
+        if (!in_live_block(p, &start)) {
+          st = gma_pointer_info(F.g, (void *)p, &pi);
+          EXPECT_ST(st, GMA_ERR_INVALID_POINTER, "gma_pointer_info of a freed pointer");
+        }
+      }
+      what = "pointer info misuse";
+      break;
+    }
+    case 14: { /* bad sizes for the other calls */
+      void *p = (void *)1;
+      EXPECT_ST(gma_host_alloc(F.g, 0, NULL, &p), GMA_ERR_INVALID_SIZE, "gma_host_alloc(0)");
+      gma_future_t *f = (gma_future_t *)1;
+      st = gma_alloc_async(F.g, 0, NULL, NULL, &f);
+      EXPECT_ST(st, F.worker ? GMA_ERR_INVALID_SIZE : GMA_ERR_UNSUPPORTED, "gma_alloc_async(0)");
+      EXPECT(f == NULL, "failed gma_alloc_async left *out set");
+      size_t big = (size_t)F.limit + 1;
+      st = gma_reserve(F.g, NULL, 1, &big, &(size_t){1});
+      EXPECT_ST(st, GMA_ERR_INVALID_SIZE, "gma_reserve above the limit");
+      what = "bad sizes";
+      break;
+    }
+    default: /* NULL allocator and out-parameters */
+      EXPECT_ST(gma_alloc(NULL, 512, NULL, &(void *){0}), GMA_ERR_INVALID_ARGUMENT, "gma_alloc(NULL g)");
+      EXPECT_ST(gma_alloc(F.g, 512, NULL, NULL), GMA_ERR_INVALID_ARGUMENT, "gma_alloc(NULL out)");
+      EXPECT_ST(gma_free(NULL, not_ours), GMA_ERR_INVALID_ARGUMENT, "gma_free(NULL g)");
+      EXPECT_ST(gma_future_poll(NULL), GMA_ERR_INVALID_ARGUMENT, "gma_future_poll(NULL)");
+      EXPECT_ST(gma_future_release(NULL), GMA_OK, "gma_future_release(NULL)");
+      what = "NULL arguments";
+      break;
+  }
+  vlog("%s (variant %u)", what, v % 16);
+  snap_same(&before, what);
+}
+
+/* gma_record_stream, with or without a kernel on the other stream. */
+static void op_record(rd_t *r, int t) {
+  int i = pick_block(t, rd8(r));
+  unsigned u_byte = rd8(r), mode = rd8(r);
+  if (i < 0) return;
+  mblock_t *b = &F.live[i];
+  int ui = pick_stream(u_byte);
+  gma_stream_t uh = handle_of(ui);
+  if (b->kind == GMA_MEMORY_FALLBACK) {
+    /* CPU-fallback memory is host memory: gma_record_stream does not know it. */
+    gma_status_t st = gma_record_stream(F.g, (void *)b->p, uh);
+    vlog("fallback block #%" PRIu64 " on slot %d -> %s", b->id, ui, gma_status_name(st));
+    EXPECT(st == GMA_OK || st == GMA_ERR_INVALID_POINTER, "record_stream of a fallback block: %s",
+           gma_status_name(st));
+    return;
+  }
+  bool cross = (mode & 1) && block_usable(b) && ui != b->si;
+  if (cross) {
+    /* Whatever the owner queued is checked first, then the other stream
+     * waits for the owner's work (a flag) and runs its own kernel. */
+    gma_stream_t sh = handle_of(b->si);
+    if (b->pat) launch_pattern(b->si, sh, b->p, b->size, K_CHECK_ONLY, b->pat, 0, b->id);
+    xflag_t *f = calloc(1, sizeof *f);
+    EXPECT(f != NULL, "host memory");
+    f->opno = F.opno;
+    launch(b->si, sh, flag_set_kernel, f);
+    launch(ui, uh, flag_wait_kernel, f);
+    for (int g = 0; g < MAX_GATES; g++) /* u now waits for whatever the owner waits for */
+      if (F.st[ui].wait_gen[g] < F.st[b->si].wait_gen[g]) F.st[ui].wait_gen[g] = F.st[b->si].wait_gen[g];
+    launch_pattern(ui, uh, b->p, b->size, K_HOLD_ONE, 0, mode >> 1 | ((mode & 2) ? 0x80 : 0),
+                   b->id);
+    b->shared = true;
+  }
+  gma_status_t st = gma_record_stream(F.g, (void *)b->p, uh);
+  vlog("block #%" PRIu64 " (slot %d) used on slot %d%s -> %s", b->id, b->si, ui,
+       cross ? " by a kernel" : "", gma_status_name(st));
+  EXPECT_ST(st, GMA_OK, "gma_record_stream");
+  F.st[ui].has_record = 1; /* resolved as the block's user */
+}
+
+static void op_kernel(rd_t *r, int t, int mode) {
+  int i = pick_block(t, rd8(r));
+  unsigned arg = rd8(r);
+  if (i < 0) return;
+  mblock_t *b = &F.live[i];
+  if (!block_usable(b)) return;
+  if (mode == K_CHECK_ONLY && !b->pat) return;
+  uint64_t pat = launch_pattern(b->si, handle_of(b->si), b->p, b->size, mode,
+                                mode == K_CHECK_ONLY ? b->pat : 0, arg, b->id);
+  b->pat = pat;
+  vlog("%s on block #%" PRIu64 " (slot %d, %zu bytes)%s", mode == K_FILL_ONLY ? "fill"
+                                                        : mode == K_CHECK_ONLY ? "check" : "hold",
+       b->id, b->si, b->size, mode == K_HOLD_ONE && (arg & 0x80) ? " gated" : "");
+}
+
+static void op_gate_open(rd_t *r) {
+  gate_t *g = &F.gates[rd8(r) % MAX_GATES];
+  if (g->armed > atomic_load(&g->opened)) atomic_store_explicit(&g->opened, g->armed, memory_order_release);
+  vlog("gate %ld", (long)(g - F.gates));
+}
+
+/* ---- futures ------------------------------------------------------------------ */
+
+static void future_cb(gma_future_t *f, gma_status_t status, void *user) {
+  mfut_t *m = user;
+  gma_status_t now = gma_future_status(f);
+  if (now != status) {
+    fprintf(stderr, "fuzz_gma: CHECK FAILED: a future's callback saw %s but gma_future_status "
+                    "says %s\n", gma_status_name(status), gma_status_name(now));
+    abort();
+  }
+  atomic_store_explicit(&m->cb_status, (int)status, memory_order_relaxed);
+  atomic_fetch_add_explicit(&m->cb_runs, 1, memory_order_release); /* pairs with observe's acquire */
+}
+
+static mfut_t *fut_slot(void) {
+  int unreleased = 0;
+  for (int i = 0; i < MAX_FUT; i++) unreleased += F.fut[i].used && !F.fut[i].released;
+  if (unreleased >= MAX_UNRELEASED) return NULL;
+  for (int i = 0; i < MAX_FUT; i++)
+    if (!F.fut[i].used) return &F.fut[i];
+  return NULL;
+}
+
+static void op_async(rd_t *r, int t, bool batch) {
+  int si = stream_of_thread(t);
+  if (rd8(r) & 1) si = pick_stream(rd8(r)); /* any stream, per-thread included */
+  unsigned ob = rd8(r);
+  size_t n = batch ? 1 + rd8(r) % MAX_BATCH : 1;
+  size_t sizes[MAX_BATCH];
+  uint64_t total = 0;
+  bool bad_size = false;
+  for (size_t k = 0; k < n; k++) {
+    sizes[k] = pick_size(r);
+    if (sizes[k] > 4 * MiB && (ob & 0x40)) sizes[k] %= 4 * MiB; /* keep some batches small */
+    /* Known bug: sizes near SIZE_MAX wrap the batch total (crashes/README.md). */
+    if (batch && F.skip_known && sizes[k] > ((size_t)1 << 62)) sizes[k] = (size_t)F.limit + 1;
+    if (sizes[k] == 0 || sizes[k] > F.limit) bad_size = true;
+    else total += round_up(sizes[k], 512);
+  }
+  if (total > F.limit) bad_size = true;
+  mfut_t *m = fut_slot();
+  if (!m) return;
+  memset(m, 0, sizeof *m);
+  atomic_init(&m->cb_status, GMA_PENDING);
+  atomic_init(&m->cb_runs, 0);
+  m->seen = GMA_PENDING;
+  m->batch = batch;
+  m->n = n;
+  memcpy(m->sizes, sizes, n * sizeof *sizes);
+  for (size_t k = 0; k < MAX_BATCH; k++) m->ptrs[k] = (void *)7;
+  m->si = si;
+  m->gen = F.st[si].gen;
+  m->h = handle_of(si);
+  gma_async_options_t o = GMA_ASYNC_OPTIONS_INIT;
+  static const uint64_t timeouts[4] = {0, 50000, 2000000, 20000000};
+  o.timeout_ns = timeouts[ob & 3];
+  o.nonblocking = (ob >> 2) & 1;
+  o.callback = future_cb;
+  o.user = m;
+  snap_t before = snap_take();
+  gma_future_t *f = (gma_future_t *)1;
+  gma_status_t st = batch ? gma_alloc_batch_async(F.g, n, sizes, m->h, m->ptrs, &o, &f)
+                          : gma_alloc_async(F.g, sizes[0], m->h, &o, &f);
+  if (F.verbose) {
+    char list[256] = "";
+    for (size_t k = 0, at = 0; k < n && at < sizeof list; k++)
+      at += (size_t)snprintf(list + at, sizeof list - at, "%s%zu", k ? "," : "", sizes[k]);
+    vlog("%s sizes %s slot %d timeout %" PRIu64 " nb %d -> %s", batch ? "batch" : "single", list, si,
+         o.timeout_ns, o.nonblocking, gma_status_name(st));
+  }
+  if (si == 4) {
+    EXPECT_ST(st, GMA_ERR_INVALID_ARGUMENT, "gma_alloc_async on the per-thread stream");
+  } else if (!F.worker) {
+    EXPECT_ST(st, GMA_ERR_UNSUPPORTED, "gma_alloc_async without a worker");
+  } else if (bad_size) {
+    EXPECT_ST(st, GMA_ERR_INVALID_SIZE, "gma_alloc_async of a size never possible");
+  } else {
+    EXPECT(st == GMA_OK || (st == GMA_ERR_BUSY && o.nonblocking), "gma_alloc_async returned %s",
+           gma_status_name(st));
+  }
+  if (st != GMA_OK) {
+    EXPECT(f == NULL, "a failed gma_alloc_async left *out = %p", (void *)f);
+    for (size_t k = 0; k < MAX_BATCH; k++) EXPECT(m->ptrs[k] == (void *)7, "a failed batch wrote ptrs");
+    EXPECT(atomic_load(&m->cb_runs) == 0, "the callback of a refused request ran");
+    snap_same(&before, "a refused gma_alloc_async");
+    return;
+  }
+  m->used = true;
+  m->f = f;
+  F.n_submitted++;
+  F.st[si].has_record = F.st[si].has_record == 1 ? 1 : -1; /* the worker may resolve it */
+  F.st[si].counts_exact = false;
+}
+
+static mfut_t *pick_future(unsigned b, bool unreleased) {
+  int idx[MAX_FUT], n = 0;
+  for (int i = 0; i < MAX_FUT; i++)
+    if (F.fut[i].used && (!unreleased || !F.fut[i].released)) idx[n++] = i;
+  return n ? &F.fut[idx[b % (unsigned)n]] : NULL;
+}
+
+static void fut_seen(mfut_t *m, gma_status_t st, const char *what) {
+  if (st == GMA_PENDING) {
+    EXPECT(m->seen == GMA_PENDING, "%s: PENDING after the future was seen complete (%s)", what,
+           gma_status_name((gma_status_t)m->seen));
+    return;
+  }
+  EXPECT(st == GMA_OK || st == GMA_ERR_TIMEOUT || (st == GMA_ERR_DEVICE && F.faults),
+         "%s returned %s", what, gma_status_name(st));
+  if (m->seen != GMA_PENDING)
+    EXPECT(m->seen == (int)st, "%s: %s, earlier %s", what, gma_status_name(st),
+           gma_status_name((gma_status_t)m->seen));
+  m->seen = st;
+  if (atomic_load_explicit(&m->cb_runs, memory_order_acquire))
+    EXPECT(atomic_load(&m->cb_status) == (int)st, "%s: %s, the callback saw %s", what,
+           gma_status_name(st), gma_status_name((gma_status_t)atomic_load(&m->cb_status)));
+}
+
+static void op_poll(rd_t *r) {
+  mfut_t *m = pick_future(rd8(r), true);
+  if (!m) return;
+  gma_status_t st = gma_future_poll(m->f);
+  vlog("future %ld -> %s", (long)(m - F.fut), gma_status_name(st));
+  fut_seen(m, st, "gma_future_poll");
+  EXPECT(gma_future_status(m->f) == st || st == GMA_PENDING, "gma_future_status disagrees with poll");
+}
+
+/* Collects a completed future's memory into the model (first time only). */
+static void fut_collect(mfut_t *m, void *first) {
+  void *ptrs[MAX_BATCH];
+  if (m->batch) memcpy(ptrs, m->ptrs, m->n * sizeof *ptrs);
+  else ptrs[0] = first;
+  if (m->collected) {
+    for (size_t k = 0; k < m->n; k++)
+      EXPECT(ptrs[k] == m->got[k], "a second wait returned %p, the first %p", ptrs[k], m->got[k]);
+    return;
+  }
+  m->collected = true;
+  for (size_t k = 0; k < m->n; k++) {
+    m->got[k] = ptrs[k];
+    if (F.nlive >= MAX_LIVE) { /* no room in the model: give it back at once */
+      EXPECT_ST(gma_free(F.g, ptrs[k]), GMA_OK, "gma_free of a future's block");
+      F.n_frees++;
+      if (F.st[m->si].gen == m->gen) F.st[m->si].frees++;
+      continue;
+    }
+    mblock_t *b = add_block(ptrs[k], m->sizes[k], m->si, m->gen, m->h, (int)(F.opno & 3), -1,
+                            m->batch ? 1 : 0);
+    (void)b;
+  }
+  if (m->batch && m->n > 1) {
+    /* All or nothing, and each pointer distinct (add_block checked overlaps). */
+  }
+}
+
+static void op_wait(rd_t *r) {
+  mfut_t *m = pick_future(rd8(r), true);
+  unsigned w = rd8(r);
+  if (!m) return;
+  static const uint64_t waits[4] = {0, 100000, 5000000, UINT64_MAX};
+  uint64_t timeout = waits[w & 3];
+  bool want_ptr = !(w & 4) || m->batch;
+  void *p = (void *)1;
+  gma_status_t st = gma_future_wait(m->f, timeout, want_ptr ? &p : NULL);
+  vlog("future %ld timeout %" PRIu64 " -> %s %p", (long)(m - F.fut), timeout, gma_status_name(st),
+       want_ptr ? p : NULL);
+  if (timeout == UINT64_MAX) EXPECT(st != GMA_PENDING, "an unlimited wait returned PENDING");
+  fut_seen(m, st, "gma_future_wait");
+  if (st == GMA_PENDING) return;
+  /* The callback has run before a wait returns a final status. */
+  EXPECT(atomic_load_explicit(&m->cb_runs, memory_order_acquire) == 1,
+         "gma_future_wait returned %s before the callback ran", gma_status_name(st));
+  observe_futures();
+  if (st == GMA_OK && want_ptr) {
+    if (!m->batch) EXPECT(p != NULL && p != (void *)1, "wait gave no pointer");
+    fut_collect(m, p);
+  }
+}
+
+static void op_release(rd_t *r) {
+  mfut_t *m = pick_future(rd8(r), true);
+  if (!m) return;
+  observe_futures();
+  bool done_ok = m->accounted && atomic_load(&m->cb_status) == GMA_OK;
+  gma_status_t st = gma_future_release(m->f);
+  vlog("future %ld (%s, %scollected) -> %s", (long)(m - F.fut),
+       m->accounted ? gma_status_name((gma_status_t)atomic_load(&m->cb_status)) : "pending",
+       m->collected ? "" : "not ", gma_status_name(st));
+  EXPECT_ST(st, GMA_OK, "gma_future_release");
+  m->released = true;
+  m->f = NULL;
+  if (done_ok && !m->collected) F.n_frees += m->n; /* the release frees what nobody collected */
+  if (done_ok && !m->collected && F.st[m->si].gen == m->gen) F.st[m->si].frees += m->n;
+  if (m->accounted) fut_free_slot(m);
+}
+
+/* ---- batches, trims, streams ---------------------------------------------------- */
+
+static void op_batch(rd_t *r, int t) {
+  int si = stream_of_thread(t);
+  gma_stream_t h = handle_of(si);
+  size_t n = 1 + rd8(r) % MAX_BATCH;
+  unsigned shape = rd8(r);
+  size_t sizes[MAX_BATCH];
+  uint64_t total = 0;
+  bool bad = false;
+  for (size_t k = 0; k < n; k++) {
+    sizes[k] = pick_size(r);
+    if ((shape & 1) && sizes[k] > 2 * MiB) sizes[k] %= 2 * MiB; /* mostly small batches */
+    if (sizes[k] == 0 || sizes[k] > F.limit) bad = true;
+    else total += round_up(sizes[k], 512);
+  }
+  if (total > F.limit) bad = true;
+  if (F.nlive + (int)n > MAX_LIVE) return;
+  void *ptrs[MAX_BATCH];
+  for (size_t k = 0; k < MAX_BATCH; k++) ptrs[k] = (void *)7;
+  snap_t before = snap_take();
+  gma_status_t st = gma_alloc_batch(F.g, n, sizes, h, ptrs);
+  vlog("T%d slot %d n %zu total %" PRIu64 " -> %s", t, si, n, total, gma_status_name(st));
+  if (bad) {
+    EXPECT_ST(st, GMA_ERR_INVALID_SIZE, "gma_alloc_batch of sizes never possible");
+  } else {
+    F.st[si].has_record = 1;
+    EXPECT(st == GMA_OK || st == GMA_ERR_OOM || (st == GMA_ERR_DEVICE && F.faults),
+           "gma_alloc_batch returned %s", gma_status_name(st));
+  }
+  if (st != GMA_OK) {
+    for (size_t k = 0; k < MAX_BATCH; k++) EXPECT(ptrs[k] == (void *)7, "a failed batch wrote ptrs");
+    snap_same(&before, "a failed gma_alloc_batch");
+    return;
+  }
+  for (size_t k = n; k < MAX_BATCH; k++) EXPECT(ptrs[k] == (void *)7, "a batch wrote past n");
+  for (size_t k = 0; k < n; k++) {
+    add_block(ptrs[k], sizes[k], si, F.st[si].gen, h, t, -1, 1);
+    F.n_allocs++;
+  }
+  /* Not split: the blocks lie one after another (front to back). */
+  if (before.valid) {
+    gma_stats_t s = stats_now();
+    EXPECT(s.num_batches == before.s.num_batches + 1, "num_batches did not count the batch");
+    if (s.num_batches_split == before.s.num_batches_split)
+      for (size_t k = 0; k + 1 < n; k++)
+        EXPECT((uintptr_t)ptrs[k + 1] == (uintptr_t)ptrs[k] + round_up(sizes[k], 512),
+               "an unsplit batch is not contiguous: block %zu at %p, block %zu at %p", k, ptrs[k],
+               k + 1, ptrs[k + 1]);
+  }
+}
+
+static void op_trim(rd_t *r, bool empty) {
+  static const uint64_t keeps[4] = {0, MiB, 16 * MiB, UINT64_MAX};
+  uint64_t keep = keeps[rd8(r) & 3];
+  snap_t before = snap_take();
+  gma_status_t st = empty ? gma_empty_cache(F.g) : gma_trim(F.g, keep);
+  vlog("%s keep %" PRIu64 " -> %s", empty ? "empty_cache" : "trim", keep, gma_status_name(st));
+  EXPECT(st == GMA_OK || (st == GMA_ERR_DEVICE && F.faults), "%s returned %s",
+         empty ? "gma_empty_cache" : "gma_trim", gma_status_name(st));
+  if (before.valid) {
+    gma_stats_t s = stats_now();
+    EXPECT(s.allocated.current == before.s.allocated.current && s.num_allocs == before.s.num_allocs,
+           "a trim changed what is allocated");
+    EXPECT(s.bytes_trimmed >= before.s.bytes_trimmed, "bytes_trimmed went down");
+  }
+}
+
+static void sync_stream(int si) {
+  gma_status_t st = gma_stream_synchronize(F.g, handle_of(si));
+  EXPECT_ST(st, GMA_OK, "gma_stream_synchronize");
+}
+
+static void op_sync(int t) {
+  gates_open_all(); /* a gated kernel would hold the stream forever */
+  int si = stream_of_thread(t);
+  if (!slot_live(si)) return;
+  sync_stream(si);
+  vlog("slot %d", si);
+}
+
+static void sync_all(void) {
+  gates_open_all();
+  for (int si = 0; si < NSLOTS; si++)
+    if (slot_live(si)) sync_stream(si);
+}
+
+static void op_retire(int t) {
+  int si = stream_of_thread(t);
+  if (!slot_live(si)) return;
+  /* When the closing event cannot be recorded (injected event faults), the
+   * retire waits for the stream on the host instead (streams.c). */
+  if (F.faults) gates_open_all();
+  gma_status_t st = gma_stream_retire(F.g, handle_of(si));
+  vlog("slot %d -> %s", si, gma_status_name(st));
+  EXPECT(st == GMA_OK || (st == GMA_ERR_DEVICE && F.faults), "gma_stream_retire returned %s",
+         gma_status_name(st));
+  if (st != GMA_OK) F.orphaned = true;
+  stream_new_gen(si);
+  if (slot_in_flight(si)) { /* the worker may make the new record */
+    F.st[si].has_record = -1;
+    F.st[si].counts_exact = false;
+  }
+}
+
+static void stream_create_slot(int si) {
+  gma_stream_t h = NULL;
+  gma_status_t st = gma_stream_create(F.g, &h);
+  EXPECT_ST(st, GMA_OK, "gma_stream_create");
+  EXPECT(h != NULL && h != GMA_STREAM_LEGACY && h != GMA_STREAM_PER_THREAD, "stream handle %p", h);
+  for (int i = 0; i < 3; i++)
+    EXPECT(i == si || !F.st[i].live || F.st[i].h != h, "a new stream got a live stream's handle %p", h);
+  F.st[si].h = h;
+  F.st[si].live = true;
+  stream_new_gen(si);
+}
+
+static void op_destroy(int t) {
+  int si = t < 3 ? t : stream_of_thread(t); /* a dead user slot is re-created */
+  if (si >= 3) { /* the default streams: refused, nothing changes */
+    gma_status_t st = gma_stream_destroy(F.g, handle_of(si));
+    EXPECT_ST(st, GMA_ERR_INVALID_ARGUMENT, "gma_stream_destroy of a default stream");
+    return;
+  }
+  observe_futures();
+  if (slot_in_flight(si)) return; /* a request on it is pending: destroying is the caller's bug */
+  if (!F.st[si].live) {
+    stream_create_slot(si);
+    vlog("slot %d created %p", si, F.st[si].h);
+    return;
+  }
+  gma_stream_t old = F.st[si].h;
+  if (F.faults) gates_open_all(); /* see op_retire */
+  if (!F.host_outlives) /* free the stream's pinned host blocks first (see configure) */
+    for (int i = F.nhost; i-- > 0;)
+      if (F.host[i].si == si && F.host[i].h == old) {
+        rd_t pick = {&(uint8_t){(uint8_t)i}, 1, 0};
+        op_host_free(&pick);
+      }
+  if (!F.host_outlives) /* and its CPU-fallback blocks (host memory too) */
+    for (int i = F.nlive; i-- > 0;)
+      if (F.live[i].kind == GMA_MEMORY_FALLBACK && F.live[i].si == si && F.live[i].h == old)
+        free_block(i, "gma_free of a fallback block before its stream is destroyed");
+  gma_status_t st = gma_stream_destroy(F.g, old);
+  EXPECT(st == GMA_OK || (st == GMA_ERR_DEVICE && F.faults), "gma_stream_destroy returned %s",
+         gma_status_name(st));
+  if (st != GMA_OK) F.orphaned = true;
+  F.st[si].live = false;
+  stream_new_gen(si);
+  if (F.ndead < NDEAD) F.dead[F.ndead++] = old;
+  else F.dead[F.opno % NDEAD] = old;
+  /* Every other time a new stream takes the slot at once (and likely the
+   * destroyed stream's handle value). */
+  if (F.opno & 1) stream_create_slot(si);
+  if (F.st[si].live) vlog("slot %d destroyed %p, new stream %p", si, old, F.st[si].h);
+  else vlog("slot %d destroyed %p", si, old);
+}
+
+/* ---- pinned host memory ----------------------------------------------------------- */
+
+static void op_host_alloc(rd_t *r, int t) {
+  int si = stream_of_thread(t);
+  gma_stream_t h = handle_of(si);
+  size_t size = pick_size(r);
+  if (size > 4 * MiB && size < F.limit) size %= 4 * MiB; /* host memory is real memory */
+  if (F.nhost >= MAX_HOST) return;
+  void *p = (void *)1;
+  gma_status_t st = gma_host_alloc(F.g, size, h, &p);
+  vlog("T%d slot %d size %zu -> %s %p", t, si, size, gma_status_name(st), p);
+  if (size == 0) {
+    EXPECT_ST(st, GMA_ERR_INVALID_SIZE, "gma_host_alloc(0)");
+    return;
+  }
+  if (size > 64 * MiB) { /* SIZE_MAX and friends: no host memory for them */
+    EXPECT(st == GMA_OK || st == GMA_ERR_OOM || st == GMA_ERR_INVALID_SIZE,
+           "gma_host_alloc(%zu) returned %s", size, gma_status_name(st));
+    if (st != GMA_OK) return;
+  }
+  EXPECT(st == GMA_OK || (st == GMA_ERR_DEVICE && F.faults), "gma_host_alloc returned %s",
+         gma_status_name(st));
+  if (st != GMA_OK) return;
+  uintptr_t a = (uintptr_t)p;
+  EXPECT(a && a % 256 == 0, "host pointer %p", p);
+  check_no_overlap(a, size, "new host allocation");
+  gma_pointer_info_t info = GMA_POINTER_INFO_INIT;
+  EXPECT_ST(gma_pointer_info(F.g, p, &info), GMA_OK, "gma_pointer_info of a host block");
+  EXPECT(info.kind == GMA_MEMORY_HOST_PINNED && info.base == p && info.requested == size &&
+             info.block_size == class_round(size),
+         "host pointer_info: kind %d base %p requested %zu block %zu for %zu", (int)info.kind,
+         info.base, info.requested, info.block_size, size);
+  if (!default_handle(h)) EXPECT(info.stream == h, "host pointer_info stream %p, not %p", info.stream, h);
+  mhost_t *m = &F.host[F.nhost++];
+  *m = (mhost_t){.p = a, .size = size, .bsize = info.block_size, .si = si, .gen = F.st[si].gen,
+                 .h = h, .id = ++F.next_id};
+  /* The host fills it at once, as a program filling a staging buffer does:
+   * a copy still reading the block's previous life would see it change. */
+  m->pat = mix64(++F.next_pattern ^ 0x4057);
+  pattern_write(a, size, m->pat);
+  grave_remove(F.host_grave, &F.nhost_grave, a);
+  F.n_host_allocs++;
+}
+
+static void op_host_free(rd_t *r) {
+  if (!F.nhost) return;
+  int i = (int)(rd8(r) % (unsigned)F.nhost);
+  mhost_t *m = &F.host[i];
+  if (!m->dev_used) { /* nothing but the host touched it: its pattern is intact */
+    uintptr_t first = 0;
+    size_t bad = pattern_verify(m->p, m->size, m->pat, &first);
+    EXPECT(bad == 0, "host block #%" PRIu64 " changed under the host (%zu words, first %#" PRIxPTR ")",
+           m->id, bad, first);
+  }
+  /* With event faults the free may synchronize the stream instead. */
+  if (F.faults) gates_open_all();
+  gma_status_t st = gma_host_free(F.g, (void *)m->p);
+  vlog("host block #%" PRIu64 " -> %s", m->id, gma_status_name(st));
+  EXPECT_ST(st, GMA_OK, "gma_host_free");
+  grave_add(F.host_grave, &F.nhost_grave, m->p);
+  F.host[i] = F.host[--F.nhost];
+  F.n_host_frees++;
+}
+
+/* A copy on the host block's own stream (a pattern kernel). */
+static void op_host_kernel(rd_t *r) {
+  unsigned b = rd8(r), arg = rd8(r);
+  if (!F.nhost) return;
+  mhost_t *m = &F.host[b % (unsigned)F.nhost];
+  if (!slot_live(m->si) || (m->si < 3 && F.st[m->si].h != m->h)) return;
+  int mode = (arg & 0x40) ? K_CHECK_ONLY : K_HOLD_ONE;
+  m->pat = launch_pattern(m->si, m->h, m->p, m->size, mode, mode == K_CHECK_ONLY ? m->pat : 0, arg,
+                          m->id);
+  m->dev_used = true;
+  vlog("host block #%" PRIu64 " on slot %d", m->id, m->si);
+}
+
+/* ---- introspection ------------------------------------------------------------- */
+
+static void op_pinfo(rd_t *r) {
+  unsigned a = rd8(r), off = rd8(r);
+  int i = pick_block(-1, a);
+  if (i < 0) return;
+  mblock_t *b = &F.live[i];
+  uintptr_t p = b->p + (b->size > 1 ? (off * 977u) % b->size : 0);
+  gma_pointer_info_t info = GMA_POINTER_INFO_INIT;
+  gma_status_t st = gma_pointer_info(F.g, (void *)p, &info);
+  vlog("block #%" PRIu64 " + %" PRIuPTR " -> %s", b->id, p - b->p, gma_status_name(st));
+  EXPECT_ST(st, GMA_OK, "gma_pointer_info inside a live block");
+  EXPECT((uintptr_t)info.base == b->p && info.requested == b->size && info.block_size == b->bsize &&
+             info.kind == b->kind,
+         "pointer_info inside block #%" PRIu64 ": base %p requested %zu block %zu kind %d", b->id,
+         info.base, info.requested, info.block_size, (int)info.kind);
+  const char *want_tag = b->tag >= 0 ? tag_names[b->tag] : "untagged";
+  EXPECT(info.tag && strcmp(info.tag, want_tag) == 0, "pointer_info tag '%s', expected '%s'",
+         info.tag ? info.tag : "(null)", want_tag);
+}
+
+static void op_reserve(rd_t *r, int t) {
+  int si = stream_of_thread(t);
+  size_t n = 1 + rd8(r) % 3, sizes[3], counts[3], total = 0;
+  bool bad = false;
+  for (size_t k = 0; k < n; k++) {
+    sizes[k] = pick_size(r);
+    if (sizes[k] > 4 * MiB && sizes[k] <= F.limit) sizes[k] %= 4 * MiB;
+    counts[k] = rd8(r) % 5;
+    total += counts[k];
+    if (counts[k] && (sizes[k] == 0 || sizes[k] > F.limit)) bad = true;
+  }
+  snap_t before = snap_take();
+  gma_status_t st = gma_reserve(F.g, handle_of(si), n, sizes, counts);
+  vlog("slot %d n %zu blocks %zu -> %s", si, n, total, gma_status_name(st));
+  if (bad) {
+    EXPECT(st == GMA_ERR_INVALID_SIZE || st == GMA_ERR_OOM || (st == GMA_ERR_DEVICE && F.faults),
+           "gma_reserve with an impossible size returned %s", gma_status_name(st));
+  } else {
+    EXPECT(st == GMA_OK || st == GMA_ERR_OOM || (st == GMA_ERR_DEVICE && F.faults),
+           "gma_reserve returned %s", gma_status_name(st));
+  }
+  if (total) F.st[si].has_record = st == GMA_OK ? 1 : F.st[si].has_record == 1 ? 1 : -1;
+  if (F.fallback && total) {
+    /* Blocks the device could not hold came from the CPU fallback (and went
+     * back): how many of each is unknown, but none may stay. */
+    gma_stats_t s = stats_now();
+    EXPECT(s.fallback_bytes == model_sums().fb_bytes, "gma_reserve left fallback memory allocated");
+    F.n_fallbacks = s.num_fallbacks;
+    F.reserve_unknown = true;
+    F.st[si].counts_exact = false;
+    return;
+  }
+  if (st == GMA_OK) {
+    F.n_allocs += total;
+    F.n_frees += total;
+    F.st[si].allocs += total;
+    F.st[si].frees += total;
+  } else {
+    /* It allocated some before failing and freed them: how many is unknown. */
+    F.reserve_unknown = true;
+    F.st[si].counts_exact = false;
+    if (before.valid) {
+      gma_stats_t s = stats_now();
+      EXPECT(s.allocated.current == before.s.allocated.current, "a failed gma_reserve kept memory");
+    }
+  }
+}
+
+static void op_introspect(rd_t *r) {
+  unsigned v = rd8(r);
+  switch (v % 4) {
+    case 0: {
+      static const size_t lens[4] = {1, 100, 1024, 1 << 16};
+      size_t len = lens[(v >> 2) & 3];
+      char *buf = malloc(len);
+      EXPECT(buf != NULL, "host memory");
+      memset(buf, 'x', len);
+      gma_status_t st = gma_memory_summary(F.g, buf, len);
+      vlog("summary len %zu -> %s", len, gma_status_name(st));
+      EXPECT(st == GMA_OK || (st == GMA_ERR_INVALID_SIZE && len < (1 << 16)),
+             "gma_memory_summary(%zu) returned %s", len, gma_status_name(st));
+      EXPECT(memchr(buf, '\0', len) != NULL, "gma_memory_summary left no NUL in %zu bytes", len);
+      free(buf);
+      break;
+    }
+    case 1: {
+      gma_status_t st = gma_snapshot_json(F.g, "/dev/null");
+      vlog("snapshot -> %s", gma_status_name(st));
+      EXPECT_ST(st, GMA_OK, "gma_snapshot_json");
+      break;
+    }
+    case 2: {
+      gma_status_t st = (v >> 2) & 1 ? gma_trace_start(F.g, "/dev/null") : gma_trace_stop(F.g);
+      vlog("trace %s -> %s", (v >> 2) & 1 ? "start" : "stop", gma_status_name(st));
+      EXPECT_ST(st, GMA_OK, "gma_trace_start/stop");
+      break;
+    }
+    default:
+      EXPECT(strcmp(gma_device_name(F.g), "sim") == 0, "device name %s", gma_device_name(F.g));
+      for (int s = -15; s <= 1; s++) {
+        EXPECT(gma_status_name((gma_status_t)s) && gma_strerror((gma_status_t)s),
+               "no name or text for status %d", s);
+      }
+      break;
+  }
+}
+
+/* ---- configuration and the run --------------------------------------------------- */
+
+static void pressure_cb(gma_t *g, gma_pressure_t level, void *user) {
+  (void)user;
+  gma_stats_t s = GMA_STATS_INIT;
+  if (gma_stats(g, &s) != GMA_OK || (int)level < 0 || level > GMA_PRESSURE_CRITICAL) {
+    fprintf(stderr, "fuzz_gma: CHECK FAILED: pressure callback level %d\n", (int)level);
+    abort();
+  }
+  __atomic_fetch_add(&F.pressure_calls, 1, __ATOMIC_RELAXED);
+}
+
+static void configure(rd_t *r) {
+  unsigned b0 = rd8(r), b1 = rd8(r), b2 = rd8(r);
+  F.end_mode = (int)rd8(r);
+  /* Bit 5 of the end-mode byte lets pinned host blocks outlive the stream
+   * they were allocated on (destroyed with them live); without it a stream's
+   * host blocks are freed before the stream is destroyed. gma cannot free
+   * such a block yet (known bug, tests/fuzz/crashes/README.md);
+   * FUZZ_GMA_SKIP_KNOWN=1 turns the bit off so a long run finds other bugs. */
+  F.skip_known = getenv("FUZZ_GMA_SKIP_KNOWN") != NULL;
+  F.host_outlives = (F.end_mode & 32) && !F.skip_known;
+  gma_config_t c = GMA_CONFIG_INIT;
+  c.device = GMA_DEVICE_SIM;
+  c.ignore_env = 1;
+  static const uint64_t caps[4] = {32 * MiB, 64 * MiB, 64 * MiB, 128 * MiB};
+  static const uint64_t ticks[4] = {1, 2, 5, 50};
+  c.sim_capacity = caps[b1 & 3];
+  c.worker_off = !(b0 & 1);
+  c.expandable_segments = (b0 >> 1) & 1;
+  c.bins_off = (b0 >> 2) & 1;
+  c.reuse = ((b0 >> 3) & 3) == 3 ? GMA_REUSE_QUERY : (gma_reuse_t)((b0 >> 3) & 3);
+  c.fallback_host = (b0 >> 5) & 1;
+  if ((b0 >> 6) & 1) snprintf(c.trace_path, sizeof c.trace_path, "/dev/null");
+  F.faults = (b0 >> 7) & 1;
+  if (F.faults) {
+    c.sim_fail_alloc = b2 & 7;
+    c.sim_fail_event = 8 * ((b2 >> 3) & 7);
+    F.faults = c.sim_fail_alloc || c.sim_fail_event;
+  }
+  c.trim_interval_ms = ticks[(b1 >> 2) & 3];
+  c.release_threshold = (b1 >> 4) & 1 ? 8 * MiB : 512;
+  c.idle_ms = (b1 >> 5) & 1 ? 10000 : 1;
+  c.grow_ahead = (b1 >> 6) & 1 ? 4 * MiB : 0;
+  if ((b1 >> 7) & 1) {
+    c.bin_depth = 2;
+    c.ring_size = 2;
+    c.bin_max = 64 * KiB;
+  }
+  c.future_timeout_ms = 20;
+  if ((b2 >> 6) & 1) c.memory_limit = c.sim_capacity / 4 * 3;
+  if ((b2 >> 7) & 1) {
+    c.small_segment_size = 1 * MiB;
+    c.large_segment_size = 4 * MiB;
+  }
+  F.cfg = c;
+  F.capacity = c.sim_capacity;
+  F.limit = c.memory_limit ? c.memory_limit : c.sim_capacity;
+  F.bin_max = c.bins_off ? 0 : class_round(c.bin_max ? c.bin_max : MiB);
+  F.worker = !c.worker_off;
+  F.fallback = c.fallback_host;
+  F.grow_ahead = c.grow_ahead != 0 && F.worker;
+}
+
+static void open_streams(void) {
+  for (int si = 0; si < 3; si++) stream_create_slot(si);
+  for (int si = 3; si < NSLOTS; si++) {
+    F.st[si].live = true;
+    F.st[si].counts_exact = true;
+  }
+}
+
+static void run_op(rd_t *r) {
+  unsigned b = rd8(r);
+  int t = (int)(b >> 6);
+  int op = (int)((b & 63) % NOPS);
+  F.opname = op_names[op];
+  switch (op) {
+    case OP_ALLOC: op_alloc(r, t, false); break;
+    case OP_ALLOC_TAGGED: op_alloc(r, t, true); break;
+    case OP_FREE: op_free(r, t); break;
+    case OP_MISUSE: op_misuse(r, t); break;
+    case OP_RECORD: op_record(r, t); break;
+    case OP_K_FILL: op_kernel(r, t, K_FILL_ONLY); break;
+    case OP_K_CHECK: op_kernel(r, t, K_CHECK_ONLY); break;
+    case OP_K_HOLD: op_kernel(r, t, K_HOLD_ONE); break;
+    case OP_GATE_OPEN: op_gate_open(r); break;
+    case OP_ASYNC: op_async(r, t, false); break;
+    case OP_ASYNC_BATCH: op_async(r, t, true); break;
+    case OP_F_POLL: op_poll(r); break;
+    case OP_F_WAIT: op_wait(r); break;
+    case OP_F_RELEASE: op_release(r); break;
+    case OP_BATCH: op_batch(r, t); break;
+    case OP_TRIM: op_trim(r, false); break;
+    case OP_EMPTY_CACHE: op_trim(r, true); break;
+    case OP_SYNC: op_sync(t); break;
+    case OP_RETIRE: op_retire(t); break;
+    case OP_DESTROY: op_destroy(t); break;
+    case OP_HOST_ALLOC: op_host_alloc(r, t); break;
+    case OP_HOST_FREE: op_host_free(r); break;
+    case OP_HOST_KERNEL: op_host_kernel(r); break;
+    case OP_PINFO: op_pinfo(r); break;
+    case OP_RESERVE: op_reserve(r, t); break;
+    case OP_INTROSPECT: op_introspect(r); break;
+    case OP_SLEEP: {
+      long us = (long)(rd8(r) % 64) * 8; /* up to 0.5 ms: lets the worker tick */
+      vlog("%ld us", us);
+      sleep_us(us);
+      break;
+    }
+    case OP_SYNC_ALL:
+      sync_all();
+      vlog("all streams");
+      break;
+    case OP_DEFAULT_MODE:
+      F.t3_ptds = !F.t3_ptds;
+      vlog("thread 3 now on the %s stream", F.t3_ptds ? "per-thread" : "default");
+      break;
+  }
+}
+
+/* Frees everything, synchronizes, and checks that every byte goes back. */
+static void finish(void) {
+  F.opname = "END";
+  gates_open_all();
+  bool keep_futures = (F.end_mode & 15) == 8, leak_one = (F.end_mode & 15) == 7;
+  for (int i = 0; i < MAX_FUT; i++) {
+    mfut_t *m = &F.fut[i];
+    if (!m->used || m->released || keep_futures) continue;
+    if ((F.end_mode & 15) == 6) {
+      observe_futures();
+      bool done_ok = m->accounted && atomic_load(&m->cb_status) == GMA_OK;
+      gma_status_t st = gma_future_release(m->f);
+      EXPECT_ST(st, GMA_OK, "gma_future_release at the end");
+      m->released = true;
+      m->f = NULL;
+      if (done_ok && !m->collected) F.n_frees += m->n;
+      if (m->accounted) fut_free_slot(m);
+      continue;
+    }
+    void *p = NULL;
+    gma_status_t st = gma_future_wait(m->f, UINT64_MAX, &p);
+    fut_seen(m, st, "gma_future_wait at the end");
+    observe_futures();
+    if (st == GMA_OK) fut_collect(m, p);
+    EXPECT_ST(gma_future_release(m->f), GMA_OK, "gma_future_release at the end");
+    m->released = true;
+    m->f = NULL;
+    if (m->accounted) fut_free_slot(m);
+  }
+  while (F.nlive > (leak_one ? 1 : 0)) free_block(F.nlive - 1, "gma_free at the end");
+  while (F.nhost) {
+    rd_t none = {0};
+    op_host_free(&none);
+  }
+  sync_all();
+  /* Released futures settle (the worker frees what they got), then the
+   * counts are exact. */
+  for (uint64_t t0 = now_ns(); !keep_futures && futures_in_flight();) {
+    observe_futures();
+    if (now_ns() - t0 > (uint64_t)SETTLE_MS * 1000000u) FAIL("futures did not complete in %d ms", SETTLE_MS);
+    sleep_us(100);
+  }
+  check_stats();
+  gma_stats_t s = stats_now();
+  if (!keep_futures) {
+    sums_t m = model_sums();
+    EXPECT(s.allocated.current == m.dev_bytes && s.requested.current == m.dev_req,
+           "at the end allocated %" PRIu64 " requested %" PRIu64 ", model %" PRIu64 " / %" PRIu64,
+           s.allocated.current, s.requested.current, m.dev_bytes, m.dev_req);
+    EXPECT(s.host_allocated.current == m.fb_bytes && s.fallback_bytes == m.fb_bytes,
+           "host memory still allocated at the end: %" PRIu64 " (fallback %" PRIu64 ")",
+           s.host_allocated.current, s.fallback_bytes);
+  }
+  /* Every byte goes back: the last epochs' events complete on the device's
+   * own threads, so allow a few rounds. */
+  bool must_drain = !keep_futures && !leak_one && !F.orphaned;
+  uint64_t t0 = now_ns();
+  for (;;) {
+    gma_status_t st = gma_empty_cache(F.g);
+    EXPECT(st == GMA_OK || (st == GMA_ERR_DEVICE && F.faults), "gma_empty_cache at the end: %s",
+           gma_status_name(st));
+    s = stats_now();
+    bool drained = F.grow_ahead ? s.reserved.current == s.free_bytes && s.pending_bytes == 0 &&
+                                      s.stream_cached_bytes == 0
+                                : s.reserved.current == 0;
+    if (!must_drain || (drained && s.host_reserved.current == 0)) break;
+    if (now_ns() - t0 > (uint64_t)SETTLE_MS * 1000000u)
+      FAIL("memory not returned after everything was freed and synchronized: reserved %" PRIu64
+           " (stream cached %" PRIu64 ", pending %" PRIu64 ", free %" PRIu64 ", segments %" PRIu64
+           "), host reserved %" PRIu64,
+           s.reserved.current, s.stream_cached_bytes, s.pending_bytes, s.free_bytes,
+           s.num_segments, s.host_reserved.current);
+    sleep_us(200);
+  }
+  if (must_drain && !F.grow_ahead) EXPECT(s.num_segments == 0, "%" PRIu64 " segments left", s.num_segments);
+  for (int si = 0; si < 3; si++)
+    if (F.st[si].live) {
+      gma_status_t st = gma_stream_destroy(F.g, F.st[si].h);
+      EXPECT(st == GMA_OK || (st == GMA_ERR_DEVICE && F.faults), "gma_stream_destroy at the end: %s",
+             gma_status_name(st));
+      F.st[si].live = false;
+    }
+  gma_status_t st = gma_destroy(F.g);
+  F.g = NULL;
+  if (leak_one && F.nlive && F.live[0].kind == GMA_MEMORY_DEVICE)
+    EXPECT_ST(st, GMA_ERR_LEAK, "gma_destroy with a live allocation");
+  else if (leak_one && F.nlive)
+    EXPECT_ST(st, GMA_ERR_LEAK, "gma_destroy with a live fallback allocation");
+  else
+    EXPECT_ST(st, GMA_OK, "gma_destroy");
+  /* Futures may be given back after the allocator is gone. */
+  for (int i = 0; i < MAX_FUT; i++)
+    if (F.fut[i].used && !F.fut[i].released) {
+      gma_status_t fs = gma_future_poll(F.fut[i].f);
+      EXPECT(fs != GMA_PENDING, "a future still pending after gma_destroy");
+      EXPECT_ST(gma_future_release(F.fut[i].f), GMA_OK, "gma_future_release after gma_destroy");
+    }
+  uint64_t done = atomic_load_explicit(&g_kernels_done, memory_order_acquire);
+  EXPECT(done == F.kernels_launched, "%" PRIu64 " kernels launched, %" PRIu64 " ran", F.kernels_launched,
+         done);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  if (size < 4) return 0;
+  memset(&F, 0, sizeof F);
+  F.verbose = getenv("FUZZ_GMA_VERBOSE") != NULL;
+  atomic_store(&g_kernels_done, 0);
+  rd_t r = {data, size, 0};
+  configure(&r);
+  F.opname = "gma_create";
+  gma_status_t st = gma_create(&F.cfg, &F.g);
+  EXPECT_ST(st, GMA_OK, "gma_create");
+#ifdef FUZZ_GMA_AFTER_CREATE
+  /* A test hook (e.g. to plant a bug through gma's test-only switches and see
+   * the fuzzer catch it): void FUZZ_GMA_AFTER_CREATE(gma_t *). */
+  void FUZZ_GMA_AFTER_CREATE(gma_t *);
+  FUZZ_GMA_AFTER_CREATE(F.g);
+#endif
+  if (F.worker && (F.end_mode & 16)) {
+    EXPECT_ST(gma_set_pressure_callback(F.g, pressure_cb, NULL), GMA_OK, "gma_set_pressure_callback");
+  } else if (!F.worker) {
+    EXPECT_ST(gma_set_pressure_callback(F.g, pressure_cb, NULL), GMA_ERR_UNSUPPORTED,
+              "gma_set_pressure_callback without a worker");
+  }
+  if (F.verbose)
+    fprintf(stderr, "fuzz_gma: capacity %" PRIu64 " limit %" PRIu64 " worker %d expandable %d bins %s "
+                    "reuse %d fallback %d faults %d (alloc %" PRIu64 ", event %" PRIu64 ") end mode %d\n",
+            F.capacity, F.limit, F.worker, F.cfg.expandable_segments, F.cfg.bins_off ? "off" : "on",
+            (int)F.cfg.reuse, F.fallback, F.faults, F.cfg.sim_fail_alloc, F.cfg.sim_fail_event,
+            F.end_mode);
+  open_streams();
+  static uint64_t prof_ns[NOPS + 2], prof_n[NOPS + 2];
+  bool prof = getenv("FUZZ_GMA_PROFILE") != NULL;
+  for (F.opno = 1; F.opno <= MAX_OPS && r.i < r.n; F.opno++) {
+    uint64_t t0 = prof ? now_ns() : 0;
+    unsigned code = r.i < r.n ? (r.p[r.i] & 63) % NOPS : 0;
+    run_op(&r);
+    uint64_t t1 = prof ? now_ns() : 0;
+    check_stats();
+    check_stream_stats();
+    if (prof) {
+      prof_ns[code] += t1 - t0, prof_n[code]++;
+      prof_ns[NOPS] += now_ns() - t1, prof_n[NOPS]++;
+    }
+  }
+  uint64_t t_end = prof ? now_ns() : 0;
+  finish();
+  if (prof) {
+    prof_ns[NOPS + 1] += now_ns() - t_end, prof_n[NOPS + 1]++;
+    for (int i = 0; i < NOPS + 2; i++)
+      if (prof_n[i])
+        fprintf(stderr, "  %-14s %6" PRIu64 " x %8.1f us = %8.1f ms\n",
+                i < NOPS ? op_names[i] : i == NOPS ? "(checks)" : "(finish)", prof_n[i],
+                (double)prof_ns[i] / (double)prof_n[i] / 1e3, (double)prof_ns[i] / 1e6);
+  }
+  return 0;
+}

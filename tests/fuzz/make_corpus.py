@@ -1,0 +1,342 @@
+#!/usr/bin/env python3
+"""Writes the seed corpus of the gma fuzzer (tests/fuzz/corpus/) in the input
+encoding that tests/fuzz/fuzz_gma.c documents. The operation codes are read
+from OP_LIST in fuzz_gma.c, so the two stay in step. Each seed is a small,
+readable scenario; together they reach every operation and configuration bit.
+
+Usage: python3 tests/fuzz/make_corpus.py [OUT_DIR]   (default: tests/fuzz/corpus)
+"""
+import os
+import re
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def load_ops():
+    src = open(os.path.join(HERE, "fuzz_gma.c")).read()
+    m = re.search(r"#define OP_LIST\(X\)(.*?)\nenum", src, re.S)
+    return re.findall(r"X\((\w+)\)", m.group(1))
+
+
+OPS = load_ops()
+
+
+def op(name, t=0, *args):
+    """One operation of logical thread t (0-2 user streams, 3 default)."""
+    return bytes([(t << 6) | OPS.index(name)] + [a & 255 for a in args])
+
+
+# Sizes: two bytes (see pick_size). range r 0..5 with position v 0..8191,
+# 6 the popular table, 7 the edges.
+def size(r, v=4096):
+    return [(r << 5) | ((v >> 8) & 31), v & 255]
+
+
+def popular(i):
+    return [(6 << 5) | i, 0]
+
+
+def edge(i):
+    return [(7 << 5) | i, 0]
+
+
+TINY, SMALL, MID, LARGE, HUGE, GIANT = 0, 1, 2, 3, 4, 5
+# edges: 0 size 0, 1 one byte, 2 bin_max, 3 bin_max+1, 4 2M, 5 10M, 6 10M+1, 7 20M,
+# 8 limit, 9 limit+1, 10 capacity/2, 11 4097, 12 4096, 13 511, 14 SIZE_MAX, 15 SIZE_MAX-511
+
+
+def config(worker=True, expandable=False, bins_off=False, reuse=0, fallback=False, trace=False,
+           faults=False, cap=1, tick=0, rel8m=False, idle_long=False, grow=False, small=False,
+           fail_alloc=0, fail_event=0, limit34=False, smallseg=False, end=0, pressure=False):
+    b0 = (worker | expandable << 1 | bins_off << 2 | reuse << 3 | fallback << 5 | trace << 6 |
+          faults << 7)
+    b1 = cap | tick << 2 | rel8m << 4 | idle_long << 5 | grow << 6 | small << 7
+    b2 = fail_alloc | fail_event << 3 | limit34 << 6 | smallseg << 7
+    b3 = end | (16 if pressure else 0)
+    return bytes([b0, b1, b2, b3])
+
+
+def alloc(t, sz, tag=None):
+    if tag is None:
+        return op("ALLOC", t, *sz)
+    return op("ALLOC_TAGGED", t, tag, *sz)
+
+
+def free(t, which=0):
+    return op("FREE", t, which)
+
+
+def hold(t, which=0, gate=None, us=20):
+    return op("K_HOLD", t, which, (0x80 | gate) if gate is not None else us)
+
+
+def fill(t, which=0):
+    return op("K_FILL", t, which, 0)
+
+
+def check(t, which=0):
+    return op("K_CHECK", t, which, 0)
+
+
+def record(t, which, other, kernel=True, gated=False):
+    mode = (1 if kernel else 0) | (2 if gated else 0) | (5 << 2)
+    return op("RECORD", t, which, other, mode)
+
+
+def gate_open(g):
+    return op("GATE_OPEN", 0, g)
+
+
+def async_(t, sz, timeout=2, nonblocking=False, any_stream=None):
+    sel = [1, any_stream] if any_stream is not None else [0]
+    return op("ASYNC", t, *sel, timeout | (4 if nonblocking else 0), *sz)
+
+
+def async_batch(t, sizes, timeout=2):
+    out = [0, timeout | 0x40, len(sizes) - 1]
+    for s in sizes:
+        out += s
+    return op("ASYNC_BATCH", t, *out)
+
+
+def poll(i=0):
+    return op("F_POLL", 0, i)
+
+
+def wait(i=0, how=3):  # how: 0 no wait, 1 100us, 2 5ms, 3 unlimited; +4 without ptr
+    return op("F_WAIT", 0, i, how)
+
+
+def release(i=0):
+    return op("F_RELEASE", 0, i)
+
+
+def batch(t, sizes, small=True):
+    out = [len(sizes) - 1, 1 if small else 0]
+    for s in sizes:
+        out += s
+    return op("BATCH", t, *out)
+
+
+def trim(keep_sel=0):
+    return op("TRIM", 0, keep_sel)
+
+
+def empty():
+    return op("EMPTY_CACHE", 0, 0)
+
+
+def sync(t):
+    return op("SYNC", t)
+
+
+def retire(t):
+    return op("RETIRE", t)
+
+
+def destroy(t):
+    return op("DESTROY", t)
+
+
+def host_alloc(t, sz):
+    return op("HOST_ALLOC", t, *sz)
+
+
+def host_free(i=0):
+    return op("HOST_FREE", 0, i)
+
+
+def host_kernel(i=0, arg=10):
+    return op("HOST_KERNEL", 0, i, arg)
+
+
+def pinfo(which=0, off=3):
+    return op("PINFO", 0, which, off)
+
+
+def reserve(t, items):  # items: [(size_bytes2, count)]
+    out = [len(items) - 1]
+    for sz, cnt in items:
+        out += sz + [cnt]
+    return op("RESERVE", t, *out)
+
+
+def misuse(variant, arg=0, extra=0):
+    return op("MISUSE", 0, variant, arg, extra)
+
+
+def introspect(v):
+    return op("INTROSPECT", 0, v)
+
+
+def sleep(units):  # 8 us each
+    return op("SLEEP", 0, units)
+
+
+def sync_all():
+    return op("SYNC_ALL", 0)
+
+
+def default_mode():
+    return op("DEFAULT_MODE", 3)
+
+
+SEEDS = {}
+
+
+def seed(name, cfg, *ops):
+    SEEDS[name] = cfg + b"".join(ops)
+
+
+# 1. allocation and free on every logical thread, sizes tiny to large
+seed("basic_alloc_free", config(worker=False),
+     alloc(0, size(TINY, 100)), alloc(1, size(SMALL, 2000)), alloc(2, size(MID, 5000)),
+     alloc(3, size(LARGE, 3000)), alloc(0, size(HUGE, 100)), alloc(1, size(GIANT, 10)),
+     free(0, 0), free(1, 1), alloc(0, size(TINY, 100)), free(2), free(3), free(0), free(1),
+     alloc(2, popular(1)), free(2), alloc(2, popular(1)), free(2))
+# 2. same-stream reuse under running kernels
+seed("kernel_same_stream", config(worker=False),
+     alloc(0, popular(3)), fill(0), check(0), hold(0, us=40), free(0),
+     alloc(0, popular(3)), fill(0), hold(0, us=10), check(0), sync(0), free(0))
+# 3. a gated kernel holds a block; freed; other streams allocate the same size
+seed("gated_cross_stream", config(worker=False),
+     alloc(0, popular(4)), hold(0, gate=0), free(0), alloc(1, popular(4)), fill(1),
+     alloc(2, popular(4)), hold(2, us=5), alloc(3, popular(4)), fill(3), gate_open(0),
+     sync(0), alloc(1, popular(4)), fill(1), check(1), free(1), free(1), free(2), free(3))
+# 4. record_stream with a kernel on the other stream, then reuse on the owner
+seed("record_stream_kernels", config(worker=False),
+     alloc(0, popular(5)), fill(0), record(0, 0, 1, kernel=True, gated=True), free(0),
+     alloc(0, popular(5)), fill(0), hold(0, us=30), alloc(1, popular(5)), fill(1),
+     gate_open(0), sync_all(), free(0), free(1), alloc(2, size(MID, 100)),
+     record(2, 0, 3, kernel=False), record(2, 0, 0, kernel=True), free(2))
+# 5. futures: wait, poll, release with and without waiting
+seed("async_basic", config(worker=True, tick=3),
+     async_(0, popular(2)), poll(0), wait(0, 3), async_(1, popular(6), timeout=3), poll(0),
+     wait(0, 1), wait(0, 3), release(0), async_(2, size(LARGE, 10)), release(0),
+     async_(3, size(HUGE, 10)), wait(0, 7), release(0), free(0), free(1), free(2), free(3))
+# 6. a tiny ring: nonblocking requests may be refused with BUSY
+seed("async_busy_ring", config(worker=True, small=True, tick=3),
+     async_(0, size(GIANT, 100), nonblocking=True), async_(1, size(GIANT, 200), nonblocking=True),
+     async_(2, size(GIANT, 300), nonblocking=True), async_(0, size(GIANT, 400), nonblocking=True),
+     poll(0), poll(1), wait(0, 3), wait(1, 3), release(0), release(0), release(0), release(0))
+# 7. async batches, collected and released
+seed("async_batch", config(worker=True),
+     async_batch(0, [size(SMALL, 10), size(MID, 10), size(TINY, 1)]), wait(0, 3),
+     async_batch(1, [popular(0), popular(1)]), release(0), release(0),
+     free(0), free(0), free(0), async_batch(2, [size(HUGE, 1), size(HUGE, 2)], timeout=1),
+     poll(0), wait(0, 2))
+# 8. synchronous batches: contiguous, split, failing
+seed("batch", config(worker=False),
+     batch(0, [size(SMALL, 1), size(SMALL, 2), size(MID, 3)]),
+     batch(1, [popular(5), popular(5), popular(6)], small=False),
+     free(0), free(0), batch(2, [edge(0), size(SMALL, 2)]),
+     batch(3, [size(GIANT, 8000), size(GIANT, 8000)], small=False),
+     free(1), free(0), free(1), free(1))
+# 9. trims and empty_cache with memory cached on streams
+seed("trim_empty", config(worker=False),
+     alloc(0, popular(7)), alloc(1, popular(6)), alloc(2, size(MID, 9)), free(0), free(1),
+     trim(2), trim(1), empty(), sync_all(), empty(), trim(0), trim(3), free(2), empty())
+# 10. streams retired and destroyed with live blocks; recycled handles
+seed("stream_churn", config(worker=False),
+     alloc(0, popular(4)), hold(0, us=30), alloc(1, popular(2)), retire(0), alloc(0, popular(4)),
+     destroy(1), destroy(1), alloc(1, popular(2)), destroy(0), destroy(0), free(0), free(0),
+     free(1), free(1), retire(3), alloc(3, popular(1)), free(3), misuse(7, 0))
+# 11. pinned host memory: host writes, copies (kernels), reuse
+seed("host_pool", config(worker=False),
+     host_alloc(0, size(MID, 10)), host_kernel(0, 0x80), host_free(0),
+     host_alloc(1, size(MID, 10)), host_alloc(2, popular(3)), host_kernel(1, 5), host_kernel(1, 0x40),
+     gate_open(0), sync_all(), host_free(0), host_free(0), empty(),
+     host_alloc(3, size(SMALL, 3)), host_free(0))
+# 12. every misuse variant on a populated allocator
+seed("misuse_all", config(worker=True, tick=3),
+     alloc(0, popular(4)), alloc(1, popular(0)), host_alloc(2, popular(1)), free(1),
+     *[misuse(v, 0, 1) for v in range(16)], free(0), host_free(0), *[misuse(v, 1, 2) for v in (0, 4, 11, 13)])
+# 13. pointer info, warm-up reserve, introspection
+seed("introspect_reserve", config(worker=True, trace=True),
+     alloc(0, size(LARGE, 100), tag=1), pinfo(0, 7), reserve(1, [(popular(1), 3), (popular(3), 2)]),
+     alloc(1, popular(1)), introspect(0), introspect(12), introspect(1), introspect(6),
+     introspect(2), introspect(3), free(0), free(1))
+# 14. out of memory on a 32 MiB device
+seed("oom_small_device", config(worker=False, cap=0),
+     alloc(0, size(GIANT, 6000)), alloc(1, size(GIANT, 6000)), alloc(2, edge(8)), alloc(3, edge(9)),
+     hold(0, gate=1), free(0), alloc(1, size(GIANT, 6000)), gate_open(1), sync_all(),
+     alloc(1, size(GIANT, 6000)), free(1), free(1))
+# 15. the CPU fallback after OOM
+seed("fallback_host", config(worker=False, cap=0, fallback=True),
+     alloc(0, size(GIANT, 7000)), alloc(1, size(GIANT, 7000)), alloc(2, size(GIANT, 7000)),
+     fill(2), check(2), record(2, 0, 1), pinfo(0, 1), misuse(12, 0), free(2), free(1), free(0))
+# 16. growable segments with a worker trimming every millisecond
+seed("expandable_worker_trim", config(worker=True, expandable=True, tick=0),
+     alloc(0, size(GIANT, 500)), alloc(1, size(HUGE, 500)), hold(0, gate=2), free(0),
+     sleep(200), alloc(2, size(GIANT, 500)), fill(2), gate_open(2), sleep(250), free(1),
+     free(2), alloc(0, popular(6)), sleep(100), free(0))
+# 17. injected device faults (an allocation, an event)
+seed("faults", config(worker=False, faults=True, fail_alloc=2, fail_event=1),
+     alloc(0, size(GIANT, 10)), alloc(1, size(GIANT, 10)), alloc(2, size(GIANT, 10)), free(0),
+     free(1), free(2), retire(0), alloc(0, popular(2)), host_alloc(1, popular(2)), host_free(0),
+     free(0), destroy(2))
+# 18. reuse:wait, many streams sharing sizes
+seed("reuse_wait", config(worker=False, reuse=1),
+     alloc(0, popular(5)), fill(0), free(0), alloc(1, popular(5)), fill(1), free(1),
+     alloc(2, popular(5)), hold(2, us=50), free(2), alloc(3, popular(5)), free(3), sync_all())
+# 19. reuse:none: blocks stay with their streams
+seed("reuse_none", config(worker=True, reuse=2, tick=1),
+     alloc(0, popular(4)), free(0), alloc(1, popular(4)), free(1), empty(), retire(0),
+     alloc(0, popular(4)), free(0))
+# 20. bins off
+seed("bins_off", config(worker=False, bins_off=True),
+     alloc(0, size(TINY, 50)), free(0), alloc(0, size(TINY, 50)), alloc(1, popular(2)), fill(1),
+     free(1), free(0))
+# 21. end mode: futures released without waiting
+seed("end_release_futures", config(worker=True, end=6),
+     alloc(0, size(GIANT, 7000)), async_(1, size(GIANT, 7000), timeout=3),
+     async_(2, size(GIANT, 7000), timeout=3), async_(3, popular(3)))
+# 22. end mode: a leaked block (gma_destroy must say GMA_ERR_LEAK)
+seed("end_leak", config(worker=False, end=7), alloc(0, popular(2), tag=2), alloc(1, popular(3)))
+# 23. end mode: futures kept across gma_destroy
+seed("end_keep_futures", config(worker=True, end=8),
+     async_(0, size(GIANT, 8000), timeout=3), async_(1, popular(1)), wait(0, 7))
+# 24. the per-thread default stream
+seed("per_thread_stream", config(worker=True),
+     default_mode(), alloc(3, popular(2)), fill(3), hold(3, us=10), async_(0, popular(2), any_stream=4),
+     retire(3), alloc(3, popular(2)), destroy(3), free(3), free(3), default_mode(), alloc(3, popular(2)),
+     free(3))
+# 25. small knobs: bin depth 2, 64 KiB bins, small segments, 3/4 memory limit
+seed("small_knobs", config(worker=True, small=True, smallseg=True, limit34=True, tick=2),
+     *[alloc(i % 3, size(MID, 100 * i)) for i in range(8)], *[free(i % 3) for i in range(8)],
+     alloc(0, edge(2)), alloc(1, edge(3)), alloc(2, edge(8)), free(0), free(1), free(2))
+# 26. memory pressure with the callback and growth ahead
+seed("pressure_grow_ahead", config(worker=True, cap=0, grow=True, tick=0, pressure=True),
+     alloc(0, size(GIANT, 5000)), sleep(250), alloc(1, size(GIANT, 2000)), sleep(250), free(0),
+     sleep(250), free(1))
+# 27. tags, valid and invalid
+seed("tags", config(worker=False),
+     alloc(0, popular(1), tag=0), alloc(1, popular(1), tag=3), alloc(2, popular(1), tag=6),
+     alloc(3, popular(1), tag=7), pinfo(0), pinfo(1), free(0), free(1), alloc(0, popular(1)), pinfo(2))
+# 28. mixed workload across threads with syncs
+seed("mixed_workload", config(worker=True, tick=1, rel8m=True),
+     *[b for i in range(12) for b in (alloc(i % 4, size(i % 6, 300 * i)), fill(i % 4, i),
+                                      hold(i % 4, i, us=i), free((i + 1) % 4, i))],
+     sync_all(), *[free(i % 4) for i in range(12)])
+# 29. sizes at the edges
+seed("edge_sizes", config(worker=False),
+     *[alloc(i % 4, edge(i)) for i in range(16)], *[free(i % 4) for i in range(16)],
+     batch(0, [edge(1), edge(11), edge(12), edge(13)]), free(0), free(0), free(0), free(0))
+# 30. destroying a stream while its gated kernels still run
+seed("destroy_busy_stream", config(worker=True, tick=0),
+     alloc(0, popular(4)), hold(0, gate=3), alloc(0, popular(5)), free(0), destroy(0), destroy(0),
+     alloc(1, popular(4)), fill(1), gate_open(3), sleep(100), free(0), free(1), empty())
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "corpus")
+    os.makedirs(out, exist_ok=True)
+    for name, data in SEEDS.items():
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(data)
+    print(f"{len(SEEDS)} seeds, {sum(len(d) for d in SEEDS.values())} bytes in {out}")
+
+
+if __name__ == "__main__":
+    main()
