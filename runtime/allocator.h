@@ -8,11 +8,11 @@
 #include "pool.h"
 #include "worker.h"
 
-/* magic: LIVE from gma_create until gma_destroy, then DEAD. A destroyed
- * allocator's struct is kept (on a process-wide list, so leak checkers see it
- * reachable) so that a call on the stale handle finds DEAD and fails with a
- * clear error instead of reading freed memory. Calls racing with gma_destroy
- * are not allowed and not detected. */
+/* magic: LIVE from gma_create until gma_destroy, then DEAD. The structs of
+ * the last 64 destroyed allocators are kept (on a process-wide list, so leak
+ * checkers see them reachable) so that a call on such a stale handle finds
+ * DEAD and fails with a clear error instead of reading freed memory. Calls
+ * racing with gma_destroy are not allowed and not detected. */
 #define GMA__MAGIC_LIVE 0x6c6976655f616d67ull /* "gma_live" */
 #define GMA__MAGIC_DEAD 0x646165645f616d67ull /* "gma_dead" */
 

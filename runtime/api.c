@@ -111,9 +111,14 @@ gma_status_t gma_create(const gma_config_t *config, gma_t **out) {
   return GMA_OK;
 }
 
-/* Destroyed allocators' structs (see allocator.h: stale handles fail cleanly). */
+/* Destroyed allocators' structs, kept so a stale handle fails cleanly (see
+ * allocator.h): the last DEAD_KEPT of them; older ones are freed, so a
+ * program that creates and destroys allocators in a loop stays bounded
+ * (each is about 55 KiB; the fuzzer found the unbounded list growing). */
+#define DEAD_KEPT 64
 static pthread_mutex_t dead_mu = PTHREAD_MUTEX_INITIALIZER;
-static gma_t *dead_list;
+static gma_t *dead_list; /* newest first */
+static size_t dead_count;
 
 gma_status_t gma_destroy(gma_t *g) {
   if (!g) return GMA_OK;
@@ -141,10 +146,19 @@ gma_status_t gma_destroy(gma_t *g) {
   }
   g->dev->ops->destroy(g->dev);
   g->magic = GMA__MAGIC_DEAD; /* the rest of the struct is dead memory now */
+  gma_t *oldest = NULL;
   pthread_mutex_lock(&dead_mu);
   g->next_dead = dead_list;
   dead_list = g;
+  if (++dead_count > DEAD_KEPT) { /* drop the oldest: walk to the last */
+    gma_t **pp = &dead_list;
+    while ((*pp)->next_dead) pp = &(*pp)->next_dead;
+    oldest = *pp;
+    *pp = NULL;
+    dead_count--;
+  }
   pthread_mutex_unlock(&dead_mu);
+  free(oldest);
   return st;
 }
 
@@ -277,8 +291,8 @@ gma_status_t gma_alloc_batch(gma_t *g, size_t n, const size_t *sizes, gma_stream
   for (size_t i = 0; i < n; i++) {
     if (sizes[i] == 0)
       return gma__set_error(GMA_ERR_INVALID_SIZE, "gma_alloc_batch: sizes[%zu] is 0", i);
-    uint64_t rounded = ((uint64_t)sizes[i] + 511) / 512 * 512;
-    if (sizes[i] > g->cfg.memory_limit || total + rounded > g->cfg.memory_limit)
+    uint64_t rounded = sizes[i] <= g->cfg.memory_limit ? ((uint64_t)sizes[i] + 511) / 512 * 512 : 0;
+    if (sizes[i] > g->cfg.memory_limit || rounded > g->cfg.memory_limit - total)
       return gma__set_error(GMA_ERR_INVALID_SIZE,
                             "gma_alloc_batch: the batch needs more than this allocator can "
                             "ever hold (memory_limit / device capacity %" PRIu64 " bytes) by "

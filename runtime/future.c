@@ -13,6 +13,7 @@
  * gma_destroy frees it quietly instead of calling it a leak, and whoever
  * first claims it (release, or the worker completing a released future)
  * frees it: claim is a CAS, so exactly one does. */
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -308,14 +309,19 @@ gma_status_t gma_alloc_batch_async(gma_t *g, size_t n, const size_t *sizes, gma_
   if (n == 0 || !sizes || !ptrs)
     return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
                           "gma_alloc_batch_async: n is 0, or sizes or ptrs is NULL");
-  uint64_t total = 0;
+  uint64_t total = 0, limit = g->cfg.memory_limit;
   for (size_t i = 0; i < n; i++) {
-    total += ((uint64_t)sizes[i] + 511) / 512 * 512;
-    if (sizes[i] == 0 || total > g->cfg.memory_limit)
+    /* Each size is checked before rounding and the sum without wrapping: a
+     * size near SIZE_MAX must not round to a small block (found by the
+     * fuzzer: {SIZE_MAX} completed with a 0-byte block). */
+    uint64_t rounded = sizes[i] <= limit ? ((uint64_t)sizes[i] + 511) / 512 * 512 : 0;
+    if (sizes[i] == 0 || sizes[i] > limit || rounded > limit - total)
       return gma__set_error(GMA_ERR_INVALID_SIZE,
                             "gma_alloc_batch_async: block %zu is 0 bytes, or the batch needs "
-                            "more than this allocator can ever hold",
-                            i);
+                            "more than this allocator can ever hold (memory_limit %" PRIu64
+                            " bytes)",
+                            i, limit);
+    total += rounded;
   }
   gma_future_t *f = future_new(n * sizeof(void *));
   size_t *copy = malloc(n * sizeof *copy);

@@ -87,6 +87,18 @@ static void bad_pointers_and_config(void) {
   CHECK(st.allocated.current == 0 && st.num_frees == 1);
   CHECK_OK(gma_stream_destroy(g, s));
   CHECK_OK(gma_destroy(g));
+  /* Sizes near SIZE_MAX must not wrap when rounded (a fuzzer finding). */
+  g = sim_allocator(NULL);
+  size_t huge[2] = {4096, SIZE_MAX - 511}, one[1] = {SIZE_MAX};
+  void *ptrs[2];
+  gma_future_t *f = NULL;
+  CHECK_ST(gma_alloc_batch_async(g, 1, one, NULL, ptrs, NULL, &f), GMA_ERR_INVALID_SIZE);
+  CHECK_ST(gma_alloc_batch_async(g, 2, huge, NULL, ptrs, NULL, &f), GMA_ERR_INVALID_SIZE);
+  CHECK_ST(gma_alloc_batch(g, 1, one, NULL, ptrs), GMA_ERR_INVALID_SIZE);
+  CHECK_ST(gma_alloc_batch(g, 2, huge, NULL, ptrs), GMA_ERR_INVALID_SIZE);
+  CHECK_ST(gma_alloc(g, SIZE_MAX, NULL, &p), GMA_ERR_INVALID_SIZE);
+  CHECK(f == NULL && stats_of(g).allocated.current == 0);
+  CHECK_OK(gma_destroy(g));
   gma_config_t c = GMA_CONFIG_INIT;
   CHECK_ST(gma_config_parse(&c, "bin_depth:0"), GMA_ERR_CONFIG);
   CHECK_OK(gma_config_parse(&c, "ring_size:3")); /* in range; the power of 2 is checked at create */
