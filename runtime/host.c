@@ -62,6 +62,14 @@ static bool insert(gma__host_t *h, gma__hblock_t *b) {
   return true;
 }
 
+/* mu held: puts b back in the table without growing it (cannot fail). */
+static void link_hash(gma__host_t *h, gma__hblock_t *b) {
+  size_t k = bucket_of(h, key_of(b));
+  b->hnext = h->buckets[k];
+  h->buckets[k] = b;
+  h->count++;
+}
+
 static void unlink_hash(gma__host_t *h, gma__hblock_t *b) {
   gma__hblock_t **pp = &h->buckets[bucket_of(h, key_of(b))];
   while (*pp != b) pp = &(*pp)->hnext;
@@ -235,7 +243,9 @@ void gma__host_trim(gma__host_t *h, uint64_t keep) {
   gma__hblock_t *out = NULL;
   pthread_mutex_lock(&h->mu);
   poll_pending(h);
-  /* Largest classes first: fewest device calls per byte given back. */
+  /* Largest classes first: fewest device calls per byte given back. Out of
+   * the table before the device frees them: a later host_alloc may get the
+   * same address back. */
   for (unsigned c = GMA__HOST_CLASSES; c-- > 0 && h->free_bytes > keep;) {
     while (h->free_list[c] && h->free_bytes > keep) {
       gma__hblock_t *b = h->free_list[c];
@@ -248,12 +258,33 @@ void gma__host_trim(gma__host_t *h, uint64_t keep) {
     }
   }
   pthread_mutex_unlock(&h->mu);
-  for (gma__hblock_t *b = out, *next; b; b = next) { /* outside the lock */
+  /* Outside the lock. Fault-sweep fix: a block the device would not take back
+   * (host_free failed) used to be forgotten while the device still held it;
+   * it now goes back to its free list, and a later trim tries again. */
+  gma__hblock_t *kept = NULL;
+  for (gma__hblock_t *b = out, *next; b; b = next) {
     next = b->next;
+    if (h->dev->ops->host_free(h->dev, b->ptr, b->size) != GMA_OK) {
+      b->next = kept;
+      kept = b;
+      continue;
+    }
     if (b->ev) h->dev->ops->event_destroy(h->dev, b->ev);
-    h->dev->ops->host_free(h->dev, b->ptr, b->size);
     free(b);
   }
+  if (!kept) return;
+  pthread_mutex_lock(&h->mu);
+  for (gma__hblock_t *b = kept, *next; b; b = next) {
+    next = b->next;
+    link_hash(h, b);
+    h->reserved.current += b->size; /* held all along: no new total or peak */
+    unsigned c = gma__class_of(b->size);
+    b->next = h->free_list[c];
+    h->free_list[c] = b;
+    h->free_bytes += b->size;
+    h->device_errors++;
+  }
+  pthread_mutex_unlock(&h->mu);
 }
 
 void gma__host_set_tag(gma__host_t *h, void *ptr, uint8_t tag) {

@@ -4,6 +4,7 @@
  * of reuse:wait, and retiring streams. Every function here runs under the
  * pool lock. */
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "pool.h"
@@ -161,16 +162,53 @@ gma__block_t *gma__streams_wait_fit(gma__pool_t *p, gma__stream_t *u, int kind, 
   return NULL; /* its epoch is still open (or its event failed): not usable yet */
 }
 
+/* Fault-sweep fix: retiring a stream whose closing event could not be
+ * created or recorded (a device error) used to orphan it, stranding its
+ * cached and pending memory until gma_destroy (gma_empty_cache could never
+ * give it back). Instead, wait for the stream on the host (on this error path
+ * only; the caller holds the pool lock, as host.c's free does for its own
+ * fallback): all work queued on it has then finished, so every epoch up to
+ * the open one is complete, and so are its events. True when that worked;
+ * false, with the device's message set, when the wait failed too or the
+ * stream is another thread's per-thread stream, which this thread cannot
+ * name. */
+static bool close_by_sync(gma__pool_t *p, gma__stream_t *s) {
+  if (s->owner_tid && s->owner_tid != gma__thread_id()) {
+    gma__set_error(GMA_ERR_DEVICE, "another thread's per-thread stream");
+    return false;
+  }
+  /* Raised before the wait, as before a record (see close_epoch). */
+  uint64_t closing = gma__faa_relaxed(&s->epoch, 1);
+  if (p->dev->ops->stream_synchronize(p->dev, s->handle) != GMA_OK) return false;
+  for (; s->ev_count; s->ev_count--) { /* recorded before the wait: complete */
+    event_put(p, s->ev[s->ev_head]);
+    s->ev_head = (s->ev_head + 1) % GMA__EPOCH_EVENTS;
+  }
+  s->safe_epoch = closing;
+  gma__store_relaxed(&s->dirty, false);
+  return true;
+}
+
 gma_status_t gma__stream_retire(gma__pool_t *p, gma__stream_t *s, bool orphan) {
   gma_status_t st = GMA_OK;
   gma__stream_drain_bins(p, s);
   if (!orphan) {
     gma__store_relaxed(&s->dirty, true); /* close even an empty epoch: one last event */
     if (!close_epoch(p, s)) {
-      st = gma__set_error(GMA_ERR_DEVICE, "gma_stream_retire(%p): could not record the closing "
-                          "event (%s); the stream's cached memory stays reserved until "
-                          "gma_destroy", s->handle, gma_last_error());
-      orphan = true;
+      /* Still an error (the device failed), but see close_by_sync. */
+      char why[400];
+      snprintf(why, sizeof why, "%s", gma_last_error());
+      bool synced = close_by_sync(p, s);
+      if (synced)
+        st = gma__set_error(GMA_ERR_DEVICE, "gma_stream_retire(%p): could not record the closing "
+                            "event (%s); waited for the stream instead, so its cached memory "
+                            "is reusable", s->handle, why);
+      else
+        st = gma__set_error(GMA_ERR_DEVICE, "gma_stream_retire(%p): could not record the closing "
+                            "event (%s), nor wait for the stream (%s); the stream's cached "
+                            "memory stays reserved until gma_destroy", s->handle, why,
+                            gma_last_error());
+      orphan = !synced;
     }
   }
   /* Later frees of blocks allocated on s carry free_epoch: the closed epoch,

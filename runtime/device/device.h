@@ -105,6 +105,43 @@ struct gma__device {
  * with GMA_CONF and defaults). One thread. */
 gma_status_t gma__sim_create(const gma_config_t *config, gma__device_t **out);
 
+/* Fault injection on the simulated device, for tests (sim.c; tests/fault).
+ * Every device call is a site, X(NAME, name). gma__sim_fault makes the nth
+ * call of site on dev fail once with status (GMA_OK means GMA_ERR_DEVICE)
+ * before it changes anything (a failed free frees nothing, a failed map maps
+ * nothing); nth 0 disarms; site GMA__SIM_NSITES means every site. Calls are
+ * counted from the first gma__sim_fault on dev. dev NULL sets the plan of the
+ * sim devices created later in this process (they count from creation);
+ * gma__sim_fault(NULL, GMA__SIM_NSITES, 0, 0) clears it. gma__sim_calls: calls
+ * of site counted so far; gma__sim_live: what dev holds now (memory, events,
+ * user streams); with dev NULL both tell of the last sim device destroyed, as
+ * it was when its destroy began. Any thread; no-ops on other backends. The
+ * sim_fail_alloc / sim_fail_event config keys keep their own counters. */
+#define GMA__SIM_SITES(X)                                                                     \
+  X(MEM_ALLOC, mem_alloc) X(MEM_FREE, mem_free) X(MEM_INFO, mem_info)                         \
+  X(EVENT_CREATE, event_create) X(EVENT_DESTROY, event_destroy)                               \
+  X(EVENT_RECORD, event_record) X(EVENT_QUERY, event_query)                                   \
+  X(EVENT_SYNCHRONIZE, event_synchronize) X(STREAM_WAIT_EVENT, stream_wait_event)             \
+  X(STREAM_CREATE, stream_create) X(STREAM_DESTROY, stream_destroy) X(STREAM_ID, stream_id)  \
+  X(STREAM_SYNCHRONIZE, stream_synchronize) X(DEVICE_SYNCHRONIZE, device_synchronize)         \
+  X(VM_GRANULARITY, vm_granularity) X(VM_RESERVE, vm_reserve) X(VM_RELEASE, vm_release)       \
+  X(VM_MAP, vm_map) X(VM_UNMAP, vm_unmap) X(HOST_ALLOC, host_alloc) X(HOST_FREE, host_free)   \
+  X(SIM_LAUNCH, sim_launch)
+typedef enum gma__sim_site {
+#define GMA__SIM_SITE_ENUM_(NAME, name) GMA__SIM_##NAME,
+  GMA__SIM_SITES(GMA__SIM_SITE_ENUM_)
+#undef GMA__SIM_SITE_ENUM_
+  GMA__SIM_NSITES
+} gma__sim_site_t;
+typedef struct gma__sim_live {
+  uint64_t device_bytes; /* mem_alloc and vm_map memory not freed */
+  uint64_t host_bytes;   /* host_alloc memory not freed */
+  uint64_t reservations, events, streams; /* vm_reserve ranges; events; user streams */
+} gma__sim_live_t;
+void gma__sim_fault(gma__device_t *dev, gma__sim_site_t site, uint64_t nth, gma_status_t status);
+uint64_t gma__sim_calls(gma__device_t *dev, gma__sim_site_t site);
+void gma__sim_live(gma__device_t *dev, gma__sim_live_t *out);
+
 /* Opens the CUDA device config->device_ordinal through the driver (see
  * cuda.c). GMA_ERR_NO_DEVICE when no driver loads, the build has no CUDA
  * backend, or the ordinal does not exist; the message says which. */

@@ -32,6 +32,18 @@
  * a reference. Per-thread default streams (0x2) are found through a small
  * thread-local cache keyed by the device's never-reused serial number.
  *
+ * Fault injection (gma__sim_fault, device.h): every device call is a site
+ * with its own call counter; the armed call of a site fails before it changes
+ * anything, so the device stays consistent: a failed free frees nothing, a
+ * failed map maps nothing, a failed record records nothing, a failed stream
+ * destroy leaves the stream alive. It fails with GMA_ERR_DEVICE (a driver
+ * error such as CUDA_ERROR_UNKNOWN or an ECC error) unless the test asks for
+ * another status, such as GMA_ERR_OOM on the allocating sites (mem_alloc,
+ * vm_map, host_alloc, vm_reserve: CUDA_ERROR_OUT_OF_MEMORY). Counting starts
+ * with the first gma__sim_fault, so stream_id, called on every allocation,
+ * pays one load of a flag otherwise. The older sim_fail_alloc (mem_alloc and
+ * vm_map) and sim_fail_event (event calls) keys keep their own counters.
+ *
  * Lock order: dev->streams_mu before stream->mu before dev->ev_mu. dev->mem_mu
  * is a leaf. A stream thread holds no lock while it runs an op, so a kernel
  * may call into the device. */
@@ -272,12 +284,23 @@ struct sim_device {
   /* Calls so far, for fault injection; written concurrently, relaxed is
    * enough because each only needs a unique ticket number. */
   _Atomic uint64_t alloc_calls, event_calls;
-  /* Invariant: used = sum of sizes in allocs + reserving <= capacity. */
+  /* Per-site fault injection (gma__sim_fault). counting goes from false to
+   * true only; its release store (sim_create, gma__sim_fault) pairs with the
+   * acquire load in site_fault, which then sees the settings made before it.
+   * Settings changed later are relaxed: a racing call may miss them. */
+  _Atomic bool counting;
+  _Atomic uint64_t site_calls[GMA__SIM_NSITES]; /* tickets, relaxed */
+  _Atomic uint64_t site_nth[GMA__SIM_NSITES];   /* 0: not armed */
+  _Atomic int site_status[GMA__SIM_NSITES];
+  /* Invariant: used = sum of sizes in allocs + reserving <= capacity;
+   * host_bytes = sum of sizes in hosts (host memory is not capacity). */
   pthread_mutex_t mem_mu;
   sim_table_t allocs; /* mem_mu */
   sim_table_t reserves; /* mem_mu: sim_reserve_t by base */
+  sim_table_t hosts;  /* mem_mu: host_alloc memory (sim_alloc_t) by address */
   uint64_t used;      /* mem_mu */
   uint64_t reserving; /* mem_mu: bytes of mem_alloc calls between reserve and mmap */
+  uint64_t host_bytes; /* mem_mu */
   pthread_mutex_t streams_mu;
   pthread_cond_t streams_cv; /* broadcast when threads reaches 0 */
   sim_stream_t *all;         /* streams_mu: every stream whose thread runs */
@@ -290,6 +313,7 @@ struct sim_device {
   _Atomic(sim_chunk_t *) chunks;
   size_t chunk_used;      /* streams_mu: slots of the newest chunk handed out */
   sim_slot_t *free_slots; /* streams_mu: destroyed streams' slots, reused LIFO */
+  uint64_t user_streams;  /* streams_mu: user streams created and not destroyed */
   pthread_mutex_t ev_mu;
   pthread_cond_t ev_cv; /* broadcast whenever any mark becomes done */
   sim_table_t events;   /* ev_mu: live event handles */
@@ -331,6 +355,39 @@ static gma_status_t event_fault(sim_device_t *dev, const char *what) {
                         (unsigned long long)t, what);
 }
 
+static const char *const site_names[GMA__SIM_NSITES] = {
+#define SIM_SITE_NAME_(NAME, name) #name,
+    GMA__SIM_SITES(SIM_SITE_NAME_)
+#undef SIM_SITE_NAME_
+};
+
+/* Counts one call of site and fails it, with its armed status, if it is the
+ * armed one. Called first thing, before the call changes anything. Any
+ * thread; wait-free (one load of a flag while counting is off). */
+static gma_status_t site_fault(sim_device_t *dev, gma__sim_site_t site) {
+  /* Acquire pairs with the release stores of counting. */
+  if (!atomic_load_explicit(&dev->counting, memory_order_acquire)) return GMA_OK;
+  uint64_t n = atomic_load_explicit(&dev->site_nth[site], memory_order_relaxed), t;
+  if (!fault_fires(&dev->site_calls[site], n, &t)) return GMA_OK;
+  gma_status_t st = (gma_status_t)atomic_load_explicit(&dev->site_status[site],
+                                                        memory_order_relaxed);
+  return gma__set_error(st, "sim: injected failure of %s call #%llu (%s)", site_names[site],
+                        (unsigned long long)t,
+                        st == GMA_ERR_OOM ? "out of device memory" : "device error");
+}
+
+/* The process-wide plan for sim devices created later (gma__sim_fault with
+ * dev NULL), and what the last destroyed device still held. plan_mu guards
+ * all of it; a device copies the plan once, at creation. */
+static pthread_mutex_t plan_mu = PTHREAD_MUTEX_INITIALIZER;
+static bool plan_on;                           /* plan_mu */
+static uint64_t plan_nth[GMA__SIM_NSITES];     /* plan_mu */
+static gma_status_t plan_status[GMA__SIM_NSITES]; /* plan_mu */
+static gma__sim_live_t last_leftovers;         /* plan_mu */
+static uint64_t last_calls[GMA__SIM_NSITES];   /* plan_mu: the last destroyed device's counts */
+
+static bool is_sim(const gma__device_t *d) { return d && strcmp(d->name, "sim") == 0; }
+
 /* ---------------------------------------------------------------------------
  * Memory
  * ------------------------------------------------------------------------- */
@@ -360,6 +417,8 @@ static gma_status_t sim_mem_alloc(gma__device_t *d, uint64_t size, uintptr_t *ou
     return gma__set_error(GMA_ERR_DEVICE, "sim: injected failure of device allocation #%llu",
                           (unsigned long long)t);
   }
+  gma_status_t fst = site_fault(dev, GMA__SIM_MEM_ALLOC);
+  if (fst != GMA_OK) return fst;
   if (!out) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "sim: mem_alloc: out is NULL");
   if (size == 0) return gma__set_error(GMA_ERR_INVALID_SIZE, "sim: mem_alloc of 0 bytes");
   sim_alloc_t *a = malloc(sizeof *a);
@@ -414,6 +473,8 @@ static gma_status_t sim_mem_alloc(gma__device_t *d, uint64_t size, uintptr_t *ou
 static gma_status_t sim_mem_free(gma__device_t *d, uintptr_t addr, uint64_t size) {
   sim_device_t *dev = sim_of(d);
   sim_sleep(dev->free_ns);
+  gma_status_t fst = site_fault(dev, GMA__SIM_MEM_FREE);
+  if (fst != GMA_OK) return fst;
   pthread_mutex_lock(&dev->mem_mu);
   sim_alloc_t *a = (sim_alloc_t *)table_find(&dev->allocs, addr);
   if (a && a->vm) {
@@ -449,6 +510,8 @@ static gma_status_t sim_mem_free(gma__device_t *d, uintptr_t addr, uint64_t size
 /* Any thread; never blocks beyond mem_mu. */
 static gma_status_t sim_mem_info(gma__device_t *d, uint64_t *free_bytes, uint64_t *total_bytes) {
   sim_device_t *dev = sim_of(d);
+  gma_status_t fst = site_fault(dev, GMA__SIM_MEM_INFO);
+  if (fst != GMA_OK) return fst;
   pthread_mutex_lock(&dev->mem_mu);
   uint64_t used = dev->used;
   pthread_mutex_unlock(&dev->mem_mu);
@@ -464,7 +527,9 @@ static gma_status_t sim_mem_info(gma__device_t *d, uint64_t *free_bytes, uint64_
  * kernel still touching unmapped memory faults as it would on a GPU.
  * ------------------------------------------------------------------------- */
 static gma_status_t sim_vm_granularity(gma__device_t *d, uint64_t *bytes) {
-  (void)d;
+  sim_device_t *dev = sim_of(d);
+  gma_status_t fst = site_fault(dev, GMA__SIM_VM_GRANULARITY);
+  if (fst != GMA_OK) return fst;
   if (!bytes) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "sim: vm_granularity: NULL");
   *bytes = SIM_VM_GRANULARITY;
   return GMA_OK;
@@ -475,6 +540,8 @@ static bool vm_aligned(uint64_t x) { return x % SIM_VM_GRANULARITY == 0; }
 /* Any thread. */
 static gma_status_t sim_vm_reserve(gma__device_t *d, uint64_t size, uintptr_t *out) {
   sim_device_t *dev = sim_of(d);
+  gma_status_t fst = site_fault(dev, GMA__SIM_VM_RESERVE);
+  if (fst != GMA_OK) return fst;
   if (!out) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "sim: vm_reserve: out is NULL");
   if (size == 0 || !vm_aligned(size) || size > (1ull << 46))
     return gma__set_error(GMA_ERR_INVALID_SIZE,
@@ -521,6 +588,8 @@ static sim_reserve_t *reserve_of(const sim_device_t *dev, uintptr_t addr, uint64
 /* Any thread. */
 static gma_status_t sim_vm_release(gma__device_t *d, uintptr_t addr, uint64_t size) {
   sim_device_t *dev = sim_of(d);
+  gma_status_t fst = site_fault(dev, GMA__SIM_VM_RELEASE);
+  if (fst != GMA_OK) return fst;
   pthread_mutex_lock(&dev->mem_mu);
   sim_reserve_t *r = (sim_reserve_t *)table_find(&dev->reserves, addr);
   bool ok = r && r->size == size && r->nmapped == 0;
@@ -548,6 +617,8 @@ static gma_status_t sim_vm_map(gma__device_t *d, uintptr_t addr, uint64_t size, 
   if (fault_fires(&dev->alloc_calls, dev->fail_alloc, &t))
     return gma__set_error(GMA_ERR_DEVICE, "sim: injected failure of device allocation #%llu "
                                           "(vm_map)", (unsigned long long)t);
+  gma_status_t fst = site_fault(dev, GMA__SIM_VM_MAP);
+  if (fst != GMA_OK) return fst;
   if (!handle) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "sim: vm_map: handle is NULL");
   if (size == 0 || !vm_aligned(size) || !vm_aligned(addr))
     return gma__set_error(GMA_ERR_INVALID_SIZE,
@@ -604,6 +675,8 @@ static gma_status_t sim_vm_map(gma__device_t *d, uintptr_t addr, uint64_t size, 
 static gma_status_t sim_vm_unmap(gma__device_t *d, uintptr_t addr, uint64_t size, uint64_t handle) {
   sim_device_t *dev = sim_of(d);
   sim_sleep(dev->free_ns);
+  gma_status_t fst = site_fault(dev, GMA__SIM_VM_UNMAP);
+  if (fst != GMA_OK) return fst;
   pthread_mutex_lock(&dev->mem_mu);
   sim_alloc_t *a = (sim_alloc_t *)table_find(&dev->allocs, addr);
   bool ok = a && a->vm && a->size == size && handle == addr;
@@ -631,26 +704,57 @@ static gma_status_t sim_vm_unmap(gma__device_t *d, uintptr_t addr, uint64_t size
 
 /* ---------------------------------------------------------------------------
  * Host memory: ordinary anonymous memory (the simulated device reads host
- * memory anyway), so the device address is the host address.
+ * memory anyway), so the device address is the host address. Each block is
+ * recorded in dev->hosts, so a free of anything else is refused (as a driver
+ * would) and destroy gives back what is left.
  * ------------------------------------------------------------------------- */
 static gma_status_t sim_host_alloc(gma__device_t *d, uint64_t size, void **host,
                                    uintptr_t *dev_addr) {
-  (void)d;
-  void *p = size && size <= SIZE_MAX
+  sim_device_t *dev = sim_of(d);
+  gma_status_t fst = site_fault(dev, GMA__SIM_HOST_ALLOC);
+  if (fst != GMA_OK) return fst;
+  sim_alloc_t *a = malloc(sizeof *a);
+  void *p = a && size && size <= SIZE_MAX
                 ? mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                        -1, 0)
                 : MAP_FAILED;
-  if (p == MAP_FAILED)
+  if (p == MAP_FAILED) {
+    free(a);
     return gma__set_error(GMA_ERR_OOM, "sim: no host memory for %llu pinned bytes",
                           (unsigned long long)size);
+  }
+  a->link.key = (uintptr_t)p;
+  a->size = size;
+  a->vm = false;
+  pthread_mutex_lock(&dev->mem_mu);
+  table_insert(&dev->hosts, &a->link);
+  dev->host_bytes += size;
+  pthread_mutex_unlock(&dev->mem_mu);
   *host = p;
   *dev_addr = (uintptr_t)p;
   return GMA_OK;
 }
 
+/* Any thread. An unknown address or another size changes nothing. */
 static gma_status_t sim_host_free(gma__device_t *d, void *host, uint64_t size) {
-  (void)d;
+  sim_device_t *dev = sim_of(d);
+  gma_status_t fst = site_fault(dev, GMA__SIM_HOST_FREE);
+  if (fst != GMA_OK) return fst;
+  pthread_mutex_lock(&dev->mem_mu);
+  sim_alloc_t *a = (sim_alloc_t *)table_find(&dev->hosts, (uintptr_t)host);
+  bool ok = a && a->size == size;
+  if (ok) {
+    table_remove(&dev->hosts, (uintptr_t)host);
+    dev->host_bytes -= size;
+  }
+  pthread_mutex_unlock(&dev->mem_mu);
+  if (!ok)
+    return gma__set_error(GMA_ERR_DEVICE, "sim: host_free of %p (%llu bytes): %s", host,
+                          (unsigned long long)size,
+                          a ? "size differs from the allocation's; nothing freed"
+                            : "not a live host allocation");
   munmap(host, (size_t)size);
+  free(a);
   return GMA_OK;
 }
 
@@ -677,6 +781,7 @@ static sim_event_t *event_find(sim_device_t *dev, gma__event_t h, const char *wh
 static gma_status_t sim_event_create(gma__device_t *d, gma__event_t *out) {
   sim_device_t *dev = sim_of(d);
   gma_status_t st = event_fault(dev, "event_create");
+  if (st == GMA_OK) st = site_fault(dev, GMA__SIM_EVENT_CREATE);
   if (st != GMA_OK) return st;
   if (!out) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "sim: event_create: out is NULL");
   sim_event_t *ev = calloc(1, sizeof *ev);
@@ -692,6 +797,8 @@ static gma_status_t sim_event_create(gma__device_t *d, gma__event_t *out) {
 /* Any thread. Queued RECORD/WAIT ops keep their marks alive until they run. */
 static gma_status_t sim_event_destroy(gma__device_t *d, gma__event_t h) {
   sim_device_t *dev = sim_of(d);
+  gma_status_t fst = site_fault(dev, GMA__SIM_EVENT_DESTROY);
+  if (fst != GMA_OK) return fst;
   pthread_mutex_lock(&dev->ev_mu);
   sim_event_t *ev = event_find(dev, h, "event_destroy");
   if (ev) {
@@ -707,6 +814,7 @@ static gma_status_t sim_event_destroy(gma__device_t *d, gma__event_t h) {
 static gma_status_t sim_event_query(gma__device_t *d, gma__event_t h, bool *done) {
   sim_device_t *dev = sim_of(d);
   gma_status_t st = event_fault(dev, "event_query");
+  if (st == GMA_OK) st = site_fault(dev, GMA__SIM_EVENT_QUERY);
   if (st != GMA_OK) return st;
   if (!done) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "sim: event_query: done is NULL");
   sim_sleep(dev->event_ns);
@@ -722,6 +830,7 @@ static gma_status_t sim_event_query(gma__device_t *d, gma__event_t h, bool *done
 static gma_status_t sim_event_synchronize(gma__device_t *d, gma__event_t h) {
   sim_device_t *dev = sim_of(d);
   gma_status_t st = event_fault(dev, "event_synchronize");
+  if (st == GMA_OK) st = site_fault(dev, GMA__SIM_EVENT_SYNCHRONIZE);
   if (st != GMA_OK) return st;
   pthread_mutex_lock(&dev->ev_mu);
   sim_event_t *ev = event_find(dev, h, "event_synchronize");
@@ -1072,6 +1181,7 @@ static sim_op_t *op_new(sim_op_kind_t kind) {
 static gma_status_t sim_event_record(gma__device_t *d, gma__event_t ev, gma_stream_t stream) {
   sim_device_t *dev = sim_of(d);
   gma_status_t st = event_fault(dev, "event_record");
+  if (st == GMA_OK) st = site_fault(dev, GMA__SIM_EVENT_RECORD);
   if (st != GMA_OK) return st;
   sim_sleep(dev->event_ns);
   sim_op_t *op = op_new(SIM_OP_RECORD);
@@ -1082,6 +1192,7 @@ static gma_status_t sim_event_record(gma__device_t *d, gma__event_t ev, gma_stre
 static gma_status_t sim_stream_wait_event(gma__device_t *d, gma_stream_t stream, gma__event_t ev) {
   sim_device_t *dev = sim_of(d);
   gma_status_t st = event_fault(dev, "stream_wait_event");
+  if (st == GMA_OK) st = site_fault(dev, GMA__SIM_STREAM_WAIT_EVENT);
   if (st != GMA_OK) return st;
   sim_op_t *op = op_new(SIM_OP_WAIT);
   return op ? stream_push(dev, stream, "stream_wait_event", op, ev) : GMA_ERR_DEVICE;
@@ -1090,24 +1201,30 @@ static gma_status_t sim_stream_wait_event(gma__device_t *d, gma_stream_t stream,
 /* Any thread. */
 static gma_status_t sim_launch(gma__device_t *d, gma_stream_t stream, gma_sim_kernel_fn fn,
                                void *arg) {
+  sim_device_t *dev = sim_of(d);
+  gma_status_t fst = site_fault(dev, GMA__SIM_SIM_LAUNCH);
+  if (fst != GMA_OK) return fst;
   if (!fn) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "sim: sim_launch: fn is NULL");
   sim_op_t *op = op_new(SIM_OP_KERNEL);
   if (!op) return GMA_ERR_DEVICE;
   op->fn = fn;
   op->arg = arg;
-  return stream_push(sim_of(d), stream, "sim_launch", op, NULL);
+  return stream_push(dev, stream, "sim_launch", op, NULL);
 }
 
 /* Any thread. The handle is a slot's address: the most recently destroyed
  * stream's, if any (see slot_take). */
 static gma_status_t sim_stream_create(gma__device_t *d, gma_stream_t *out) {
   sim_device_t *dev = sim_of(d);
+  gma_status_t fst = site_fault(dev, GMA__SIM_STREAM_CREATE);
+  if (fst != GMA_OK) return fst;
   if (!out) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "sim: stream_create: out is NULL");
   sim_stream_t *s = stream_new(dev);
   if (!s) return gma__set_error(GMA_ERR_DEVICE, "sim: stream_create: cannot start a stream thread");
   pthread_mutex_lock(&dev->streams_mu);
   sim_slot_t *slot = slot_take(dev);
   if (slot) {
+    dev->user_streams++;
     slot->stream = s;
     /* Release pairs with the acquire in sim_stream_id. */
     atomic_store_explicit(&slot->id, s->id, memory_order_release);
@@ -1127,6 +1244,8 @@ static gma_status_t sim_stream_create(gma__device_t *d, gma_stream_t *out) {
  * stream's queued work still runs; the stream frees itself after that. */
 static gma_status_t sim_stream_destroy(gma__device_t *d, gma_stream_t h) {
   sim_device_t *dev = sim_of(d);
+  gma_status_t fst = site_fault(dev, GMA__SIM_STREAM_DESTROY);
+  if (fst != GMA_OK) return fst;
   if (h == NULL || h == SIM_LEGACY_STREAM || h == SIM_PER_THREAD_STREAM) {
     return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
                           "sim: stream_destroy: %p is a default stream, which cannot be destroyed",
@@ -1136,6 +1255,7 @@ static gma_status_t sim_stream_destroy(gma__device_t *d, gma_stream_t h) {
   sim_slot_t *slot = slot_find(dev, h);
   sim_stream_t *s = slot ? slot->stream : NULL;
   if (s) {
+    dev->user_streams--;
     slot->stream = NULL;
     /* Release pairs with the acquire in sim_stream_id (0: destroyed). */
     atomic_store_explicit(&slot->id, 0, memory_order_release);
@@ -1158,6 +1278,8 @@ static gma_status_t sim_stream_destroy(gma__device_t *d, gma_stream_t h) {
  * device (or a cache collision between devices). Never waits for a stream. */
 static gma_status_t sim_stream_id(gma__device_t *d, gma_stream_t h, uint64_t *id) {
   sim_device_t *dev = sim_of(d);
+  gma_status_t fst = site_fault(dev, GMA__SIM_STREAM_ID);
+  if (fst != GMA_OK) return fst;
   if (!id) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "sim: stream_id: id is NULL");
   if (h == NULL || h == SIM_LEGACY_STREAM) {
     *id = dev->legacy_id;
@@ -1190,6 +1312,8 @@ static gma_status_t sim_stream_id(gma__device_t *d, gma_stream_t h, uint64_t *id
 /* Any thread but the stream's own. */
 static gma_status_t sim_stream_synchronize(gma__device_t *d, gma_stream_t h) {
   sim_device_t *dev = sim_of(d);
+  gma_status_t fst = site_fault(dev, GMA__SIM_STREAM_SYNCHRONIZE);
+  if (fst != GMA_OK) return fst;
   sim_stream_t *s;
   gma_status_t st = stream_get(dev, h, "stream_synchronize", &s);
   if (st != GMA_OK) return st;
@@ -1204,6 +1328,8 @@ static gma_status_t sim_stream_synchronize(gma__device_t *d, gma_stream_t h) {
  * streams_mu (a kernel may itself call into the device). */
 static gma_status_t sim_device_synchronize(gma__device_t *d) {
   sim_device_t *dev = sim_of(d);
+  gma_status_t fst = site_fault(dev, GMA__SIM_DEVICE_SYNCHRONIZE);
+  if (fst != GMA_OK) return fst;
   pthread_mutex_lock(&dev->streams_mu);
   size_t n = 0;
   sim_stream_t **all = malloc((dev->threads + 1) * sizeof *all);
@@ -1232,6 +1358,13 @@ static gma_status_t sim_device_synchronize(gma__device_t *d) {
  * exited; each frees its own stream (no caller holds a reference now). */
 static void sim_destroy(gma__device_t *d) {
   sim_device_t *dev = sim_of(d);
+  gma__sim_live_t left;
+  gma__sim_live(d, &left);
+  pthread_mutex_lock(&plan_mu);
+  last_leftovers = left;
+  for (int i = 0; i < GMA__SIM_NSITES; i++)
+    last_calls[i] = atomic_load_explicit(&dev->site_calls[i], memory_order_relaxed);
+  pthread_mutex_unlock(&plan_mu);
   pthread_mutex_lock(&dev->streams_mu);
   /* The per-thread streams are dropped from the table while still alive; the
    * table's links live in the streams, which free themselves below. */
@@ -1261,6 +1394,11 @@ static void sim_destroy(gma__device_t *d) {
     free(((sim_reserve_t *)l)->mapped);
     free(l);
   }
+  while ((l = table_pop(&dev->hosts))) {
+    munmap((void *)l->key, (size_t)((sim_alloc_t *)l)->size);
+    free(l);
+  }
+  free(dev->hosts.buckets);
   free(dev->reserves.buckets);
   free(dev->ptds.buckets);
   free(dev->events.buckets);
@@ -1316,6 +1454,15 @@ gma_status_t gma__sim_create(const gma_config_t *config, gma__device_t **out) {
   dev->serial = atomic_fetch_add_explicit(&sim_next_serial, 1, memory_order_relaxed);
   atomic_init(&dev->alloc_calls, 0);
   atomic_init(&dev->event_calls, 0);
+  pthread_mutex_lock(&plan_mu); /* the plan for devices created from now on */
+  for (int i = 0; i < GMA__SIM_NSITES; i++) {
+    atomic_init(&dev->site_calls[i], 0);
+    atomic_init(&dev->site_nth[i], plan_nth[i]);
+    atomic_init(&dev->site_status[i], (int)plan_status[i]);
+  }
+  /* Release pairs with site_fault's acquire (the settings above before it). */
+  atomic_store_explicit(&dev->counting, plan_on, memory_order_release);
+  pthread_mutex_unlock(&plan_mu);
   atomic_init(&dev->chunks, NULL);
   pthread_mutex_init(&dev->mem_mu, NULL);
   pthread_mutex_init(&dev->streams_mu, NULL);
@@ -1323,7 +1470,7 @@ gma_status_t gma__sim_create(const gma_config_t *config, gma__device_t **out) {
   pthread_mutex_init(&dev->ev_mu, NULL);
   pthread_cond_init(&dev->ev_cv, NULL);
   bool ok = table_init(&dev->allocs) && table_init(&dev->ptds) && table_init(&dev->events) &&
-            table_init(&dev->reserves);
+            table_init(&dev->reserves) && table_init(&dev->hosts);
   if (ok) dev->legacy = stream_new(dev);
   if (!ok || !dev->legacy) {
     sim_destroy(&dev->base);
@@ -1332,4 +1479,66 @@ gma_status_t gma__sim_create(const gma_config_t *config, gma__device_t **out) {
   dev->legacy_id = dev->legacy->id;
   *out = &dev->base;
   return GMA_OK;
+}
+
+/* ---------------------------------------------------------------------------
+ * The test hook (device.h)
+ * ------------------------------------------------------------------------- */
+void gma__sim_fault(gma__device_t *d, gma__sim_site_t site, uint64_t nth, gma_status_t status) {
+  if (site > GMA__SIM_NSITES || (d && !is_sim(d))) return;
+  if (status == GMA_OK) status = GMA_ERR_DEVICE;
+  int lo = site == GMA__SIM_NSITES ? 0 : (int)site;
+  int hi = site == GMA__SIM_NSITES ? GMA__SIM_NSITES : (int)site + 1;
+  if (!d) {
+    pthread_mutex_lock(&plan_mu);
+    for (int i = lo; i < hi; i++) {
+      plan_nth[i] = nth;
+      plan_status[i] = status;
+    }
+    plan_on = !(site == GMA__SIM_NSITES && nth == 0);
+    pthread_mutex_unlock(&plan_mu);
+    return;
+  }
+  sim_device_t *dev = sim_of(d);
+  for (int i = lo; i < hi; i++) {
+    atomic_store_explicit(&dev->site_status[i], (int)status, memory_order_relaxed);
+    atomic_store_explicit(&dev->site_nth[i], nth, memory_order_relaxed);
+  }
+  /* Release pairs with site_fault's acquire. */
+  atomic_store_explicit(&dev->counting, true, memory_order_release);
+}
+
+uint64_t gma__sim_calls(gma__device_t *d, gma__sim_site_t site) {
+  if (site >= GMA__SIM_NSITES) return 0;
+  if (!d) {
+    pthread_mutex_lock(&plan_mu);
+    uint64_t n = last_calls[site];
+    pthread_mutex_unlock(&plan_mu);
+    return n;
+  }
+  if (!is_sim(d)) return 0;
+  return atomic_load_explicit(&sim_of(d)->site_calls[site], memory_order_relaxed);
+}
+
+void gma__sim_live(gma__device_t *d, gma__sim_live_t *out) {
+  if (!d) {
+    pthread_mutex_lock(&plan_mu);
+    *out = last_leftovers;
+    pthread_mutex_unlock(&plan_mu);
+    return;
+  }
+  *out = (gma__sim_live_t){0};
+  if (!is_sim(d)) return;
+  sim_device_t *dev = sim_of(d);
+  pthread_mutex_lock(&dev->mem_mu);
+  out->device_bytes = dev->used - dev->reserving;
+  out->host_bytes = dev->host_bytes;
+  out->reservations = dev->reserves.count;
+  pthread_mutex_unlock(&dev->mem_mu);
+  pthread_mutex_lock(&dev->ev_mu);
+  out->events = dev->events.count;
+  pthread_mutex_unlock(&dev->ev_mu);
+  pthread_mutex_lock(&dev->streams_mu);
+  out->streams = dev->user_streams;
+  pthread_mutex_unlock(&dev->streams_mu);
 }
