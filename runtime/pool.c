@@ -576,14 +576,38 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t
   return st;
 }
 
-/* Lock held. Undoes take_block for a block no device work ever saw (a batch
- * that failed part-way): straight back to FREE, its counts taken back. */
-static void untake_block(gma__pool_t *p, gma__block_t *b) {
+/* Where a block taken for a batch came from, so a failed batch puts it back. */
+typedef struct gma__taken {
+  gma__block_t *b;
+  gma__stream_t *owner; /* CACHED: the stream whose cache it was in; NULL: FREE */
+  uint64_t epoch;       /* CACHED: its epoch there */
+} gma__taken_t;
+
+/* Lock held: notes where b is before take_block takes it. */
+static gma__taken_t taken_from(gma__block_t *b) {
+  bool cached = state_of(b) == GMA__CACHED;
+  return (gma__taken_t){b, cached ? b->stream : NULL, cached ? b->epoch : 0};
+}
+
+/* Lock held. Undoes take_block for a block of a batch that failed part-way
+ * (the caller never saw it), its counts taken back: it goes back where it
+ * came from. A block from the free pool is FREE again; one from a stream's
+ * cache (the batch's own stream, or another's under reuse:wait) is cached
+ * there again with its epoch, because device work queued before its free may
+ * still use it: making it FREE would hand it to any stream, and to trimming. */
+static void untake_block(gma__pool_t *p, const gma__taken_t *t) {
+  gma__block_t *b = t->b;
   gma__tcount_t *c = gma__tcount(p, b->stream);
   gma__counter_add_owner(&c->allocs, (uint64_t)-1);
   gma__counter_add_owner(&c->alloc_bytes, (uint64_t)0 - b->size);
   gma__counter_add_owner(&c->req_bytes, (uint64_t)0 - b->requested);
-  gma__block_make_free(p, b);
+  if (!t->owner) {
+    gma__block_make_free(p, b);
+    return;
+  }
+  b->stream = t->owner;
+  b->epoch = t->epoch;
+  gma__cache_block(p, b);
 }
 
 gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes,
@@ -592,7 +616,7 @@ gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes
   for (size_t i = 0; i < n; i++) total += round_up(sizes[i], GMA__ROUND);
   int kind = total <= p->small_size ? GMA__SMALL : GMA__LARGE;
   gma_status_t st = GMA_OK;
-  gma__block_t **taken = calloc(n, sizeof *taken);
+  gma__taken_t *taken = calloc(n, sizeof *taken);
   uint64_t **levels = calloc(n, sizeof *levels); /* hit counters, counted on success */
   if (!taken || !levels) {
     free(taken);
@@ -630,8 +654,8 @@ gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes
       for (; got < n; got++) {
         uint64_t size = round_up(sizes[got], GMA__ROUND);
         if (!b || state_of(b) != from || b->stream != owner || b->size < size) break;
+        taken[got] = taken_from(b);
         take_block(p, b, size, sizes[got], s);
-        taken[got] = b;
         b = b->next;
       }
       if (got == n) {
@@ -645,25 +669,25 @@ gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes
         uint64_t size = round_up(sizes[got], GMA__ROUND);
         int k = size <= p->small_size ? GMA__SMALL : GMA__LARGE;
         if ((st = find_or_grow(p, s, k, size, &b, &levels[got], grow_ok)) != GMA_OK) break;
+        taken[got] = taken_from(b);
         take_block(p, b, size, sizes[got], s);
-        taken[got] = b;
       }
       split = got == n;
       for (size_t i = 0; split && i < n; i++) (*levels[i])++;
       if (got < n && st == GMA_ERR_OOM && plan == 1) { /* not enough held: undo, grow */
-        for (size_t i = 0; i < got; i++) untake_block(p, taken[i]);
+        for (size_t i = got; i-- > 0;) untake_block(p, &taken[i]);
         got = 0;
       }
     }
   }
   if (got < n) {
     /* All or nothing: nothing of a failed batch stays allocated. */
-    for (size_t i = 0; i < got; i++) untake_block(p, taken[i]);
+    for (size_t i = got; i-- > 0;) untake_block(p, &taken[i]);
     if (st == GMA_OK) st = gma__set_error(GMA_ERR_OOM, "host memory for block records");
     else if (st == GMA_ERR_OOM) st = oom_error(p, total, (size_t)total, stream);
     goto out;
   }
-  for (size_t i = 0; i < n; i++) ptrs[i] = (void *)taken[i]->addr;
+  for (size_t i = 0; i < n; i++) ptrs[i] = (void *)taken[i].b->addr;
   p->c.batches++;
   p->c.batches_split += split;
   gma__stats_sample(p);

@@ -34,7 +34,7 @@ static void destroyed_handle(void) {
   CHECK(strstr(gma_last_error(), "gma_destroy: the allocator was destroyed") != NULL);
   CHECK(strcmp(gma_device_name(g), "none") == 0);
   /* Something that was never an allocator. */
-  uint64_t junk[64] = {0};
+  static _Alignas(64) uint64_t junk[8192]; /* as large and aligned as an allocator */
   CHECK_ST(gma_alloc((gma_t *)junk, 64, NULL, &p), GMA_ERR_INVALID_ARGUMENT);
   CHECK(strstr(gma_last_error(), "is not an allocator gma_create made") != NULL);
 }
