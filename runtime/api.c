@@ -380,6 +380,7 @@ gma_status_t gma_stream_destroy(gma_t *g, gma_stream_t stream) {
   CHECK_ARG(stream != NULL && stream != GMA_STREAM_LEGACY && stream != GMA_STREAM_PER_THREAD,
             "gma_stream_destroy(%p): the default streams cannot be destroyed", stream);
   /* Forget the stream before its handle value can be reused by a new one. */
+  gma__host_stream_gone(&g->host, stream);
   gma_status_t st = gma__pool_stream_retire(&g->pool, stream);
   gma_status_t dst = g->dev->ops->stream_destroy(g->dev, stream);
   return dst != GMA_OK ? dst : st;
@@ -387,6 +388,7 @@ gma_status_t gma_stream_destroy(gma_t *g, gma_stream_t stream) {
 
 gma_status_t gma_stream_retire(gma_t *g, gma_stream_t stream) {
   GMA__CHECK(g, "gma_stream_retire");
+  gma__host_stream_gone(&g->host, stream);
   return gma__pool_stream_retire(&g->pool, stream);
 }
 

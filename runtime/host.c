@@ -118,6 +118,9 @@ static uint64_t class_size(size_t size) {
 gma_status_t gma__host_alloc(gma__host_t *h, size_t size, gma_stream_t stream, bool fallback,
                              void **out) {
   if (size == 0) return gma__set_error(GMA_ERR_INVALID_SIZE, "gma_host_alloc: size is 0");
+  uint64_t sid;
+  gma_status_t sst = h->dev->ops->stream_id(h->dev, stream, &sid);
+  if (sst != GMA_OK) return sst; /* not a stream of this device: its message says so */
   uint64_t csize = class_size(size);
   unsigned c = gma__class_of(csize);
   pthread_mutex_lock(&h->mu);
@@ -144,6 +147,8 @@ gma_status_t gma__host_alloc(gma__host_t *h, size_t size, gma_stream_t stream, b
   }
   b->requested = size;
   b->stream = stream;
+  b->stream_id = sid;
+  b->stream_gone = b->gone_recorded = 0;
   b->fallback = fallback;
   b->tag = 0;
   b->state = GMA__HOST_LIVE;
@@ -190,10 +195,35 @@ gma_status_t gma__host_free(gma__host_t *h, void *ptr, bool fallback) {
     return st;
   }
   /* The event covers the work queued on its stream so far: a copy from or
-   * to the block. Until it completes the block is not handed out again. */
+   * to the block. Until it completes the block is not handed out again. If
+   * the stream went (retired or destroyed through gma), the event recorded
+   * then covers its work; if the handle now names another stream (destroyed
+   * without gma, or another thread's per-thread stream), nothing can be
+   * recorded on the right stream: wait for the whole device instead. */
   const gma__device_ops_t *o = h->dev->ops;
-  if (!b->ev) st = o->event_create(h->dev, &b->ev);
-  if (st == GMA_OK) st = o->event_record(h->dev, b->ev, b->stream);
+  uint64_t now_id = 0;
+  bool same = !b->stream_gone && o->stream_id(h->dev, b->stream, &now_id) == GMA_OK &&
+              now_id == b->stream_id;
+  if (b->stream_gone) {
+    if (!b->gone_recorded && b->ev) { /* the stream was waited for: safe now */
+      o->event_destroy(h->dev, b->ev);
+      b->ev = NULL;
+    }
+  } else if (!same) {
+    if (o->device_synchronize(h->dev) != GMA_OK) {
+      pthread_mutex_unlock(&h->mu);
+      return gma__set_error(GMA_ERR_DEVICE, "%s(%p): its stream is gone and waiting for the "
+                            "device failed (%s); the block stays allocated, free it again",
+                            fallback ? "gma_free" : "gma_host_free", ptr, gma_last_error());
+    }
+    if (b->ev) {
+      o->event_destroy(h->dev, b->ev);
+      b->ev = NULL;
+    }
+  } else {
+    if (!b->ev) st = o->event_create(h->dev, &b->ev);
+    if (st == GMA_OK) st = o->event_record(h->dev, b->ev, b->stream);
+  }
   if (st != GMA_OK) {
     /* No event: wait for the stream instead, so the block is safe now. */
     char detail[256];
@@ -229,6 +259,29 @@ gma_status_t gma__host_free(gma__host_t *h, void *ptr, bool fallback) {
   }
   pthread_mutex_unlock(&h->mu);
   return GMA_OK;
+}
+
+void gma__host_stream_gone(gma__host_t *h, gma_stream_t stream) {
+  const gma__device_ops_t *o = h->dev->ops;
+  uint64_t id;
+  if (o->stream_id(h->dev, stream, &id) != GMA_OK) return; /* frees will wait for the device */
+  pthread_mutex_lock(&h->mu);
+  for (size_t i = 0; i < h->nbuckets; i++)
+    for (gma__hblock_t *b = h->buckets[i]; b; b = b->hnext) {
+      if (b->state != GMA__HOST_LIVE || b->stream != stream || b->stream_id != id ||
+          b->stream_gone)
+        continue;
+      gma_status_t st = b->ev ? GMA_OK : o->event_create(h->dev, &b->ev);
+      if (st == GMA_OK) st = o->event_record(h->dev, b->ev, stream);
+      if (st == GMA_OK) {
+        b->gone_recorded = 1;
+      } else if (o->stream_synchronize(h->dev, stream) != GMA_OK) {
+        h->device_errors++;
+        continue; /* neither: its free finds the handle changed and waits for the device */
+      }
+      b->stream_gone = 1;
+    }
+  pthread_mutex_unlock(&h->mu);
 }
 
 bool gma__host_owns_fallback(gma__host_t *h, void *ptr) {

@@ -31,6 +31,12 @@ typedef struct gma__hblock {
   uint64_t size;      /* class size */
   uint64_t requested;
   gma_stream_t stream;
+  uint64_t stream_id; /* the device's id of stream at allocation: a recycled handle
+                         value names another stream (see device.h stream_id) */
+  uint8_t stream_gone;   /* the stream was retired or destroyed through gma while the
+                            block was live: its free must not name the stream */
+  uint8_t gone_recorded; /* then: ev was recorded on it before it went (else the
+                            stream was waited for: the block is safe) */
   gma__event_t ev;    /* created at the first free, reused */
   uint8_t state;      /* GMA__HOST_* */
   uint8_t fallback;   /* handed out by gma_alloc as a CPU fallback */
@@ -71,6 +77,10 @@ bool gma__host_owns_fallback(gma__host_t *h, void *ptr);
  * device (the oldest first) until at most keep bytes stay free. */
 void gma__host_trim(gma__host_t *h, uint64_t keep);
 void gma__host_set_tag(gma__host_t *h, void *ptr, uint8_t tag);
+/* stream is about to be retired or destroyed (gma_stream_retire/destroy):
+ * each live block allocated on it gets an event recorded on it now (the
+ * stream still exists), which its later free waits for. */
+void gma__host_stream_gone(gma__host_t *h, gma_stream_t stream);
 bool gma__host_pointer_info(gma__host_t *h, struct gma__pool *p, const void *ptr,
                             gma_pointer_info_t *info);
 void gma__host_stats(gma__host_t *h, gma_stats_t *out);

@@ -24,20 +24,14 @@ endif()
 gma_test(NAME fuzz_corpus EXE fuzz_replay LABELS fuzz TIMEOUT 120 ARGS ${gma_fuzz_inputs})
 
 # Minimal reproducers of bugs the fuzzer found (tests/fuzz/crashes/README.md),
-# API only. They are built in every build but registered (label fuzz_known)
-# only with -DGMA_FUZZ_KNOWN_BUGS=ON while the bugs are open, so the default
-# suite stays green; each exits 0 once its bug is fixed. Once fixed, the
-# crash input moves to tests/fuzz/regressions (replayed by fuzz_corpus) and
-# the reproducer joins the default suite (drop the option).
-option(GMA_FUZZ_KNOWN_BUGS "Register the reproducers of open fuzzer findings" OFF)
+# API only; each exits 0 once its bug is fixed. All are fixed now, so they
+# run in the default suite (label fuzz) as regression tests, and the crash
+# inputs moved to tests/fuzz/regressions (replayed by fuzz_corpus). A new
+# finding's reproducer goes into repro/ with its input in crashes/.
 file(GLOB gma_fuzz_repros CONFIGURE_DEPENDS ${gma_fuzz_dir}/repro/repro_*.c)
 foreach(src ${gma_fuzz_repros})
   get_filename_component(name ${src} NAME_WE)
-  add_executable(fuzz_${name} ${src})
-  target_link_libraries(fuzz_${name} PRIVATE gma)
-  if(GMA_FUZZ_KNOWN_BUGS)
-    gma_test(NAME fuzz_known_${name} EXE fuzz_${name} LABELS fuzz_known TIMEOUT 60)
-  endif()
+  gma_test(NAME fuzz_${name} SOURCES ${src} LABELS fuzz TIMEOUT 60)
 endforeach()
 
 if(CMAKE_C_COMPILER_ID MATCHES "Clang" AND GMA_SANITIZE STREQUAL "")
