@@ -532,7 +532,9 @@ GMA_API gma_status_t gma_memory_summary(gma_t *g, char *buf, size_t len);
 GMA_API gma_status_t gma_stream_create(gma_t *g, gma_stream_t *out);
 /* Retires the stream in gma (see gma_stream_retire), then destroys it. Like
  * cuStreamDestroy it returns at once; queued work still runs to completion.
- * The handle value may be given to a stream created later. */
+ * The handle value may be given to a stream created later. If the retire
+ * reports a device error, the stream is still destroyed (do not destroy it
+ * again); its memory is safe either way. */
 GMA_API gma_status_t gma_stream_destroy(gma_t *g, gma_stream_t stream);
 /* Blocks until all work queued on stream so far has finished. */
 GMA_API gma_status_t gma_stream_synchronize(gma_t *g, gma_stream_t stream);
