@@ -40,3 +40,17 @@ gma_test(NAME stress_planted_record SOURCES ${gma_stress_src} INTERNAL
 
 gma_test(NAME stream_rotation SOURCES ${CMAKE_CURRENT_LIST_DIR}/rotation.c
   LABELS smoke TIMEOUT 120)
+
+# Soak (tests/stress/soak.c): a time-bounded random workload over 2 streams
+# per thread plus 2 shared ones, with phases of rising and falling working
+# sets, async requests, batches, tags, host memory, record_stream, trims and
+# the worker's timed trimming; a line every --report-s seconds, and checks of
+# corruption, errors, bounded reserved memory, stable latency and teardown.
+#   soak        "stress;soak": 10 minutes (ctest -L soak); the "stress" label
+#               keeps it out of tools/test.sh's default run (-LE '^stress$')
+#   soak_smoke  "smoke": 8 seconds, a line every 2 s, 500 ms phases, in every
+#               build (time-bounded, so the same under TSan)
+gma_test(NAME soak SOURCES ${CMAKE_CURRENT_LIST_DIR}/soak.c
+  LABELS stress soak TIMEOUT 900 ARGS --seconds 600 --seed 1)
+gma_test(NAME soak_smoke EXE soak
+  LABELS smoke TIMEOUT 120 ARGS --seconds 8 --report-s 2 --phase-ms 500 --seed 2)
