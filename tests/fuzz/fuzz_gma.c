@@ -1788,6 +1788,72 @@ static void op_reserve(rd_t *r, int t) {
   }
 }
 
+/* GMA_CONF-style text built from the input: real keys and values, bogus
+ * ones, missing separators. gma_config_parse must accept it or say
+ * GMA_ERR_CONFIG and leave the config as it was; an accepted config (made
+ * safe to run: simulated device, short latencies, no trace file but
+ * /dev/null) must make gma_create succeed or fail cleanly, and an allocator
+ * it makes must allocate, free and go away without a leak. */
+static void op_config(rd_t *r) {
+  static const char *const keys[] = {
+      "device", "device_id", "memory_limit", "small_size", "small_segment", "large_segment",
+      "reuse", "bin_max", "bin_depth", "bins", "sim_capacity", "trim_interval_ms",
+      "release_threshold", "idle_ms", "grow_ahead", "worker", "ring_size", "future_timeout_ms",
+      "expandable_segments", "trace", "fallback", "host_release_threshold", "sim_alloc_ns",
+      "sim_free_ns", "sim_event_ns", "sim_fail_alloc", "sim_fail_event", "no_such_key", "", "DEVICE"};
+  static const char *const values[] = {
+      "0", "1", "2", "on", "off", "true", "false", "sim", "cuda", "auto", "query", "wait", "none",
+      "host", "512", "1K", "2M", "64M", "1G", "3T", "2048T", "7", "65536", "1048577", "-1", "",
+      "18446744073709551615", "18446744073709551616", "1.5", "0x10", "/dev/null", "12abc"};
+  char text[512] = "";
+  size_t at = 0, n = rd8(r) % 6;
+  for (size_t i = 0; i < n && at < sizeof text - 64; i++) {
+    unsigned k = rd8(r), v = rd8(r);
+    const char *sep = (k & 0x80) ? "" : (v & 0x80) ? ";" : ",";
+    at += (size_t)snprintf(text + at, sizeof text - at, "%s%s%s%s", i ? sep : "",
+                           keys[k % (sizeof keys / sizeof *keys)], (k & 0x40) ? "=" : ":",
+                           values[v % (sizeof values / sizeof *values)]);
+  }
+  gma_config_t c = GMA_CONFIG_INIT, before;
+  c.device = GMA_DEVICE_SIM;
+  c.sim_capacity = 64 * MiB;
+  before = c;
+  gma_status_t st = gma_config_parse(&c, text);
+  vlog("gma_config_parse(\"%s\") -> %s", text, gma_status_name(st));
+  EXPECT(st == GMA_OK || st == GMA_ERR_CONFIG, "gma_config_parse(\"%s\") returned %s", text,
+         gma_status_name(st));
+  if (st != GMA_OK) {
+    EXPECT(memcmp(&c, &before, sizeof c) == 0, "a refused gma_config_parse(\"%s\") changed the config",
+           text);
+    return;
+  }
+  if (!F.worker) return; /* the allocator below only in some inputs: it costs threads */
+  c.ignore_env = 1;
+  c.device = GMA_DEVICE_SIM;
+  if (c.sim_capacity > 256 * MiB || !c.sim_capacity) c.sim_capacity = 256 * MiB;
+  c.sim_alloc_latency_ns = c.sim_alloc_latency_ns % 10000;
+  c.sim_free_latency_ns = c.sim_free_latency_ns % 10000;
+  c.sim_event_latency_ns = c.sim_event_latency_ns % 10000;
+  if (c.trace_path[0] && strcmp(c.trace_path, "/dev/null") != 0) c.trace_path[0] = '\0';
+  if (c.future_timeout_ms > 100) c.future_timeout_ms = 100;
+  gma_t *g2 = NULL;
+  st = gma_create(&c, &g2);
+  vlog("gma_create of it -> %s", gma_status_name(st));
+  EXPECT(st == GMA_OK || st == GMA_ERR_CONFIG || (st == GMA_ERR_DEVICE && c.sim_fail_alloc),
+         "gma_create of a parsed config (\"%s\") returned %s", text, gma_status_name(st));
+  if (st != GMA_OK) {
+    EXPECT(g2 == NULL, "a failed gma_create left *out set");
+    return;
+  }
+  void *p = NULL;
+  st = gma_alloc(g2, 4096, NULL, &p);
+  EXPECT(st == GMA_OK || st == GMA_ERR_OOM || (st == GMA_ERR_DEVICE && c.sim_fail_alloc),
+         "gma_alloc on a config from \"%s\" returned %s", text, gma_status_name(st));
+  if (st == GMA_OK) EXPECT_ST(gma_free(g2, p), GMA_OK, "gma_free on the parsed config's allocator");
+  st = gma_destroy(g2);
+  EXPECT_ST(st, GMA_OK, "gma_destroy of the parsed config's allocator");
+}
+
 static void op_introspect(rd_t *r) {
   unsigned v = rd8(r);
   switch (v % 4) {
@@ -1818,6 +1884,10 @@ static void op_introspect(rd_t *r) {
       break;
     }
     default:
+      if ((v >> 2) & 1) {
+        op_config(r);
+        break;
+      }
       EXPECT(strcmp(gma_device_name(F.g), "sim") == 0, "device name %s", gma_device_name(F.g));
       for (int s = -15; s <= 1; s++) {
         EXPECT(gma_status_name((gma_status_t)s) && gma_strerror((gma_status_t)s),

@@ -170,6 +170,27 @@ def introspect(v):
     return op("INTROSPECT", 0, v)
 
 
+# gma_config_parse text (op_config in fuzz_gma.c: its key and value tables, by index)
+CFG_KEYS = ["device", "device_id", "memory_limit", "small_size", "small_segment", "large_segment",
+            "reuse", "bin_max", "bin_depth", "bins", "sim_capacity", "trim_interval_ms",
+            "release_threshold", "idle_ms", "grow_ahead", "worker", "ring_size", "future_timeout_ms",
+            "expandable_segments", "trace", "fallback", "host_release_threshold", "sim_alloc_ns",
+            "sim_free_ns", "sim_event_ns", "sim_fail_alloc", "sim_fail_event", "no_such_key", "",
+            "DEVICE"]
+CFG_VALUES = ["0", "1", "2", "on", "off", "true", "false", "sim", "cuda", "auto", "query", "wait",
+              "none", "host", "512", "1K", "2M", "64M", "1G", "3T", "2048T", "7", "65536", "1048577",
+              "-1", "", "18446744073709551615", "18446744073709551616", "1.5", "0x10", "/dev/null",
+              "12abc"]
+
+
+def config_parse(pairs):
+    """INTROSPECT variant 7: gma_config_parse of "key:value,..." (and gma_create of it)."""
+    out = [len(pairs)]
+    for k, v in pairs:
+        out += [CFG_KEYS.index(k), CFG_VALUES.index(v)]
+    return op("INTROSPECT", 0, 7, *out)
+
+
 def sleep(units):  # 8 us each
     return op("SLEEP", 0, units)
 
@@ -327,6 +348,14 @@ seed("edge_sizes", config(worker=False),
 seed("destroy_busy_stream", config(worker=True, tick=0),
      alloc(0, popular(4)), hold(0, gate=3), alloc(0, popular(5)), free(0), destroy(0), destroy(0),
      alloc(1, popular(4)), fill(1), gate_open(3), sleep(100), free(0), free(1), empty())
+
+# 31. GMA_CONF text: accepted, refused, and allocators made from it
+seed("config_parse", config(worker=True),
+     config_parse([("reuse", "wait"), ("bin_max", "64M"), ("expandable_segments", "true")]),
+     config_parse([("memory_limit", "1K")]), config_parse([("no_such_key", "1")]),
+     config_parse([("ring_size", "7"), ("worker", "off")]),
+     config_parse([("sim_capacity", "2M"), ("fallback", "host"), ("trace", "/dev/null")]),
+     alloc(0, popular(1)), free(0))
 
 
 def main():
