@@ -335,8 +335,10 @@ GMA_API gma_status_t gma_set_pressure_callback(gma_t *g, gma_pressure_callback_t
  * with gma_stream_destroy, which does this). gma closes the stream's epoch
  * with one event and forgets the handle: the stream's cached blocks go to the
  * shared pool once its work is done, and a new stream that gets the same
- * handle value starts clean. Never blocks. Live allocations made on the stream
- * stay valid and may be freed later. Any thread. */
+ * handle value starts clean. Never blocks. Live device allocations made on
+ * the stream stay valid and may be freed later; their reuse waits for the
+ * work queued before the retire, so queue no more work on the stream that
+ * uses them (that is what retiring means). Any thread. */
 GMA_API gma_status_t gma_stream_retire(gma_t *g, gma_stream_t stream);
 
 /* ---------------------------------------------------------------------------

@@ -388,7 +388,9 @@ gma_status_t gma_stream_destroy(gma_t *g, gma_stream_t stream) {
 
 gma_status_t gma_stream_retire(gma_t *g, gma_stream_t stream) {
   GMA__CHECK(g, "gma_stream_retire");
-  gma__host_stream_gone(&g->host, stream);
+  /* Host blocks are not marked here: the stream still exists, so their frees
+   * record on it (covering any later copy); if it is then destroyed outside
+   * gma, a free finds the handle changed and waits for the device. */
   return gma__pool_stream_retire(&g->pool, stream);
 }
 

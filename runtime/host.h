@@ -77,9 +77,9 @@ bool gma__host_owns_fallback(gma__host_t *h, void *ptr);
  * device (the oldest first) until at most keep bytes stay free. */
 void gma__host_trim(gma__host_t *h, uint64_t keep);
 void gma__host_set_tag(gma__host_t *h, void *ptr, uint8_t tag);
-/* stream is about to be retired or destroyed (gma_stream_retire/destroy):
- * each live block allocated on it gets an event recorded on it now (the
- * stream still exists), which its later free waits for. */
+/* stream is about to be destroyed (gma_stream_destroy): each live block
+ * allocated on it gets an event recorded on it now (the stream still
+ * exists), which its later free waits for. */
 void gma__host_stream_gone(gma__host_t *h, gma_stream_t stream);
 bool gma__host_pointer_info(gma__host_t *h, struct gma__pool *p, const void *ptr,
                             gma_pointer_info_t *info);
