@@ -931,6 +931,7 @@ static uint64_t launch_pattern(int si, gma_stream_t h, uintptr_t base, size_t le
 /* ---- operations ------------------------------------------------------------------ */
 
 static void op_host_free(rd_t *r);
+static void free_block(int i, const char *what);
 
 static void op_alloc(rd_t *r, int t, bool tagged) {
   int si = stream_of_thread(t);
@@ -938,13 +939,7 @@ static void op_alloc(rd_t *r, int t, bool tagged) {
   int tag = tagged ? (int)(rd8(r) % 8) : -1;
   size_t size = pick_size(r);
   if (F.nlive >= MAX_LIVE) { /* keep the model bounded: free one instead */
-    int i = pick_block(-1, (unsigned)size);
-    EXPECT_ST(gma_free(F.g, (void *)F.live[i].p), GMA_OK, "gma_free (model full)");
-    if (F.live[i].kind == GMA_MEMORY_DEVICE) {
-      F.n_frees++;
-      if (F.st[F.live[i].si].gen == F.live[i].gen) F.st[F.live[i].si].frees++;
-    }
-    remove_block(i);
+    free_block(pick_block(-1, (unsigned)size), "gma_free (model full)");
     return;
   }
   uint64_t fb_live = model_sums().fb_bytes;
@@ -975,6 +970,10 @@ static void op_alloc(rd_t *r, int t, bool tagged) {
 
 static void free_block(int i, const char *what) {
   mblock_t *b = &F.live[i];
+  /* A CPU-fallback block is host memory: when its event cannot be recorded
+   * (injected faults) the free waits for its stream (host.c), as
+   * gma_host_free does. */
+  if (b->kind == GMA_MEMORY_FALLBACK && F.faults) gates_open_all();
   gma_status_t st = gma_free(F.g, (void *)b->p);
   vlog("%s block #%" PRIu64 " %#" PRIxPTR " (%zu) -> %s", what, b->id, b->p, b->size,
        gma_status_name(st));
