@@ -86,13 +86,12 @@ if(GMA_HAVE_LIBFUZZER)
   # the directory it is given; the committed corpus stays as it is). Leak
   # checks after every input would cost 4/5 of the throughput (every input
   # starts and ends threads); the ASan build's fuzz_corpus checks leaks at
-  # exit instead. FUZZ_GMA_SKIP_KNOWN steers clear of the bugs listed in
-  # tests/fuzz/crashes/README.md until they are fixed.
+  # exit instead.
   set(gma_fuzz_work ${CMAKE_CURRENT_BINARY_DIR}/fuzz_short)
   add_test(NAME fuzz_short COMMAND sh -c
     "rm -rf '${gma_fuzz_work}' && mkdir -p '${gma_fuzz_work}/corpus' '${gma_fuzz_work}/artifacts' && cp '${gma_fuzz_dir}'/corpus/* '${gma_fuzz_work}/corpus/' && exec '$<TARGET_FILE:fuzz_gma>' -max_total_time=30 -timeout=60 -rss_limit_mb=4096 -detect_leaks=0 -print_final_stats=1 -artifact_prefix='${gma_fuzz_work}/artifacts/' '${gma_fuzz_work}/corpus'")
   set_tests_properties(fuzz_short PROPERTIES
     TIMEOUT 120
     LABELS fuzz
-    ENVIRONMENT "ASAN_OPTIONS=abort_on_error=1;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1;GMA_CONF=;FUZZ_GMA_SKIP_KNOWN=1")
+    ENVIRONMENT "ASAN_OPTIONS=abort_on_error=1;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1;GMA_CONF=")
 endif()

@@ -29,7 +29,7 @@
  *           values normal (futures waited for and collected); bit4 a pressure
  *           callback (worker on); bit5 pinned host and CPU-fallback blocks may
  *           outlive their stream (else the fuzzer frees them before it
- *           destroys the stream; see tests/fuzz/crashes/README.md)
+ *           destroys the stream; tests/fuzz/crashes/README.md, bug A)
  *   then operations until the bytes run out (at most MAX_OPS): one byte whose
  *   top two bits name the logical thread T (0-2 use user streams S0-S2, 3 the
  *   default stream, or its per-thread stream after OP_DEFAULT_MODE) and whose
@@ -76,10 +76,9 @@
  * waited for the device while the fuzzer held a stream: that aborts too.
  *
  * Environment: FUZZ_GMA_VERBOSE=1 prints every operation; FUZZ_GMA_PROFILE=1
- * the time spent per operation kind; FUZZ_GMA_SKIP_KNOWN=1 steers clear of
- * the open bugs listed in tests/fuzz/crashes/README.md (byte 3 bit5 is
- * ignored, async batch sizes near SIZE_MAX become memory_limit + 1), so a long
- * run finds new ones instead. */
+ * the time spent per operation kind. (While a bug is open, a variable like
+ * the former FUZZ_GMA_SKIP_KNOWN can steer a long run clear of it so that it
+ * finds others; see tests/fuzz/README.md.) */
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -360,7 +359,6 @@ typedef struct fuzz {
   bool reserve_unknown; /* a failed gma_reserve left counts to re-learn */
   bool lag;             /* the worker may be freeing a released future's memory */
   bool host_outlives;   /* pinned host blocks may outlive their stream (see configure) */
-  bool skip_known;      /* FUZZ_GMA_SKIP_KNOWN: steer clear of the known bugs */
   mstream_t st[NSLOTS];
   gma_stream_t dead[NDEAD];
   int ndead;
@@ -1321,8 +1319,6 @@ static void op_async(rd_t *r, int t, bool batch) {
   for (size_t k = 0; k < n; k++) {
     sizes[k] = pick_size(r);
     if (sizes[k] > 4 * MiB && (ob & 0x40)) sizes[k] %= 4 * MiB; /* keep some batches small */
-    /* Known bug: sizes near SIZE_MAX wrap the batch total (crashes/README.md). */
-    if (batch && F.skip_known && sizes[k] > ((size_t)1 << 62)) sizes[k] = (size_t)F.limit + 1;
     if (sizes[k] == 0 || sizes[k] > F.limit) bad_size = true;
     else total += round_up(sizes[k], 512);
   }
@@ -1911,13 +1907,12 @@ static void pressure_cb(gma_t *g, gma_pressure_t level, void *user) {
 static void configure(rd_t *r) {
   unsigned b0 = rd8(r), b1 = rd8(r), b2 = rd8(r);
   F.end_mode = (int)rd8(r);
-  /* Bit 5 of the end-mode byte lets pinned host blocks outlive the stream
-   * they were allocated on (destroyed with them live); without it a stream's
-   * host blocks are freed before the stream is destroyed. gma cannot free
-   * such a block yet (known bug, tests/fuzz/crashes/README.md);
-   * FUZZ_GMA_SKIP_KNOWN=1 turns the bit off so a long run finds other bugs. */
-  F.skip_known = getenv("FUZZ_GMA_SKIP_KNOWN") != NULL;
-  F.host_outlives = (F.end_mode & 32) && !F.skip_known;
+  /* Bit 5 of the end-mode byte lets pinned host and CPU-fallback blocks
+   * outlive the stream they were allocated on (destroyed while they are
+   * live, then freed); without it a stream's host blocks are freed before
+   * the stream is destroyed. Both are allowed; the first was bug A of
+   * tests/fuzz/crashes/README.md. */
+  F.host_outlives = (F.end_mode & 32) != 0;
   gma_config_t c = GMA_CONFIG_INIT;
   c.device = GMA_DEVICE_SIM;
   c.ignore_env = 1;
