@@ -294,6 +294,8 @@ typedef struct mstream {
   bool counts_exact;  /* this generation's counts are known exactly */
   uint64_t allocs, frees; /* this generation's, as gma_stream_stats counts them */
   uint64_t wait_gen[4];   /* the stream's queue waits for gate g's generation wait_gen[g] */
+  unsigned incarnation;   /* bumped when the slot gets a new device stream (a recycled
+                             handle value names another stream) */
 } mstream_t;
 
 typedef struct mblock {
@@ -320,6 +322,7 @@ typedef struct mhost {
   gma_stream_t h;
   uint64_t pat;       /* the pattern the host or the last kernel left */
   bool dev_used;      /* a kernel was queued on it: the host no longer reads it */
+  unsigned incarnation; /* its stream slot's incarnation at allocation */
   uint64_t id;
 } mhost_t;
 
@@ -1602,6 +1605,7 @@ static void stream_create_slot(int si) {
     EXPECT(i == si || !F.st[i].live || F.st[i].h != h, "a new stream got a live stream's handle %p", h);
   F.st[si].h = h;
   F.st[si].live = true;
+  F.st[si].incarnation++;
   stream_new_gen(si);
 }
 
@@ -1681,7 +1685,7 @@ static void op_host_alloc(rd_t *r, int t) {
   if (!default_handle(h)) EXPECT(info.stream == h, "host pointer_info stream %p, not %p", info.stream, h);
   mhost_t *m = &F.host[F.nhost++];
   *m = (mhost_t){.p = a, .size = size, .bsize = info.block_size, .si = si, .gen = F.st[si].gen,
-                 .h = h, .id = ++F.next_id};
+                 .h = h, .id = ++F.next_id, .incarnation = F.st[si].incarnation};
   /* The host fills it at once, as a program filling a staging buffer does:
    * a copy still reading the block's previous life would see it change. */
   m->pat = mix64(++F.next_pattern ^ 0x4057);
@@ -1715,7 +1719,9 @@ static void op_host_kernel(rd_t *r) {
   unsigned b = rd8(r), arg = rd8(r);
   if (!F.nhost) return;
   mhost_t *m = &F.host[b % (unsigned)F.nhost];
-  if (!slot_live(m->si) || (m->si < 3 && F.st[m->si].h != m->h)) return;
+  /* Only on the stream it was allocated on: a re-created slot may have the
+   * same handle value but is another stream, not ordered after the old one. */
+  if (!slot_live(m->si) || F.st[m->si].incarnation != m->incarnation) return;
   int mode = (arg & 0x40) ? K_CHECK_ONLY : K_HOLD_ONE;
   m->pat = launch_pattern(m->si, m->h, m->p, m->size, mode, mode == K_CHECK_ONLY ? m->pat : 0, arg,
                           m->id);
