@@ -8,7 +8,7 @@
  * Threads: unless a comment says otherwise, every function taking a gma_t may
  * be called from any number of threads at once. gma_create and gma_destroy are
  * the exceptions: no other call on the same allocator may run concurrently with
- * gma_destroy. */
+ * gma_destroy, except calls on its futures (poll, wait, release). */
 #ifndef GMA_H
 #define GMA_H
 
@@ -210,7 +210,12 @@ GMA_API gma_status_t gma_create(const gma_config_t *config, gma_t **out);
 /* Waits for the device work gma knows of, returns every byte to the device and
  * frees the allocator. Live allocations are a leak: they are freed too, a
  * report goes to stderr and gma_last_error(), and GMA_ERR_LEAK is returned.
- * No other call on g may run concurrently or follow. NULL is a no-op. */
+ * Requests still pending complete with GMA_ERR_CANCELLED (waiting threads
+ * wake); memory that completed requests got but no wait collected is freed.
+ * No other call on g may run concurrently or follow, except the future calls:
+ * gma_future_poll/wait/release may run during and after gma_destroy. A later
+ * call on g fails with GMA_ERR_INVALID_ARGUMENT where detectable (the last 64
+ * destroyed allocators). NULL is a no-op. */
 GMA_API gma_status_t gma_destroy(gma_t *g);
 /* Which device backend g runs on: "sim" or "cuda". Any thread; wait-free. */
 GMA_API const char *gma_device_name(const gma_t *g);
@@ -302,18 +307,24 @@ GMA_API gma_status_t gma_alloc_batch_async(gma_t *g, size_t n, const size_t *siz
                                            gma_stream_t stream, void **ptrs,
                                            const gma_async_options_t *options,
                                            gma_future_t **out);
-/* GMA_PENDING, GMA_OK, or the request's error. Never blocks. */
+/* GMA_PENDING, GMA_OK, or the request's error. Never blocks. GMA_ERR_CANCELLED
+ * once the allocator was destroyed, also for a request that had been served:
+ * its memory went with the allocator. */
 GMA_API gma_status_t gma_future_poll(gma_future_t *f);
 /* The same as gma_future_poll (a second name for readability). */
 GMA_API gma_status_t gma_future_status(gma_future_t *f);
 /* Waits up to timeout_ns (UINT64_MAX: no limit) for completion. GMA_OK:
  * *ptr (may be NULL) is the allocation (a batch's first block), which now
  * belongs to the caller. GMA_PENDING when this wait ran out (the request
- * goes on). Otherwise the request's error. */
+ * goes on). Otherwise the request's error. May run while another thread
+ * destroys the allocator: it then returns GMA_ERR_CANCELLED (a request not
+ * served yet, or memory not collected before the teardown began: *ptr is set
+ * to NULL), or GMA_OK for memory it collected first, which gma_destroy then
+ * frees as a live allocation (and reports as a leak). */
 GMA_API gma_status_t gma_future_wait(gma_future_t *f, uint64_t timeout_ns, void **ptr);
 /* Gives the future back (once). A request still pending is cancelled, and
- * memory it got that no gma_future_wait collected is freed. Allowed after
- * gma_destroy (the future is then only freed). */
+ * memory it got that no gma_future_wait collected is freed. Allowed during
+ * and after gma_destroy (the future is then only freed). */
 GMA_API gma_status_t gma_future_release(gma_future_t *f);
 
 /* Memory pressure: reserved memory against memory_limit, or the device's

@@ -6,19 +6,26 @@
  * Lifetime: a future has one reference for the caller (dropped by
  * gma_future_release) and one for the worker while it holds the request; the
  * last drop frees it (or keeps it as the thread's spare: a future ready at
- * once then costs no malloc). Futures may outlive the allocator, so they
- * reach it through a refcounted anchor that gma_destroy empties.
+ * once then costs no malloc). Futures may outlive the allocator, and may be
+ * waited on, polled and released while gma_destroy runs, so they reach it
+ * only through a refcounted anchor (worker.h: enter/exit around any pool
+ * work; gma_destroy empties it and waits for those inside), and waiters sleep
+ * on the future's own futex word, never on anything of the allocator's.
  * Memory a completed future got belongs to the caller once gma_future_wait
  * handed it out (collected); until then its block is marked held, so that
  * gma_destroy frees it quietly instead of calling it a leak, and whoever
  * first claims it (release, or the worker completing a released future)
  * frees it: claim is a CAS, so exactly one does. */
 #include <inttypes.h>
+#include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "allocator.h"
 #include "sizeclass.h"
@@ -42,11 +49,26 @@ struct gma_future {
   char *msg;                  /* failure: its message, for the caller's last error */
   _Atomic int refs;
   _Atomic bool released, collected;
-  _Atomic bool done;          /* completion finished, callback included (done_mu) */
+  _Atomic uint32_t done;      /* FUT_*: completion finished, callback included; a futex word */
   _Atomic int claim;          /* 0: memory unclaimed; 1: freed by someone */
   struct gma_future *wnext;   /* worker's waiting list (worker thread only) */
   uint64_t trace_id;          /* its Id in the trace; 0: not traced */
 };
+
+/* f->done: waiters sleep on the future itself (a futex), not on anything of
+ * the allocator's, so a thread may sit in gma_future_wait while another
+ * destroys the allocator (the cancellation wakes it). */
+enum { FUT_RUNNING = 0, FUT_SLEEPER = 1 /* running, a waiter sleeps */, FUT_DONE = 2 };
+
+static void futex_wake_all(_Atomic uint32_t *word) {
+  syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
+}
+
+/* Sleeps while *word is FUT_SLEEPER, at most rel (NULL: no limit); returns
+ * early on a wake, a signal or a spurious wake-up: the caller loops. */
+static void futex_sleep(_Atomic uint32_t *word, const struct timespec *rel) {
+  syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT_PRIVATE, FUT_SLEEPER, rel, NULL, 0);
+}
 
 static uint64_t now_ns(void) {
   struct timespec ts;
@@ -65,7 +87,21 @@ gma__anchor_t *gma__anchor_new(gma_t *g) {
   if (!a) return NULL;
   atomic_init(&a->g, g);
   atomic_init(&a->refs, 1); /* the allocator's */
+  atomic_init(&a->inside, 0);
   return a;
+}
+
+/* enter and detach are a Dekker pair (seq_cst): either enter sees NULL, or
+ * detach sees the thread inside and waits for its exit. */
+gma_t *gma__anchor_enter(gma__anchor_t *a) {
+  atomic_fetch_add(&a->inside, 1);
+  gma_t *g = atomic_load(&a->g);
+  if (!g) atomic_fetch_sub_explicit(&a->inside, 1, memory_order_release);
+  return g;
+}
+
+void gma__anchor_exit(gma__anchor_t *a) {
+  atomic_fetch_sub_explicit(&a->inside, 1, memory_order_release); /* pairs with detach */
 }
 
 static void anchor_unref(gma__anchor_t *a) {
@@ -74,6 +110,7 @@ static void anchor_unref(gma__anchor_t *a) {
 
 void gma__anchor_detach(gma__anchor_t *a) {
   atomic_store(&a->g, NULL);
+  while (atomic_load(&a->inside)) sched_yield(); /* a wait or release finishing its pool work */
   anchor_unref(a);
 }
 
@@ -163,12 +200,9 @@ static void complete(gma__worker_t *w, gma_future_t *f, gma_status_t st) {
   /* Waiters return only now, so the callback has run when wait returns. A
    * future complete at once was never handed out: nobody can be waiting. */
   if (f->served_by_worker) {
-    pthread_mutex_lock(&w->done_mu);
-    atomic_store(&f->done, true);
-    pthread_cond_broadcast(&w->done_cv);
-    pthread_mutex_unlock(&w->done_mu);
+    if (atomic_exchange(&f->done, FUT_DONE) == FUT_SLEEPER) futex_wake_all(&f->done);
   } else {
-    atomic_store_explicit(&f->done, true, memory_order_release); /* pairs with wait's acquire */
+    atomic_store_explicit(&f->done, FUT_DONE, memory_order_release); /* pairs with wait's acquire */
   }
   /* Released and never collected: nobody will free it but us. A wait that
    * collected it happened before the release (same caller), so reading
@@ -177,8 +211,9 @@ static void complete(gma__worker_t *w, gma_future_t *f, gma_status_t st) {
     claim_and_free(f, f->g);
 }
 
-/* The allocator, if it still lives (not across a concurrent gma_destroy). */
-static gma_t *alive(gma_future_t *f) { return f->anchor ? atomic_load(&f->anchor->g) : NULL; }
+/* Whether gma_destroy has begun (the future's memory, if any, is gone or
+ * going); a hint for poll, exact for a caller that holds no enter. */
+static bool destroyed(gma_future_t *f) { return !atomic_load(&f->anchor->g); }
 
 bool gma__future_serve(gma__worker_t *w, gma_future_t *f, uint64_t now) {
   if (atomic_load(&f->released)) {
@@ -339,9 +374,17 @@ gma_status_t gma_alloc_batch_async(gma_t *g, size_t n, const size_t *sizes, gma_
   return submit(g, f, options, out);
 }
 
+static gma_status_t gone(const char *fn) {
+  return gma__set_error(GMA_ERR_CANCELLED,
+                        "%s: the allocator was destroyed, and the memory this request got went "
+                        "with it (collect it with gma_future_wait before gma_destroy)",
+                        fn);
+}
+
 gma_status_t gma_future_poll(gma_future_t *f) {
   if (!f) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_future_poll: future is NULL");
-  return (gma_status_t)atomic_load_explicit(&f->state, memory_order_acquire);
+  gma_status_t st = (gma_status_t)atomic_load_explicit(&f->state, memory_order_acquire);
+  return st == GMA_OK && destroyed(f) ? gone("gma_future_poll") : st;
 }
 
 gma_status_t gma_future_status(gma_future_t *f) { return gma_future_poll(f); }
@@ -351,36 +394,43 @@ gma_status_t gma_future_wait(gma_future_t *f, uint64_t timeout_ns, void **ptr) {
   uint64_t start = timeout_ns ? now_ns() : 0;
   /* The worker usually answers within microseconds: spin briefly (at most
    * 20 us, or the timeout) before sleeping, to save a thread wake-up. */
-  for (unsigned i = 1; timeout_ns && !atomic_load_explicit(&f->done, memory_order_acquire); i++) {
+  for (unsigned i = 1;
+       timeout_ns && atomic_load_explicit(&f->done, memory_order_acquire) != FUT_DONE; i++) {
     gma__cpu_relax();
     if (i % 64 == 0 && now_ns() - start >= (timeout_ns < 20000 ? timeout_ns : 20000)) break;
   }
-  if (!atomic_load_explicit(&f->done, memory_order_acquire) && timeout_ns) {
-    gma__worker_t *w = &f->g->worker; /* not done: the allocator is alive */
-    uint64_t due = timeout_ns == UINT64_MAX ? UINT64_MAX : start + timeout_ns;
-    pthread_mutex_lock(&w->done_mu);
-    while (!atomic_load(&f->done)) {
-      if (due == UINT64_MAX) {
-        pthread_cond_wait(&w->done_cv, &w->done_mu);
-        continue;
-      }
-      uint64_t now = now_ns();
-      if (now >= due) break;
-      struct timespec ts = {(time_t)(due / 1000000000u), (long)(due % 1000000000u)};
-      pthread_cond_timedwait(&w->done_cv, &w->done_mu, &ts);
+  /* Then sleep on the future itself: nothing of the allocator's is touched,
+   * so gma_destroy may run meanwhile (it cancels the request and wakes us). */
+  uint64_t due = timeout_ns == UINT64_MAX ? UINT64_MAX : start + timeout_ns;
+  while (timeout_ns) {
+    uint32_t d = FUT_RUNNING;
+    if (!atomic_compare_exchange_strong(&f->done, &d, FUT_SLEEPER) && d == FUT_DONE) break;
+    if (due == UINT64_MAX) {
+      futex_sleep(&f->done, NULL);
+      continue;
     }
-    pthread_mutex_unlock(&w->done_mu);
+    uint64_t now = now_ns();
+    if (now >= due) break;
+    struct timespec rel = {(time_t)((due - now) / 1000000000u), (long)((due - now) % 1000000000u)};
+    futex_sleep(&f->done, &rel);
   }
-  int st = atomic_load_explicit(&f->done, memory_order_acquire)
+  int st = atomic_load_explicit(&f->done, memory_order_acquire) == FUT_DONE
                ? atomic_load_explicit(&f->state, memory_order_acquire)
                : GMA_PENDING;
   if (st == GMA_OK) {
+    /* The memory exists only as long as the allocator: inside the anchor,
+     * gma_destroy waits for us before its leak report and teardown. */
+    gma_t *g = gma__anchor_enter(f->anchor);
+    if (!g) {
+      if (ptr) *ptr = NULL;
+      return gone("gma_future_wait");
+    }
+    if ((ptr || f->user_ptrs) && !atomic_exchange(&f->collected, true))
+      for (size_t i = 0; i < f->n; i++) /* the caller's now: a leak if never freed */
+        gma__pool_hold(&g->pool, f->ptrs[i], false);
+    gma__anchor_exit(f->anchor);
     if (f->user_ptrs) memcpy(f->user_ptrs, f->ptrs, f->n * sizeof(void *));
     if (ptr) *ptr = f->ptrs[0];
-    if ((ptr || f->user_ptrs) && !atomic_exchange(&f->collected, true)) {
-      gma_t *g = alive(f); /* the memory is the caller's now: a leak if never freed */
-      for (size_t i = 0; g && i < f->n; i++) gma__pool_hold(&g->pool, f->ptrs[i], false);
-    }
   } else if (st != GMA_PENDING) {
     const char *m = f->msg ? f->msg : "no detail (host memory ran out)";
     if (strncmp(m, "GMA_", 4) == 0 && strchr(m, ':')) m = strchr(m, ':') + 2;
@@ -392,8 +442,13 @@ gma_status_t gma_future_wait(gma_future_t *f, uint64_t timeout_ns, void **ptr) {
 gma_status_t gma_future_release(gma_future_t *f) {
   if (!f) return GMA_OK;
   atomic_store(&f->released, true); /* seq_cst: pairs with complete()'s state store */
-  if (atomic_load(&f->state) == GMA_OK && !atomic_load(&f->collected))
-    claim_and_free(f, alive(f));
+  if (atomic_load(&f->state) == GMA_OK && !atomic_load(&f->collected)) {
+    gma_t *g = gma__anchor_enter(f->anchor); /* NULL: gma_destroy freed the memory */
+    if (g) {
+      claim_and_free(f, g);
+      gma__anchor_exit(f->anchor);
+    }
+  }
   unref(f);
   return GMA_OK;
 }

@@ -221,11 +221,8 @@ gma_status_t gma__worker_start(gma__worker_t *w, gma_t *g, gma__pool_t *p,
   pthread_condattr_t attr;
   pthread_condattr_init(&attr);
   pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-  /* done_cv uses CLOCK_MONOTONIC too: gma_future_wait computes its deadline so. */
   bool ok = pthread_mutex_init(&w->mu, NULL) == 0 && pthread_cond_init(&w->cv, &attr) == 0 &&
-            pthread_cond_init(&w->room_cv, NULL) == 0 &&
-            pthread_mutex_init(&w->done_mu, NULL) == 0 &&
-            pthread_cond_init(&w->done_cv, &attr) == 0 && (w->anchor = gma__anchor_new(g)) != NULL;
+            pthread_cond_init(&w->room_cv, NULL) == 0 && (w->anchor = gma__anchor_new(g)) != NULL;
   pthread_condattr_destroy(&attr);
   if (!ok || pthread_create(&w->thread, NULL, worker_main, w) != 0) {
     free(w->ring_buf);
@@ -242,11 +239,9 @@ void gma__worker_stop(gma__worker_t *w) {
   pthread_cond_signal(&w->cv);
   pthread_mutex_unlock(&w->mu);
   pthread_join(w->thread, NULL);
-  gma__anchor_detach(w->anchor); /* futures released later no longer reach g */
+  gma__anchor_detach(w->anchor); /* futures waited on or released from now on no longer reach g */
   pthread_cond_destroy(&w->cv);
   pthread_cond_destroy(&w->room_cv);
-  pthread_cond_destroy(&w->done_cv);
-  pthread_mutex_destroy(&w->done_mu);
   pthread_mutex_destroy(&w->mu);
   free(w->ring_buf);
   w->started = false;

@@ -37,8 +37,6 @@ typedef struct gma__worker {
   struct gma_future *waiting, *waiting_tail; /* worker thread only: in FIFO order */
   _Atomic bool memory_wanted;  /* a request waits for memory: frees kick the worker */
   uint64_t timeout_ns;         /* immutable: future_timeout_ms */
-  pthread_mutex_t done_mu;     /* with done_cv: completion waits (leaf lock) */
-  pthread_cond_t done_cv;
   struct gma__anchor *anchor;  /* shared with every future: says whether g still lives */
   _Atomic uint64_t submitted, ready_at_once, ready, failed, timed_out, queued;
   _Atomic uint64_t latency[GMA__LATENCY_BUCKETS]; /* worker writes, stats reads */
@@ -63,15 +61,25 @@ void gma__worker_stats(gma__worker_t *w, gma_stats_t *st);
 bool gma__future_serve(gma__worker_t *w, struct gma_future *f, uint64_t now_ns);
 /* Worker thread: completes f with status without serving it (shutdown). */
 void gma__future_cancel(gma__worker_t *w, struct gma_future *f);
-/* The anchor: futures outlive their allocator (release is allowed after
- * gma_destroy), so each holds a reference to this small object instead of
- * trusting g. g is set to NULL by gma_destroy. */
+/* The anchor: futures outlive their allocator (wait, poll and release are
+ * allowed during and after gma_destroy), so each holds a reference to this
+ * small object instead of trusting g.
+ * Invariant: a future touches g's pool only between gma__anchor_enter
+ * returning g and gma__anchor_exit; gma__anchor_detach (gma_destroy, before
+ * the leak report and the pool's teardown) sets g to NULL and then waits
+ * until no thread is inside, so whatever a future did to the pool happened
+ * before the teardown, and nothing happens after it. */
 typedef struct gma__anchor {
   gma_t *_Atomic g;
   _Atomic uint64_t refs;
+  _Atomic uint32_t inside; /* threads between enter and exit */
 } gma__anchor_t;
 gma__anchor_t *gma__anchor_new(gma_t *g);
-/* gma_destroy, after the worker stopped: futures stop reaching g. */
+/* g while it lives (then call gma__anchor_exit), or NULL once destroyed. */
+gma_t *gma__anchor_enter(gma__anchor_t *a);
+void gma__anchor_exit(gma__anchor_t *a);
+/* gma_destroy, after the worker stopped: futures stop reaching g; returns
+ * once no thread is between enter and exit. */
 void gma__anchor_detach(gma__anchor_t *a);
 uint64_t gma__future_deadline(const struct gma_future *f);
 struct gma_future *gma__future_wnext(struct gma_future *f);

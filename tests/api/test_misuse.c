@@ -3,8 +3,9 @@
  * request nobody collected, record_stream on a freed pointer, interior and
  * foreign pointers, out-of-range configuration; and the age and leak reports
  * (gma_find_old_allocations, gma_live_report). Public API only. Calling into
- * an allocator while another thread destroys it is not allowed and not
- * tested: only calls after gma_destroy returned are detected. */
+ * an allocator while another thread destroys it is not allowed, except on
+ * its futures (test_destroy_waiters.c tests that); other calls are detected
+ * only after gma_destroy returned. */
 #include <stdint.h>
 #include <string.h>
 
