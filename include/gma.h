@@ -315,12 +315,13 @@ GMA_API gma_status_t gma_future_poll(gma_future_t *f);
 GMA_API gma_status_t gma_future_status(gma_future_t *f);
 /* Waits up to timeout_ns (UINT64_MAX: no limit) for completion. GMA_OK:
  * *ptr (may be NULL) is the allocation (a batch's first block), which now
- * belongs to the caller. GMA_PENDING when this wait ran out (the request
- * goes on). Otherwise the request's error. May run while another thread
- * destroys the allocator: it then returns GMA_ERR_CANCELLED (a request not
- * served yet, or memory not collected before the teardown began: *ptr is set
- * to NULL), or GMA_OK for memory it collected first, which gma_destroy then
- * frees as a live allocation (and reports as a leak). */
+ * belongs to the caller; on any other status *ptr is set to NULL.
+ * GMA_PENDING when this wait ran out (the request goes on). Otherwise the
+ * request's error. May run while another thread destroys the allocator: it
+ * then returns GMA_ERR_CANCELLED (a request not served yet, or memory not
+ * collected before the teardown began), or GMA_OK for memory it collected
+ * first, which gma_destroy then frees as a live allocation (and reports as a
+ * leak). */
 GMA_API gma_status_t gma_future_wait(gma_future_t *f, uint64_t timeout_ns, void **ptr);
 /* Gives the future back (once). A request still pending is cancelled, and
  * memory it got that no gma_future_wait collected is freed. Allowed during

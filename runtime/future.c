@@ -390,6 +390,7 @@ gma_status_t gma_future_poll(gma_future_t *f) {
 gma_status_t gma_future_status(gma_future_t *f) { return gma_future_poll(f); }
 
 gma_status_t gma_future_wait(gma_future_t *f, uint64_t timeout_ns, void **ptr) {
+  if (ptr) *ptr = NULL; /* unless GMA_OK */
   if (!f) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_future_wait: future is NULL");
   uint64_t start = timeout_ns ? now_ns() : 0;
   /* The worker usually answers within microseconds: spin briefly (at most
@@ -421,10 +422,7 @@ gma_status_t gma_future_wait(gma_future_t *f, uint64_t timeout_ns, void **ptr) {
     /* The memory exists only as long as the allocator: inside the anchor,
      * gma_destroy waits for us before its leak report and teardown. */
     gma_t *g = gma__anchor_enter(f->anchor);
-    if (!g) {
-      if (ptr) *ptr = NULL;
-      return gone("gma_future_wait");
-    }
+    if (!g) return gone("gma_future_wait");
     if ((ptr || f->user_ptrs) && !atomic_exchange(&f->collected, true))
       for (size_t i = 0; i < f->n; i++) /* the caller's now: a leak if never freed */
         gma__pool_hold(&g->pool, f->ptrs[i], false);

@@ -2117,12 +2117,24 @@ static void finish(void) {
     EXPECT_ST(st, GMA_ERR_LEAK, "gma_destroy with a live fallback allocation");
   else
     EXPECT_ST(st, GMA_OK, "gma_destroy");
-  /* Futures may be given back after the allocator is gone. */
+  /* Futures may be polled, waited on and given back after the allocator is
+   * gone; one that had been served says GMA_ERR_CANCELLED then (its memory
+   * went with the allocator) and a wait hands out no pointer. */
   for (int i = 0; i < MAX_FUT; i++)
     if (F.fut[i].used && !F.fut[i].released) {
-      gma_status_t fs = gma_future_poll(F.fut[i].f);
+      mfut_t *m = &F.fut[i];
+      gma_status_t fs = gma_future_poll(m->f);
       EXPECT(fs != GMA_PENDING, "a future still pending after gma_destroy");
-      EXPECT_ST(gma_future_release(F.fut[i].f), GMA_OK, "gma_future_release after gma_destroy");
+      EXPECT(fs != GMA_OK, "a future says GMA_OK after gma_destroy freed its memory");
+      int outcome = atomic_load(&m->cb_status);
+      if (atomic_load(&m->cb_runs) == 1 && (outcome == GMA_OK || outcome == GMA_ERR_CANCELLED))
+        EXPECT_ST(fs, GMA_ERR_CANCELLED, "gma_future_poll after gma_destroy");
+      void *p = (void *)m;
+      gma_status_t ws = gma_future_wait(m->f, 0, &p);
+      EXPECT(ws == fs, "gma_future_wait after gma_destroy says %s, poll %s", gma_status_name(ws),
+             gma_status_name(fs));
+      EXPECT(ws != GMA_ERR_CANCELLED || p == NULL, "a wait after gma_destroy handed out %p", p);
+      EXPECT_ST(gma_future_release(m->f), GMA_OK, "gma_future_release after gma_destroy");
     }
   uint64_t done = atomic_load_explicit(&g_kernels_done, memory_order_acquire);
   EXPECT(done == F.kernels_launched, "%" PRIu64 " kernels launched, %" PRIu64 " ran", F.kernels_launched,
