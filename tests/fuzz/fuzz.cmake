@@ -4,6 +4,8 @@
 #                 given through LLVMFuzzerTestOneInput, linking the build's libgma.
 #   fuzz_corpus   CTest, label "fuzz" (default suite): replays the seed corpus
 #                 (tests/fuzz/corpus) and the fixed bugs' inputs (tests/fuzz/regressions).
+#   fuzz_campaign CTest, label "fuzz" (default suite): replays tests/fuzz/campaign,
+#                 the merged corpus of the long runs (about 2,200 inputs).
 #   fuzz_gma      only when the C compiler is clang and supports -fsanitize=fuzzer
 #                 (and no other sanitizer build is selected): the libFuzzer binary,
 #                 with gma's runtime compiled into it again with
@@ -22,6 +24,11 @@ if(EXISTS ${gma_fuzz_dir}/regressions)
   list(APPEND gma_fuzz_inputs ${gma_fuzz_dir}/regressions)
 endif()
 gma_test(NAME fuzz_corpus EXE fuzz_replay LABELS fuzz TIMEOUT 120 ARGS ${gma_fuzz_inputs})
+# The corpus of the long runs on the final code (libFuzzer -merge=1 of two
+# 30-minute runs: every input adds coverage), replayed in every build.
+if(EXISTS ${gma_fuzz_dir}/campaign)
+  gma_test(NAME fuzz_campaign EXE fuzz_replay LABELS fuzz TIMEOUT 600 ARGS ${gma_fuzz_dir}/campaign)
+endif()
 
 # Minimal reproducers of bugs the fuzzer found (tests/fuzz/crashes/README.md),
 # API only; each exits 0 once its bug is fixed. All are fixed now, so they
