@@ -434,7 +434,7 @@ static void take_block(gma__pool_t *p, gma__block_t *b, uint64_t size, size_t re
   gma__store_relaxed(&b->future_held, 0);
   gma__store_relaxed(&b->tag, 0);
   gma__store_relaxed(&b->born_ns, gma__load_relaxed(&p->clock_ns));
-  gma__store_relaxed(&b->state, GMA__LIVE);
+  gma__store_release(&b->state, GMA__LIVE); /* pairs with gma__bin_free's acquire */
   gma__tcount_t *c = gma__tcount(p, s);
   gma__counter_add_owner(&c->allocs, 1);
   gma__counter_add_owner(&c->alloc_bytes, b->size);

@@ -222,8 +222,8 @@ gma_status_t gma__bin_alloc(gma__pool_t *p, size_t size, gma_stream_t stream, ui
   gma__store_relaxed(&b->future_held, 0);
   gma__store_relaxed(&b->tag, 0);
   gma__store_relaxed(&b->born_ns, gma__load_relaxed(&p->clock_ns));
-  gma__store_relaxed(&b->state, GMA__LIVE);
   b->requested = size;
+  gma__store_release(&b->state, GMA__LIVE); /* pairs with gma__bin_free's acquire */
   gma__tcount_t *c = gma__tcount(p, s);
   gma__counter_add_owner(&c->allocs, 1);
   gma__counter_add_owner(&c->hits, 1);
@@ -236,10 +236,17 @@ gma_status_t gma__bin_alloc(gma__pool_t *p, size_t size, gma_stream_t stream, ui
 
 gma_status_t gma__bin_free(gma__pool_t *p, void *ptr) {
   gma__block_t *b = gma__pagemap_get(&p->pagemap, (uintptr_t)ptr);
-  /* The address check matters only for a buggy double free racing with a
+  if (!b) return MISS;
+  /* The state first, and nothing but atomics before it says LIVE: a double
+   * free finds the block cached, pending or free, and the worker may be
+   * moving it under the lock right now (writing stream, size, links). LIVE
+   * is stored with release after the block's fields were set, so the reads
+   * below see them. (Found by TSan replaying the fuzzer's corpus.) The
+   * address check matters only for a buggy double free racing with a
    * coalesce that recycled this record for another block: records are never
    * unmapped, and their addr changes only under the lock. */
-  if (!b || b->addr != (uintptr_t)ptr || gma__load_relaxed(&b->ngates) || p->test_flags ||
+  if (gma__load_acquire(&b->state) != GMA__LIVE) return MISS; /* the slow path says why */
+  if (b->addr != (uintptr_t)ptr || gma__load_relaxed(&b->ngates) || p->test_flags ||
       gma__load_relaxed(&b->future_held))
     return MISS; /* held by an uncollected future: the slow path refuses it */
   unsigned cls = gma__class_floor(b->size);

@@ -142,7 +142,34 @@ static void ages_and_live_report(void) {
   CHECK_OK(gma_destroy(g));
 }
 
+/* A double free of a block the worker is moving (cached -> free, coalesced)
+ * meanwhile: the lock-free free path must read nothing but the block's state
+ * before it knows the block is live, or it races with the worker's writes
+ * under the pool lock. The main thread does not synchronize with the worker
+ * between the worker's move and the second free, so TSan reports such a read
+ * every time (found by TSan replaying the fuzzer's campaign corpus). */
+static void double_free_while_worker_moves_block(void) {
+  gma_t *g = sim_allocator("trim_interval_ms:1,release_threshold:1G");
+  gma_stream_t s;
+  CHECK_OK(gma_stream_create(g, &s));
+  for (int round = 0; round < 20; round++) {
+    void *a, *b;
+    CHECK_OK(gma_alloc(g, 2 * MiB, s, &a)); /* above bin_max: freed into the stream's cache */
+    CHECK_OK(gma_alloc(g, 3 * MiB, s, &b));
+    CHECK_OK(gma_free(g, a));
+    CHECK_OK(gma_free(g, b));
+    sleep_us(5000); /* the worker's ticks make them FREE and coalesce them */
+    CHECK_ST(gma_free(g, a), GMA_ERR_DOUBLE_FREE);
+    CHECK_ST(gma_free(g, b), GMA_ERR_DOUBLE_FREE);
+  }
+  gma_stats_t st = stats_of(g);
+  CHECK(st.allocated.current == 0 && st.num_frees == 40);
+  CHECK_OK(gma_stream_destroy(g, s));
+  CHECK_OK(gma_destroy(g));
+}
+
 int main(void) {
+  double_free_while_worker_moves_block();
   destroyed_handle();
   stale_pointer_held_by_future();
   bad_pointers_and_config();
