@@ -240,8 +240,9 @@ GMA_API gma_status_t gma_alloc_tagged(gma_t *g, size_t size, gma_stream_t stream
  * GMA_ERR_DOUBLE_FREE; neither changes anything. Any thread. */
 GMA_API gma_status_t gma_free(gma_t *g, void *ptr);
 /* Declares that work on stream (other than the allocation's own) uses ptr, so
- * its free waits for that work too. Call it after queueing the work and before
- * gma_free. Any thread. */
+ * its free waits for that work too (CPU-fallback allocations included). Call
+ * it after queueing the work and before gma_free; if it fails, synchronize
+ * stream before freeing ptr. Any thread. */
 GMA_API gma_status_t gma_record_stream(gma_t *g, void *ptr, gma_stream_t stream);
 /* Returns to the device every segment with no live allocation whose device work
  * is known to be done. Never waits for the device. Any thread. */

@@ -254,6 +254,9 @@ gma_status_t gma_record_stream(gma_t *g, void *ptr, gma_stream_t stream) {
   GMA__CHECK(g, "gma_record_stream");
   CHECK_ARG(ptr, "gma_record_stream: ptr is NULL");
   gma_status_t st = gma__pool_record_stream(&g->pool, ptr, stream);
+  if (st == GMA_ERR_INVALID_POINTER && g->cfg.fallback_host &&
+      gma__host_owns_fallback(&g->host, ptr)) /* CPU-fallback memory: the host pool orders it */
+    st = gma__host_record_stream(&g->host, ptr, stream);
   if (st == GMA_OK)
     GMA__TRACE(&g->pool, GMA__TR_RECORD_STREAM, (uintptr_t)ptr, 0, stream, 0, 0, 0, 0);
   return st;

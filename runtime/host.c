@@ -87,17 +87,35 @@ gma_status_t gma__host_init(gma__host_t *h, gma__device_t *dev) {
   return GMA_OK;
 }
 
-/* mu held: PENDING blocks whose event completed become FREE, in FIFO order
+/* mu held: whether every event recorded at b's free (its stream's and those
+ * of the streams it was recorded on) completed. */
+static gma_status_t events_done(gma__host_t *h, gma__hblock_t *b, bool *done) {
+  *done = true;
+  gma_status_t st = b->ev ? h->dev->ops->event_query(h->dev, b->ev, done) : GMA_OK;
+  for (uint32_t i = 0; st == GMA_OK && *done && i < b->nxuse; i++)
+    if (b->xuse[i].ev) st = h->dev->ops->event_query(h->dev, b->xuse[i].ev, done);
+  return st;
+}
+
+/* Forgets the other streams of a block whose work on them is done. */
+static void drop_xuse(gma__host_t *h, gma__hblock_t *b) {
+  for (uint32_t i = 0; i < b->nxuse; i++)
+    if (b->xuse[i].ev) h->dev->ops->event_destroy(h->dev, b->xuse[i].ev);
+  b->nxuse = 0;
+}
+
+/* mu held: PENDING blocks whose events completed become FREE, in FIFO order
  * (a block behind one still running waits its turn: cheap and fair). */
 static void poll_pending(gma__host_t *h) {
   while (h->pending_head) {
     gma__hblock_t *b = h->pending_head;
     bool done = false;
-    if (h->dev->ops->event_query(h->dev, b->ev, &done) != GMA_OK) {
+    if (events_done(h, b, &done) != GMA_OK) {
       h->device_errors++; /* stays pending: never reused on a guess */
       return;
     }
     if (!done) return;
+    drop_xuse(h, b);
     h->pending_head = b->next;
     if (!h->pending_head) h->pending_tail = NULL;
     h->pending_bytes -= b->size;
@@ -151,6 +169,7 @@ gma_status_t gma__host_alloc(gma__host_t *h, size_t size, gma_stream_t stream, b
   b->stream_gone = b->gone_recorded = 0;
   b->fallback = fallback;
   b->tag = 0;
+  b->nxuse = 0;
   b->state = GMA__HOST_LIVE;
   b->next = NULL;
   pthread_mutex_lock(&h->mu);
@@ -171,6 +190,7 @@ gma_status_t gma__host_alloc(gma__host_t *h, size_t size, gma_stream_t stream, b
   if (!ok) {
     if (b->ev) h->dev->ops->event_destroy(h->dev, b->ev);
     h->dev->ops->host_free(h->dev, b->ptr, b->size);
+    free(b->xuse);
     free(b);
     return gma__set_error(GMA_ERR_OOM, "host memory for the host pool's table");
   }
@@ -201,6 +221,34 @@ gma_status_t gma__host_free(gma__host_t *h, void *ptr, bool fallback) {
    * without gma, or another thread's per-thread stream), nothing can be
    * recorded on the right stream: wait for the whole device instead. */
   const gma__device_ops_t *o = h->dev->ops;
+  /* The other streams it was recorded on first, the same way: an event on
+   * each, or a wait when that fails or the handle names another stream now.
+   * A failure leaves the block live (free it again). */
+  for (uint32_t i = 0; i < b->nxuse; i++) {
+    gma__hxuse_t *x = &b->xuse[i];
+    if (x->gone) continue; /* its event was recorded when it went, or it was waited for */
+    uint64_t id = 0;
+    gma_status_t xs;
+    if (o->stream_id(h->dev, x->stream, &id) == GMA_OK && id == x->id) {
+      xs = x->ev ? GMA_OK : o->event_create(h->dev, &x->ev);
+      if (xs == GMA_OK) xs = o->event_record(h->dev, x->ev, x->stream);
+      if (xs != GMA_OK) xs = o->stream_synchronize(h->dev, x->stream);
+      else continue;
+    } else {
+      xs = o->device_synchronize(h->dev);
+    }
+    if (xs != GMA_OK) {
+      pthread_mutex_unlock(&h->mu);
+      return gma__set_error(GMA_ERR_DEVICE, "gma_free(%p): could not order the free after the "
+                            "work of stream %p, which gma_record_stream named (%s); the "
+                            "block stays allocated, free it again",
+                            ptr, x->stream, gma_last_error());
+    }
+    if (x->ev) { /* waited for: nothing to record */
+      o->event_destroy(h->dev, x->ev);
+      x->ev = NULL;
+    }
+  }
   uint64_t now_id = 0;
   bool same = !b->stream_gone && o->stream_id(h->dev, b->stream, &now_id) == GMA_OK &&
               now_id == b->stream_id;
@@ -243,7 +291,10 @@ gma_status_t gma__host_free(gma__host_t *h, void *ptr, bool fallback) {
   gma__stat_sub(&h->allocated, b->size);
   if (b->fallback) h->fallback_live -= b->size;
   else h->frees++;
-  if (b->ev) {
+  bool recorded = b->ev != NULL;
+  for (uint32_t i = 0; i < b->nxuse; i++) recorded = recorded || b->xuse[i].ev;
+  if (!recorded) drop_xuse(h, b);
+  if (recorded) {
     b->state = GMA__HOST_PENDING;
     if (h->pending_tail) h->pending_tail->next = b;
     else h->pending_head = b;
@@ -268,6 +319,21 @@ void gma__host_stream_gone(gma__host_t *h, gma_stream_t stream) {
   pthread_mutex_lock(&h->mu);
   for (size_t i = 0; i < h->nbuckets; i++)
     for (gma__hblock_t *b = h->buckets[i]; b; b = b->hnext) {
+      for (uint32_t k = 0; b->state == GMA__HOST_LIVE && k < b->nxuse; k++) {
+        gma__hxuse_t *x = &b->xuse[k];
+        if (x->gone || x->stream != stream || x->id != id) continue;
+        gma_status_t st = x->ev ? GMA_OK : o->event_create(h->dev, &x->ev);
+        if (st == GMA_OK) st = o->event_record(h->dev, x->ev, stream);
+        if (st != GMA_OK) {
+          if (o->stream_synchronize(h->dev, stream) != GMA_OK) {
+            h->device_errors++;
+            continue; /* neither: its free finds the handle changed and waits for the device */
+          }
+          if (x->ev) o->event_destroy(h->dev, x->ev);
+          x->ev = NULL;
+        }
+        x->gone = 1;
+      }
       if (b->state != GMA__HOST_LIVE || b->stream != stream || b->stream_id != id ||
           b->stream_gone)
         continue;
@@ -282,6 +348,35 @@ void gma__host_stream_gone(gma__host_t *h, gma_stream_t stream) {
       b->stream_gone = 1;
     }
   pthread_mutex_unlock(&h->mu);
+}
+
+gma_status_t gma__host_record_stream(gma__host_t *h, void *ptr, gma_stream_t stream) {
+  uint64_t id;
+  gma_status_t st = h->dev->ops->stream_id(h->dev, stream, &id);
+  if (st != GMA_OK) return st; /* not a stream of this device: its message says so */
+  pthread_mutex_lock(&h->mu);
+  gma__hblock_t *b = find(h, (uintptr_t)ptr);
+  if (!b || !b->fallback || b->state != GMA__HOST_LIVE) {
+    pthread_mutex_unlock(&h->mu);
+    return gma__set_error(GMA_ERR_INVALID_POINTER,
+                          "gma_record_stream(%p): not a live allocation of this allocator", ptr);
+  }
+  bool known = b->stream == stream && b->stream_id == id && !b->stream_gone;
+  for (uint32_t i = 0; !known && i < b->nxuse; i++)
+    known = b->xuse[i].stream == stream && b->xuse[i].id == id && !b->xuse[i].gone;
+  if (!known && b->nxuse == b->xuse_cap) {
+    uint32_t cap = b->xuse_cap ? 2 * b->xuse_cap : 4;
+    gma__hxuse_t *nx = realloc(b->xuse, cap * sizeof *nx);
+    if (!nx) {
+      pthread_mutex_unlock(&h->mu);
+      return gma__set_error(GMA_ERR_OOM, "gma_record_stream(%p): host memory", ptr);
+    }
+    b->xuse = nx;
+    b->xuse_cap = cap;
+  }
+  if (!known) b->xuse[b->nxuse++] = (gma__hxuse_t){.stream = stream, .id = id};
+  pthread_mutex_unlock(&h->mu);
+  return GMA_OK;
 }
 
 bool gma__host_owns_fallback(gma__host_t *h, void *ptr) {
@@ -323,6 +418,7 @@ void gma__host_trim(gma__host_t *h, uint64_t keep) {
       continue;
     }
     if (b->ev) h->dev->ops->event_destroy(h->dev, b->ev);
+    free(b->xuse);
     free(b);
   }
   if (!kept) return;
@@ -391,6 +487,8 @@ void gma__host_fini(gma__host_t *h, uint64_t *leaked, uint64_t *leaked_bytes) {
         *leaked_bytes += b->size;
       }
       if (b->ev) h->dev->ops->event_destroy(h->dev, b->ev);
+      drop_xuse(h, b);
+      free(b->xuse);
       h->dev->ops->host_free(h->dev, b->ptr, b->size);
       free(b);
     }

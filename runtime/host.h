@@ -7,9 +7,14 @@
  * device memory, a freed host block is not reused at once even on its own
  * stream: the host itself writes it, outside any stream's order.
  *
+ * A CPU-fallback block may also be used on other streams (gma_record_stream):
+ * each such stream is an entry of xuse, and the free records an event on each
+ * of them too; the block stays PENDING until all its events completed.
+ *
  * Invariants (mu): every block is in the map; LIVE blocks are in no list;
- * PENDING ones are in the pending FIFO with a recorded event; FREE ones in the
- * free list of class gma__class_of(size);
+ * PENDING ones are in the pending FIFO with at least one recorded event (ev
+ * or an xuse entry's); FREE ones in the free list of class
+ * gma__class_of(size), with no xuse entries;
  * reserved = live + pending + free bytes; fallback_live <= live. */
 #ifndef GMA_HOST_H
 #define GMA_HOST_H
@@ -24,6 +29,15 @@
 struct gma__pool;
 
 #define GMA__HOST_CLASSES 1024u
+
+/* Another stream that uses a CPU-fallback block (gma_record_stream). */
+typedef struct gma__hxuse {
+  gma_stream_t stream;
+  uint64_t id;      /* the device's id of stream when recorded (handles are recycled) */
+  gma__event_t ev;  /* recorded at the free (or when the stream went); NULL: none */
+  uint8_t gone;     /* the stream was destroyed through gma while the block was live:
+                       ev (if any) was recorded before; the free must not name it */
+} gma__hxuse_t;
 
 typedef struct gma__hblock {
   void *ptr;          /* host address */
@@ -41,6 +55,8 @@ typedef struct gma__hblock {
   uint8_t state;      /* GMA__HOST_* */
   uint8_t fallback;   /* handed out by gma_alloc as a CPU fallback */
   uint8_t tag;
+  gma__hxuse_t *xuse; /* fallback: other streams using it (gma_record_stream) */
+  uint32_t nxuse, xuse_cap;
   uint64_t free_since_ns;
   struct gma__hblock *next; /* free list or pending FIFO */
   struct gma__hblock *hnext; /* hash chain */
@@ -71,6 +87,10 @@ gma_status_t gma__host_alloc(gma__host_t *h, size_t size, gma_stream_t stream, b
 /* GMA_ERR_INVALID_POINTER if ptr is not a block of h; GMA_ERR_DOUBLE_FREE if
  * not live; fallback says which kind of pointer the caller expects. */
 gma_status_t gma__host_free(gma__host_t *h, void *ptr, bool fallback);
+/* gma_record_stream of a CPU-fallback allocation: its free also waits for the
+ * work queued on stream by then. GMA_ERR_INVALID_POINTER if ptr is not
+ * (exactly) a live fallback allocation. */
+gma_status_t gma__host_record_stream(gma__host_t *h, void *ptr, gma_stream_t stream);
 /* Is ptr (exactly) a live fallback allocation? Any thread. */
 bool gma__host_owns_fallback(gma__host_t *h, void *ptr);
 /* Moves completed PENDING blocks to FREE, then gives FREE blocks back to the
@@ -78,8 +98,8 @@ bool gma__host_owns_fallback(gma__host_t *h, void *ptr);
 void gma__host_trim(gma__host_t *h, uint64_t keep);
 void gma__host_set_tag(gma__host_t *h, void *ptr, uint8_t tag);
 /* stream is about to be destroyed (gma_stream_destroy): each live block
- * allocated on it gets an event recorded on it now (the stream still
- * exists), which its later free waits for. */
+ * allocated on it, or using it (xuse), gets an event recorded on it now (the
+ * stream still exists), which its later free waits for. */
 void gma__host_stream_gone(gma__host_t *h, gma_stream_t stream);
 bool gma__host_pointer_info(gma__host_t *h, struct gma__pool *p, const void *ptr,
                             gma_pointer_info_t *info);

@@ -120,6 +120,75 @@ static void fallback_to_host(void) {
   CHECK_OK(gma_destroy(g));
 }
 
+/* gma_record_stream of a CPU-fallback block: its free also waits for the
+ * work on the recorded stream, so the block is not handed out again (nor
+ * written by the host) while a kernel there still uses it; also when that
+ * stream is destroyed before the free. */
+static void fallback_record_stream(void) {
+  gma_t *g = sim_allocator("worker:off,sim_capacity:16M,fallback:host,reuse:none");
+  gma_stream_t s1, s2;
+  CHECK_OK(gma_stream_create(g, &s1));
+  CHECK_OK(gma_stream_create(g, &s2));
+  void *dev = NULL, *fb = NULL;
+  CHECK_OK(gma_alloc(g, 12 * MiB, s1, &dev)); /* fills the device */
+  for (int round = 0; round < 2; round++) {
+    CHECK_OK(gma_alloc(g, 8 * MiB, s1, &fb));
+    CHECK(info_of(g, fb).kind == GMA_MEMORY_FALLBACK);
+    atomic_int gate = 0, corruptions = 0;
+    pattern_kernel_t k = {.buf = fb, .len = 8 * MiB, .value = 7, .gate = &gate,
+                          .corruptions = &corruptions};
+    CHECK_OK(gma_sim_launch(g, s2, pattern_kernel_run, &k)); /* s2 uses it, held */
+    pattern_kernel_wait_started(&k);
+    CHECK_OK(gma_record_stream(g, fb, s2));
+    CHECK_OK(gma_record_stream(g, fb, s2)); /* twice: one entry */
+    CHECK_OK(gma_record_stream(g, fb, s1)); /* its own stream: nothing to add */
+    if (round == 1) /* s2 goes before the free (the kernel still runs): gma records */
+      CHECK_OK(gma_stream_destroy(g, s2)); /* an event on it first, and the free waits for it */
+    CHECK_OK(gma_free(g, fb));
+    void *again = NULL;
+    CHECK_OK(gma_alloc(g, 8 * MiB, s1, &again)); /* s1 is idle: only s2 holds the block */
+    CHECK(again != fb); /* the kernel on s2 still uses it: another block */
+    memset(again, 0x5a, 8 * MiB);
+    void *still = NULL; /* still held: not this block either */
+    CHECK_OK(gma_alloc(g, 4 * MiB, s1, &still));
+    CHECK(still != fb);
+    CHECK_OK(gma_free(g, still));
+    atomic_store(&gate, 1);
+    void *reused = NULL;
+    if (round == 0) {
+      CHECK_OK(gma_stream_synchronize(g, s2));
+      CHECK_OK(gma_alloc(g, 8 * MiB, s1, &reused)); /* s2's work done: the block comes back */
+    } else { /* s2 is gone: wait for its last kernel by trying (at most 1.3 s); the
+              * probes stay live so that each try can only find fb */
+      void *probe[64];
+      int n = 0;
+      for (; n < 64; n++) {
+        CHECK_OK(gma_alloc(g, 8 * MiB, s1, &reused));
+        if (reused == fb) break;
+        probe[n] = reused;
+        sleep_us(20000);
+      }
+      while (n > 0) CHECK_OK(gma_free(g, probe[--n]));
+    }
+    CHECK(atomic_load(&corruptions) == 0);
+    CHECK(reused == fb);
+    CHECK_OK(gma_free(g, reused));
+    CHECK_OK(gma_free(g, again));
+    if (round == 1) CHECK_OK(gma_stream_create(g, &s2));
+  }
+  /* Errors: not a live allocation. */
+  CHECK_ST(gma_record_stream(g, fb, s2), GMA_ERR_INVALID_POINTER); /* freed */
+  CHECK_ST(gma_record_stream(g, (char *)dev + 4096, s2), GMA_ERR_INVALID_POINTER);
+  CHECK_OK(gma_free(g, dev));
+  CHECK_OK(gma_stream_synchronize(g, s1));
+  CHECK_OK(gma_empty_cache(g));
+  gma_stats_t st = stats_of(g);
+  CHECK(st.host_reserved.current == 0 && st.reserved.current == 0 && st.num_fallbacks >= 7);
+  CHECK_OK(gma_stream_destroy(g, s1));
+  CHECK_OK(gma_stream_destroy(g, s2));
+  CHECK_OK(gma_destroy(g));
+}
+
 static void tags_everywhere(void) {
   gma_t *g = sim_allocator("worker:off");
   void *w = NULL, *kv = NULL, *plain = NULL;
@@ -189,6 +258,7 @@ int main(void) {
   host_reuse_waits_for_the_copy();
   worker_trims_host_cache();
   fallback_to_host();
+  fallback_record_stream();
   tags_everywhere();
   printf("test_host: ok\n");
   return 0;

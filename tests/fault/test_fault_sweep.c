@@ -33,7 +33,8 @@
  * requests waited for, served at once by a bin, and released without a wait;
  * gma_trim and gma_empty_cache once the kernels finished (so segments, chunks,
  * host blocks and events go back to the device); a request larger than what
- * is free (OOM after the release-and-retry, or the CPU fallback); pinned host
+ * is free (OOM after the release-and-retry, or the CPU fallback, then used and
+ * recorded on a second stream); pinned host
  * memory; streams destroyed and created; everything freed and the cache
  * emptied at the end. Every gma call's status is checked: success (or the
  * step's planned status), or an error that is not GMA_ERR_INTERNAL, has a
@@ -378,6 +379,11 @@ static void workload(run_t *r, bool free_at_end) {
   void *big = NULL;
   gma_status_t st = gma_alloc(g, 220 * MiB, s1, &big);
   if (step(r, "gma_alloc(220M)", st, fallback ? GMA_OK : GMA_ERR_OOM)) keep(r, big);
+  if (big) { /* a CPU-fallback block used on s2 as well: its free orders after both */
+    kernel(r, s2, big, 64 * KiB, false);
+    if (!step(r, "gma_record_stream(fallback)", gma_record_stream(g, big, s2), GMA_OK))
+      step(r, "gma_stream_synchronize", gma_stream_synchronize(g, s2), GMA_OK); /* no order */
+  }
   if (big) release(r, big);
 
   void *h1 = host_alloc(r, 64 * KiB, s2), *h2 = host_alloc(r, 1 * MiB, NULL);

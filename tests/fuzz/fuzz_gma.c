@@ -1244,14 +1244,8 @@ static void op_record(rd_t *r, int t) {
   mblock_t *b = &F.live[i];
   int ui = pick_stream(u_byte);
   gma_stream_t uh = handle_of(ui);
-  if (b->kind == GMA_MEMORY_FALLBACK) {
-    /* CPU-fallback memory is host memory: gma_record_stream does not know it. */
-    gma_status_t st = gma_record_stream(F.g, (void *)b->p, uh);
-    vlog("fallback block #%" PRIu64 " on slot %d -> %s", b->id, ui, gma_status_name(st));
-    EXPECT(st == GMA_OK || st == GMA_ERR_INVALID_POINTER, "record_stream of a fallback block: %s",
-           gma_status_name(st));
-    return;
-  }
+  /* CPU-fallback blocks too: the host pool records an event on each stream
+   * named, and their reuse waits for all of them. */
   bool cross = (mode & 1) && block_usable(b) && ui != b->si;
   if (cross) {
     /* Whatever the owner queued is checked first, then the other stream
@@ -1273,7 +1267,8 @@ static void op_record(rd_t *r, int t) {
   vlog("block #%" PRIu64 " (slot %d) used on slot %d%s -> %s", b->id, b->si, ui,
        cross ? " by a kernel" : "", gma_status_name(st));
   EXPECT_ST(st, GMA_OK, "gma_record_stream");
-  F.st[ui].has_record = 1; /* resolved as the block's user */
+  if (b->kind == GMA_MEMORY_DEVICE) /* the pool resolved it as the block's user (a fallback */
+    F.st[ui].has_record = 1;         /* block's streams are the host pool's business) */
 }
 
 static void op_kernel(rd_t *r, int t, int mode) {
