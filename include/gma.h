@@ -348,7 +348,10 @@ GMA_API gma_status_t gma_set_pressure_callback(gma_t *g, gma_pressure_callback_t
  * with gma_stream_destroy, which does this). gma closes the stream's epoch
  * with one event and forgets the handle: the stream's cached blocks go to the
  * shared pool once its work is done, and a new stream that gets the same
- * handle value starts clean. Never blocks. Live device allocations made on
+ * handle value starts clean. Never blocks, except after a device error: if
+ * the closing event cannot be recorded, it waits for the stream instead (or
+ * keeps the stream's cached memory reserved until gma_destroy if that wait
+ * fails too, and says so). Live device allocations made on
  * the stream stay valid and may be freed later; their reuse waits for the
  * work queued before the retire, so queue no more work on the stream that
  * uses them (that is what retiring means). Any thread. */
