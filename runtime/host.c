@@ -91,9 +91,47 @@ gma_status_t gma__host_init(gma__host_t *h, gma__device_t *dev) {
  * of the streams it was recorded on) completed. */
 static gma_status_t events_done(gma__host_t *h, gma__hblock_t *b, bool *done) {
   *done = true;
-  gma_status_t st = b->ev ? h->dev->ops->event_query(h->dev, b->ev, done) : GMA_OK;
+  gma_status_t st = b->own.ev ? h->dev->ops->event_query(h->dev, b->own.ev, done) : GMA_OK;
   for (uint32_t i = 0; st == GMA_OK && *done && i < b->nxuse; i++)
     if (b->xuse[i].ev) st = h->dev->ops->event_query(h->dev, b->xuse[i].ev, done);
+  return st;
+}
+
+/* Whether u names stream (of device id id) and it has not gone. */
+static bool names(const gma__huse_t *u, gma_stream_t stream, uint64_t id) {
+  return !u->gone && u->stream == stream && u->id == id;
+}
+
+/* mu held: an event recorded on u's stream now (created on first use), or,
+ * when that fails, a wait for the stream, after which u->ev is dropped
+ * (nothing left to wait for). */
+static gma_status_t record_or_wait(gma__host_t *h, gma__huse_t *u) {
+  const gma__device_ops_t *o = h->dev->ops;
+  gma_status_t st = u->ev ? GMA_OK : o->event_create(h->dev, &u->ev);
+  if (st == GMA_OK && o->event_record(h->dev, u->ev, u->stream) == GMA_OK) return GMA_OK;
+  st = o->stream_synchronize(h->dev, u->stream);
+  if (st == GMA_OK && u->ev) {
+    o->event_destroy(h->dev, u->ev);
+    u->ev = NULL;
+  }
+  return st;
+}
+
+/* mu held: orders the free of a block after the work queued on u's stream so
+ * far. A stream that went was dealt with then (gma__host_stream_gone); a
+ * handle that names another stream now (destroyed without gma, or another
+ * thread's per-thread stream) cannot be recorded on: wait for the whole
+ * device instead. */
+static gma_status_t order_free(gma__host_t *h, gma__huse_t *u) {
+  if (u->gone) return GMA_OK;
+  const gma__device_ops_t *o = h->dev->ops;
+  uint64_t id = 0;
+  if (o->stream_id(h->dev, u->stream, &id) == GMA_OK && id == u->id) return record_or_wait(h, u);
+  gma_status_t st = o->device_synchronize(h->dev);
+  if (st == GMA_OK && u->ev) {
+    o->event_destroy(h->dev, u->ev);
+    u->ev = NULL;
+  }
   return st;
 }
 
@@ -164,9 +202,9 @@ gma_status_t gma__host_alloc(gma__host_t *h, size_t size, gma_stream_t stream, b
     pthread_mutex_unlock(&h->mu);
   }
   b->requested = size;
-  b->stream = stream;
-  b->stream_id = sid;
-  b->stream_gone = b->gone_recorded = 0;
+  b->own.stream = stream;
+  b->own.id = sid;
+  b->own.gone = 0;
   b->fallback = fallback;
   b->tag = 0;
   b->nxuse = 0;
@@ -188,7 +226,7 @@ gma_status_t gma__host_alloc(gma__host_t *h, size_t size, gma_stream_t stream, b
   }
   pthread_mutex_unlock(&h->mu);
   if (!ok) {
-    if (b->ev) h->dev->ops->event_destroy(h->dev, b->ev);
+    if (b->own.ev) h->dev->ops->event_destroy(h->dev, b->own.ev);
     h->dev->ops->host_free(h->dev, b->ptr, b->size);
     free(b->xuse);
     free(b);
@@ -214,84 +252,26 @@ gma_status_t gma__host_free(gma__host_t *h, void *ptr, bool fallback) {
     pthread_mutex_unlock(&h->mu);
     return st;
   }
-  /* The event covers the work queued on its stream so far: a copy from or
-   * to the block. Until it completes the block is not handed out again. If
-   * the stream went (retired or destroyed through gma), the event recorded
-   * then covers its work; if the handle now names another stream (destroyed
-   * without gma, or another thread's per-thread stream), nothing can be
-   * recorded on the right stream: wait for the whole device instead. */
-  const gma__device_ops_t *o = h->dev->ops;
-  /* The other streams it was recorded on first, the same way: an event on
-   * each, or a wait when that fails or the handle names another stream now.
-   * A failure leaves the block live (free it again). */
-  for (uint32_t i = 0; i < b->nxuse; i++) {
-    gma__hxuse_t *x = &b->xuse[i];
-    if (x->gone) continue; /* its event was recorded when it went, or it was waited for */
-    uint64_t id = 0;
-    gma_status_t xs;
-    if (o->stream_id(h->dev, x->stream, &id) == GMA_OK && id == x->id) {
-      xs = x->ev ? GMA_OK : o->event_create(h->dev, &x->ev);
-      if (xs == GMA_OK) xs = o->event_record(h->dev, x->ev, x->stream);
-      if (xs != GMA_OK) xs = o->stream_synchronize(h->dev, x->stream);
-      else continue;
-    } else {
-      xs = o->device_synchronize(h->dev);
-    }
-    if (xs != GMA_OK) {
-      pthread_mutex_unlock(&h->mu);
-      return gma__set_error(GMA_ERR_DEVICE, "gma_free(%p): could not order the free after the "
-                            "work of stream %p, which gma_record_stream named (%s); the "
-                            "block stays allocated, free it again",
-                            ptr, x->stream, gma_last_error());
-    }
-    if (x->ev) { /* waited for: nothing to record */
-      o->event_destroy(h->dev, x->ev);
-      x->ev = NULL;
-    }
-  }
-  uint64_t now_id = 0;
-  bool same = !b->stream_gone && o->stream_id(h->dev, b->stream, &now_id) == GMA_OK &&
-              now_id == b->stream_id;
-  if (b->stream_gone) {
-    if (!b->gone_recorded && b->ev) { /* the stream was waited for: safe now */
-      o->event_destroy(h->dev, b->ev);
-      b->ev = NULL;
-    }
-  } else if (!same) {
-    if (o->device_synchronize(h->dev) != GMA_OK) {
-      pthread_mutex_unlock(&h->mu);
-      return gma__set_error(GMA_ERR_DEVICE, "%s(%p): its stream is gone and waiting for the "
-                            "device failed (%s); the block stays allocated, free it again",
-                            fallback ? "gma_free" : "gma_host_free", ptr, gma_last_error());
-    }
-    if (b->ev) {
-      o->event_destroy(h->dev, b->ev);
-      b->ev = NULL;
-    }
-  } else {
-    if (!b->ev) st = o->event_create(h->dev, &b->ev);
-    if (st == GMA_OK) st = o->event_record(h->dev, b->ev, b->stream);
-  }
-  if (st != GMA_OK) {
-    /* No event: wait for the stream instead, so the block is safe now. */
-    char detail[256];
-    snprintf(detail, sizeof detail, "%s", gma_last_error());
-    if (o->stream_synchronize(h->dev, b->stream) != GMA_OK) {
-      pthread_mutex_unlock(&h->mu);
-      return gma__set_error(GMA_ERR_DEVICE, "%s(%p): could not order the free after the "
-                            "stream's work (%s); the block stays allocated, free it again",
-                            fallback ? "gma_free" : "gma_host_free", ptr, detail);
-    }
-    if (b->ev) { /* recorded nothing: re-create it next time */
-      o->event_destroy(h->dev, b->ev);
-      b->ev = NULL;
-    }
+  /* Ordered after the work queued so far on its own stream (a copy from or
+   * to the block) and on the streams gma_record_stream named: until those
+   * events complete the block is not handed out again. A failure leaves the
+   * block live (free it again). */
+  gma__huse_t *failed = NULL;
+  for (uint32_t i = 0; !failed && i < b->nxuse; i++)
+    if (order_free(h, &b->xuse[i]) != GMA_OK) failed = &b->xuse[i];
+  if (!failed && order_free(h, &b->own) != GMA_OK) failed = &b->own;
+  if (failed) {
+    pthread_mutex_unlock(&h->mu);
+    return gma__set_error(GMA_ERR_DEVICE, "%s(%p): could not order the free after the work of "
+                          "stream %p (%s); the block stays allocated, free it again",
+                          fallback ? "gma_free" : "gma_host_free", ptr, failed->stream,
+                          gma_last_error());
   }
   h->live_bytes -= b->size;
   gma__stat_sub(&h->allocated, b->size);
   if (b->fallback) h->fallback_live -= b->size;
   else h->frees++;
-  bool recorded = b->ev != NULL;
+  bool recorded = b->own.ev != NULL;
   for (uint32_t i = 0; i < b->nxuse; i++) recorded = recorded || b->xuse[i].ev;
   if (!recorded) drop_xuse(h, b);
   if (recorded) {
@@ -312,40 +292,26 @@ gma_status_t gma__host_free(gma__host_t *h, void *ptr, bool fallback) {
   return GMA_OK;
 }
 
+/* mu held: u's stream is about to be destroyed (it still exists): its work
+ * is covered now, by an event or a wait, and the free will not name it. */
+static void mark_gone(gma__host_t *h, gma__huse_t *u) {
+  if (record_or_wait(h, u) != GMA_OK) {
+    h->device_errors++; /* neither: its free finds the handle changed and waits for the device */
+    return;
+  }
+  u->gone = 1;
+}
+
 void gma__host_stream_gone(gma__host_t *h, gma_stream_t stream) {
-  const gma__device_ops_t *o = h->dev->ops;
   uint64_t id;
-  if (o->stream_id(h->dev, stream, &id) != GMA_OK) return; /* frees will wait for the device */
+  if (h->dev->ops->stream_id(h->dev, stream, &id) != GMA_OK) return; /* frees wait for the device */
   pthread_mutex_lock(&h->mu);
   for (size_t i = 0; i < h->nbuckets; i++)
     for (gma__hblock_t *b = h->buckets[i]; b; b = b->hnext) {
-      for (uint32_t k = 0; b->state == GMA__HOST_LIVE && k < b->nxuse; k++) {
-        gma__hxuse_t *x = &b->xuse[k];
-        if (x->gone || x->stream != stream || x->id != id) continue;
-        gma_status_t st = x->ev ? GMA_OK : o->event_create(h->dev, &x->ev);
-        if (st == GMA_OK) st = o->event_record(h->dev, x->ev, stream);
-        if (st != GMA_OK) {
-          if (o->stream_synchronize(h->dev, stream) != GMA_OK) {
-            h->device_errors++;
-            continue; /* neither: its free finds the handle changed and waits for the device */
-          }
-          if (x->ev) o->event_destroy(h->dev, x->ev);
-          x->ev = NULL;
-        }
-        x->gone = 1;
-      }
-      if (b->state != GMA__HOST_LIVE || b->stream != stream || b->stream_id != id ||
-          b->stream_gone)
-        continue;
-      gma_status_t st = b->ev ? GMA_OK : o->event_create(h->dev, &b->ev);
-      if (st == GMA_OK) st = o->event_record(h->dev, b->ev, stream);
-      if (st == GMA_OK) {
-        b->gone_recorded = 1;
-      } else if (o->stream_synchronize(h->dev, stream) != GMA_OK) {
-        h->device_errors++;
-        continue; /* neither: its free finds the handle changed and waits for the device */
-      }
-      b->stream_gone = 1;
+      if (b->state != GMA__HOST_LIVE) continue;
+      if (names(&b->own, stream, id)) mark_gone(h, &b->own);
+      for (uint32_t k = 0; k < b->nxuse; k++)
+        if (names(&b->xuse[k], stream, id)) mark_gone(h, &b->xuse[k]);
     }
   pthread_mutex_unlock(&h->mu);
 }
@@ -361,12 +327,11 @@ gma_status_t gma__host_record_stream(gma__host_t *h, void *ptr, gma_stream_t str
     return gma__set_error(GMA_ERR_INVALID_POINTER,
                           "gma_record_stream(%p): not a live allocation of this allocator", ptr);
   }
-  bool known = b->stream == stream && b->stream_id == id && !b->stream_gone;
-  for (uint32_t i = 0; !known && i < b->nxuse; i++)
-    known = b->xuse[i].stream == stream && b->xuse[i].id == id && !b->xuse[i].gone;
+  bool known = names(&b->own, stream, id);
+  for (uint32_t i = 0; !known && i < b->nxuse; i++) known = names(&b->xuse[i], stream, id);
   if (!known && b->nxuse == b->xuse_cap) {
     uint32_t cap = b->xuse_cap ? 2 * b->xuse_cap : 4;
-    gma__hxuse_t *nx = realloc(b->xuse, cap * sizeof *nx);
+    gma__huse_t *nx = realloc(b->xuse, cap * sizeof *nx);
     if (!nx) {
       pthread_mutex_unlock(&h->mu);
       return gma__set_error(GMA_ERR_OOM, "gma_record_stream(%p): host memory", ptr);
@@ -374,7 +339,7 @@ gma_status_t gma__host_record_stream(gma__host_t *h, void *ptr, gma_stream_t str
     b->xuse = nx;
     b->xuse_cap = cap;
   }
-  if (!known) b->xuse[b->nxuse++] = (gma__hxuse_t){.stream = stream, .id = id};
+  if (!known) b->xuse[b->nxuse++] = (gma__huse_t){.stream = stream, .id = id};
   pthread_mutex_unlock(&h->mu);
   return GMA_OK;
 }
@@ -417,7 +382,7 @@ void gma__host_trim(gma__host_t *h, uint64_t keep) {
       kept = b;
       continue;
     }
-    if (b->ev) h->dev->ops->event_destroy(h->dev, b->ev);
+    if (b->own.ev) h->dev->ops->event_destroy(h->dev, b->own.ev);
     free(b->xuse);
     free(b);
   }
@@ -458,7 +423,7 @@ bool gma__host_pointer_info(gma__host_t *h, struct gma__pool *p, const void *ptr
       info->base = (void *)k;
       info->requested = b->requested;
       info->block_size = b->size;
-      info->stream = b->stream;
+      info->stream = b->own.stream;
       info->tag = gma__tag_name(p, b->tag);
       found = true;
     }
@@ -486,7 +451,7 @@ void gma__host_fini(gma__host_t *h, uint64_t *leaked, uint64_t *leaked_bytes) {
         (*leaked)++;
         *leaked_bytes += b->size;
       }
-      if (b->ev) h->dev->ops->event_destroy(h->dev, b->ev);
+      if (b->own.ev) h->dev->ops->event_destroy(h->dev, b->own.ev);
       drop_xuse(h, b);
       free(b->xuse);
       h->dev->ops->host_free(h->dev, b->ptr, b->size);

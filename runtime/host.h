@@ -12,7 +12,7 @@
  * of them too; the block stays PENDING until all its events completed.
  *
  * Invariants (mu): every block is in the map; LIVE blocks are in no list;
- * PENDING ones are in the pending FIFO with at least one recorded event (ev
+ * PENDING ones are in the pending FIFO with at least one recorded event (own's
  * or an xuse entry's); FREE ones in the free list of class
  * gma__class_of(size), with no xuse entries;
  * reserved = live + pending + free bytes; fallback_live <= live. */
@@ -30,32 +30,29 @@ struct gma__pool;
 
 #define GMA__HOST_CLASSES 1024u
 
-/* Another stream that uses a CPU-fallback block (gma_record_stream). */
-typedef struct gma__hxuse {
+/* A stream that uses a host block: the one it was allocated on (own) and,
+ * for a CPU-fallback block, those gma_record_stream named (xuse). A free
+ * orders itself after each: an event recorded on it, or a wait for it. */
+typedef struct gma__huse {
   gma_stream_t stream;
-  uint64_t id;      /* the device's id of stream when recorded (handles are recycled) */
-  gma__event_t ev;  /* recorded at the free (or when the stream went); NULL: none */
+  uint64_t id;      /* the device's id of stream when named: a recycled handle value
+                       names another stream (see device.h stream_id) */
+  gma__event_t ev;  /* recorded at the free, or when the stream went; NULL: nothing to
+                       wait for (own's is created once and reused) */
   uint8_t gone;     /* the stream was destroyed through gma while the block was live:
-                       ev (if any) was recorded before; the free must not name it */
-} gma__hxuse_t;
+                       ev, if any, was recorded then; the free must not name it */
+} gma__huse_t;
 
 typedef struct gma__hblock {
   void *ptr;          /* host address */
   uintptr_t dptr;     /* the device's address of it (the fallback hands this out) */
   uint64_t size;      /* class size */
   uint64_t requested;
-  gma_stream_t stream;
-  uint64_t stream_id; /* the device's id of stream at allocation: a recycled handle
-                         value names another stream (see device.h stream_id) */
-  uint8_t stream_gone;   /* the stream was retired or destroyed through gma while the
-                            block was live: its free must not name the stream */
-  uint8_t gone_recorded; /* then: ev was recorded on it before it went (else the
-                            stream was waited for: the block is safe) */
-  gma__event_t ev;    /* created at the first free, reused */
+  gma__huse_t own;    /* the stream it was allocated on */
   uint8_t state;      /* GMA__HOST_* */
   uint8_t fallback;   /* handed out by gma_alloc as a CPU fallback */
   uint8_t tag;
-  gma__hxuse_t *xuse; /* fallback: other streams using it (gma_record_stream) */
+  gma__huse_t *xuse;  /* fallback: other streams using it (gma_record_stream) */
   uint32_t nxuse, xuse_cap;
   uint64_t free_since_ns;
   struct gma__hblock *next; /* free list or pending FIFO */
