@@ -70,6 +70,9 @@ extern "C" {
     "with nonblocking off")                                                                   \
   X(GMA_ERR_CANCELLED, -14,                                                                   \
     "the allocator was destroyed before the async request was served")                        \
+  X(GMA_ERR_ALREADY_COLLECTED, -15,                                                           \
+    "an earlier gma_future_wait already took this future's memory (one wait, on any thread, " \
+    "gets the pointer); use the pointer that wait returned")                                   \
   X(GMA_PENDING, 1, "the future is not complete yet (not an error)")
 
 typedef enum gma_status {
@@ -280,7 +283,8 @@ typedef void (*gma_future_callback_t)(gma_future_t *f, gma_status_t status, void
 
 typedef struct gma_async_options {
   size_t size;                    /* sizeof(gma_async_options_t) as the caller compiled it */
-  uint64_t timeout_ns;            /* how long to wait for memory; 0 = future_timeout_ms */
+  uint64_t timeout_ns;            /* how long to wait for memory; 0 = future_timeout_ms,
+                                     UINT64_MAX = no limit */
   int nonblocking;                /* ring full: fail with GMA_ERR_BUSY instead of waiting */
   gma_future_callback_t callback; /* optional */
   void *user;                     /* passed to the callback */
@@ -315,8 +319,12 @@ GMA_API gma_status_t gma_future_poll(gma_future_t *f);
 /* The same as gma_future_poll (a second name for readability). */
 GMA_API gma_status_t gma_future_status(gma_future_t *f);
 /* Waits up to timeout_ns (UINT64_MAX: no limit) for completion. GMA_OK:
- * *ptr (may be NULL) is the allocation (a batch's first block), which now
- * belongs to the caller; on any other status *ptr is set to NULL.
+ * *ptr is the allocation (a batch's first block, and the batch's ptrs are
+ * filled), which now belongs to the caller; on any other status *ptr is set
+ * to NULL. Exactly one wait collects the memory: every later wait on the
+ * same future, on this thread or another, returns GMA_ERR_ALREADY_COLLECTED.
+ * A wait on a single-block future with ptr NULL collects nothing: it only
+ * waits, and returns GMA_OK once the memory is ready.
  * GMA_PENDING when this wait ran out (the request goes on). Otherwise the
  * request's error. May run while another thread destroys the allocator: it
  * then returns GMA_ERR_CANCELLED (a request not served yet, or memory not
@@ -340,8 +348,13 @@ typedef enum gma_pressure {
   GMA_PRESSURE_CRITICAL = 3 /* above 95% */
 } gma_pressure_t;
 typedef void (*gma_pressure_callback_t)(gma_t *g, gma_pressure_t level, void *user);
-/* cb is called on the worker thread whenever the level it sees changes; NULL
- * removes it. It may call gma functions (not gma_destroy). Any thread. */
+/* cb is called on the worker thread whenever the level it sees changes
+ * (and once, with the current level, after each call of this function);
+ * NULL removes it. When this returns, the previous callback is not running
+ * and will not be called again, so its user data may be freed: a call made
+ * while the worker is inside the callback waits for it to return, except a
+ * call from inside the callback itself. The callback may call gma functions
+ * (not gma_destroy). Any thread. */
 GMA_API gma_status_t gma_set_pressure_callback(gma_t *g, gma_pressure_callback_t cb, void *user);
 
 /* Call before destroying a stream that gma has seen (unless you destroy it

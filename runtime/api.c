@@ -228,7 +228,7 @@ gma_status_t gma_free(gma_t *g, void *ptr) {
     t_ns = gma__trace_now();
     gma__block_t *b = gma__pagemap_get(&g->pool.pagemap, (uintptr_t)ptr);
     if (b && b->addr == (uintptr_t)ptr && gma__load_relaxed(&b->state) == GMA__LIVE) {
-      requested = b->requested;
+      requested = gma__load_relaxed(&b->requested);
       bytes = b->size;
       stream = b->stream ? (uintptr_t)b->stream->handle : 0;
     }
@@ -337,8 +337,29 @@ gma_status_t gma_reserve(gma_t *g, gma_stream_t stream, size_t n, const size_t *
                          const size_t *counts) {
   GMA__CHECK(g, "gma_reserve");
   CHECK_ARG(n == 0 || (sizes && counts), "gma_reserve: sizes or counts is NULL");
+  /* Every size and the sums checked without wrapping before anything is
+   * allocated (issue 13: counts {SIZE_MAX, 2} summed to 1 and the blocks
+   * were written past a one-entry array). The bytes bound the count: each
+   * block takes at least 512 bytes, so no more than memory_limit / 512 of
+   * them can ever be held. */
+  uint64_t limit = g->cfg.memory_limit, bytes = 0;
   size_t total = 0;
-  for (size_t i = 0; i < n; i++) total += counts[i];
+  for (size_t i = 0; i < n; i++) {
+    if (!counts[i]) continue;
+    if (sizes[i] == 0 || sizes[i] > limit)
+      return gma__set_error(GMA_ERR_INVALID_SIZE,
+                            "gma_reserve: sizes[%zu] is %zu bytes; each size must be 1 byte or "
+                            "more and at most memory_limit (%" PRIu64 " bytes); nothing was kept",
+                            i, sizes[i], limit);
+    uint64_t rounded = ((uint64_t)sizes[i] + 511) / 512 * 512;
+    if (counts[i] > (limit - bytes) / rounded)
+      return gma__set_error(GMA_ERR_INVALID_SIZE,
+                            "gma_reserve: %zu blocks of %zu bytes (entry %zu) take the request "
+                            "past memory_limit (%" PRIu64 " bytes); nothing was kept",
+                            counts[i], sizes[i], i, limit);
+    bytes += counts[i] * rounded;
+    total += counts[i]; /* at most limit / 512: cannot wrap */
+  }
   void **held = total ? calloc(total, sizeof *held) : NULL;
   if (total && !held) return gma__set_error(GMA_ERR_OOM, "gma_reserve: host memory");
   /* Allocate everything, then free it: the frees land in the stream's bins
@@ -408,7 +429,7 @@ gma_status_t gma_stream_stats(gma_t *g, gma_stream_t stream, gma_stream_stats_t 
 
 gma_status_t gma_stream_synchronize(gma_t *g, gma_stream_t stream) {
   GMA__CHECK(g, "gma_stream_synchronize");
-  return g->dev->ops->stream_synchronize(g->dev, stream);
+  return gma__pool_stream_synchronize(&g->pool, stream);
 }
 
 gma_status_t gma_sim_launch(gma_t *g, gma_stream_t stream, gma_sim_kernel_fn fn, void *arg) {

@@ -149,11 +149,32 @@ static void list_keys(char *buf, size_t len) {
   }
 }
 
+/* Keys whose values contradict each other. Zero fields are defaults, which
+ * gma_create fits to the limit (a default segment larger than memory_limit
+ * is shrunk to it); only explicit values can conflict. */
+static gma_status_t check_pairs(const gma_config_t *c, const char *where) {
+  if (!c->memory_limit) return GMA_OK;
+  if (c->small_segment_size > c->memory_limit || c->large_segment_size > c->memory_limit)
+    return gma__set_error(GMA_ERR_CONFIG,
+                          "%s%s (%" PRIu64 ") is larger than memory_limit (%" PRIu64 "): no such "
+                          "segment could ever be made; lower it, or leave it unset (the default "
+                          "shrinks to the limit)",
+                          where,
+                          c->small_segment_size > c->memory_limit ? "small_segment"
+                                                                  : "large_segment",
+                          c->small_segment_size > c->memory_limit ? c->small_segment_size
+                                                                  : c->large_segment_size,
+                          c->memory_limit);
+  return GMA_OK;
+}
+
 gma_status_t gma_config_parse(gma_config_t *config, const char *text) {
   if (!config || !text)
     return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_config_parse: NULL %s",
                           config ? "text" : "config");
   gma_config_t work = *config; /* applied only when every entry is valid */
+  uint64_t seen = 0; /* keys given so far in this string, by index */
+  _Static_assert(NKEYS <= 64, "seen is a 64-bit set");
   const char *p = text;
   while (*p) {
     const char *comma = strchr(p, ',');
@@ -178,6 +199,12 @@ gma_status_t gma_config_parse(gma_config_t *config, const char *text) {
       return gma__set_error(GMA_ERR_CONFIG, "unknown key '%.*s'; known keys: %s", (int)klen, key,
                             known);
     }
+    /* A key given twice in one string is a mistake (which value was meant?),
+     * not an override: GMA_CONF and a later string may each set it once. */
+    uint64_t bit = 1ull << (k - keys);
+    if (seen & bit)
+      return gma__set_error(GMA_ERR_CONFIG, "key '%s' appears twice; give each key once", k->key);
+    seen |= bit;
     if (k->kind == KIND_PATH) {
       if (vlen == 0 || vlen >= sizeof work.trace_path)
         return gma__set_error(GMA_ERR_CONFIG, "key '%s': the path must have 1 to %zu characters",
@@ -230,6 +257,8 @@ gma_status_t gma_config_parse(gma_config_t *config, const char *text) {
                             k->key, v, k->min, k->max);
     set_field(&work, k, v);
   }
+  gma_status_t st = check_pairs(&work, "");
+  if (st != GMA_OK) return st;
   *config = work;
   return GMA_OK;
 }
@@ -246,6 +275,8 @@ gma_status_t gma__config_resolve(const gma_config_t *in, gma_config_t *out) {
     memcpy(&c, in, in->size);
   }
   c.size = sizeof c;
+  gma_status_t pst = check_pairs(&c, "gma_create: ");
+  if (pst != GMA_OK) return pst;
   if (!c.ignore_env) {
     const char *env = getenv("GMA_CONF");
     if (env && *env) {

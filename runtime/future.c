@@ -263,7 +263,11 @@ static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t 
     f->user = o->user;
   }
   f->submit_ns = now_ns();
-  f->deadline_ns = f->submit_ns + (o && o->timeout_ns ? o->timeout_ns : w->timeout_ns);
+  /* Saturating: a timeout past the end of the clock (UINT64_MAX, as for
+   * gma_future_wait) means no limit; the sum used to wrap into the past
+   * and time the request out at once (issue 13). */
+  uint64_t timeout = o && o->timeout_ns ? o->timeout_ns : w->timeout_ns;
+  f->deadline_ns = timeout > UINT64_MAX - f->submit_ns ? UINT64_MAX : f->submit_ns + timeout;
   f->trace_id = 0;
   gma__trace_t *t = gma__trace_on(&g->pool.trace);
   if (t) {
@@ -423,9 +427,17 @@ gma_status_t gma_future_wait(gma_future_t *f, uint64_t timeout_ns, void **ptr) {
      * gma_destroy waits for us before its leak report and teardown. */
     gma_t *g = gma__anchor_enter(f->anchor);
     if (!g) return gone("gma_future_wait");
-    if ((ptr || f->user_ptrs) && !atomic_exchange(&f->collected, true))
-      for (size_t i = 0; i < f->n; i++) /* the caller's now: a leak if never freed */
-        gma__pool_hold(&g->pool, f->ptrs[i], false);
+    /* One wait collects; the exchange decides which (issue 13: several
+     * waiters each got GMA_OK and the same pointer, and each "owned" it). */
+    bool collect = ptr || f->user_ptrs;
+    if (collect && atomic_exchange(&f->collected, true)) {
+      gma__anchor_exit(f->anchor);
+      return gma__set_error(GMA_ERR_ALREADY_COLLECTED,
+                            "gma_future_wait: an earlier wait already collected this future's "
+                            "memory; only that wait got the pointer");
+    }
+    for (size_t i = 0; collect && i < f->n; i++) /* the caller's now: a leak if never freed */
+      gma__pool_hold(&g->pool, f->ptrs[i], false);
     gma__anchor_exit(f->anchor);
     if (f->user_ptrs) memcpy(f->user_ptrs, f->ptrs, f->n * sizeof(void *));
     if (ptr) *ptr = f->ptrs[0];

@@ -174,6 +174,14 @@ static uint64_t class_size(size_t size) {
 gma_status_t gma__host_alloc(gma__host_t *h, size_t size, gma_stream_t stream, bool fallback,
                              void **out) {
   if (size == 0) return gma__set_error(GMA_ERR_INVALID_SIZE, "gma_host_alloc: size is 0");
+  /* Sizes above the largest class round up to 4 KiB pages: one that close
+   * to SIZE_MAX would wrap to a tiny block (issue 13: SIZE_MAX became 0). No
+   * machine has that much host memory anyway. */
+  if (size > (SIZE_MAX >> 1))
+    return gma__set_error(GMA_ERR_INVALID_SIZE,
+                          "gma_host_alloc: %zu bytes is more host memory than any machine can "
+                          "pin; ask for less",
+                          size);
   uint64_t sid;
   gma_status_t sst = h->dev->ops->stream_id(h->dev, stream, &sid);
   if (sst != GMA_OK) return sst; /* not a stream of this device: its message says so */

@@ -383,6 +383,13 @@ gma_status_t gma__pool_init(gma__pool_t *p, gma__device_t *dev, const gma_config
   p->segment_size[GMA__SMALL] = cfg->small_segment_size;
   p->segment_size[GMA__LARGE] = cfg->large_segment_size;
   p->limit = cfg->memory_limit;
+  /* Segments no larger than the limit (here the device's capacity too): a
+   * 2 MiB small segment under memory_limit:1M could never be made, so no
+   * allocation could ever succeed (issue 13). The parser rejects a segment
+   * size set explicitly above an explicit memory_limit. */
+  uint64_t room = p->limit / GMA__ROUND * GMA__ROUND;
+  for (int k = 0; k < GMA__NKINDS; k++)
+    if (p->segment_size[k] > room) p->segment_size[k] = room;
   p->reuse = cfg->reuse;
   if (!cfg->bins_off) {
     p->nbins = gma__class_of(cfg->bin_max) + 1;
@@ -393,8 +400,9 @@ gma_status_t gma__pool_init(gma__pool_t *p, gma__device_t *dev, const gma_config
   p->sweep_at = 64;
   p->clock_in_slow_path = cfg->worker_off;
   gma__pool_tick_clock(p);
-  if (cfg->expandable_segments) return gma__vm_init(p);
-  return GMA_OK;
+  gma_status_t st = cfg->expandable_segments ? gma__vm_init(p) : GMA_OK;
+  if (st == GMA_OK) gma__pools_add(p); /* exiting threads retire their per-thread streams */
+  return st;
 }
 
 /* Takes b (FREE, or CACHED on s) for a LIVE allocation of size bytes on s,
@@ -428,7 +436,7 @@ static void take_block(gma__pool_t *p, gma__block_t *b, uint64_t size, size_t re
     if (!cached) gma__free_link(p, rest);
   }
   b->stream = s;
-  b->requested = requested;
+  gma__store_relaxed(&b->requested, requested);
   b->free_since_ns = 0;
   gma__store_relaxed(&b->ngates, 0);
   gma__store_relaxed(&b->future_held, 0);
@@ -456,7 +464,10 @@ static uint64_t segment_size_for(const gma__pool_t *p, int kind, uint64_t size) 
   uint64_t own = round_up(size, SEGMENT_ROUND);
   if (size <= LARGE_SHARED_MAX && own < p->segment_size[GMA__LARGE])
     return p->segment_size[GMA__LARGE];
-  return own;
+  /* Near a memory_limit that is not a multiple of 2 MiB, rounding up would
+   * make a request that fits the limit unservable: round less there. */
+  uint64_t room = p->limit / GMA__ROUND * GMA__ROUND;
+  return own > room && size <= room ? room : own;
 }
 
 static gma_status_t oom_error(gma__pool_t *p, uint64_t size, size_t requested,
@@ -600,7 +611,7 @@ static void untake_block(gma__pool_t *p, const gma__taken_t *t) {
   gma__tcount_t *c = gma__tcount(p, b->stream);
   gma__counter_add_owner(&c->allocs, (uint64_t)-1);
   gma__counter_add_owner(&c->alloc_bytes, (uint64_t)0 - b->size);
-  gma__counter_add_owner(&c->req_bytes, (uint64_t)0 - b->requested);
+  gma__counter_add_owner(&c->req_bytes, (uint64_t)0 - gma__load_relaxed(&b->requested));
   if (!t->owner) {
     gma__block_make_free(p, b);
     return;
@@ -762,7 +773,7 @@ gma_status_t gma__pool_free_slow(gma__pool_t *p, void *ptr) {
   gma__tcount_t *c = gma__tcount(p, s);
   gma__counter_add_owner(&c->frees, 1);
   gma__counter_add_owner(&c->free_bytes, b->size);
-  gma__counter_add_owner(&c->req_freed, b->requested);
+  gma__counter_add_owner(&c->req_freed, gma__load_relaxed(&b->requested));
   bool retired = gma__load_relaxed(&s->retired);
   b->epoch = retired ? s->free_epoch : gma__load_relaxed(&s->epoch);
   if (!retired) gma__store_relaxed(&s->dirty, true);
@@ -983,7 +994,28 @@ gma_status_t gma__pool_stream_retire(gma__pool_t *p, gma_stream_t stream) {
   return st;
 }
 
+gma_status_t gma__pool_stream_synchronize(gma__pool_t *p, gma_stream_t stream) {
+  uint64_t id;
+  gma_status_t st = p->dev->ops->stream_id(p->dev, stream, &id);
+  if (st != GMA_OK) return st;
+  pthread_mutex_lock(&p->lock);
+  gma__stream_t *s = gma__stream_find(p, stream);
+  if (s && s->id != id) s = NULL; /* a recycled handle: the record names a stream that is gone */
+  uint64_t closed = s ? gma__stream_sync_begin(p, s) : 0;
+  pthread_mutex_unlock(&p->lock);
+  /* Outside the lock: the wait may be long, and nobody else waits for it. */
+  st = p->dev->ops->stream_synchronize(p->dev, stream);
+  if (st == GMA_OK && s) { /* records are never freed, so s is still readable */
+    pthread_mutex_lock(&p->lock);
+    gma__stream_sync_end(p, s, closed);
+    GMA__VALIDATE(p);
+    pthread_mutex_unlock(&p->lock);
+  }
+  return st;
+}
+
 gma_status_t gma__pool_fini(gma__pool_t *p) {
+  if (p->listed) gma__pools_remove(p); /* first: an exiting thread's hook may be inside */
   uint64_t leaked_bytes = 0, leaked = 0;
   uint64_t tag_bytes[GMA__MAX_TAGS] = {0}, tag_count[GMA__MAX_TAGS] = {0};
   for (size_t i = 0; i < p->nsegs; i++) {

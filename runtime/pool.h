@@ -1,7 +1,9 @@
 /* The allocator's shared state: segments and blocks, the shared free trees,
  * stream records with their lock-free bins and epochs, and the counters.
  *
- * Lock order (the whole of it): gma__pool_t.lock, then gma__pool_t.count_lock.
+ * Lock order (the whole of it): the process-wide list of pools (stream_cache.c,
+ * taken only when a thread exits), then gma__pool_t.lock, then
+ * gma__pool_t.count_lock.
  * Device calls are made while holding the pool lock; device backends take
  * only their own internal locks and never call back. The lock-free paths
  * (stream_cache.c) take no lock when a bin can serve them.
@@ -68,7 +70,8 @@ typedef struct gma__block {
   _Alignas(64) ck_stack_entry_t bin_link; /* BINNED: link in its bin (ck_stack, mpmc) */
   uintptr_t addr;
   uint64_t size;
-  uint64_t requested;            /* LIVE: bytes the caller asked for */
+  _Atomic uint64_t requested;    /* LIVE: bytes the caller asked for (atomic: the lock-free
+                                    alloc writes it, reports read it under the lock) */
   struct gma__segment *seg;
   struct gma__block *prev, *next;  /* address neighbours in the segment */
   struct gma__block *left, *right; /* size tree, keyed by (size, addr) */
@@ -173,7 +176,9 @@ typedef struct gma__stream {
   uint64_t cached_bytes;     /* CACHED bytes (bins not included) */
   gma__bin_t *bins;          /* nbins bins, or NULL when bins are off */
   bool referenced;           /* scratch of the retired-record sweep (streams.c) */
+  bool swept;                /* moved to the graveyard (retired, nothing referenced it) */
   gma__tcount_t *_Atomic counts; /* atomic: per-thread counters, append-only */
+  gma__tcount_t buried;      /* swept: the totals already added to graveyard_counts */
   struct gma__stream *next_all;
 } gma__stream_t;
 
@@ -262,6 +267,8 @@ typedef struct gma__pool {
    * the slow path when there is no worker. */
   _Atomic uint64_t clock_ns;
   bool clock_in_slow_path;      /* immutable: no worker ticks the clock */
+  struct gma__pool *next_pool;  /* the process-wide list of pools (stream_cache.c) */
+  bool listed;                  /* on that list (guarded by its mutex) */
 } gma__pool_t;
 
 /* Sets the pool's coarse clock to now; any thread. */
@@ -300,6 +307,10 @@ gma_status_t gma__pool_grow_ahead(gma__pool_t *p, uint64_t want_free);
 gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes,
                                    gma_stream_t stream, uint64_t stream_id, void **ptrs);
 gma_status_t gma__pool_stream_retire(gma__pool_t *p, gma_stream_t stream);
+/* Synchronizes stream on the device, then marks every epoch of it that was
+ * closed by then complete: what it freed is reusable without waiting for a
+ * poll to see an event complete. */
+gma_status_t gma__pool_stream_synchronize(gma__pool_t *p, gma_stream_t stream);
 void gma__pool_stats(gma__pool_t *p, gma_stats_t *out);
 gma_status_t gma__pool_stream_stats(gma__pool_t *p, gma_stream_t stream, gma_stream_stats_t *out);
 /* Full structural and accounting check; returns false and sets the last error
@@ -378,6 +389,10 @@ gma__stream_t *gma__stable_lookup(gma__pool_t *p, uintptr_t key);
 gma__stream_t *gma__stream_resolve(gma__pool_t *p, gma_stream_t handle, uint64_t id);
 gma__stream_t *gma__stream_find(gma__pool_t *p, gma_stream_t handle);
 void gma__stable_remove(gma__pool_t *p, gma__stream_t *s);
+/* Puts p on / takes it off the process-wide list of pools that a thread's
+ * exit walks to retire its per-thread default streams. */
+void gma__pools_add(gma__pool_t *p);
+void gma__pools_remove(gma__pool_t *p);
 /* The calling thread's counters for stream s (made on first use). */
 gma__tcount_t *gma__tcount(gma__pool_t *p, gma__stream_t *s);
 uint64_t gma__thread_id(void);
@@ -406,6 +421,15 @@ gma_status_t gma__stream_retire(gma__pool_t *p, gma__stream_t *s, bool orphan);
  * walking them. O(blocks); run when retired records have doubled. */
 void gma__streams_sweep_retired(gma__pool_t *p);
 void gma__streams_fini(gma__pool_t *p);
+/* A lock-free free pushed into a bin of s and then saw s retired: the
+ * retire may have drained before the push, so drain again (lock held). */
+void gma__stream_rescue(gma__pool_t *p, gma__stream_t *s);
+/* gma_stream_synchronize's two halves (lock held in each): begin closes the
+ * open epoch of s without an event and returns it; end, once the device
+ * synchronized s, marks every epoch up to it complete and moves what that
+ * made safe (as a poll would). */
+uint64_t gma__stream_sync_begin(gma__pool_t *p, gma__stream_t *s);
+void gma__stream_sync_end(gma__pool_t *p, gma__stream_t *s, uint64_t closed);
 static inline bool gma__gate_passed(const gma__gate_t *g) {
   return g->stream->safe_epoch >= g->epoch;
 }
@@ -416,7 +440,10 @@ void gma__stat_sub(gma_stat_t *s, uint64_t bytes);
 /* Sums the per-thread counters of every stream; updates sampled peaks. Lock held. */
 void gma__stats_sample(gma__pool_t *p);
 /* Adds s's counters to *into (relaxed loads). */
-void gma__stats_fold(const gma__stream_t *s, gma__tcount_t *into);
+void gma__stats_sum(const gma__stream_t *s, gma__tcount_t *into);
+/* Lock held: adds to *into what s counted since it was last buried (the
+ * retired-record sweep, and a late free into a swept record's bin). */
+void gma__stats_bury(gma__stream_t *s, gma__tcount_t *into);
 
 /* tags.c: the id of tag (added if new; lock-free when known), or -1 with the
  * error set (bad name, table full). The name of an id. */

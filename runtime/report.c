@@ -40,7 +40,7 @@ static gma_allocation_info_t *collect(gma__pool_t *p, uint64_t min_age, size_t *
       }
       v[(*n)++] = (gma_allocation_info_t){
           .ptr = (void *)b->addr,
-          .requested = b->requested,
+          .requested = gma__load_relaxed(&b->requested),
           .block_size = b->size,
           .stream = b->stream ? b->stream->handle : NULL,
           .tag = gma__tag_name(p, gma__load_relaxed(&b->tag)),
@@ -63,7 +63,7 @@ gma_status_t gma_find_old_allocations(gma_t *g, uint64_t min_age_ns, gma_allocat
   gma_allocation_info_t *v = collect(p, min_age_ns, &n);
   pthread_mutex_unlock(&p->lock);
   *count = n;
-  if (cap) memcpy(out, v, (n < cap ? n : cap) * sizeof *out);
+  if (cap && n) memcpy(out, v, (n < cap ? n : cap) * sizeof *out); /* v is NULL when n is 0 */
   free(v);
   return GMA_OK;
 }

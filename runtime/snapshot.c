@@ -35,7 +35,7 @@ gma_status_t gma_snapshot_json(gma_t *g, const char *path) {
     for (gma__block_t *b = p->segs[i]->first; b; b = b->next)
       if (gma__load_relaxed(&b->state) == GMA__LIVE) {
         live += b->size;
-        requested += b->requested;
+        requested += gma__load_relaxed(&b->requested);
       }
   fprintf(f,
           "{\"version\":1,\"device\":\"%s\",\"reserved\":%" PRIu64 ",\"allocated\":%" PRIu64
@@ -57,7 +57,7 @@ gma_status_t gma_snapshot_json(gma_t *g, const char *path) {
               ",\"state\":\"%s\",\"stream\":\"0x%" PRIxPTR "\",\"requested\":%" PRIu64
               ",\"tag\":\"%s\"}",
               b == seg->first ? "" : ",", b->addr, b->size, state_name(st), stream,
-              st == GMA__LIVE ? b->requested : 0,
+              st == GMA__LIVE ? gma__load_relaxed(&b->requested) : 0,
               st == GMA__LIVE ? gma__tag_name(p, gma__load_relaxed(&b->tag)) : "");
     }
     fputs("]}", f);

@@ -37,17 +37,45 @@ static void fold_one(gma__tcount_t *c, gma__tcount_t *t) {
   add(&t->bin_out, &c->bin_out);
 }
 
-void gma__stats_fold(const gma__stream_t *s, gma__tcount_t *t) {
+void gma__stats_sum(const gma__stream_t *s, gma__tcount_t *t) {
   for (gma__tcount_t *c = gma__load_acquire(&((gma__stream_t *)s)->counts); c;
        c = gma__load_acquire(&c->next))
     fold_one(c, t);
+}
+
+static void sub(_Atomic uint64_t *to, _Atomic uint64_t *from) {
+  gma__store_relaxed(to, gma__load_relaxed(to) - gma__load_relaxed(from));
+}
+
+/* Subtracts *c from *t (totals only grow, so t >= c counter by counter). */
+static void less(gma__tcount_t *t, gma__tcount_t *c) {
+  sub(&t->allocs, &c->allocs);
+  sub(&t->frees, &c->frees);
+  sub(&t->hits, &c->hits);
+  sub(&t->alloc_bytes, &c->alloc_bytes);
+  sub(&t->free_bytes, &c->free_bytes);
+  sub(&t->req_bytes, &c->req_bytes);
+  sub(&t->req_freed, &c->req_freed);
+  sub(&t->bin_in, &c->bin_in);
+  sub(&t->bin_out, &c->bin_out);
+}
+
+void gma__stats_bury(gma__stream_t *s, gma__tcount_t *into) {
+  gma__tcount_t now;
+  memset(&now, 0, sizeof now);
+  gma__stats_sum(s, &now);
+  gma__tcount_t delta;
+  memcpy(&delta, &now, sizeof delta);
+  less(&delta, &s->buried);
+  fold_one(&delta, into);
+  memcpy(&s->buried, &now, sizeof now);
 }
 
 static sums_t sum_all(gma__pool_t *p) {
   sums_t t;
   memset(&t, 0, sizeof t);
   fold_one(&p->graveyard_counts, &t); /* retired streams' totals, folded in at the sweep */
-  for (const gma__stream_t *s = p->stream_list; s; s = s->next_all) gma__stats_fold(s, &t);
+  for (const gma__stream_t *s = p->stream_list; s; s = s->next_all) gma__stats_sum(s, &t);
   return t;
 }
 
@@ -145,7 +173,7 @@ gma_status_t gma__pool_stream_stats(gma__pool_t *p, gma_stream_t stream, gma_str
   }
   sums_t t;
   memset(&t, 0, sizeof t);
-  gma__stats_fold(s, &t);
+  gma__stats_sum(s, &t);
   st.allocs = V(t.allocs);
   st.frees = V(t.frees);
   st.hits = V(t.hits);

@@ -9,6 +9,7 @@
  * free), one ck_stack push and the same counter stores. Anything unusual
  * (record_stream users, a retired stream, a full bin, a test switch) returns
  * "miss" and the caller takes the locked slow path in pool.c. */
+#include <pthread.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,6 +126,82 @@ void gma__stable_remove(gma__pool_t *p, gma__stream_t *s) {
   }
 }
 
+/* ---- Per-thread default streams of exiting threads ------------------------------
+ * Only its own thread can name a per-thread default stream
+ * (GMA_STREAM_PER_THREAD means "mine"), so only that thread can close the
+ * stream's epochs. Once it exits, what it freed in the open epoch would stay
+ * cached until gma_destroy, beyond the reach of any poll or gma_empty_cache
+ * (issue 13: 8 exited threads left 350-436 MB reserved). So a thread that
+ * gets a per-thread stream record arms a thread-exit hook, and the hook
+ * retires that thread's per-thread stream in every pool, from the exiting
+ * thread itself, which can still name it: the closing event then covers all
+ * its work, and polls release the memory as the event completes.
+ *
+ * pools_mu guards the list (pool->next_pool, pool->listed); it comes before
+ * every pool's lock (pool.h). gma__pools_remove runs first in
+ * gma__pool_fini, so a hook never touches a pool being torn down. Across
+ * fork() the child starts with an empty list: the parent's pools are not
+ * usable there, and their locks may be held by threads that do not exist. */
+static pthread_mutex_t pools_mu = PTHREAD_MUTEX_INITIALIZER;
+static gma__pool_t *pools;
+static pthread_key_t exit_key;
+static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
+static GMA__TLS bool exit_armed;
+
+static void pools_prefork(void) { pthread_mutex_lock(&pools_mu); }
+static void pools_postfork_parent(void) { pthread_mutex_unlock(&pools_mu); }
+static void pools_postfork_child(void) {
+  pthread_mutex_init(&pools_mu, NULL);
+  pools = NULL;
+}
+
+/* The hook: runs as the thread exits (a pthread key destructor). */
+static void thread_exit_hook(void *unused) {
+  (void)unused;
+  if (thread_id == 0) return;
+  uintptr_t key = (uintptr_t)(thread_id << 4) | 2;
+  pthread_mutex_lock(&pools_mu);
+  for (gma__pool_t *p = pools; p; p = p->next_pool) {
+    if (!gma__stable_lookup(p, key)) continue;
+    /* The device's id of this thread's stream now: if it is not the
+     * record's, the stream the record names is gone, and nothing can be
+     * recorded on it (the record is orphaned, as for a recycled handle). */
+    uint64_t id = 0;
+    bool gone = p->dev->ops->stream_id(p->dev, GMA_STREAM_PER_THREAD, &id) != GMA_OK;
+    pthread_mutex_lock(&p->lock);
+    gma__stream_t *s = gma__stable_lookup(p, key);
+    if (s && !gma__load_relaxed(&s->retired)) gma__stream_retire(p, s, gone || id != s->id);
+    GMA__VALIDATE(p);
+    pthread_mutex_unlock(&p->lock);
+  }
+  pthread_mutex_unlock(&pools_mu);
+}
+
+static void exit_key_make(void) {
+  pthread_key_create(&exit_key, thread_exit_hook);
+  pthread_atfork(pools_prefork, pools_postfork_parent, pools_postfork_child);
+}
+
+void gma__pools_add(gma__pool_t *p) {
+  pthread_once(&exit_once, exit_key_make);
+  pthread_mutex_lock(&pools_mu);
+  p->next_pool = pools;
+  pools = p;
+  p->listed = true;
+  pthread_mutex_unlock(&pools_mu);
+}
+
+void gma__pools_remove(gma__pool_t *p) {
+  pthread_mutex_lock(&pools_mu);
+  for (gma__pool_t **link = &pools; *link; link = &(*link)->next_pool)
+    if (*link == p) {
+      *link = p->next_pool;
+      break;
+    }
+  p->listed = false;
+  pthread_mutex_unlock(&pools_mu);
+}
+
 static _Atomic uint64_t next_serial = 1;
 
 static gma__stream_t *stream_new(gma__pool_t *p, gma_stream_t handle, uintptr_t key,
@@ -153,6 +230,9 @@ static gma__stream_t *stream_new(gma__pool_t *p, gma_stream_t handle, uintptr_t 
   s->next_all = p->stream_list;
   p->stream_list = s;
   stable_insert(gma__load_relaxed(&p->stable), key, s);
+  if (owner && !exit_armed) { /* this thread's per-thread stream: retire it when it exits */
+    exit_armed = pthread_setspecific(exit_key, (void *)1) == 0;
+  }
   return s;
 }
 
@@ -222,7 +302,7 @@ gma_status_t gma__bin_alloc(gma__pool_t *p, size_t size, gma_stream_t stream, ui
   gma__store_relaxed(&b->future_held, 0);
   gma__store_relaxed(&b->tag, 0);
   gma__store_relaxed(&b->born_ns, gma__load_relaxed(&p->clock_ns));
-  b->requested = size;
+  gma__store_relaxed(&b->requested, size);
   gma__store_release(&b->state, GMA__LIVE); /* pairs with gma__bin_free's acquire */
   gma__tcount_t *c = gma__tcount(p, s);
   gma__counter_add_owner(&c->allocs, 1);
@@ -270,7 +350,7 @@ gma_status_t gma__bin_free(gma__pool_t *p, void *ptr) {
   gma__tcount_t *c = gma__tcount(p, s);
   gma__counter_add_owner(&c->frees, 1);
   gma__counter_add_owner(&c->free_bytes, b->size);
-  gma__counter_add_owner(&c->req_freed, b->requested);
+  gma__counter_add_owner(&c->req_freed, gma__load_relaxed(&b->requested));
   gma__counter_add_owner(&c->bin_in, b->size);
   gma__tsan_release(b); /* pairs with the acquire after a pop or drain */
   ck_stack_push_mpmc(&bin->stack, &b->bin_link);
@@ -278,6 +358,19 @@ gma_status_t gma__bin_free(gma__pool_t *p, void *ptr) {
    * TSan cannot see ordering); a drain reads it. Release on the stack too:
    * the drain acquires it after its batch pop. */
   gma__tsan_release(&bin->stack);
+  /* The other half of the Dekker pair with gma__stream_retire (store
+   * retired, drain): the push above and this load are ordered by a full
+   * fence, so either the retire's second drain sees the block, or this load
+   * sees retired and the block is drained here. On x86 the push's locked
+   * cmpxchg already is such a fence; the fence keeps the C11 model (and
+   * other processors) honest. */
+  atomic_thread_fence(memory_order_seq_cst);
+  if (__builtin_expect(atomic_load_explicit(&s->retired, memory_order_relaxed), 0)) {
+    pthread_mutex_lock(&p->lock);
+    gma__stream_rescue(p, s);
+    GMA__VALIDATE(p);
+    pthread_mutex_unlock(&p->lock);
+  }
   return GMA_OK;
 }
 

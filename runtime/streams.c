@@ -34,8 +34,15 @@ static void event_put(gma__pool_t *p, gma__event_t ev) {
   p->spare_events[p->nspare++] = ev;
 }
 
+/* A retired stream's bins are drained too (a free that raced with its
+ * retire may have pushed after the retire's own drain; see
+ * gma__stream_rescue): such a block counts as freed after the retire, as a
+ * slow-path free then would, so its epoch is at most free_epoch. Its own
+ * epoch may be the one opened after the closing event, which no event will
+ * ever close: kept, it would strand the block until gma_destroy. */
 void gma__stream_drain_bins(gma__pool_t *p, gma__stream_t *s) {
   if (!s->bins) return;
+  bool retired = gma__load_relaxed(&s->retired); /* written under the lock we hold */
   gma__tcount_t *c = gma__tcount(p, s);
   for (unsigned i = 0; i < p->nbins; i++) {
     if (ck_pr_load_ptr(&s->bins[i].stack.head) == NULL) continue; /* not the soft count */
@@ -49,6 +56,7 @@ void gma__stream_drain_bins(gma__pool_t *p, gma__stream_t *s) {
       e = e->next;
       gma__tsan_acquire(b); /* pairs with gma__bin_free's release */
       gma__counter_add_owner(&c->bin_out, b->size);
+      if (retired && b->epoch > s->free_epoch) b->epoch = s->free_epoch;
       gma__store_relaxed(&b->state, GMA__CACHED);
       gma__cache_block(p, b);
     }
@@ -64,7 +72,8 @@ static void observe_epochs(gma__pool_t *p, gma__stream_t *s) {
       return;
     }
     if (!done) return;
-    s->safe_epoch = s->ev_epoch[s->ev_head];
+    /* A synchronize through gma may have advanced it further already. */
+    if (s->ev_epoch[s->ev_head] > s->safe_epoch) s->safe_epoch = s->ev_epoch[s->ev_head];
     event_put(p, s->ev[s->ev_head]);
     s->ev_head = (s->ev_head + 1) % GMA__EPOCH_EVENTS;
     s->ev_count--;
@@ -121,14 +130,34 @@ void gma__streams_settle_pending(gma__pool_t *p) {
   gma__pending_poll(p);
 }
 
+/* Every stream's epochs are observed and pending blocks settled before any
+ * stream's safe cached blocks are released: under reuse:none a pending block
+ * whose gates passed goes back to its stream's cache, and a forced poll
+ * (gma_empty_cache) must then release it in the same call. */
 void gma__streams_poll(gma__pool_t *p, bool force) {
   for (gma__stream_t *s = p->stream_list; s; s = s->next_all) {
     gma__stream_drain_bins(p, s);
     if (!gma__load_relaxed(&s->retired)) close_epoch(p, s);
     observe_epochs(p, s);
-    if (force || p->reuse != GMA_REUSE_NONE) release_safe_cached(p, s);
   }
   gma__pending_poll(p);
+  if (!force && p->reuse == GMA_REUSE_NONE) return;
+  for (gma__stream_t *s = p->stream_list; s; s = s->next_all) release_safe_cached(p, s);
+}
+
+uint64_t gma__stream_sync_begin(gma__pool_t *p, gma__stream_t *s) {
+  /* As in close_epoch: dirty is cleared and the epoch raised before the
+   * device call, so a free racing with it either lands in the closed epoch
+   * (its work was queued before the synchronize began) or in the new one. */
+  gma__store_relaxed(&s->dirty, false);
+  return gma__faa_relaxed(&s->epoch, 1);
+}
+
+void gma__stream_sync_end(gma__pool_t *p, gma__stream_t *s, uint64_t closed) {
+  if (closed > s->safe_epoch) s->safe_epoch = closed;
+  observe_epochs(p, s); /* events of epochs <= closed completed too: reuse them */
+  gma__pending_poll(p);
+  if (p->reuse != GMA_REUSE_NONE || gma__load_relaxed(&s->retired)) release_safe_cached(p, s);
 }
 
 /* Best fit for size among the CACHED blocks of streams other than u whose
@@ -214,13 +243,31 @@ gma_status_t gma__stream_retire(gma__pool_t *p, gma__stream_t *s, bool orphan) {
   /* Later frees of blocks allocated on s carry free_epoch: the closed epoch,
    * or, for an orphan, one that never completes. */
   s->free_epoch = orphan ? UINT64_MAX : gma__load_relaxed(&s->epoch) - 1;
-  gma__store_release(&s->retired, true); /* pairs with the lock-free paths' loads */
+  /* Sequentially consistent, then drain again: the other half of a Dekker
+   * pair with gma__bin_free (push, fence, load retired). Either that free
+   * sees retired and drains the bin itself (gma__stream_rescue), or this
+   * drain sees its block. (Issue 13: a free pushing between the first drain
+   * and this store used to strand its block in a bin nobody drained.) */
+  atomic_store(&s->retired, true);
+  atomic_thread_fence(memory_order_seq_cst); /* before the drain's loads of the stacks */
+  gma__stream_drain_bins(p, s);
   gma__stable_remove(p, s);
   observe_epochs(p, s);
   release_safe_cached(p, s);
   gma__pending_poll(p);
   if (++p->retired_listed >= p->sweep_at) gma__streams_sweep_retired(p);
   return st;
+}
+
+void gma__stream_rescue(gma__pool_t *p, gma__stream_t *s) {
+  gma__stream_drain_bins(p, s); /* clamps the blocks' epochs to free_epoch */
+  observe_epochs(p, s);
+  release_safe_cached(p, s);
+  /* A swept record is no longer polled: what the late free counted must
+   * reach the graveyard's totals, and what it cached must not wait for a
+   * poll. A record is swept only when its events all completed, so every
+   * block of a non-orphan record was released just now. */
+  if (s->swept) gma__stats_bury(s, &p->graveyard_counts);
 }
 
 static bool bins_empty(const gma__pool_t *p, gma__stream_t *s) {
@@ -250,8 +297,11 @@ void gma__streams_sweep_retired(gma__pool_t *p) {
       link = &s->next_all;
       continue;
     }
-    *link = s->next_all; /* nothing can add to its counters any more: fold them */
-    gma__stats_fold(s, &p->graveyard_counts);
+    /* Only a free that raced with the retire can still add to its counters
+     * (gma__stream_rescue buries those too). */
+    *link = s->next_all;
+    gma__stats_bury(s, &p->graveyard_counts);
+    s->swept = true;
     s->next_all = p->graveyard;
     p->graveyard = s;
   }

@@ -71,7 +71,7 @@ gma_status_t gma_pointer_info(gma_t *g, const void *ptr, gma_pointer_info_t *inf
   if (b && gma__load_relaxed(&b->state) == GMA__LIVE) {
     r.kind = GMA_MEMORY_DEVICE;
     r.base = (void *)b->addr;
-    r.requested = b->requested;
+    r.requested = gma__load_relaxed(&b->requested);
     r.block_size = b->size;
     r.stream = b->stream ? b->stream->handle : NULL;
     r.tag = gma__tag_name(p, gma__load_relaxed(&b->tag));

@@ -42,6 +42,15 @@ gma_status_t gma__vm_init(gma__pool_t *p) {
   if (gran == 0 || gran % GMA__ROUND)
     return gma__set_error(GMA_ERR_DEVICE, "device granularity %" PRIu64 " is not a multiple of %u",
                           gran, GMA__ROUND);
+  /* Growable segments map whole chunks: a limit below one chunk could never
+   * map any (issue 13), so say so now rather than fail every allocation. */
+  if (p->limit < gran)
+    return gma__set_error(GMA_ERR_CONFIG,
+                          "expandable_segments:true maps memory in chunks of %" PRIu64 " bytes "
+                          "(the %s device's granularity), more than memory_limit (%" PRIu64
+                          "); raise memory_limit to at least one chunk, or use "
+                          "expandable_segments:false",
+                          gran, p->dev->name, p->limit);
   /* Each kind may grow to the whole limit, so each reserves that much
    * address space (address space is cheap; memory is mapped on demand). */
   uint64_t size = round_up(p->limit, gran);

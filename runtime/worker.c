@@ -47,14 +47,21 @@ static void tick(gma__worker_t *w) {
   bool changed = (int)level != w->level || w->report;
   w->level = (int)level;
   w->report = false;
-  gma_pressure_callback_t cb = w->cb;
+  gma_pressure_callback_t cb = changed ? w->cb : NULL;
   void *user = w->cb_user;
+  w->cb_running = cb != NULL; /* gma_set_pressure_callback waits for it to clear */
   pthread_mutex_unlock(&w->mu);
   if (changed) {
     pthread_mutex_lock(&p->lock);
     p->c.pressure_level = (int)level;
     pthread_mutex_unlock(&p->lock);
-    if (cb) cb(w->g, level, user); /* no gma lock held: it may call gma */
+  }
+  if (cb) {
+    cb(w->g, level, user); /* no gma lock held: it may call gma */
+    pthread_mutex_lock(&w->mu);
+    w->cb_running = false;
+    pthread_cond_broadcast(&w->cb_cv);
+    pthread_mutex_unlock(&w->mu);
   }
   gma__release_t r = {.keep = w->release_threshold, .idle_ns = w->idle_ns, .now_ns = now_ns(),
                       .timed = true, .pressured = level >= GMA_PRESSURE_HIGH};
@@ -222,7 +229,8 @@ gma_status_t gma__worker_start(gma__worker_t *w, gma_t *g, gma__pool_t *p,
   pthread_condattr_init(&attr);
   pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
   bool ok = pthread_mutex_init(&w->mu, NULL) == 0 && pthread_cond_init(&w->cv, &attr) == 0 &&
-            pthread_cond_init(&w->room_cv, NULL) == 0 && (w->anchor = gma__anchor_new(g)) != NULL;
+            pthread_cond_init(&w->room_cv, NULL) == 0 && pthread_cond_init(&w->cb_cv, NULL) == 0 &&
+            (w->anchor = gma__anchor_new(g)) != NULL;
   pthread_condattr_destroy(&attr);
   if (!ok || pthread_create(&w->thread, NULL, worker_main, w) != 0) {
     free(w->ring_buf);
@@ -242,6 +250,7 @@ void gma__worker_stop(gma__worker_t *w) {
   gma__anchor_detach(w->anchor); /* futures waited on or released from now on no longer reach g */
   pthread_cond_destroy(&w->cv);
   pthread_cond_destroy(&w->room_cv);
+  pthread_cond_destroy(&w->cb_cv);
   pthread_mutex_destroy(&w->mu);
   free(w->ring_buf);
   w->started = false;
@@ -252,6 +261,12 @@ gma_status_t gma__worker_set_callback(gma__worker_t *w, gma_pressure_callback_t 
     return gma__set_error(GMA_ERR_UNSUPPORTED, "gma_set_pressure_callback: the worker is off "
                                                "(worker:off), so pressure is never observed");
   pthread_mutex_lock(&w->mu);
+  /* The caller may free the old callback's user data once this returns
+   * (issue 13: it did, while the callback still ran on the worker). So wait
+   * for a running callback to return, unless this is that callback
+   * changing itself: the worker would wait for itself. */
+  if (!pthread_equal(pthread_self(), w->thread))
+    while (w->cb_running) pthread_cond_wait(&w->cb_cv, &w->mu);
   w->cb = cb;
   w->cb_user = user;
   w->report = true; /* tell the new callback the current level at the next tick */

@@ -16,11 +16,13 @@
 typedef struct gma__worker {
   pthread_t thread;
   bool started;                /* immutable after start */
-  pthread_mutex_t mu;          /* guards stop, cb, cb_user; cv's mutex */
+  pthread_mutex_t mu;          /* guards stop, cb, cb_user, cb_running; cv's mutex */
   pthread_cond_t cv;           /* on CLOCK_MONOTONIC */
   bool stop;
   gma_pressure_callback_t cb;
   void *cb_user;
+  bool cb_running;             /* mu: the worker is inside a pressure callback */
+  pthread_cond_t cb_cv;        /* mu: signalled when a callback returns */
   gma_t *g;                    /* immutable: passed to the callback */
   gma__pool_t *p;              /* immutable */
   uint64_t interval_ns, release_threshold, idle_ns, grow_ahead; /* immutable */

@@ -29,7 +29,7 @@ from . import _lib
 __all__ = [
     "Allocator", "Future", "Error", "InvalidArgument", "InvalidSize", "OutOfMemory",
     "InvalidPointer", "DoubleFree", "ConfigError", "DeviceError", "NoDevice", "Unsupported",
-    "Leak", "InternalError", "Timeout", "Busy", "Cancelled", "Pending", "STREAM_LEGACY",
+    "Leak", "InternalError", "Timeout", "Busy", "Cancelled", "AlreadyCollected", "Pending", "STREAM_LEGACY",
     "STREAM_PER_THREAD", "device_count", "select_device", "version", "status_name",
     "strerror", "last_error", "available", "library_path",
 ]
@@ -87,6 +87,9 @@ class InternalError(Error): status = -11
 class Timeout(Error): status = -12
 class Busy(Error): status = -13
 class Cancelled(Error): status = -14
+class AlreadyCollected(Error):
+    """Another wait (on any thread) already took this future's memory."""
+    status = -15
 class Pending(Error):
     """A Future.wait ran out before the request completed (the request goes on)."""
     status = 1
@@ -94,7 +97,8 @@ class Pending(Error):
 
 _CLASSES = {c.status: c for c in (
     InvalidArgument, InvalidSize, OutOfMemory, InvalidPointer, DoubleFree, ConfigError,
-    DeviceError, NoDevice, Unsupported, Leak, InternalError, Timeout, Busy, Cancelled, Pending)}
+    DeviceError, NoDevice, Unsupported, Leak, InternalError, Timeout, Busy, Cancelled,
+    AlreadyCollected, Pending)}
 
 
 def _L():

@@ -4,6 +4,7 @@
  * free blocks (never a chunk whose stream work is still running: an unmapped
  * page under a kernel would crash this test), memory_limit, injected map
  * failures, and a growing workload that does not fragment. Public API only. */
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -14,8 +15,10 @@
 
 static gma_t *expandable(const char *extra) {
   char conf[256];
-  snprintf(conf, sizeof conf, "expandable_segments:true,worker:off,sim_capacity:1G%s%s",
-           extra ? "," : "", extra ? extra : "");
+  /* A key may appear once per string: the default capacity unless extra names one. */
+  bool own_capacity = extra && strstr(extra, "sim_capacity:");
+  snprintf(conf, sizeof conf, "expandable_segments:true,worker:off%s%s%s",
+           own_capacity ? "" : ",sim_capacity:1G", extra ? "," : "", extra ? extra : "");
   return sim_allocator(conf);
 }
 

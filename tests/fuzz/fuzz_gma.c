@@ -1456,6 +1456,11 @@ static void op_wait(rd_t *r) {
   gma_status_t st = gma_future_wait(m->f, timeout, want_ptr ? &p : NULL);
   vlog("future %ld timeout %" PRIu64 " -> %s %p", (long)(m - F.fut), timeout, gma_status_name(st),
        want_ptr ? p : NULL);
+  if (m->collected && want_ptr) { /* one wait collects; every later one is told so */
+    EXPECT_ST(st, GMA_ERR_ALREADY_COLLECTED, "a second collecting gma_future_wait");
+    EXPECT(p == NULL, "a second wait handed out %p", p);
+    return;
+  }
   if (timeout == UINT64_MAX) EXPECT(st != GMA_PENDING, "an unlimited wait returned PENDING");
   fut_seen(m, st, "gma_future_wait");
   if (st == GMA_PENDING) return;
@@ -1749,13 +1754,16 @@ static void op_reserve(rd_t *r, int t) {
   int si = stream_of_thread(t);
   size_t n = 1 + rd8(r) % 3, sizes[3], counts[3], total = 0;
   bool bad = false;
+  uint64_t bytes = 0; /* at least what the blocks take: more than the limit is refused up front */
   for (size_t k = 0; k < n; k++) {
     sizes[k] = pick_size(r);
     if (sizes[k] > 4 * MiB && sizes[k] <= F.limit) sizes[k] %= 4 * MiB;
     counts[k] = rd8(r) % 5;
     total += counts[k];
     if (counts[k] && (sizes[k] == 0 || sizes[k] > F.limit)) bad = true;
+    else bytes += counts[k] * (((uint64_t)sizes[k] + 511) / 512 * 512);
   }
+  if (bytes > F.limit) bad = true;
   snap_t before = snap_take();
   gma_status_t st = gma_reserve(F.g, handle_of(si), n, sizes, counts);
   vlog("slot %d n %zu blocks %zu -> %s", si, n, total, gma_status_name(st));
@@ -2041,11 +2049,13 @@ static void finish(void) {
       if (m->accounted) fut_free_slot(m);
       continue;
     }
-    void *p = NULL;
-    gma_status_t st = gma_future_wait(m->f, UINT64_MAX, &p);
-    fut_seen(m, st, "gma_future_wait at the end");
-    observe_futures();
-    if (st == GMA_OK) fut_collect(m, p);
+    if (!m->collected) { /* a collected one has nothing more to give */
+      void *p = NULL;
+      gma_status_t st = gma_future_wait(m->f, UINT64_MAX, &p);
+      fut_seen(m, st, "gma_future_wait at the end");
+      observe_futures();
+      if (st == GMA_OK) fut_collect(m, p);
+    }
     EXPECT_ST(gma_future_release(m->f), GMA_OK, "gma_future_release at the end");
     m->released = true;
     m->f = NULL;

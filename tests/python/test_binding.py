@@ -55,7 +55,7 @@ class Library(unittest.TestCase):
             -1: "InvalidArgument", -2: "InvalidSize", -3: "OutOfMemory", -4: "InvalidPointer",
             -5: "DoubleFree", -6: "ConfigError", -7: "DeviceError", -8: "NoDevice",
             -9: "Unsupported", -10: "Leak", -11: "InternalError", -12: "Timeout", -13: "Busy",
-            -14: "Cancelled", 1: "Pending",
+            -14: "Cancelled", -15: "AlreadyCollected", 1: "Pending",
         }
         self.assertEqual(sorted(v for v in names if v), sorted(expected),
                          "libgma's statuses and gma's exception classes differ")
