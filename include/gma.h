@@ -367,7 +367,10 @@ GMA_API gma_status_t gma_set_pressure_callback(gma_t *g, gma_pressure_callback_t
  * fails too, and says so). Live device allocations made on
  * the stream stay valid and may be freed later; their reuse waits for the
  * work queued before the retire, so queue no more work on the stream that
- * uses them (that is what retiring means). Any thread. */
+ * uses them (that is what retiring means). A stream gma has no record of
+ * (never used with gma, or already retired) is GMA_OK and nothing happens;
+ * gma makes no device call with such a handle. A thread's per-thread
+ * default stream is retired by gma when the thread exits. Any thread. */
 GMA_API gma_status_t gma_stream_retire(gma_t *g, gma_stream_t stream);
 
 /* ---------------------------------------------------------------------------
@@ -567,7 +570,10 @@ GMA_API gma_status_t gma_stream_create(gma_t *g, gma_stream_t *out);
  * reports a device error, the stream is still destroyed (do not destroy it
  * again); its memory is safe either way. */
 GMA_API gma_status_t gma_stream_destroy(gma_t *g, gma_stream_t stream);
-/* Blocks until all work queued on stream so far has finished. */
+/* Blocks until all work queued on stream so far has finished. Memory freed
+ * on stream before the call (and gma_record_stream uses of it) is then
+ * reusable by every stream at once, without waiting for gma to observe an
+ * event: synchronize through gma rather than the driver where you can. */
 GMA_API gma_status_t gma_stream_synchronize(gma_t *g, gma_stream_t stream);
 
 typedef void (*gma_sim_kernel_fn)(void *arg);
