@@ -208,7 +208,14 @@ typedef void *gma_stream_t;
 #define GMA_STREAM_LEGACY ((gma_stream_t)0x1)
 #define GMA_STREAM_PER_THREAD ((gma_stream_t)0x2)
 
-/* Creates an allocator; config may be NULL for all defaults. One thread. */
+/* Creates an allocator; config may be NULL for all defaults. One thread.
+ * fork(): an allocator does not survive into a child process (its worker and
+ * device threads stay in the parent, and CUDA is not fork-safe). In the
+ * child, create a new allocator; every call on one inherited from the parent
+ * fails at once with GMA_ERR_INVALID_ARGUMENT (the message names fork()),
+ * its futures complete with GMA_ERR_CANCELLED (gma_future_release still
+ * frees them), and gma_destroy on it releases the host memory the child
+ * holds for it (see gma_destroy). The parent's allocators are unaffected. */
 GMA_API gma_status_t gma_create(const gma_config_t *config, gma_t **out);
 /* Waits for the device work gma knows of, returns every byte to the device and
  * frees the allocator. Live allocations are a leak: they are freed too, a
@@ -218,7 +225,12 @@ GMA_API gma_status_t gma_create(const gma_config_t *config, gma_t **out);
  * No other call on g may run concurrently or follow, except the future calls:
  * gma_future_poll/wait/release may run during and after gma_destroy. A later
  * call on g fails with GMA_ERR_INVALID_ARGUMENT where detectable (the last 64
- * destroyed allocators). NULL is a no-op. */
+ * destroyed allocators). NULL is a no-op.
+ * In a child process after fork(), on an allocator the parent created:
+ * returns GMA_OK at once and frees the child's copy of it (on the simulated
+ * device, the host memory behind its device memory too) without waiting for
+ * anything and without any CUDA call; live allocations are not reported.
+ * What another parent thread was changing when fork() ran is leaked. */
 GMA_API gma_status_t gma_destroy(gma_t *g);
 /* Which device backend g runs on: "sim" or "cuda". Any thread; wait-free. */
 GMA_API const char *gma_device_name(const gma_t *g);
@@ -314,7 +326,9 @@ GMA_API gma_status_t gma_alloc_batch_async(gma_t *g, size_t n, const size_t *siz
                                            gma_future_t **out);
 /* GMA_PENDING, GMA_OK, or the request's error. Never blocks. GMA_ERR_CANCELLED
  * once the allocator was destroyed, also for a request that had been served:
- * its memory went with the allocator. */
+ * its memory went with the allocator; and, in a child process after fork(),
+ * for every future of an allocator the parent created (so wait never hangs
+ * there). */
 GMA_API gma_status_t gma_future_poll(gma_future_t *f);
 /* The same as gma_future_poll (a second name for readability). */
 GMA_API gma_status_t gma_future_status(gma_future_t *f);
@@ -330,7 +344,8 @@ GMA_API gma_status_t gma_future_status(gma_future_t *f);
  * then returns GMA_ERR_CANCELLED (a request not served yet, or memory not
  * collected before the teardown began), or GMA_OK for memory it collected
  * first, which gma_destroy then frees as a live allocation (and reports as a
- * leak). */
+ * leak). In a child process after fork(), on a future of an allocator the
+ * parent created: GMA_ERR_CANCELLED at once (see gma_create). */
 GMA_API gma_status_t gma_future_wait(gma_future_t *f, uint64_t timeout_ns, void **ptr);
 /* Gives the future back (once). A request still pending is cancelled, and
  * memory it got that no gma_future_wait collected is freed. Allowed during

@@ -4,6 +4,7 @@
 #define GMA_ALLOCATOR_H
 
 #include "device/device.h"
+#include "fork.h"
 #include "host.h"
 #include "pool.h"
 #include "worker.h"
@@ -12,13 +13,18 @@
  * the last 64 destroyed allocators are kept (on a process-wide list, so leak
  * checkers see them reachable) so that a call on such a stale handle finds
  * DEAD and fails with a clear error instead of reading freed memory. Calls
- * racing with gma_destroy are not allowed and not detected. */
+ * racing with gma_destroy are not allowed and not detected. In a child
+ * process after fork(), every allocator that was LIVE in the parent is
+ * FORKED (fork.c's atfork handler): a third value, so the hot path stays one
+ * compare and only the slow path below tells the cases apart. */
 #define GMA__MAGIC_LIVE 0x6c6976655f616d67ull /* "gma_live" */
 #define GMA__MAGIC_DEAD 0x646165645f616d67ull /* "gma_dead" */
+#define GMA__MAGIC_FORKED 0x6b726f665f616d67ull /* "gma_fork" */
 
 struct gma {
   uint64_t magic;
   struct gma *next_dead; /* the list of destroyed allocators (api.c) */
+  struct gma *fork_prev, *fork_next; /* the registry of live allocators (fork.c's lock) */
   gma__device_t *dev; /* immutable after gma_create */
   gma_config_t cfg;   /* resolved; immutable after gma_create */
   gma__pool_t pool;
@@ -26,8 +32,9 @@ struct gma {
   gma__worker_t worker;
 };
 
-/* GMA_OK for a live allocator; GMA_ERR_INVALID_ARGUMENT naming fn for NULL
- * or a destroyed one. One load and compare: every entry point calls it. */
+/* GMA_OK for a live allocator; GMA_ERR_INVALID_ARGUMENT naming fn for NULL,
+ * a destroyed one, or one inherited across fork(). One load and compare:
+ * every entry point calls it. */
 static inline gma_status_t gma__check(const gma_t *g, const char *fn) {
   if (__builtin_expect(g != NULL && g->magic == GMA__MAGIC_LIVE, 1)) return GMA_OK;
   if (!g) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "%s: allocator is NULL", fn);
@@ -35,6 +42,11 @@ static inline gma_status_t gma__check(const gma_t *g, const char *fn) {
     return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
                           "%s: the allocator was destroyed (gma_destroy); its handle must not be "
                           "used any more", fn);
+  if (g->magic == GMA__MAGIC_FORKED)
+    return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
+                          "%s: this allocator was created by the parent process before fork(); "
+                          "create a new allocator in the child (gma_destroy releases the "
+                          "inherited one's host memory)", fn);
   return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "%s: %p is not an allocator gma_create made",
                         fn, (const void *)g);
 }

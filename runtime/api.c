@@ -107,6 +107,7 @@ gma_status_t gma_create(const gma_config_t *config, gma_t **out) {
     free(g);
     return st;
   }
+  gma__fork_register(g); /* a child of fork() must know it was inherited */
   *out = g;
   return GMA_OK;
 }
@@ -122,7 +123,10 @@ static size_t dead_count;
 
 gma_status_t gma_destroy(gma_t *g) {
   if (!g) return GMA_OK;
+  /* A copy inherited across fork(): its threads do not exist here (fork.c). */
+  if (g->magic == GMA__MAGIC_FORKED) return gma__fork_destroy(g);
   GMA__CHECK(g, "gma_destroy");
+  gma__fork_unregister(g);
   gma__worker_stop(&g->worker); /* first: it touches the pool */
   /* Device work may still use cached blocks; let it finish before the memory
    * goes back, so the device never touches memory it no longer owns. */

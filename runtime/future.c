@@ -88,6 +88,7 @@ gma__anchor_t *gma__anchor_new(gma_t *g) {
   atomic_init(&a->g, g);
   atomic_init(&a->refs, 1); /* the allocator's */
   atomic_init(&a->inside, 0);
+  atomic_init(&a->forked, false);
   return a;
 }
 
@@ -112,6 +113,16 @@ void gma__anchor_detach(gma__anchor_t *a) {
   atomic_store(&a->g, NULL);
   while (atomic_load(&a->inside)) sched_yield(); /* a wait or release finishing its pool work */
   anchor_unref(a);
+}
+
+void gma__anchor_forget(gma__anchor_t *a) {
+  atomic_store(&a->g, NULL);
+  anchor_unref(a);
+}
+
+/* A future of an allocator inherited across fork() (see worker.h). */
+static bool forked(const gma_future_t *f) {
+  return atomic_load_explicit(&f->anchor->forked, memory_order_relaxed);
 }
 
 /* ---- Future objects: one spare per thread ------------------------------------------
@@ -387,6 +398,7 @@ static gma_status_t gone(const char *fn) {
 
 gma_status_t gma_future_poll(gma_future_t *f) {
   if (!f) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_future_poll: future is NULL");
+  if (forked(f)) return gma__fork_future_error("gma_future_poll");
   gma_status_t st = (gma_status_t)atomic_load_explicit(&f->state, memory_order_acquire);
   return st == GMA_OK && destroyed(f) ? gone("gma_future_poll") : st;
 }
@@ -396,6 +408,7 @@ gma_status_t gma_future_status(gma_future_t *f) { return gma_future_poll(f); }
 gma_status_t gma_future_wait(gma_future_t *f, uint64_t timeout_ns, void **ptr) {
   if (ptr) *ptr = NULL; /* unless GMA_OK */
   if (!f) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_future_wait: future is NULL");
+  if (forked(f)) return gma__fork_future_error("gma_future_wait"); /* nothing would wake us */
   uint64_t start = timeout_ns ? now_ns() : 0;
   /* The worker usually answers within microseconds: spin briefly (at most
    * 20 us, or the timeout) before sleeping, to save a thread wake-up. */
@@ -451,6 +464,10 @@ gma_status_t gma_future_wait(gma_future_t *f, uint64_t timeout_ns, void **ptr) {
 
 gma_status_t gma_future_release(gma_future_t *f) {
   if (!f) return GMA_OK;
+  if (forked(f)) { /* the worker's reference died with the parent's threads */
+    future_delete(f);
+    return GMA_OK;
+  }
   atomic_store(&f->released, true); /* seq_cst: pairs with complete()'s state store */
   if (atomic_load(&f->state) == GMA_OK && !atomic_load(&f->collected)) {
     gma_t *g = gma__anchor_enter(f->anchor); /* NULL: gma_destroy freed the memory */

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdio_ext.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -244,6 +245,34 @@ void gma__trace_free(gma__trace_t *t) {
     free(t->buf);
     free(t->spare);
     free(t);
+    t = older;
+  }
+}
+
+void gma__trace_abandon(gma__trace_t *t) {
+  while (t) {
+    gma__trace_t *older = t->older;
+    /* A lock that cannot be taken was held by a parent thread when fork()
+     * ran: buf, spare or f may be half swapped, so the trace is left alone. */
+    if (pthread_mutex_trylock(&t->write_mu) == 0) {
+      if (pthread_mutex_trylock(&t->rec_mu) == 0) {
+        if (t->f) {
+          /* The FILE's buffer holds bytes the parent writes too (at least
+           * the header): drop them, then close the child's descriptor. */
+          __fpurge(t->f);
+          fclose(t->f);
+        }
+        pthread_mutex_unlock(&t->rec_mu);
+        pthread_mutex_unlock(&t->write_mu);
+        pthread_mutex_destroy(&t->rec_mu);
+        pthread_mutex_destroy(&t->write_mu);
+        free(t->buf);
+        free(t->spare);
+        free(t);
+      } else {
+        pthread_mutex_unlock(&t->write_mu);
+      }
+    }
     t = older;
   }
 }

@@ -84,5 +84,10 @@ gma_status_t gma__trace_close(gma__trace_t *t);
 /* Closes (if open) and frees t and every older trace. No other thread may
  * use them any more. */
 void gma__trace_free(gma__trace_t *t);
+/* In a child process after fork(), for a trace inherited from the parent:
+ * frees t and every older trace without writing anything (the records and
+ * the file are the parent's) and without waiting for a lock a parent thread
+ * may have held at fork time; a trace whose lock was held then is leaked. */
+void gma__trace_abandon(gma__trace_t *t);
 
 #endif /* GMA_TRACE_H */

@@ -75,6 +75,11 @@ typedef struct gma__anchor {
   gma_t *_Atomic g;
   _Atomic uint64_t refs;
   _Atomic uint32_t inside; /* threads between enter and exit */
+  /* Set in a child process after fork() (fork.c), where the worker that
+   * would complete these futures does not exist: wait, poll and release
+   * answer at once and never touch g. Relaxed: set before any other code
+   * runs in the child. */
+  _Atomic bool forked;
 } gma__anchor_t;
 gma__anchor_t *gma__anchor_new(gma_t *g);
 /* g while it lives (then call gma__anchor_exit), or NULL once destroyed. */
@@ -83,6 +88,10 @@ void gma__anchor_exit(gma__anchor_t *a);
 /* gma_destroy, after the worker stopped: futures stop reaching g; returns
  * once no thread is between enter and exit. */
 void gma__anchor_detach(gma__anchor_t *a);
+/* gma_destroy of an allocator inherited across fork() (fork.c): drops the
+ * allocator's reference without waiting for threads inside, which in the
+ * child are parent threads that do not exist. */
+void gma__anchor_forget(gma__anchor_t *a);
 uint64_t gma__future_deadline(const struct gma_future *f);
 struct gma_future *gma__future_wnext(struct gma_future *f);
 void gma__future_set_wnext(struct gma_future *f, struct gma_future *next);

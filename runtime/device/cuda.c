@@ -429,6 +429,12 @@ static void cuda_destroy(gma__device_t *d) {
   free(dev);
 }
 
+/* The child of a fork() (device.h, forget): CUDA is not fork-safe, and the
+ * context and every allocation belong to the parent's driver state, so no
+ * driver call at all, not even releasing the primary context; only the host
+ * struct is freed. */
+static void cuda_forget(gma__device_t *d) { free(cuda_of(d)); }
+
 static const gma__device_ops_t cuda_ops = {
     .mem_alloc = cuda_mem_alloc,
     .mem_free = cuda_mem_free,
@@ -453,6 +459,7 @@ static const gma__device_ops_t cuda_ops = {
     .host_free = cuda_host_free,
     .sim_launch = NULL,
     .destroy = cuda_destroy,
+    .forget = cuda_forget,
 };
 
 /* Loads the driver, initializes it, and checks the ordinal. */

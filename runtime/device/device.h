@@ -93,6 +93,14 @@ typedef struct gma__device_ops {
   /* Stops the backend's threads and frees it. Memory still allocated from it
    * is released. Called once, with no other call in flight. */
   void (*destroy)(gma__device_t *dev);
+  /* destroy for a child process after fork(), on a device the parent
+   * created: frees what the child holds of it (on the simulated device, the
+   * host memory behind its device and pinned allocations) and the backend's
+   * struct, with no driver call (CUDA is not fork-safe), no wait for a stream
+   * (the threads are the parent's) and no lock that a parent thread may have
+   * held at fork time (what such a lock guards is leaked). One thread; dev
+   * must not be used afterwards, and memory it handed out is gone. */
+  void (*forget)(gma__device_t *dev);
 } gma__device_ops_t;
 
 /* Every backend's device struct starts with this header. */

@@ -233,6 +233,7 @@ typedef struct sim_stream {
   pthread_cond_t idle_cv; /* broadcast when the stream becomes idle */
   sim_op_t *head, *tail;
   bool busy; /* the thread is running an op it popped */
+  sim_op_t *running; /* that op, for sim_forget (the thread's own after a fork) */
   bool stop;
 } sim_stream_t;
 
@@ -865,6 +866,7 @@ static void op_run(sim_device_t *dev, sim_op_t *op) {
     while (!op->mark->done) pthread_cond_wait(&dev->ev_cv, &dev->ev_mu);
   }
   mark_unref(op->mark);
+  op->mark = NULL; /* dropped: sim_forget must not drop it again */
   pthread_mutex_unlock(&dev->ev_mu);
 }
 
@@ -911,11 +913,13 @@ static void *stream_main(void *arg) {
     s->head = op->next;
     if (!s->head) s->tail = NULL;
     s->busy = true;
+    s->running = op;
     pthread_mutex_unlock(&s->mu);
     op_run(s->dev, op);
-    free(op);
     pthread_mutex_lock(&s->mu);
     s->busy = false;
+    s->running = NULL;
+    free(op); /* after running is cleared: sim_forget never sees a freed op */
     if (!s->head) pthread_cond_broadcast(&s->idle_cv);
   }
   pthread_mutex_unlock(&s->mu);
@@ -1411,6 +1415,71 @@ static void sim_destroy(gma__device_t *d) {
   free(dev);
 }
 
+/* The child of a fork() (device.h, forget). The stream threads are the
+ * parent's and do not exist here, and any lock of the device may have been
+ * held by one of them when fork() ran; so nothing is joined or waited for,
+ * and each lock is only tried. A lock that was free at fork time guards
+ * consistent state, which is freed; what a lock held then guards is leaked,
+ * because a parent thread was in the middle of changing it. What counts is
+ * the memory behind device allocations, reservations and pinned blocks (all
+ * under mem_mu); streams, their queued ops and events are small. The mutexes
+ * and condition variables are not destroyed (a dead waiter could make
+ * destroying a condition variable wait forever); their memory is freed. */
+static void sim_forget(gma__device_t *d) {
+  sim_device_t *dev = sim_of(d);
+  sim_link_t *l;
+  if (pthread_mutex_trylock(&dev->mem_mu) == 0) {
+    while ((l = table_pop(&dev->allocs))) {
+      munmap((void *)l->key, (size_t)((sim_alloc_t *)l)->size);
+      free(l);
+    }
+    while ((l = table_pop(&dev->reserves))) {
+      munmap((void *)l->key, (size_t)((sim_reserve_t *)l)->size);
+      free(((sim_reserve_t *)l)->mapped);
+      free(l);
+    }
+    while ((l = table_pop(&dev->hosts))) {
+      munmap((void *)l->key, (size_t)((sim_alloc_t *)l)->size);
+      free(l);
+    }
+    free(dev->allocs.buckets);
+    free(dev->reserves.buckets);
+    free(dev->hosts.buckets);
+    pthread_mutex_unlock(&dev->mem_mu);
+  }
+  bool ev = pthread_mutex_trylock(&dev->ev_mu) == 0; /* marks of queued ops may be freed */
+  if (pthread_mutex_trylock(&dev->streams_mu) == 0) {
+    for (sim_stream_t *s = dev->all, *next; s; s = next) {
+      next = s->all_next;
+      if (pthread_mutex_trylock(&s->mu) != 0) continue; /* its queue was changing: leaked */
+      if (s->running) s->running->next = s->head; /* its thread was running it: ours now */
+      for (sim_op_t *op = s->running ? s->running : s->head, *onext; op; op = onext) {
+        onext = op->next;
+        if (ev) mark_unref(op->mark);
+        free(op);
+      }
+      pthread_mutex_unlock(&s->mu);
+      free(s);
+    }
+    for (sim_chunk_t *c = atomic_load_explicit(&dev->chunks, memory_order_relaxed), *next; c;
+         c = next) {
+      next = c->next;
+      free(c);
+    }
+    free(dev->ptds.buckets); /* its links are in the streams */
+    pthread_mutex_unlock(&dev->streams_mu);
+  }
+  if (ev) {
+    while ((l = table_pop(&dev->events))) {
+      mark_unref(((sim_event_t *)l)->last);
+      free(l);
+    }
+    free(dev->events.buckets);
+    pthread_mutex_unlock(&dev->ev_mu);
+  }
+  free(dev);
+}
+
 static const gma__device_ops_t sim_ops = {
     .mem_alloc = sim_mem_alloc,
     .mem_free = sim_mem_free,
@@ -1435,6 +1504,7 @@ static const gma__device_ops_t sim_ops = {
     .host_free = sim_host_free,
     .sim_launch = sim_launch,
     .destroy = sim_destroy,
+    .forget = sim_forget,
 };
 
 gma_status_t gma__sim_create(const gma_config_t *config, gma__device_t **out) {
