@@ -1352,6 +1352,29 @@ static gma_status_t sim_device_synchronize(gma__device_t *d) {
   return GMA_OK;
 }
 
+/* Unmaps the memory behind every device allocation, address reservation and
+ * pinned host block, and frees their tables: the device's destroy, and its
+ * forget in a fork() child. mem_mu held, or no other thread left. */
+static void release_memory(sim_device_t *dev) {
+  sim_link_t *l;
+  while ((l = table_pop(&dev->allocs))) {
+    munmap((void *)l->key, (size_t)((sim_alloc_t *)l)->size);
+    free(l);
+  }
+  while ((l = table_pop(&dev->reserves))) {
+    munmap((void *)l->key, (size_t)((sim_reserve_t *)l)->size);
+    free(((sim_reserve_t *)l)->mapped);
+    free(l);
+  }
+  while ((l = table_pop(&dev->hosts))) {
+    munmap((void *)l->key, (size_t)((sim_alloc_t *)l)->size);
+    free(l);
+  }
+  free(dev->allocs.buckets);
+  free(dev->reserves.buckets);
+  free(dev->hosts.buckets);
+}
+
 /* ---------------------------------------------------------------------------
  * Lifecycle
  * ------------------------------------------------------------------------- */
@@ -1389,24 +1412,9 @@ static void sim_destroy(gma__device_t *d) {
     mark_unref(((sim_event_t *)l)->last);
     free(l);
   }
-  while ((l = table_pop(&dev->allocs))) {
-    munmap((void *)l->key, (size_t)((sim_alloc_t *)l)->size);
-    free(l);
-  }
-  while ((l = table_pop(&dev->reserves))) {
-    munmap((void *)l->key, (size_t)((sim_reserve_t *)l)->size);
-    free(((sim_reserve_t *)l)->mapped);
-    free(l);
-  }
-  while ((l = table_pop(&dev->hosts))) {
-    munmap((void *)l->key, (size_t)((sim_alloc_t *)l)->size);
-    free(l);
-  }
-  free(dev->hosts.buckets);
-  free(dev->reserves.buckets);
+  release_memory(dev);
   free(dev->ptds.buckets);
   free(dev->events.buckets);
-  free(dev->allocs.buckets);
   pthread_mutex_destroy(&dev->mem_mu);
   pthread_mutex_destroy(&dev->streams_mu);
   pthread_cond_destroy(&dev->streams_cv);
@@ -1429,22 +1437,7 @@ static void sim_forget(gma__device_t *d) {
   sim_device_t *dev = sim_of(d);
   sim_link_t *l;
   if (pthread_mutex_trylock(&dev->mem_mu) == 0) {
-    while ((l = table_pop(&dev->allocs))) {
-      munmap((void *)l->key, (size_t)((sim_alloc_t *)l)->size);
-      free(l);
-    }
-    while ((l = table_pop(&dev->reserves))) {
-      munmap((void *)l->key, (size_t)((sim_reserve_t *)l)->size);
-      free(((sim_reserve_t *)l)->mapped);
-      free(l);
-    }
-    while ((l = table_pop(&dev->hosts))) {
-      munmap((void *)l->key, (size_t)((sim_alloc_t *)l)->size);
-      free(l);
-    }
-    free(dev->allocs.buckets);
-    free(dev->reserves.buckets);
-    free(dev->hosts.buckets);
+    release_memory(dev);
     pthread_mutex_unlock(&dev->mem_mu);
   }
   bool ev = pthread_mutex_trylock(&dev->ev_mu) == 0; /* marks of queued ops may be freed */
