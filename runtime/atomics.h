@@ -23,6 +23,17 @@
  * with relaxed loads): a plain load and store, no locked instruction. */
 #define gma__counter_add_owner(p, v) gma__store_relaxed((p), gma__load_relaxed(p) + (v))
 
+/* A full fence right after a locked read-modify-write made inside ck (a
+ * ck_stack push: lock cmpxchg16b on x86), for a Dekker pair whose other side
+ * is C11 seq_cst. On x86 every locked instruction is already a full fence, so
+ * only the compiler is kept from moving later loads above it; elsewhere a
+ * real fence is emitted. */
+#if defined(__x86_64__) || defined(__i386__)
+#define gma__fence_after_locked_rmw() atomic_signal_fence(memory_order_seq_cst)
+#else
+#define gma__fence_after_locked_rmw() atomic_thread_fence(memory_order_seq_cst)
+#endif
+
 /* A spin-wait hint (x86 pause; elsewhere a compiler barrier). */
 #if defined(__x86_64__) || defined(__i386__)
 #define gma__cpu_relax() __builtin_ia32_pause()

@@ -359,12 +359,10 @@ gma_status_t gma__bin_free(gma__pool_t *p, void *ptr) {
    * the drain acquires it after its batch pop. */
   gma__tsan_release(&bin->stack);
   /* The other half of the Dekker pair with gma__stream_retire (store
-   * retired, drain): the push above and this load are ordered by a full
-   * fence, so either the retire's second drain sees the block, or this load
-   * sees retired and the block is drained here. On x86 the push's locked
-   * cmpxchg already is such a fence; the fence keeps the C11 model (and
-   * other processors) honest. */
-  atomic_thread_fence(memory_order_seq_cst);
+   * retired, fence, drain): the push above and this load are ordered by a
+   * full fence, so either the retire's second drain sees the block, or this
+   * load sees retired and the block is drained here (gma__stream_rescue). */
+  gma__fence_after_locked_rmw();
   if (__builtin_expect(atomic_load_explicit(&s->retired, memory_order_relaxed), 0)) {
     pthread_mutex_lock(&p->lock);
     gma__stream_rescue(p, s);
