@@ -122,7 +122,9 @@ static void *ptds_worker(void *arg) {
 }
 
 static void ptds_thread_exit(void) {
-  gma_t *g = sim_allocator("memory_limit:160M,worker:off");
+  /* Room for all eight threads at once (about 18 MiB each, segments
+   * rounded), so none of them can run out while the others still hold. */
+  gma_t *g = sim_allocator("memory_limit:400M,worker:off");
   pthread_t t[8];
   for (int i = 0; i < 8; i++) CHECK(pthread_create(&t[i], NULL, ptds_worker, g) == 0);
   for (int i = 0; i < 8; i++) pthread_join(t[i], NULL);
@@ -132,7 +134,7 @@ static void ptds_thread_exit(void) {
   gma_stream_t s;
   CHECK_OK(gma_stream_create(g, &s));
   void *p;
-  CHECK_OK(gma_alloc(g, 150 * MiB, s, &p));
+  CHECK_OK(gma_alloc(g, 390 * MiB, s, &p));
   CHECK_OK(gma_free(g, p));
   CHECK_OK(gma_stream_destroy(g, s));
   CHECK_OK(gma_destroy(g));
