@@ -165,6 +165,10 @@ typedef struct gma_config {
   int fallback_host;             /* "fallback": none | host (none) */
   uint64_t host_release_threshold; /* "host_release_threshold": free pinned host memory
                                       the worker's timed trim keeps (64M; 0 = default) */
+  /* Before gma_alloc or gma_alloc_batch fails with GMA_ERR_OOM, it waits on
+   * the host for device work that still uses freed memory, then retries. */
+  uint64_t oom_wait_ms;          /* "oom_wait_ms": the most it waits (0 = as long as such
+                                    work is outstanding; else 1..86400000) */
 } gma_config_t;
 
 /* Designated in C (and C++20) so -Wextra stays quiet about the other fields. */
@@ -240,7 +244,10 @@ GMA_API const char *gma_device_name(const gma_t *g);
  * ------------------------------------------------------------------------- */
 /* Allocates at least size bytes for use on stream; the pointer is aligned to at
  * least 256 bytes and safe to use on stream at once: no earlier device work on
- * any stream still touches it. Sizes are rounded up to 512 bytes. Any thread. */
+ * any stream still touches it. Sizes are rounded up to 512 bytes. Blocks only
+ * when the alternative is GMA_ERR_OOM: if the memory it needs is freed memory
+ * that device work still uses, it waits on the host for that work (at most
+ * oom_wait_ms), then retries. Any thread. */
 GMA_API gma_status_t gma_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out);
 /* gma_alloc with a tag naming what the memory is for ("weights", "kv-cache";
  * 1..31 characters, at most 255 distinct tags per allocator): snapshots, the
@@ -411,7 +418,8 @@ typedef struct gma_stats {
   uint64_t num_frees;           /* successful gma_free calls */
   uint64_t num_device_allocs;   /* segments taken from the device (growable: chunks mapped) */
   uint64_t num_device_frees;    /* segments given back to the device (growable: chunks unmapped) */
-  uint64_t num_ooms;            /* allocations that failed with GMA_ERR_OOM */
+  uint64_t num_ooms;            /* calls that failed with GMA_ERR_OOM (an async request
+                                   counts once, when it gives up) */
   uint64_t num_oom_retries;     /* device OOMs answered by releasing cache and retrying */
   uint64_t hits_bin;            /* served by the stream's lock-free bin (no lock taken) */
   uint64_t hits_stream;         /* served by the stream's own cache in the pool */
@@ -448,6 +456,8 @@ typedef struct gma_stats {
   uint64_t num_host_frees;      /* successful gma_host_free calls */
   uint64_t num_fallbacks;       /* gma_alloc calls served from host memory (fallback:host) */
   uint64_t fallback_bytes;      /* host memory in live fallback allocations now */
+  uint64_t num_oom_waits;       /* times an allocation waited for device work before an OOM
+                                   (oom_wait_ms) */
 } gma_stats_t;
 
 #if defined(__cplusplus) && __cplusplus < 202002L

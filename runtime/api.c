@@ -218,7 +218,7 @@ static gma_status_t alloc_now(gma_t *g, size_t size, gma_stream_t stream, void *
   if (st != GMA_OK) return st;
   if (size <= g->pool.bin_max && gma__bin_alloc(&g->pool, size, stream, id, out) == GMA_OK)
     return GMA_OK;
-  return gma__pool_alloc_slow(&g->pool, size, stream, id, out);
+  return gma__pool_alloc_slow(&g->pool, size, stream, id, GMA__ALLOC_WAIT, out);
 }
 
 gma_status_t gma_free(gma_t *g, void *ptr) {
@@ -309,7 +309,8 @@ gma_status_t gma_alloc_batch(gma_t *g, size_t n, const size_t *sizes, gma_stream
   }
   uint64_t id;
   gma_status_t st = g->dev->ops->stream_id(g->dev, stream, &id);
-  if (st == GMA_OK) st = gma__pool_alloc_batch(&g->pool, n, sizes, stream, id, ptrs);
+  if (st == GMA_OK)
+    st = gma__pool_alloc_batch(&g->pool, n, sizes, stream, id, GMA__ALLOC_WAIT, ptrs);
   gma__trace_t *t = gma__trace_on(&g->pool.trace);
   if (t) gma__trace_batch(&g->pool, t, st, n, sizes, stream, ptrs);
   return st;

@@ -55,6 +55,7 @@ static const key_spec_t keys[] = {
     {"trace", FIELD(trace_path), KIND_PATH, 0, 0},
     {"fallback", FIELD(fallback_host), KIND_FALLBACK, 0, 1},
     {"host_release_threshold", FIELD(host_release_threshold), KIND_SIZE, 0, 1024 * TiB},
+    {"oom_wait_ms", FIELD(oom_wait_ms), KIND_COUNT, 0, 86400000},
     {"sim_alloc_ns", FIELD(sim_alloc_latency_ns), KIND_COUNT, 0, 10000000000ull},
     {"sim_free_ns", FIELD(sim_free_latency_ns), KIND_COUNT, 0, 10000000000ull},
     {"sim_event_ns", FIELD(sim_event_latency_ns), KIND_COUNT, 0, 10000000000ull},

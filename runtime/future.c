@@ -238,14 +238,16 @@ bool gma__future_serve(gma__worker_t *w, gma_future_t *f, uint64_t now) {
   gma_status_t st = g->dev->ops->stream_id(g->dev, f->stream, &id);
   if (st == GMA_OK)
     st = f->n == 1 && !f->sizes
-             ? gma__pool_alloc_slow(&g->pool, f->size, f->stream, id, &f->ptr)
-             : gma__pool_alloc_batch(&g->pool, f->n, f->sizes, f->stream, id, f->ptrs);
+             ? gma__pool_alloc_slow(&g->pool, f->size, f->stream, id, GMA__ALLOC_ATTEMPT, &f->ptr)
+             : gma__pool_alloc_batch(&g->pool, f->n, f->sizes, f->stream, id, GMA__ALLOC_ATTEMPT,
+                                     f->ptrs);
   if (st == GMA_ERR_OOM) {
     if (now < f->deadline_ns) return false; /* back-pressure: wait for frees */
     char detail[400];
     snprintf(detail, sizeof detail, "%s", gma_last_error());
     gma__set_error(GMA_ERR_TIMEOUT, "async request waited %.1f ms for memory: %s",
                    (double)(now - f->submit_ns) / 1e6, detail);
+    gma__pool_count_oom(&g->pool); /* one failed request, however many tries it took */
     st = GMA_ERR_TIMEOUT;
   }
   complete(w, f, st);

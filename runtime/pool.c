@@ -391,6 +391,7 @@ gma_status_t gma__pool_init(gma__pool_t *p, gma__device_t *dev, const gma_config
   for (int k = 0; k < GMA__NKINDS; k++)
     if (p->segment_size[k] > room) p->segment_size[k] = room;
   p->reuse = cfg->reuse;
+  p->oom_wait_ns = cfg->oom_wait_ms ? cfg->oom_wait_ms * 1000000u : UINT64_MAX;
   if (!cfg->bins_off) {
     p->nbins = gma__class_of(cfg->bin_max) + 1;
     p->bin_max = gma__class_size(p->nbins - 1);
@@ -470,21 +471,65 @@ static uint64_t segment_size_for(const gma__pool_t *p, int kind, uint64_t size) 
   return own > room && size <= room ? room : own;
 }
 
+/* The OOM message: what was asked, where the memory is, and which of three
+ * causes it is, with advice that fits it. count: a failed call (num_ooms);
+ * an async request's attempt that will wait and retry is not one. */
 static gma_status_t oom_error(gma__pool_t *p, uint64_t size, size_t requested,
-                              gma_stream_t stream) {
+                              gma_stream_t stream, bool count, uint64_t waited_ns) {
   uint64_t dev_free = 0, dev_total = 0;
   p->dev->ops->mem_info(p->dev, &dev_free, &dev_total);
-  p->c.ooms++;
+  if (count) p->c.ooms++;
   GMA__TRACE(p, GMA__TR_OOM, 0, requested, stream, size, 0, 0, 0);
   gma__stats_sample(p);
+  uint64_t gated = p->c.stream_cached + p->c.pending, largest = gma__pool_largest_idle(p);
+  uint64_t room = p->limit > p->c.reserved.current ? p->limit - p->c.reserved.current : 0;
+  if (room > dev_free) room = dev_free;
+  char cause[400];
+  if (gated >= size)
+    snprintf(cause, sizeof cause,
+             "%" PRIu64 " bytes are freed but still in use by device work that has not finished "
+             "(waited %.1f ms; oom_wait_ms bounds it); synchronize the streams, or raise "
+             "oom_wait_ms", gated, (double)waited_ns / 1e6);
+  else if (p->c.free + room >= size)
+    snprintf(cause, sizeof cause,
+             "fragmentation: %" PRIu64 " bytes are free in the pool, but the largest free "
+             "block is %" PRIu64 " bytes and only %" PRIu64 " more can be reserved; "
+             "expandable_segments:true lets free chunks coalesce",
+             p->c.free, largest, room);
+  else
+    snprintf(cause, sizeof cause,
+             "a real shortage: live allocations hold %" PRIu64 " bytes; free memory, ask for "
+             "less, or raise memory_limit", p->c.allocated.current);
   return gma__set_error(
       GMA_ERR_OOM,
-      "cannot allocate %zu bytes (%" PRIu64 " rounded) on stream %p: allocated %" PRIu64
-      ", reserved %" PRIu64 " (of which %" PRIu64 " cached in stream trees, %" PRIu64
+      "cannot allocate %zu bytes (%" PRIu64 " rounded) on stream %p: %s. In the pool: allocated %" PRIu64
+      ", reserved %" PRIu64 " (%" PRIu64 " cached in stream trees, %" PRIu64
       " pending other streams' work, %" PRIu64 " free), device free %" PRIu64 " of %" PRIu64
-      ", memory_limit %" PRIu64 ". Free memory, call gma_empty_cache, or raise memory_limit",
-      requested, size, stream, p->c.allocated.current, p->c.reserved.current, p->c.stream_cached,
-      p->c.pending, p->c.free, dev_free, dev_total, p->limit);
+      ", memory_limit %" PRIu64,
+      requested, size, stream, cause, p->c.allocated.current, p->c.reserved.current,
+      p->c.stream_cached, p->c.pending, p->c.free, dev_free, dev_total, p->limit);
+}
+
+static uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Before an OOM, wait (lock held): device work that still uses freed
+ * memory finishes, what it gated is released, whole free segments go back,
+ * and the caller searches again. At most three rounds (frees by other
+ * threads keep adding work), within the oom_wait_ms deadline. True when it
+ * waited for something, so a retry may succeed. */
+static bool oom_wait(gma__pool_t *p, uint64_t start_ns, int *rounds) {
+  if (*rounds >= 3) return false;
+  uint64_t deadline = p->oom_wait_ns == UINT64_MAX ? UINT64_MAX : start_ns + p->oom_wait_ns;
+  if (deadline != UINT64_MAX && mono_ns() >= deadline) return false;
+  if (!gma__streams_wait_work(p, deadline)) return false;
+  (*rounds)++;
+  p->c.oom_waits++;
+  release_free_segments(p);
+  return true;
 }
 
 /* Growable segments: maps just enough chunks (vmm.c), with the same retry
@@ -560,7 +605,7 @@ void gma__pool_tick_clock(gma__pool_t *p) {
 }
 
 gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t stream,
-                                  uint64_t stream_id, void **out) {
+                                  uint64_t stream_id, unsigned flags, void **out) {
   if (p->clock_in_slow_path) gma__pool_tick_clock(p);
   /* Requests the bins serve get their class's size, so the block can go
    * into a bin when freed. */
@@ -572,10 +617,19 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t
   gma__stream_t *s = gma__stream_resolve(p, stream, stream_id);
   gma__block_t *b = NULL;
   uint64_t *level = NULL;
-  if (!s)
+  uint64_t start = 0;
+  int rounds = 0;
+  if (!s) {
     st = gma__set_error(GMA_ERR_OOM, "host memory for a stream record");
-  else if ((st = find_or_grow(p, s, kind, size, &b, &level, true)) == GMA_ERR_OOM)
-    st = oom_error(p, size, requested, stream);
+  } else {
+    st = find_or_grow(p, s, kind, size, &b, &level, true);
+    while (st == GMA_ERR_OOM && (flags & GMA__ALLOC_WAIT) &&
+           oom_wait(p, start ? start : (start = mono_ns()), &rounds))
+      st = find_or_grow(p, s, kind, size, &b, &level, true);
+    if (st == GMA_ERR_OOM)
+      st = oom_error(p, size, requested, stream, !(flags & GMA__ALLOC_ATTEMPT),
+                     start ? mono_ns() - start : 0);
+  }
   if (st == GMA_OK) {
     (*level)++;
     take_block(p, b, size, requested, s);
@@ -622,7 +676,8 @@ static void untake_block(gma__pool_t *p, const gma__taken_t *t) {
 }
 
 gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes,
-                                   gma_stream_t stream, uint64_t stream_id, void **ptrs) {
+                                   gma_stream_t stream, uint64_t stream_id, unsigned flags,
+                                   void **ptrs) {
   uint64_t total = 0;
   for (size_t i = 0; i < n; i++) total += round_up(sizes[i], GMA__ROUND);
   int kind = total <= p->small_size ? GMA__SMALL : GMA__LARGE;
@@ -650,6 +705,9 @@ gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes
    * free in pieces: a training step's gradient batch would otherwise leave
    * a segment behind each step, split up by other requests in between. */
   bool split = false;
+  uint64_t start = 0;
+  int rounds = 0;
+again:
   for (int plan = 0; plan < 4 && got < n; plan++) {
     bool grow_ok = plan >= 2;
     if (plan % 2 == 0) {
@@ -694,8 +752,16 @@ gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes
   if (got < n) {
     /* All or nothing: nothing of a failed batch stays allocated. */
     for (size_t i = got; i-- > 0;) untake_block(p, &taken[i]);
+    if (st == GMA_ERR_OOM && (flags & GMA__ALLOC_WAIT) &&
+        oom_wait(p, start ? start : (start = mono_ns()), &rounds)) {
+      got = 0;
+      st = GMA_OK;
+      goto again; /* device work finished and freed memory: every plan again */
+    }
     if (st == GMA_OK) st = gma__set_error(GMA_ERR_OOM, "host memory for block records");
-    else if (st == GMA_ERR_OOM) st = oom_error(p, total, (size_t)total, stream);
+    else if (st == GMA_ERR_OOM)
+      st = oom_error(p, total, (size_t)total, stream, !(flags & GMA__ALLOC_ATTEMPT),
+                     start ? mono_ns() - start : 0);
     goto out;
   }
   for (size_t i = 0; i < n; i++) ptrs[i] = (void *)taken[i].b->addr;
@@ -992,6 +1058,12 @@ gma_status_t gma__pool_stream_retire(gma__pool_t *p, gma_stream_t stream) {
   GMA__VALIDATE(p);
   pthread_mutex_unlock(&p->lock);
   return st;
+}
+
+void gma__pool_count_oom(gma__pool_t *p) {
+  pthread_mutex_lock(&p->lock);
+  p->c.ooms++;
+  pthread_mutex_unlock(&p->lock);
 }
 
 gma_status_t gma__pool_stream_synchronize(gma__pool_t *p, gma_stream_t stream) {

@@ -204,7 +204,7 @@ typedef struct gma__counters {
   gma_stat_t reserved;
   gma_stat_t allocated, requested, active; /* peaks sampled, see stats.c */
   uint64_t stream_cached, pending, free;
-  uint64_t device_allocs, device_frees, ooms, oom_retries;
+  uint64_t device_allocs, device_frees, ooms, oom_retries, oom_waits;
   uint64_t hits_stream, hits_pool, hits_device;
   uint64_t cross_stream_waits, epoch_events;
   uint64_t batches, batches_split, bytes_trimmed, trims_explicit;
@@ -229,6 +229,7 @@ typedef struct gma__pool {
   uint64_t segment_size[GMA__NKINDS];
   uint64_t limit;               /* immutable: most bytes to reserve */
   gma_reuse_t reuse;            /* immutable */
+  uint64_t oom_wait_ns;         /* immutable: the OOM path's wait bound (UINT64_MAX: none) */
   uint64_t bin_max;             /* immutable: largest request the bins serve; 0 = bins off */
   uint32_t bin_depth;           /* immutable */
   unsigned nbins;               /* immutable: classes 0..nbins-1 */
@@ -287,8 +288,15 @@ void gma__pool_tick_clock(gma__pool_t *p);
 /* pool.c: public operations; each takes the lock itself. Any thread. */
 gma_status_t gma__pool_init(gma__pool_t *p, gma__device_t *dev, const gma_config_t *cfg);
 gma_status_t gma__pool_fini(gma__pool_t *p);
+/* How a slow-path allocation may behave when memory is short. WAIT: a
+ * synchronous caller, for whom the alternative is an OOM: wait on the host
+ * for device work that gates freed memory (oom_wait_ms), then retry.
+ * ATTEMPT: an async request's try, retried later: its failure is not counted
+ * in num_ooms (gma__pool_count_oom counts the request when it gives up). */
+enum { GMA__ALLOC_WAIT = 1u << 0, GMA__ALLOC_ATTEMPT = 1u << 1 };
 gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t size, gma_stream_t stream,
-                                  uint64_t stream_id, void **out);
+                                  uint64_t stream_id, unsigned flags, void **out);
+void gma__pool_count_oom(gma__pool_t *p);
 gma_status_t gma__pool_free_slow(gma__pool_t *p, void *ptr);
 gma_status_t gma__pool_record_stream(gma__pool_t *p, void *ptr, gma_stream_t stream);
 /* Marks (or unmarks) the live block at ptr as held by an uncollected future. */
@@ -305,7 +313,8 @@ gma_status_t gma__pool_trim(gma__pool_t *p, uint64_t keep_bytes);
 /* Grows the large pool until at least want_free bytes are free (one segment). */
 gma_status_t gma__pool_grow_ahead(gma__pool_t *p, uint64_t want_free);
 gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes,
-                                   gma_stream_t stream, uint64_t stream_id, void **ptrs);
+                                   gma_stream_t stream, uint64_t stream_id, unsigned flags,
+                                   void **ptrs);
 gma_status_t gma__pool_stream_retire(gma__pool_t *p, gma_stream_t stream);
 /* Synchronizes stream on the device, then marks every epoch of it that was
  * closed by then complete: what it freed is reusable without waiting for a
@@ -409,6 +418,14 @@ void gma__streams_poll(gma__pool_t *p, bool force);
  * draining bins: lets a block used by other streams return to its place
  * before the slow path searches (cheap: O(streams)). */
 void gma__streams_settle_pending(gma__pool_t *p);
+/* The OOM path's wait: closes every open epoch that holds freed memory,
+ * waits on the host for each stream's newest outstanding event (which covers
+ * its earlier epochs) until deadline_ns (UINT64_MAX: as long as it takes),
+ * then moves what completed to the free pool. False when no freed memory
+ * waited for device work (nothing to wait for: a real shortage). The pool
+ * lock stays held: other slow-path callers wait too, as they would for the
+ * memory anyway; bin hits and bin frees go on. */
+bool gma__streams_wait_work(gma__pool_t *p, uint64_t deadline_ns);
 /* reuse:wait: a CACHED block of another stream fitting size whose closed
  * epoch the stream u can wait on; makes u wait and returns the block, or NULL. */
 gma__block_t *gma__streams_wait_fit(gma__pool_t *p, gma__stream_t *u, int kind, uint64_t size);

@@ -128,6 +128,7 @@ void gma__pool_stats(gma__pool_t *p, gma_stats_t *out) {
   st.num_device_frees = c->device_frees;
   st.num_ooms = c->ooms;
   st.num_oom_retries = c->oom_retries;
+  st.num_oom_waits = c->oom_waits;
   st.hits_bin = V(t.hits);
   st.hits_stream = c->hits_stream;
   st.hits_pool = c->hits_pool;

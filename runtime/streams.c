@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "pool.h"
 #include "tsan.h"
@@ -158,6 +159,60 @@ void gma__stream_sync_end(gma__pool_t *p, gma__stream_t *s, uint64_t closed) {
   observe_epochs(p, s); /* events of epochs <= closed completed too: reuse them */
   gma__pending_poll(p);
   if (p->reuse != GMA_REUSE_NONE || gma__load_relaxed(&s->retired)) release_safe_cached(p, s);
+}
+
+/* Sleeps about us microseconds (the OOM wait's bounded polling). */
+static void nap_us(uint64_t us) {
+  struct timespec ts = {(time_t)(us / 1000000u), (long)(us % 1000000u) * 1000};
+  nanosleep(&ts, NULL);
+}
+
+static uint64_t clock_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Waits on the host until ev completed or deadline_ns passed; false when it
+ * did not complete (deadline, or a device error, counted). */
+static bool event_wait(gma__pool_t *p, gma__event_t ev, uint64_t deadline_ns) {
+  if (deadline_ns == UINT64_MAX) {
+    if (p->dev->ops->event_synchronize(p->dev, ev) == GMA_OK) return true;
+    p->c.device_errors++;
+    return false;
+  }
+  for (uint64_t nap = 20;; nap = nap < 1000 ? nap * 2 : 1000) {
+    bool done = false;
+    if (p->dev->ops->event_query(p->dev, ev, &done) != GMA_OK) {
+      p->c.device_errors++;
+      return false;
+    }
+    if (done) return true;
+    if (clock_ns() >= deadline_ns) return false;
+    nap_us(nap);
+  }
+}
+
+bool gma__streams_wait_work(gma__pool_t *p, uint64_t deadline_ns) {
+  for (gma__stream_t *s = p->stream_list; s; s = s->next_all) {
+    gma__stream_drain_bins(p, s);
+    if (!gma__load_relaxed(&s->retired)) close_epoch(p, s);
+    observe_epochs(p, s);
+  }
+  if (p->c.stream_cached == 0 && p->c.pending == 0) return false; /* nothing is gated */
+  bool waited = false;
+  for (gma__stream_t *s = p->stream_list; s; s = s->next_all) {
+    if (!s->ev_count) continue;
+    /* The newest event covers every earlier epoch of the stream. */
+    gma__event_t ev = s->ev[(s->ev_head + s->ev_count - 1) % GMA__EPOCH_EVENTS];
+    waited = true;
+    if (!event_wait(p, ev, deadline_ns)) break; /* out of time (or the device failed) */
+  }
+  if (!waited) return false;
+  for (gma__stream_t *s = p->stream_list; s; s = s->next_all) observe_epochs(p, s);
+  gma__pending_poll(p);
+  for (gma__stream_t *s = p->stream_list; s; s = s->next_all) release_safe_cached(p, s);
+  return true;
 }
 
 /* Best fit for size among the CACHED blocks of streams other than u whose

@@ -83,6 +83,7 @@ class Config(ctypes.Structure):
         ("trace_path", ctypes.c_char * 512),
         ("fallback_host", c_int),
         ("host_release_threshold", u64),
+        ("oom_wait_ms", u64),
     ]
 
 
@@ -144,6 +145,7 @@ class Stats(ctypes.Structure):
         ("num_host_frees", u64),
         ("num_fallbacks", u64),
         ("fallback_bytes", u64),
+        ("num_oom_waits", u64),
     ]
 
 

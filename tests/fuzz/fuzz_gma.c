@@ -1959,6 +1959,10 @@ static void configure(rd_t *r) {
     c.bin_max = 64 * KiB;
   }
   c.future_timeout_ms = 20;
+  /* The OOM path waits for device work that gates freed memory; the fuzzer
+   * holds kernels behind gates only it opens, so an unbounded wait would
+   * wait for the fuzzer itself. 2 ms: short waits still succeed. */
+  c.oom_wait_ms = 2;
   if ((b2 >> 6) & 1) c.memory_limit = c.sim_capacity / 4 * 3;
   if ((b2 >> 7) & 1) {
     c.small_segment_size = 1 * MiB;
