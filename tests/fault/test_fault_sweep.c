@@ -232,16 +232,22 @@ static void release(run_t *r, void *p) {
 }
 
 /* A kernel on s over the first bytes of p: writes a pattern, holds (for the
- * gate if gated), checks it. */
-static void kernel(run_t *r, gma_stream_t s, void *p, size_t len, bool gated) {
+ * gate if gated, else hold_us), checks it. */
+static void kernel_held(run_t *r, gma_stream_t s, void *p, size_t len, bool gated,
+                        long hold_us) {
   if (!p) return;
   if (r->nkern == MAXKERN) fail("too many kernels");
   pattern_kernel_t *k = &r->kern[r->nkern];
   *k = (pattern_kernel_t){.buf = p, .len = len < 64 * KiB ? len : 64 * KiB,
                           .value = (uint8_t)(0x11 * (r->nkern + 1)),
-                          .gate = gated ? &r->gate : NULL, .corruptions = &r->corruptions};
+                          .gate = gated ? &r->gate : NULL, .hold_us = hold_us,
+                          .corruptions = &r->corruptions};
   if (step(r, "gma_sim_launch", gma_sim_launch(r->g, s, pattern_kernel_run, k), GMA_OK))
     r->nkern++;
+}
+
+static void kernel(run_t *r, gma_stream_t s, void *p, size_t len, bool gated) {
+  kernel_held(r, s, p, len, gated, 0);
 }
 
 static gma_stream_t stream_new(run_t *r) {
@@ -385,6 +391,24 @@ static void workload(run_t *r, bool free_at_end) {
       step(r, "gma_stream_synchronize", gma_stream_synchronize(g, s2), GMA_OK); /* no order */
   }
   if (big) release(r, big);
+
+  /* The OOM wait: a block of two thirds of what is not live, freed on s1
+   * while a kernel there still uses it, is the only memory a second such
+   * request (on s2) can have, so that allocation waits on the host for the
+   * kernel (event_record, event_synchronize) before it succeeds; under
+   * reuse:none too. */
+  gma_stats_t ws = GMA_STATS_INIT;
+  MUST(gma_stats(g, &ws));
+  size_t wsize = (size_t)((256 * MiB - ws.allocated.current) / 3 * 2) / MiB * MiB;
+  void *w1 = alloc(r, wsize, s1);
+  kernel_held(r, s1, w1, wsize, false, 50000);
+  release(r, w1);
+  release(r, alloc(r, wsize, s2));
+  MUST(gma_stats(g, &ws));
+  /* Without a fault it must have waited (reuse:wait makes s2 wait on the
+   * device instead, and the fallback config may serve it from host memory). */
+  if (!r->k && strcmp(r->cfg->name, "default") == 0 && ws.num_oom_waits == 0)
+    fail("the %zu-byte allocation on s2 did not wait for s1's kernel (reserved %llu, allocated %llu, oom retries %llu, device allocs %llu)", wsize, (unsigned long long)ws.reserved.current, (unsigned long long)ws.allocated.current, (unsigned long long)ws.num_oom_retries, (unsigned long long)ws.num_device_allocs);
 
   void *h1 = host_alloc(r, 64 * KiB, s2), *h2 = host_alloc(r, 1 * MiB, NULL);
   host_release(r, h1);
