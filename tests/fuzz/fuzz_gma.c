@@ -37,7 +37,35 @@
  *   a third slot), followed by the operation's argument bytes. Missing bytes
  *   read as 0. The logical threads' operations interleave as the bytes say;
  *   everything runs on the calling thread, so a run is as deterministic as the
- *   device's own threads allow.
+ *   device's own threads allow, except for the operations with a helper
+ *   thread below.
+ *
+ *   Operations added for issue 13 live inside existing codes, in argument
+ *   values that older inputs hardly use, so that those inputs (corpus/ and
+ *   campaign/) keep their meaning (23 of the 2,178 campaign inputs reach one):
+ *   - RESERVE whose first argument byte is 0xE0-0xEF: adversarial gma_reserve
+ *     arguments (op_reserve_bad; the low four bits pick the variant): counts
+ *     whose sum wraps past SIZE_MAX ({SIZE_MAX, 2}, {2^63, 2^63}, {2,
+ *     SIZE_MAX - 1, 1}), a count of SIZE_MAX, counts whose pointer array
+ *     cannot exist, NULL sizes or counts with n > 0, a valid entry followed by
+ *     size 0, SIZE_MAX or memory_limit + 1.
+ *   - INTROSPECT with v = 8e + 3, e = 1..31 (v = 3 stays the device-name
+ *     check): an operation with a short-lived helper pthread, (e - 1) % 4:
+ *     0 RACE_DESTROY  blocks of a user stream freed on the helper while the
+ *                     fuzzer's thread calls gma_stream_destroy on the stream
+ *                     (both leave one barrier); the slot gets a new stream;
+ *     1 PTDS_THREAD   the helper allocates, runs pattern kernels on and frees
+ *                     blocks on GMA_STREAM_PER_THREAD, and exits;
+ *     2 PRESSURE_CB   the pressure callback set, replaced or removed (worker
+ *                     on) with a heap context the fuzzer frees as soon as the
+ *                     call that replaced it returns (no helper thread: the
+ *                     worker runs the callback);
+ *     3 REPORTERS     gma_live_report, gma_find_old_allocations and
+ *                     gma_snapshot_json on the helper beside lock-free
+ *                     alloc/free pairs on the fuzzer's thread.
+ *     Each helper is bounded and joined before its operation ends; the
+ *     comments above op_race_destroy, op_ptds_thread, op_pressure and
+ *     op_reporters give their argument bytes.
  *
  * THE MODEL
  *   - live device (and CPU-fallback) blocks: pointer, requested size, block
@@ -52,7 +80,9 @@
  *   - futures, with a completion callback that tells the model each outcome,
  *     so counts stay exact even for futures released before they completed;
  *   - expected counters: allocations and frees, host allocations and frees,
- *     fallbacks, futures submitted and completed by outcome.
+ *     fallbacks, futures submitted and completed by outcome;
+ *   - the pressure callback installed now (none, the plain one, or one with a
+ *     heap context) and the contexts given up.
  *
  * CHECKS after every operation: every new allocation is 256-byte aligned, does
  * not overlap any live block of the model (device, fallback or host), and
@@ -70,16 +100,37 @@
  * every byte back (reserved 0, host reserved 0), and gma_destroy must return
  * GMA_OK (GMA_ERR_LEAK in the leak mode).
  *
+ * The issue-13 operations add: an adversarial gma_reserve fails with
+ * INVALID_SIZE, INVALID_ARGUMENT or OOM (DEVICE with injected faults), never
+ * crashes, and leaves allocated, requested, host memory and gma's count of
+ * live allocations as they were; frees racing gma_stream_destroy and a
+ * helper's per-thread work succeed, and what they cached must come back at
+ * the end (the drain check above: nothing stranded in the bins of a retired
+ * stream or of an exited thread's stream); a pressure callback checks its
+ * context's magic value at its start and after a hold, so one still running
+ * after the call that replaced it returned is a use after free (ASan) or a
+ * poisoned value; the reports return GMA_OK (GMA_ERR_INVALID_SIZE for a
+ * short buffer) with sane entries while the hot path runs (TSan sees their
+ * reads race the lock-free writes), and with nothing running agree with the
+ * model: the count and bytes of live device blocks, each entry's size, tag
+ * and stream, oldest first; gma_find_old_allocations is called with cap > 0
+ * also when nothing is live.
+ *
  * Gated kernels hold their stream until an OP_GATE_OPEN (or any synchronize,
  * or the end) opens their gate: stream order then deterministically keeps
  * their memory from other streams. A gate that stays shut 10 s means a call
  * waited for the device while the fuzzer held a stream: that aborts too.
  *
  * Environment: FUZZ_GMA_VERBOSE=1 prints every operation; FUZZ_GMA_PROFILE=1
- * the time spent per operation kind. (While a bug is open, a variable like
- * the former FUZZ_GMA_SKIP_KNOWN can steer a long run clear of it so that it
- * finds others; see tests/fuzz/README.md.) */
+ * the time spent per operation kind. FUZZ_GMA_SKIP_KNOWN=1 steers a long run
+ * clear of the open bugs of issue 13 so that it finds others: no reserve
+ * whose counts wrap or are huge, no end drain check after RACE_DESTROY or
+ * PTDS_THREAD, contexts of replaced pressure callbacks freed only after
+ * gma_destroy, and cap 0 for gma_find_old_allocations when the model has
+ * nothing live (drop it when the fixes land; see tests/fuzz/README.md). */
 #include <inttypes.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -383,6 +434,12 @@ typedef struct fuzz {
   uint64_t n_submitted, n_ready, n_failed, n_timed_out;
   uint64_t pressure_calls;
   int stream_rr;        /* which stream the per-step check looks at */
+  /* the threaded operations (INTROSPECT, see op_threaded) */
+  struct pctx *pcb;     /* the context of the pressure callback installed now (NULL: none) */
+  bool pcb_plain;       /* pressure_cb (no context) is installed */
+  struct pctx *pcb_kept; /* FUZZ_GMA_SKIP_KNOWN: replaced contexts, freed after gma_destroy */
+  bool skip_known;      /* FUZZ_GMA_SKIP_KNOWN=1: steer clear of the open bugs of issue 13 */
+  bool stranded_known;  /* ... and a known bug may have stranded memory until gma_destroy */
 } fuzz_t;
 
 static fuzz_t F;
@@ -1609,6 +1666,33 @@ static void stream_create_slot(int si) {
   stream_new_gen(si);
 }
 
+/* Before user stream si (handle old) is destroyed: without host_outlives its
+ * pinned host and CPU-fallback blocks are freed first (see configure). */
+static void destroy_prepare(int si, gma_stream_t old) {
+  if (F.faults) gates_open_all(); /* see op_retire */
+  if (!F.host_outlives) /* free the stream's pinned host blocks first (see configure) */
+    for (int i = F.nhost; i-- > 0;)
+      if (F.host[i].si == si && F.host[i].h == old) {
+        rd_t pick = {&(uint8_t){(uint8_t)i}, 1, 0};
+        op_host_free(&pick);
+      }
+  if (!F.host_outlives) /* and its CPU-fallback blocks (host memory too) */
+    for (int i = F.nlive; i-- > 0;)
+      if (F.live[i].kind == GMA_MEMORY_FALLBACK && F.live[i].si == si && F.live[i].h == old)
+        free_block(i, "gma_free of a fallback block before its stream is destroyed");
+}
+
+/* gma_stream_destroy(old) of user slot si returned st: the model follows. */
+static void destroy_done(int si, gma_stream_t old, gma_status_t st) {
+  EXPECT(st == GMA_OK || (st == GMA_ERR_DEVICE && F.faults), "gma_stream_destroy returned %s",
+         gma_status_name(st));
+  if (st != GMA_OK) F.orphaned = true;
+  F.st[si].live = false;
+  stream_new_gen(si);
+  if (F.ndead < NDEAD) F.dead[F.ndead++] = old;
+  else F.dead[F.opno % NDEAD] = old;
+}
+
 static void op_destroy(int t) {
   int si = t < 3 ? t : stream_of_thread(t); /* a dead user slot is re-created */
   if (si >= 3) { /* the default streams: refused, nothing changes */
@@ -1624,25 +1708,9 @@ static void op_destroy(int t) {
     return;
   }
   gma_stream_t old = F.st[si].h;
-  if (F.faults) gates_open_all(); /* see op_retire */
-  if (!F.host_outlives) /* free the stream's pinned host blocks first (see configure) */
-    for (int i = F.nhost; i-- > 0;)
-      if (F.host[i].si == si && F.host[i].h == old) {
-        rd_t pick = {&(uint8_t){(uint8_t)i}, 1, 0};
-        op_host_free(&pick);
-      }
-  if (!F.host_outlives) /* and its CPU-fallback blocks (host memory too) */
-    for (int i = F.nlive; i-- > 0;)
-      if (F.live[i].kind == GMA_MEMORY_FALLBACK && F.live[i].si == si && F.live[i].h == old)
-        free_block(i, "gma_free of a fallback block before its stream is destroyed");
+  destroy_prepare(si, old);
   gma_status_t st = gma_stream_destroy(F.g, old);
-  EXPECT(st == GMA_OK || (st == GMA_ERR_DEVICE && F.faults), "gma_stream_destroy returned %s",
-         gma_status_name(st));
-  if (st != GMA_OK) F.orphaned = true;
-  F.st[si].live = false;
-  stream_new_gen(si);
-  if (F.ndead < NDEAD) F.dead[F.ndead++] = old;
-  else F.dead[F.opno % NDEAD] = old;
+  destroy_done(si, old, st);
   /* Every other time a new stream takes the slot at once (and likely the
    * destroyed stream's handle value). */
   if (F.opno & 1) stream_create_slot(si);
@@ -1750,9 +1818,124 @@ static void op_pinfo(rd_t *r) {
          info.tag ? info.tag : "(null)", want_tag);
 }
 
-static void op_reserve(rd_t *r, int t) {
+/* Live device allocations as gma's reports count them (cap 0: count only). */
+static size_t live_count_reported(void) {
+  size_t count = SIZE_MAX;
+  gma_status_t st = gma_find_old_allocations(F.g, 0, NULL, 0, &count);
+  EXPECT_ST(st, GMA_OK, "gma_find_old_allocations(cap 0)");
+  return count;
+}
+
+/* gma_reserve with arguments no caller should get past the checks (issue 13):
+ * counts whose sum wraps past SIZE_MAX, a count of SIZE_MAX or one whose
+ * pointer array cannot be allocated, NULL arrays with n > 0, sizes never
+ * possible (0, SIZE_MAX, above memory_limit) after a valid entry. Each must
+ * fail with INVALID_SIZE, INVALID_ARGUMENT or OOM (DEVICE with injected
+ * faults) and leave nothing behind: allocated, requested and host memory as
+ * they were, as many frees as allocations, no new live block in gma's report. */
+static void op_reserve_bad(rd_t *r, int t, unsigned variant) {
   int si = stream_of_thread(t);
-  size_t n = 1 + rd8(r) % 3, sizes[3], counts[3], total = 0;
+  unsigned x = rd8(r);
+  size_t sizes[3] = {4096, 4096, 512}, counts[3] = {1, 1, 1}, n = 2;
+  const size_t *sp = sizes, *cp = counts;
+  const char *what;
+  bool may_alloc = false; /* a valid entry comes first: blocks are made and given back */
+  variant %= 10;
+  switch (variant) {
+    case 0: /* the probe's call: the sum wraps to 1 */
+      counts[0] = SIZE_MAX, counts[1] = 2;
+      what = "counts {SIZE_MAX, 2}";
+      break;
+    case 1:
+      n = 1, counts[0] = SIZE_MAX;
+      what = "a count of SIZE_MAX";
+      break;
+    case 2: /* the sum wraps to 0 */
+      sizes[0] = sizes[1] = 512, counts[0] = counts[1] = SIZE_MAX / 2 + 1;
+      what = "counts {2^63, 2^63}";
+      break;
+    case 3: /* wraps to 0 and then to 1 */
+      n = 3, counts[0] = 2, counts[1] = SIZE_MAX - 1, counts[2] = 1;
+      what = "counts {2, SIZE_MAX - 1, 1}";
+      break;
+    case 4: /* no wrap, but count * sizeof(void *) overflows */
+      n = 1, counts[0] = SIZE_MAX / sizeof(void *) + 1 + x;
+      what = "a count whose pointer array overflows";
+      break;
+    case 5: /* far more blocks than memory_limit holds */
+      n = 1, counts[0] = (size_t)1 << (32 + x % 16);
+      what = "a count of 2^32 or more";
+      break;
+    case 6:
+      n = 1 + x % 3, sp = NULL;
+      what = "sizes NULL with n > 0";
+      break;
+    case 7:
+      n = 1 + x % 3, cp = NULL;
+      what = "counts NULL with n > 0";
+      break;
+    case 8:
+      n = 1 + x % 3, sp = NULL, cp = NULL;
+      what = "both arrays NULL with n > 0";
+      break;
+    default: { /* a valid entry, then a size never possible */
+      size_t bad[4] = {0, SIZE_MAX, (size_t)F.limit + 1, SIZE_MAX - 511};
+      counts[0] = x % 3;
+      sizes[1] = bad[(x >> 2) & 3];
+      counts[1] = 1 + (x >> 4) % 3;
+      may_alloc = counts[0] > 0;
+      what = "a size never possible";
+      break;
+    }
+  }
+  if (F.skip_known && variant <= 5) { /* issue 13: overflow, or ASan's calloc-overflow */
+    vlog("bad reserve: %s skipped (FUZZ_GMA_SKIP_KNOWN)", what);
+    return;
+  }
+  observe_futures();
+  snap_t before = snap_take();
+  size_t live_before = before.valid ? live_count_reported() : 0;
+  gma_status_t st = gma_reserve(F.g, handle_of(si), n, sp, cp);
+  vlog("bad reserve slot %d: %s (n %zu) -> %s", si, what, n, gma_status_name(st));
+  EXPECT(st == GMA_ERR_INVALID_SIZE || st == GMA_ERR_INVALID_ARGUMENT || st == GMA_ERR_OOM ||
+             (st == GMA_ERR_DEVICE && F.faults),
+         "gma_reserve with %s returned %s", what, gma_status_name(st));
+  if (sp == NULL || cp == NULL)
+    EXPECT_ST(st, GMA_ERR_INVALID_ARGUMENT, "gma_reserve with a NULL array");
+  if (may_alloc) F.st[si].has_record = F.st[si].has_record == 1 ? 1 : -1;
+  /* How many blocks it made and gave back (and from where) is gma's
+   * business: re-learn the counters (check_stats requires allocs == frees). */
+  F.reserve_unknown = true;
+  F.st[si].counts_exact = false;
+  if (F.fallback) {
+    gma_stats_t s = stats_now();
+    EXPECT(s.fallback_bytes == model_sums().fb_bytes, "a failed gma_reserve left fallback memory");
+    F.n_fallbacks = s.num_fallbacks;
+  }
+  if (!before.valid) return;
+  gma_stats_t s = stats_now();
+  EXPECT(s.allocated.current == before.s.allocated.current &&
+             s.requested.current == before.s.requested.current &&
+             s.host_allocated.current == before.s.host_allocated.current,
+         "a failed gma_reserve (%s) changed memory: allocated %" PRIu64 " -> %" PRIu64
+         ", requested %" PRIu64 " -> %" PRIu64 ", host %" PRIu64 " -> %" PRIu64,
+         what, before.s.allocated.current, s.allocated.current, before.s.requested.current,
+         s.requested.current, before.s.host_allocated.current, s.host_allocated.current);
+  size_t live_after = live_count_reported();
+  EXPECT(live_after == live_before, "a failed gma_reserve (%s): %zu live allocations before, %zu after",
+         what, live_before, live_after);
+}
+
+static void op_reserve(rd_t *r, int t) {
+  unsigned nb = rd8(r);
+  /* First byte 0xE0-0xEF: adversarial arguments. (A range the merged
+   * campaign corpus hardly uses, so its inputs keep their meaning.) */
+  if ((nb & 0xF0) == 0xE0) {
+    op_reserve_bad(r, t, nb & 15);
+    return;
+  }
+  int si = stream_of_thread(t);
+  size_t n = 1 + nb % 3, sizes[3], counts[3], total = 0;
   bool bad = false;
   uint64_t bytes = 0; /* at least what the blocks take: more than the limit is refused up front */
   for (size_t k = 0; k < n; k++) {
@@ -1867,7 +2050,9 @@ static void op_config(rd_t *r) {
   EXPECT_ST(st, GMA_OK, "gma_destroy of the parsed config's allocator");
 }
 
-static void op_introspect(rd_t *r) {
+static void op_threaded(rd_t *r, int t, unsigned e);
+
+static void op_introspect(rd_t *r, int t) {
   unsigned v = rd8(r);
   switch (v % 4) {
     case 0: {
@@ -1901,6 +2086,10 @@ static void op_introspect(rd_t *r) {
         op_config(r);
         break;
       }
+      if (v >> 3) { /* v = 8e + 3 with e = 1..31: an operation with a helper thread */
+        op_threaded(r, t, v >> 3);
+        break;
+      }
       EXPECT(strcmp(gma_device_name(F.g), "sim") == 0, "device name %s", gma_device_name(F.g));
       for (int s = -15; s <= 1; s++) {
         EXPECT(gma_status_name((gma_status_t)s) && gma_strerror((gma_status_t)s),
@@ -1920,6 +2109,540 @@ static void pressure_cb(gma_t *g, gma_pressure_t level, void *user) {
     abort();
   }
   __atomic_fetch_add(&F.pressure_calls, 1, __ATOMIC_RELAXED);
+}
+
+/* ---- operations with a helper thread (issue 13) ---------------------------------
+ * INTROSPECT with v = 8e + 3, e = 1..31, runs one of these ((e - 1) % 4 says
+ * which; their arguments follow). Each starts one short-lived pthread, bounds
+ * what it does and joins it before the operation ends. Only the fuzzer's
+ * thread changes the model; a helper may read it while the fuzzer's thread
+ * waits in pthread_join, and reports back through its own struct. A failed
+ * check on a helper aborts there (gma_last_error is then the helper's). */
+
+enum { TH_RACE_DESTROY = 0, TH_PTDS_THREAD = 1, TH_PRESSURE = 2, TH_REPORTERS = 3 };
+enum { MAX_RACE = 16, MAX_PTDS = 8 };
+
+static void start_thread(pthread_t *th, void *(*fn)(void *), void *arg) {
+  int rc = pthread_create(th, NULL, fn, arg);
+  EXPECT(rc == 0, "pthread_create: %d", rc);
+}
+
+static void join_thread(pthread_t th) {
+  int rc = pthread_join(th, NULL);
+  EXPECT(rc == 0, "pthread_join: %d", rc);
+}
+
+/* A few hundred nanoseconds to a few microseconds: shifts one side of a race. */
+static void spin_for(unsigned n) {
+  for (unsigned i = 0; i < n; i++) atomic_signal_fence(memory_order_seq_cst);
+}
+
+/* Two threads meet here and leave together, both running (a pthread barrier
+ * would leave one of them waiting to be woken, tens of microseconds late).
+ * Bounded: on a busy machine the other thread may need to be scheduled. */
+static void meet(_Atomic int *arrived) {
+  atomic_fetch_add_explicit(arrived, 1, memory_order_acq_rel);
+  uint64_t t0 = now_ns();
+  for (unsigned i = 0; atomic_load_explicit(arrived, memory_order_acquire) < 2; i++) {
+    if (i > 2000) sched_yield();
+    if (now_ns() - t0 > (uint64_t)GATE_LIMIT_MS * 1000000u) {
+      fprintf(stderr, "fuzz_gma: CHECK FAILED: a helper thread did not reach its barrier in %d s\n",
+              GATE_LIMIT_MS / 1000);
+      abort();
+    }
+  }
+}
+
+/* -- 1. frees racing gma_stream_destroy -- */
+
+typedef struct racer {
+  _Atomic int bar;
+  gma_t *g;
+  void *ptrs[MAX_RACE];
+  int n;
+  unsigned spin;
+  gma_status_t st[MAX_RACE];
+} racer_t;
+
+static void *race_free_main(void *arg) {
+  racer_t *a = arg;
+  meet(&a->bar);
+  spin_for(a->spin);
+  for (int k = 0; k < a->n; k++) a->st[k] = gma_free(a->g, a->ptrs[k]);
+  return NULL;
+}
+
+/* Allocates up to 16 bin-sized blocks on user stream S (with a short hold
+ * kernel on each, optionally), then a helper frees them while the fuzzer's
+ * thread calls gma_stream_destroy(S); one barrier starts both. 1-4 rounds,
+ * each on the slot's next stream. The frees and the destroy must succeed;
+ * the blocks leave the model and the slot gets a new stream (a new
+ * generation). What the race can break shows at the end of the input: a
+ * block freed into the bin of a stream being retired must still reach the
+ * pool, so that gma_empty_cache gives every byte back.
+ *   arg a: bits0-3 blocks - 1, bits4-5 rounds - 1, bit6 a hold kernel on each
+ *          block, bit7 the fuzzer's thread spins before it destroys (else the
+ *          helper spins before it frees)
+ *   arg b: bits0-1 size (4 KiB, 512, 8 KiB, 64 KiB), bits2-7 the kernels' hold (us)
+ *   arg c: the spin (c * 32 iterations); logical thread 3 takes slot c % 3 */
+static void op_race_destroy(rd_t *r, int t) {
+  unsigned a = rd8(r), b = rd8(r), c = rd8(r);
+  static const size_t sizes[4] = {4096, 512, 8192, 65536};
+  size_t size = sizes[b & 3];
+  int si = t < 3 ? t : (int)(c % 3);
+  int want = 1 + (int)(a & 15), rounds = 1 + (int)((a >> 4) & 3);
+  for (int round = 0; round < rounds; round++) {
+    observe_futures();
+    if (slot_in_flight(si)) return; /* a request on it is pending (see op_destroy) */
+    if (!F.st[si].live) stream_create_slot(si);
+    gma_stream_t h = F.st[si].h;
+    racer_t ra = {.g = F.g, .spin = (a & 0x80) ? 0 : c * 32};
+    for (int k = 0; k < want && F.nlive < MAX_LIVE; k++) {
+      void *p = (void *)1;
+      gma_status_t st = gma_alloc(F.g, size, h, &p);
+      F.st[si].has_record = 1;
+      EXPECT(st == GMA_OK || st == GMA_ERR_OOM || (st == GMA_ERR_DEVICE && F.faults),
+             "gma_alloc(%zu) before the race returned %s", size, gma_status_name(st));
+      if (st != GMA_OK) break;
+      mblock_t *blk = add_block(p, size, si, F.st[si].gen, h, si, -1, 0);
+      if (blk->kind != GMA_MEMORY_DEVICE) { /* host memory: not part of this race */
+        free_block((int)(blk - F.live), "gma_free of a CPU-fallback block before the race");
+        break;
+      }
+      F.n_allocs++;
+      if (a & 0x40)
+        blk->pat = launch_pattern(si, h, blk->p, blk->size, K_HOLD_ONE, 0, (b >> 2) & 63, blk->id);
+      ra.ptrs[ra.n++] = p;
+    }
+    /* The model forgets the blocks now; the helper frees them. */
+    for (int k = 0; k < ra.n; k++) {
+      for (int i = 0; i < F.nlive; i++)
+        if (F.live[i].p == (uintptr_t)ra.ptrs[k]) {
+          remove_block(i);
+          break;
+        }
+      F.n_frees++;
+    }
+    destroy_prepare(si, h);
+    atomic_init(&ra.bar, 0);
+    pthread_t th;
+    start_thread(&th, race_free_main, &ra);
+    meet(&ra.bar);
+    if (a & 0x80) spin_for(c * 32);
+    gma_status_t st = gma_stream_destroy(F.g, h);
+    join_thread(th);
+    vlog("round %d: %d blocks of %zu freed on a helper while slot %d (%p) was destroyed -> %s", round,
+         ra.n, size, si, h, gma_status_name(st));
+    for (int k = 0; k < ra.n; k++)
+      EXPECT_ST(ra.st[k], GMA_OK, "gma_free racing gma_stream_destroy of the block's stream");
+    destroy_done(si, h, st);
+    stream_create_slot(si);
+    if (F.skip_known) F.stranded_known = true;
+  }
+}
+
+/* -- 2. per-thread default streams of threads that exit -- */
+
+typedef struct ptds_job {
+  gma_t *g;
+  int n, rounds;
+  size_t sizes[MAX_PTDS];
+  bool kernels, sync_exit;
+  long hold_us;
+  uint64_t seed;
+  uint64_t dev_allocs, fb_allocs, dev_frees, launched; /* what it did, for the model */
+} ptds_job_t;
+
+static void *ptds_main(void *arg) {
+  ptds_job_t *j = arg;
+  for (int round = 0; round < j->rounds; round++) {
+    void *p[MAX_PTDS];
+    size_t len[MAX_PTDS];
+    gma_memory_kind_t kind[MAX_PTDS];
+    int got = 0;
+    for (int i = 0; i < j->n; i++) {
+      size_t size = j->sizes[i];
+      void *q = (void *)1;
+      gma_status_t st = gma_alloc(j->g, size, GMA_STREAM_PER_THREAD, &q);
+      EXPECT(st == GMA_OK || st == GMA_ERR_OOM || (st == GMA_ERR_DEVICE && F.faults),
+             "gma_alloc(%zu, PER_THREAD) on a helper thread returned %s", size, gma_status_name(st));
+      if (st != GMA_OK) {
+        EXPECT(q == NULL, "a failed gma_alloc left *out = %p", q);
+        continue;
+      }
+      uintptr_t a = (uintptr_t)q;
+      EXPECT(a && a % 256 == 0, "pointer %p on a helper thread is not 256-byte aligned", q);
+      check_no_overlap(a, size, "an allocation on a helper thread's per-thread stream");
+      for (int k = 0; k < got; k++)
+        EXPECT(a + size <= (uintptr_t)p[k] || (uintptr_t)p[k] + len[k] <= a,
+               "a helper thread's allocations %p (+%zu) and %p (+%zu) overlap", q, size, p[k], len[k]);
+      gma_pointer_info_t info = GMA_POINTER_INFO_INIT;
+      EXPECT_ST(gma_pointer_info(j->g, q, &info), GMA_OK, "gma_pointer_info on a helper thread");
+      EXPECT(info.base == q && info.requested == size && info.block_size >= size &&
+                 info.stream == GMA_STREAM_PER_THREAD &&
+                 (info.kind == GMA_MEMORY_DEVICE || (info.kind == GMA_MEMORY_FALLBACK && F.fallback)),
+             "pointer_info on a helper thread: base %p requested %zu block %zu stream %p kind %d for "
+             "%p (%zu bytes, PER_THREAD)", info.base, info.requested, info.block_size, info.stream,
+             (int)info.kind, q, size);
+      p[got] = q, len[got] = size, kind[got] = info.kind, got++;
+      if (info.kind == GMA_MEMORY_FALLBACK) {
+        j->fb_allocs++;
+        continue;
+      }
+      j->dev_allocs++;
+      if (!j->kernels) continue;
+      /* Writes a pattern, holds, checks it: whoever gets this memory before
+       * the kernel is done corrupts it. */
+      kern_t *k = malloc(sizeof *k);
+      EXPECT(k != NULL, "host memory");
+      *k = (kern_t){.base = a, .len = size, .mode = K_HOLD_ONE, .hold_us = j->hold_us,
+                    .pattern = mix64(j->seed + (uint64_t)(round * MAX_PTDS + i)), .opno = F.opno};
+      st = gma_sim_launch(j->g, GMA_STREAM_PER_THREAD, kern_run, k);
+      EXPECT_ST(st, GMA_OK, "gma_sim_launch(PER_THREAD) on a helper thread");
+      j->launched++;
+    }
+    for (int k = 0; k < got; k++) {
+      EXPECT_ST(gma_free(j->g, p[k]), GMA_OK, "gma_free on a helper thread");
+      if (kind[k] == GMA_MEMORY_DEVICE) j->dev_frees++;
+    }
+  }
+  if (j->sync_exit)
+    EXPECT_ST(gma_stream_synchronize(j->g, GMA_STREAM_PER_THREAD), GMA_OK,
+              "gma_stream_synchronize(PER_THREAD) on a helper thread");
+  return NULL;
+}
+
+/* A thread allocates, uses (pattern kernels on its per-thread stream) and
+ * frees blocks on GMA_STREAM_PER_THREAD, 1-3 rounds (later rounds hit its
+ * bins), and exits; the fuzzer joins it. Its stream is gone with it: what it
+ * cached must become reusable, so gma_empty_cache at the end of the input
+ * gives every byte back.
+ *   arg a: bits0-2 blocks - 1, bits3-4 rounds (1 + value % 3), bit5 kernels,
+ *          bit6 it synchronizes its stream before it exits, bit7 all blocks of
+ *          one size (else the sizes step through the table)
+ *   arg b: bits0-2 the first size (512, 1000, 4 KiB, 8292, 64 KiB, 200000,
+ *          1 MiB, 3 MiB), bits3-7 the kernels' hold (4 us steps) */
+static void op_ptds_thread(rd_t *r) {
+  unsigned a = rd8(r), b = rd8(r);
+  static const size_t table[8] = {512, 1000, 4096, 8292, 65536, 200000, 1 << 20, 3 << 20};
+  ptds_job_t j = {.g = F.g, .n = 1 + (int)(a & 7), .rounds = 1 + (int)((a >> 3) & 3) % 3,
+                  .kernels = (a >> 5) & 1, .sync_exit = (a >> 6) & 1,
+                  .hold_us = (long)(b >> 3) * 4, .seed = mix64(++F.next_pattern ^ 0x7d5)};
+  for (int i = 0; i < j.n; i++) j.sizes[i] = table[(b + ((a & 0x80) ? 0 : (unsigned)i)) & 7];
+  pthread_t th;
+  start_thread(&th, ptds_main, &j);
+  join_thread(th);
+  vlog("a thread used PER_THREAD: %d x %d blocks (%" PRIu64 " device, %" PRIu64 " fallback), %" PRIu64
+       " kernels, and exited", j.rounds, j.n, j.dev_allocs, j.fb_allocs, j.launched);
+  F.n_allocs += j.dev_allocs;
+  F.n_frees += j.dev_frees;
+  F.n_fallbacks += j.fb_allocs;
+  F.kernels_launched += j.launched;
+  if (F.skip_known) F.stranded_known = true;
+}
+
+/* -- 3. the pressure callback set, replaced and removed -- */
+
+#define PCTX_LIVE 0x9e55c0de5afe0001ull
+#define PCTX_DEAD 0xdeadc0dedeadc0deull
+
+typedef struct pctx {
+  uint64_t magic;         /* PCTX_LIVE until the fuzzer gives it up */
+  _Atomic int entered;    /* the callback started with this context */
+  _Atomic uint64_t calls; /* two per callback: at its start and at its end */
+  long hold_us;           /* the callback holds the worker this long */
+  struct pctx *next;      /* F.pcb_kept */
+} pctx_t;
+
+static void pctx_check(const pctx_t *c, const char *when) {
+  if (c && c->magic == PCTX_LIVE) return;
+  fprintf(stderr,
+          "fuzz_gma: CHECK FAILED: the pressure callback %s with a context the fuzzer gave up (magic "
+          "%#" PRIx64 "): gma_set_pressure_callback returned while the callback still ran\n",
+          when, c ? c->magic : 0);
+  abort();
+}
+
+/* Reads and writes its context at its start and after a hold: a callback
+ * still running after the unset or replace returned (and the context was
+ * freed) is a use after free under ASan, a poisoned magic value elsewhere. */
+static void pctx_cb(gma_t *g, gma_pressure_t level, void *user) {
+  pctx_t *c = user;
+  pctx_check(c, "started");
+  if ((int)level < 0 || level > GMA_PRESSURE_CRITICAL) {
+    fprintf(stderr, "fuzz_gma: CHECK FAILED: pressure callback level %d\n", (int)level);
+    abort();
+  }
+  atomic_fetch_add_explicit(&c->calls, 1, memory_order_relaxed);
+  atomic_store_explicit(&c->entered, 1, memory_order_release); /* pairs with pctx_wait */
+  if (c->hold_us) sleep_us(c->hold_us);
+  gma_stats_t s = GMA_STATS_INIT;
+  if (gma_stats(g, &s) != GMA_OK) {
+    fprintf(stderr, "fuzz_gma: CHECK FAILED: gma_stats in the pressure callback\n");
+    abort();
+  }
+  pctx_check(c, "went on");
+  atomic_fetch_add_explicit(&c->calls, 1, memory_order_relaxed);
+  __atomic_fetch_add(&F.pressure_calls, 1, __ATOMIC_RELAXED);
+}
+
+static pctx_t *pctx_new(long hold_us) {
+  pctx_t *c = calloc(1, sizeof *c);
+  EXPECT(c != NULL, "host memory");
+  c->magic = PCTX_LIVE;
+  c->hold_us = hold_us;
+  return c;
+}
+
+/* gma_set_pressure_callback returned: the old context is the fuzzer's again.
+ * Poisoned and freed at once (FUZZ_GMA_SKIP_KNOWN: kept until gma_destroy). */
+static void pctx_give_up(pctx_t *c) {
+  if (!c) return;
+  if (F.skip_known) {
+    c->next = F.pcb_kept;
+    F.pcb_kept = c;
+    return;
+  }
+  c->magic = PCTX_DEAD;
+  free(c);
+}
+
+/* The callback runs once at the worker's next tick after each set. After
+ * 100 ms the gates open: the worker may be waiting for a stream (a closing
+ * event that could not be recorded is waited for), and only the fuzzer's
+ * thread, waiting here, could let the stream go on. */
+static void pctx_wait(pctx_t *c) {
+  for (uint64_t t0 = now_ns(); !atomic_load_explicit(&c->entered, memory_order_acquire);) {
+    if (now_ns() - t0 > 100000000u) gates_open_all();
+    if (now_ns() - t0 > (uint64_t)SETTLE_MS * 1000000u)
+      FAIL("the pressure callback did not run within %d ms of gma_set_pressure_callback", SETTLE_MS);
+    sleep_us(50);
+  }
+}
+
+static void set_pressure(gma_pressure_callback_t cb, pctx_t *c, const char *what) {
+  gma_status_t st = gma_set_pressure_callback(F.g, cb, c);
+  EXPECT_ST(st, GMA_OK, what);
+  pctx_t *old = F.pcb;
+  F.pcb = cb == pctx_cb ? c : NULL;
+  F.pcb_plain = cb == pressure_cb;
+  pctx_give_up(old);
+}
+
+/* Sets, replaces or removes the pressure callback (worker on; without a
+ * worker the call must say GMA_ERR_UNSUPPORTED). The contexts are heap
+ * memory the fuzzer frees as soon as the call that replaced them returns.
+ *   arg a: bits0-1 0 set or replace with a new context, 1 remove (NULL), 2
+ *          back to the plain callback of byte 3 bit4, 3 set a new context,
+ *          wait until its callback runs, and remove it while it holds;
+ *          bit2 first wait until the current context's callback has started
+ *          (then it likely still holds); bits3-7 the new context's hold
+ *          (100 us steps; mode 3: at least 1 ms) */
+static void op_pressure(rd_t *r) {
+  unsigned a = rd8(r);
+  int mode = (int)(a & 3);
+  long hold = (long)(a >> 3) * 100;
+  if (!F.worker) {
+    pctx_t probe = {.magic = PCTX_LIVE};
+    EXPECT_ST(gma_set_pressure_callback(F.g, pctx_cb, &probe), GMA_ERR_UNSUPPORTED,
+              "gma_set_pressure_callback without a worker");
+    return;
+  }
+  if ((a & 4) && F.pcb) pctx_wait(F.pcb);
+  switch (mode) {
+    case 0: set_pressure(pctx_cb, pctx_new(hold), "gma_set_pressure_callback (set or replace)"); break;
+    case 1: set_pressure(NULL, NULL, "gma_set_pressure_callback(NULL)"); break;
+    case 2: set_pressure(pressure_cb, NULL, "gma_set_pressure_callback (the plain callback)"); break;
+    default: {
+      pctx_t *c = pctx_new(hold > 1000 ? hold : 1000);
+      set_pressure(pctx_cb, c, "gma_set_pressure_callback (set)");
+      pctx_wait(c);
+      set_pressure(NULL, NULL, "gma_set_pressure_callback(NULL) while the callback runs");
+      break;
+    }
+  }
+  vlog("pressure callback mode %d hold %ld us: now %s", mode, hold,
+       F.pcb ? "a context" : F.pcb_plain ? "the plain one" : "none");
+}
+
+/* -- 4. the reports while the hot path runs -- */
+
+typedef struct reporter {
+  pthread_barrier_t bar;
+  gma_t *g;
+  _Atomic int stop;
+  unsigned which; /* bit0 gma_live_report, bit1 gma_find_old_allocations, bit2 gma_snapshot_json */
+  size_t cap, rows, len;
+  int runs;
+} reporter_t;
+
+/* The answers any report must give, quiescent or not. */
+static void check_found(const gma_allocation_info_t *out, size_t cap, size_t count) {
+  for (size_t k = 0; k < count && k < cap; k++) {
+    const gma_allocation_info_t *e = &out[k];
+    EXPECT(e->ptr && (uintptr_t)e->ptr % 256 == 0 && e->block_size % 512 == 0 &&
+               e->requested >= 1 && e->requested <= e->block_size && e->tag != NULL,
+           "gma_find_old_allocations entry %zu: ptr %p requested %zu block %zu tag %s", k, e->ptr,
+           e->requested, e->block_size, e->tag ? e->tag : "(null)");
+    EXPECT(k == 0 || out[k - 1].age_ns >= e->age_ns,
+           "gma_find_old_allocations: entry %zu (age %" PRIu64 ") after a younger one (%" PRIu64 ")",
+           k, e->age_ns, out[k - 1].age_ns);
+  }
+}
+
+static void *reporter_main(void *arg) {
+  reporter_t *a = arg;
+  char *buf = malloc(a->len);
+  gma_allocation_info_t *out = calloc(a->cap ? a->cap : 1, sizeof *out);
+  EXPECT(buf && out, "host memory");
+  pthread_barrier_wait(&a->bar);
+  for (int i = 0; i < 64 && (i == 0 || !atomic_load_explicit(&a->stop, memory_order_acquire)); i++) {
+    if (a->which & 1) {
+      gma_status_t st = gma_live_report(a->g, a->rows, buf, a->len);
+      EXPECT(st == GMA_OK || (st == GMA_ERR_INVALID_SIZE && a->len < 65536),
+             "gma_live_report(rows %zu, len %zu) on a helper thread returned %s", a->rows, a->len,
+             gma_status_name(st));
+      EXPECT(memchr(buf, '\0', a->len) != NULL, "gma_live_report left no NUL in %zu bytes", a->len);
+      size_t n;
+      EXPECT(st != GMA_OK || sscanf(buf, "%zu live allocations", &n) == 1,
+             "gma_live_report begins '%.60s'", buf);
+    }
+    if (a->which & 2) {
+      size_t count = SIZE_MAX;
+      gma_status_t st = gma_find_old_allocations(a->g, 0, a->cap ? out : NULL, a->cap, &count);
+      EXPECT_ST(st, GMA_OK, "gma_find_old_allocations on a helper thread");
+      EXPECT(count != SIZE_MAX, "gma_find_old_allocations did not set *count");
+      check_found(out, a->cap, count);
+    }
+    if (a->which & 4)
+      EXPECT_ST(gma_snapshot_json(a->g, "/dev/null"), GMA_OK, "gma_snapshot_json on a helper thread");
+    a->runs++;
+  }
+  free(buf);
+  free(out);
+  return NULL;
+}
+
+/* With nothing running: the reports agree with the model. cap > 0 also when
+ * nothing is live. */
+static void check_reports_quiet(size_t cap) {
+  snap_t quiet = snap_take();
+  bool exact = quiet.valid && !futures_in_flight() && !futures_uncollected();
+  gma_allocation_info_t *out = calloc(cap, sizeof *out);
+  EXPECT(out != NULL, "host memory");
+  size_t count = SIZE_MAX;
+  if (F.skip_known && model_sums().dev_count == 0) cap = 0; /* issue 13: memcpy(out, NULL, 0) */
+  gma_status_t st = gma_find_old_allocations(F.g, 0, cap ? out : NULL, cap, &count);
+  EXPECT_ST(st, GMA_OK, "gma_find_old_allocations");
+  check_found(out, cap, count);
+  if (exact) {
+    sums_t m = model_sums();
+    EXPECT(count == m.dev_count, "gma_find_old_allocations counts %zu live allocations, the model %" PRIu64,
+           count, m.dev_count);
+    for (size_t k = 0; k < count && k < cap; k++) {
+      int i = 0;
+      while (i < F.nlive && F.live[i].p != (uintptr_t)out[k].ptr) i++;
+      EXPECT(i < F.nlive && F.live[i].kind == GMA_MEMORY_DEVICE,
+             "gma_find_old_allocations names %p, no live device block of the model", out[k].ptr);
+      mblock_t *b = &F.live[i];
+      const char *want_tag = b->tag >= 0 ? tag_names[b->tag] : "untagged";
+      EXPECT(out[k].requested == b->size && out[k].block_size == b->bsize &&
+                 strcmp(out[k].tag, want_tag) == 0,
+             "gma_find_old_allocations on block #%" PRIu64 ": requested %zu block %zu tag %s, the model "
+             "%zu / %" PRIu64 " / %s", b->id, out[k].requested, out[k].block_size, out[k].tag,
+             b->size, b->bsize, want_tag);
+      if (slot_live(b->si) && F.st[b->si].gen == b->gen && (b->si >= 3 || F.st[b->si].h == b->h))
+        EXPECT(default_handle(b->h) ? default_handle(out[k].stream) : out[k].stream == b->h,
+               "gma_find_old_allocations: block #%" PRIu64 " on stream %p, allocated on %p", b->id,
+               out[k].stream, b->h);
+    }
+    size_t len = 1 << 16;
+    char *buf = malloc(len);
+    EXPECT(buf != NULL, "host memory");
+    st = gma_live_report(F.g, 5, buf, len);
+    EXPECT_ST(st, GMA_OK, "gma_live_report with 64 KiB");
+    size_t n = SIZE_MAX;
+    uint64_t bytes = UINT64_MAX;
+    EXPECT(sscanf(buf, "%zu live allocations, %" SCNu64 " bytes", &n, &bytes) == 2 &&
+               n == m.dev_count && bytes == m.dev_bytes,
+           "gma_live_report says '%.80s'; the model has %" PRIu64 " blocks, %" PRIu64 " bytes", buf,
+           m.dev_count, m.dev_bytes);
+    free(buf);
+  }
+  free(out);
+  EXPECT_ST(gma_snapshot_json(F.g, "/dev/null"), GMA_OK, "gma_snapshot_json");
+}
+
+/* A helper runs gma_live_report, gma_find_old_allocations (cap > 0) and
+ * gma_snapshot_json in a loop while the fuzzer's thread makes alloc/free
+ * pairs of one size on its stream (bin hits after the first); then, with
+ * nothing running, the reports must agree with the model.
+ *   arg a: bits0-3 pairs - 1, bits4-6 which reports (1 + value % 7: bit0 live
+ *          report, bit1 find_old, bit2 snapshot), bit7 the quiet check's cap
+ *          is 1 (else the helper's)
+ *   arg b: bits0-1 cap (1, 2, 8, 64), bits2-3 size (512, 4 KiB, 8292, 64 KiB),
+ *          bits4-5 the live report's buffer (64 B, 512 B, 64 KiB, 64 KiB),
+ *          bits6-7 its rows (0, 1, 5, 40) */
+static void op_reporters(rd_t *r, int t) {
+  unsigned a = rd8(r), b = rd8(r);
+  static const size_t caps[4] = {1, 2, 8, 64}, sizes[4] = {512, 4096, 8292, 65536},
+                      lens[4] = {64, 512, 1 << 16, 1 << 16}, rows[4] = {0, 1, 5, 40};
+  int pairs = 1 + (int)(a & 15);
+  int si = stream_of_thread(t);
+  gma_stream_t h = handle_of(si);
+  size_t size = sizes[(b >> 2) & 3];
+  reporter_t rep = {.g = F.g, .which = 1 + ((a >> 4) & 7) % 7, .cap = caps[b & 3],
+                    .len = lens[(b >> 4) & 3], .rows = rows[b >> 6]};
+  atomic_init(&rep.stop, 0);
+  if (F.skip_known && model_sums().dev_count == 0) rep.cap = 0; /* see check_reports_quiet */
+  EXPECT(pthread_barrier_init(&rep.bar, NULL, 2) == 0, "pthread_barrier_init");
+  pthread_t th;
+  start_thread(&th, reporter_main, &rep);
+  pthread_barrier_wait(&rep.bar);
+  int done = 0;
+  for (int k = 0; k < pairs && F.nlive < MAX_LIVE; k++) {
+    void *p = (void *)1;
+    gma_status_t st = gma_alloc(F.g, size, h, &p);
+    F.st[si].has_record = 1;
+    EXPECT(st == GMA_OK || st == GMA_ERR_OOM || (st == GMA_ERR_DEVICE && F.faults),
+           "gma_alloc(%zu) beside the reports returned %s", size, gma_status_name(st));
+    if (st != GMA_OK) break;
+    done++;
+    if (F.fallback) { /* it may be host memory: gma_pointer_info says (it takes the pool lock) */
+      mblock_t *blk = add_block(p, size, si, F.st[si].gen, h, t, -1, 0);
+      if (blk->kind == GMA_MEMORY_DEVICE) F.n_allocs++;
+      free_block((int)(blk - F.live), "gma_free beside the reports");
+      continue;
+    }
+    /* Lock-free on a bin hit, as a hot loop is: no gma call between the
+     * alloc and the free that would take the pool lock. */
+    uintptr_t q = (uintptr_t)p;
+    EXPECT(q && q % 256 == 0, "pointer %p is not 256-byte aligned", p);
+    check_no_overlap(q, size, "an allocation beside the reports");
+    F.n_allocs++;
+    F.st[si].allocs++;
+    spin_for(64u * (unsigned)(k + 1)); /* live a moment: the reports may see it */
+    st = gma_free(F.g, p);
+    EXPECT_ST(st, GMA_OK, "gma_free beside the reports");
+    F.n_frees++;
+    F.st[si].frees++;
+    grave_add(F.grave, &F.ngrave, q);
+  }
+  atomic_store_explicit(&rep.stop, 1, memory_order_release);
+  join_thread(th);
+  pthread_barrier_destroy(&rep.bar);
+  vlog("reports %u (cap %zu, len %zu, rows %zu) ran %d times beside %d alloc/free pairs of %zu on slot %d",
+       rep.which, rep.cap, rep.len, rep.rows, rep.runs, done, size, si);
+  check_reports_quiet((a & 0x80) ? 1 : caps[b & 3]);
+}
+
+static void op_threaded(rd_t *r, int t, unsigned e) {
+  switch ((e - 1) % 4) {
+    case TH_RACE_DESTROY: F.opname = "RACE_DESTROY"; op_race_destroy(r, t); break;
+    case TH_PTDS_THREAD: F.opname = "PTDS_THREAD"; op_ptds_thread(r); break;
+    case TH_PRESSURE: F.opname = "PRESSURE_CB"; op_pressure(r); break;
+    default: F.opname = "REPORTERS"; op_reporters(r, t); break;
+  }
 }
 
 static void configure(rd_t *r) {
@@ -2016,7 +2739,7 @@ static void run_op(rd_t *r) {
     case OP_HOST_KERNEL: op_host_kernel(r); break;
     case OP_PINFO: op_pinfo(r); break;
     case OP_RESERVE: op_reserve(r, t); break;
-    case OP_INTROSPECT: op_introspect(r); break;
+    case OP_INTROSPECT: op_introspect(r, t); break;
     case OP_SLEEP: {
       long us = (long)(rd8(r) % 64) * 8; /* up to 0.5 ms: lets the worker tick */
       vlog("%ld us", us);
@@ -2091,7 +2814,7 @@ static void finish(void) {
   }
   /* Every byte goes back: the last epochs' events complete on the device's
    * own threads, so allow a few rounds. */
-  bool must_drain = !keep_futures && !leak_one && !F.orphaned;
+  bool must_drain = !keep_futures && !leak_one && !F.orphaned && !F.stranded_known;
   uint64_t t0 = now_ns();
   for (;;) {
     gma_status_t st = gma_empty_cache(F.g);
@@ -2126,6 +2849,13 @@ static void finish(void) {
     EXPECT_ST(st, GMA_ERR_LEAK, "gma_destroy with a live fallback allocation");
   else
     EXPECT_ST(st, GMA_OK, "gma_destroy");
+  /* The worker is gone: no pressure callback runs any more. */
+  for (pctx_t *c = F.pcb_kept, *next; c; c = next) {
+    next = c->next;
+    free(c);
+  }
+  free(F.pcb);
+  F.pcb = F.pcb_kept = NULL;
   /* Futures may be polled, waited on and given back after the allocator is
    * gone; one that had been served says GMA_ERR_CANCELLED then (its memory
    * went with the allocator) and a wait hands out no pointer. */
@@ -2156,6 +2886,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 4) return 0;
   memset(&F, 0, sizeof F);
   F.verbose = getenv("FUZZ_GMA_VERBOSE") != NULL;
+  const char *skip = getenv("FUZZ_GMA_SKIP_KNOWN");
+  F.skip_known = skip && *skip && strcmp(skip, "0") != 0;
   atomic_store(&g_kernels_done, 0);
   rd_t r = {data, size, 0};
   configure(&r);
@@ -2170,6 +2902,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 #endif
   if (F.worker && (F.end_mode & 16)) {
     EXPECT_ST(gma_set_pressure_callback(F.g, pressure_cb, NULL), GMA_OK, "gma_set_pressure_callback");
+    F.pcb_plain = true;
   } else if (!F.worker) {
     EXPECT_ST(gma_set_pressure_callback(F.g, pressure_cb, NULL), GMA_ERR_UNSUPPORTED,
               "gma_set_pressure_callback without a worker");

@@ -162,6 +162,54 @@ def reserve(t, items):  # items: [(size_bytes2, count)]
     return op("RESERVE", t, *out)
 
 
+def reserve_bad(t, variant, x=0):
+    """RESERVE with a first byte 0xE0-0xEF: adversarial arguments (op_reserve_bad):
+    0 counts {SIZE_MAX, 2}, 1 a count SIZE_MAX, 2 {2^63, 2^63}, 3 {2, SIZE_MAX-1, 1},
+    4 a count whose pointer array overflows, 5 a count >= 2^32, 6-8 NULL sizes/counts/both
+    (n = 1 + x % 3), 9 a valid entry (x % 3 blocks) then an impossible size
+    ((x >> 2) & 3: 0, SIZE_MAX, limit + 1, SIZE_MAX - 511)."""
+    return op("RESERVE", t, 0xE0 | variant, x)
+
+
+# The operations with a helper thread: INTROSPECT with v = 8e + 3, kind (e - 1) % 4.
+RACE_DESTROY, PTDS_THREAD, PRESSURE_CB, REPORTERS = range(4)
+
+
+def threaded(kind, t, *args):
+    return op("INTROSPECT", t, ((1 + kind) << 3) | 3, *args)
+
+
+def race_destroy(t, blocks=8, rounds=1, hold=False, main_spins=False, size_sel=0, hold_us=0,
+                 spin=0):
+    """Frees of `blocks` blocks on a helper racing gma_stream_destroy (op_race_destroy);
+    size_sel: 4 KiB, 512, 8 KiB, 64 KiB; logical thread 3 takes slot spin % 3."""
+    a = (blocks - 1) | (rounds - 1) << 4 | hold << 6 | main_spins << 7
+    return threaded(RACE_DESTROY, t, a, size_sel | hold_us << 2, spin)
+
+
+def ptds_thread(blocks=4, rounds=1, kernels=True, sync_exit=False, one_size=False, size_sel=2,
+                hold4us=2):
+    """A thread allocates and frees on GMA_STREAM_PER_THREAD and exits (op_ptds_thread);
+    sizes from 512, 1000, 4 KiB, 8292, 64 KiB, 200000, 1 MiB, 3 MiB."""
+    a = (blocks - 1) | ((rounds - 1) % 3) << 3 | kernels << 5 | sync_exit << 6 | one_size << 7
+    return threaded(PTDS_THREAD, 0, a, size_sel | hold4us << 3)
+
+
+PCB_SET, PCB_UNSET, PCB_PLAIN, PCB_SET_WAIT_UNSET = range(4)
+
+
+def pressure_cb(mode, wait_current=False, hold100us=0):
+    """Sets/replaces/removes the pressure callback (op_pressure)."""
+    return threaded(PRESSURE_CB, 0, mode | wait_current << 2 | hold100us << 3)
+
+
+def reporters(t, pairs=8, which=7, quiet_cap1=False, cap_sel=1, size_sel=1, len_sel=2, rows_sel=2):
+    """Reports on a helper beside alloc/free pairs, then checked quiet (op_reporters);
+    which: bit0 live report, bit1 find_old, bit2 snapshot (1..7)."""
+    a = (pairs - 1) | (which - 1) << 4 | quiet_cap1 << 7
+    return threaded(REPORTERS, t, a, cap_sel | size_sel << 2 | len_sel << 4 | rows_sel << 6)
+
+
 def misuse(variant, arg=0, extra=0):
     return op("MISUSE", 0, variant, arg, extra)
 
@@ -357,6 +405,62 @@ seed("config_parse", config(worker=True),
      config_parse([("sim_capacity", "2M"), ("fallback", "host"), ("trace", "/dev/null")]),
      alloc(0, popular(1)), free(0))
 
+# --- issue 13: the operations the outside probe needed ---
+# 32. gma_reserve with counts that wrap, huge counts, NULL arrays, impossible sizes
+seed("reserve_adversarial", config(worker=True),
+     alloc(0, popular(1)), reserve(0, [(popular(1), 2)]),
+     reserve_bad(0, 6, 1), reserve_bad(1, 7, 2), reserve_bad(2, 8, 0),
+     reserve_bad(0, 9, 0x01), reserve_bad(1, 9, 0x06), reserve_bad(2, 9, 0x1a), reserve_bad(3, 9, 0x0e),
+     reserve_bad(0, 0), reserve_bad(1, 1), reserve_bad(2, 2), reserve_bad(3, 3),
+     reserve_bad(0, 4), reserve_bad(1, 5, 3), free(0))
+# 33. frees on a helper thread racing gma_stream_destroy of their stream
+seed("race_free_stream_destroy", config(worker=False),
+     race_destroy(0, blocks=16, rounds=4, spin=64), race_destroy(1, blocks=8, rounds=4, main_spins=True, spin=4),
+     alloc(2, popular(1)), race_destroy(2, blocks=4, rounds=2, hold=True, hold_us=20, size_sel=1),
+     free(2), race_destroy(3, blocks=16, rounds=4, size_sel=3, spin=5))
+seed("race_free_stream_destroy_worker", config(worker=True, tick=0),
+     race_destroy(0, blocks=16, rounds=4, spin=60), race_destroy(1, blocks=16, rounds=4, main_spins=True),
+     race_destroy(2, blocks=8, rounds=4, hold=True, hold_us=5, size_sel=2))
+# 34. threads that use their per-thread default stream and exit
+seed("per_thread_stream_exit", config(worker=True),
+     ptds_thread(blocks=4, rounds=2), alloc(0, popular(1)), ptds_thread(blocks=8, rounds=3, sync_exit=True),
+     free(0), ptds_thread(blocks=2, kernels=False, one_size=True, size_sel=6))
+seed("per_thread_stream_exit_no_worker", config(worker=False, cap=0),
+     ptds_thread(blocks=3, rounds=1, size_sel=0), ptds_thread(blocks=8, rounds=2, size_sel=4))
+# 35. the pressure callback set, replaced and removed while it runs
+seed("pressure_callback_swap", config(worker=True, cap=0, tick=0, pressure=True),
+     pressure_cb(PCB_SET, hold100us=5), pressure_cb(PCB_SET, wait_current=True, hold100us=10),
+     alloc(0, size(GIANT, 6000)), sleep(100), pressure_cb(PCB_UNSET, wait_current=True),
+     pressure_cb(PCB_SET_WAIT_UNSET, hold100us=20), pressure_cb(PCB_PLAIN), free(0),
+     pressure_cb(PCB_SET, hold100us=1), sleep(200))
+seed("pressure_callback_no_worker", config(worker=False), pressure_cb(PCB_SET), pressure_cb(PCB_UNSET))
+# 36. the reports on a helper thread beside bin-hit alloc/free pairs; then with nothing live
+seed("reporters_concurrent", config(worker=True),
+     alloc(0, popular(1), tag=1), alloc(1, popular(3)), reporters(0, pairs=16, which=7),
+     reporters(1, pairs=4, which=2, cap_sel=3, len_sel=0, rows_sel=3), free(0), free(1),
+     reporters(3, pairs=8, which=3, quiet_cap1=True, len_sel=1, rows_sel=1))
+
+# Minimal inputs of the issue-13 findings (written to ../regressions/; they fail
+# until the fixes land): name -> bytes.
+REGRESSIONS = {
+    # ASan heap-buffer-overflow in gma_reserve: counts {SIZE_MAX, 2} sum to 1
+    "issue13_reserve_count_wraps": config(worker=False) + reserve_bad(0, 0),
+    # memory freed into the bin of a stream being destroyed stays stranded
+    "issue13_race_destroy_strands": config(worker=False) + b"".join(
+        race_destroy(t % 3, blocks=16, rounds=4, spin=spin)
+        for t, spin in enumerate([64, 60, 68, 64, 56, 72, 64, 64])),
+    # an exited thread's per-thread stream keeps its cached memory
+    "issue13_ptds_exit_strands": config(worker=True) + ptds_thread(blocks=2, kernels=False),
+    # the unset returns while the callback runs; the fuzzer frees its context
+    "issue13_pressure_unset_uaf": config(worker=True, tick=0) + pressure_cb(PCB_SET_WAIT_UNSET),
+    # gma_find_old_allocations with cap > 0 when nothing is live: memcpy(out, NULL, 0)
+    "issue13_find_old_none_live": config(worker=False) + reporters(0, pairs=1, which=4),
+    # report.c reads a block's requested while the lock-free bin path writes it (TSan)
+    # (a block stays live throughout: n > 0, so the memcpy above is not reached)
+    "issue13_report_requested_race": config(worker=False) + alloc(0, popular(1)) +
+        reporters(0, pairs=16, which=3) * 6,
+}
+
 
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "corpus")
@@ -365,6 +469,12 @@ def main():
         with open(os.path.join(out, name), "wb") as f:
             f.write(data)
     print(f"{len(SEEDS)} seeds, {sum(len(d) for d in SEEDS.values())} bytes in {out}")
+    if len(sys.argv) <= 1:  # the default layout: the regression inputs too
+        reg = os.path.join(HERE, "regressions")
+        for name, data in REGRESSIONS.items():
+            with open(os.path.join(reg, name), "wb") as f:
+                f.write(data)
+        print(f"{len(REGRESSIONS)} issue-13 inputs in {reg}")
 
 
 if __name__ == "__main__":
