@@ -122,12 +122,10 @@
  * waited for the device while the fuzzer held a stream: that aborts too.
  *
  * Environment: FUZZ_GMA_VERBOSE=1 prints every operation; FUZZ_GMA_PROFILE=1
- * the time spent per operation kind. FUZZ_GMA_SKIP_KNOWN=1 steers a long run
- * clear of the open bugs of issue 13 so that it finds others: no reserve
- * whose counts wrap or are huge, no end drain check after RACE_DESTROY or
- * PTDS_THREAD, contexts of replaced pressure callbacks freed only after
- * gma_destroy, and cap 0 for gma_find_old_allocations when the model has
- * nothing live (drop it when the fixes land; see tests/fuzz/README.md). */
+ * the time spent per operation kind. (While a bug is open, a variable like
+ * the former FUZZ_GMA_SKIP_KNOWN, which steered runs clear of issue 13's
+ * bugs until they were fixed, can steer a long run clear of it so that it
+ * finds others; see tests/fuzz/README.md.) */
 #include <inttypes.h>
 #include <pthread.h>
 #include <sched.h>
@@ -437,9 +435,6 @@ typedef struct fuzz {
   /* the threaded operations (INTROSPECT, see op_threaded) */
   struct pctx *pcb;     /* the context of the pressure callback installed now (NULL: none) */
   bool pcb_plain;       /* pressure_cb (no context) is installed */
-  struct pctx *pcb_kept; /* FUZZ_GMA_SKIP_KNOWN: replaced contexts, freed after gma_destroy */
-  bool skip_known;      /* FUZZ_GMA_SKIP_KNOWN=1: steer clear of the open bugs of issue 13 */
-  bool stranded_known;  /* ... and a known bug may have stranded memory until gma_destroy */
 } fuzz_t;
 
 static fuzz_t F;
@@ -1888,10 +1883,6 @@ static void op_reserve_bad(rd_t *r, int t, unsigned variant) {
       break;
     }
   }
-  if (F.skip_known && variant <= 5) { /* issue 13: overflow, or ASan's calloc-overflow */
-    vlog("bad reserve: %s skipped (FUZZ_GMA_SKIP_KNOWN)", what);
-    return;
-  }
   observe_futures();
   snap_t before = snap_take();
   size_t live_before = before.valid ? live_count_reported() : 0;
@@ -2237,7 +2228,6 @@ static void op_race_destroy(rd_t *r, int t) {
       EXPECT_ST(ra.st[k], GMA_OK, "gma_free racing gma_stream_destroy of the block's stream");
     destroy_done(si, h, st);
     stream_create_slot(si);
-    if (F.skip_known) F.stranded_known = true;
   }
 }
 
@@ -2338,7 +2328,6 @@ static void op_ptds_thread(rd_t *r) {
   F.n_frees += j.dev_frees;
   F.n_fallbacks += j.fb_allocs;
   F.kernels_launched += j.launched;
-  if (F.skip_known) F.stranded_known = true;
 }
 
 /* -- 3. the pressure callback set, replaced and removed -- */
@@ -2351,7 +2340,6 @@ typedef struct pctx {
   _Atomic int entered;    /* the callback started with this context */
   _Atomic uint64_t calls; /* two per callback: at its start and at its end */
   long hold_us;           /* the callback holds the worker this long */
-  struct pctx *next;      /* F.pcb_kept */
 } pctx_t;
 
 static void pctx_check(const pctx_t *c, const char *when) {
@@ -2395,14 +2383,9 @@ static pctx_t *pctx_new(long hold_us) {
 }
 
 /* gma_set_pressure_callback returned: the old context is the fuzzer's again.
- * Poisoned and freed at once (FUZZ_GMA_SKIP_KNOWN: kept until gma_destroy). */
+ * Poisoned and freed at once (a callback still running would read it). */
 static void pctx_give_up(pctx_t *c) {
   if (!c) return;
-  if (F.skip_known) {
-    c->next = F.pcb_kept;
-    F.pcb_kept = c;
-    return;
-  }
   c->magic = PCTX_DEAD;
   free(c);
 }
@@ -2531,7 +2514,6 @@ static void check_reports_quiet(size_t cap) {
   gma_allocation_info_t *out = calloc(cap, sizeof *out);
   EXPECT(out != NULL, "host memory");
   size_t count = SIZE_MAX;
-  if (F.skip_known && model_sums().dev_count == 0) cap = 0; /* issue 13: memcpy(out, NULL, 0) */
   gma_status_t st = gma_find_old_allocations(F.g, 0, cap ? out : NULL, cap, &count);
   EXPECT_ST(st, GMA_OK, "gma_find_old_allocations");
   check_found(out, cap, count);
@@ -2594,7 +2576,6 @@ static void op_reporters(rd_t *r, int t) {
   reporter_t rep = {.g = F.g, .which = 1 + ((a >> 4) & 7) % 7, .cap = caps[b & 3],
                     .len = lens[(b >> 4) & 3], .rows = rows[b >> 6]};
   atomic_init(&rep.stop, 0);
-  if (F.skip_known && model_sums().dev_count == 0) rep.cap = 0; /* see check_reports_quiet */
   EXPECT(pthread_barrier_init(&rep.bar, NULL, 2) == 0, "pthread_barrier_init");
   pthread_t th;
   start_thread(&th, reporter_main, &rep);
@@ -2814,7 +2795,7 @@ static void finish(void) {
   }
   /* Every byte goes back: the last epochs' events complete on the device's
    * own threads, so allow a few rounds. */
-  bool must_drain = !keep_futures && !leak_one && !F.orphaned && !F.stranded_known;
+  bool must_drain = !keep_futures && !leak_one && !F.orphaned;
   uint64_t t0 = now_ns();
   for (;;) {
     gma_status_t st = gma_empty_cache(F.g);
@@ -2850,12 +2831,8 @@ static void finish(void) {
   else
     EXPECT_ST(st, GMA_OK, "gma_destroy");
   /* The worker is gone: no pressure callback runs any more. */
-  for (pctx_t *c = F.pcb_kept, *next; c; c = next) {
-    next = c->next;
-    free(c);
-  }
   free(F.pcb);
-  F.pcb = F.pcb_kept = NULL;
+  F.pcb = NULL;
   /* Futures may be polled, waited on and given back after the allocator is
    * gone; one that had been served says GMA_ERR_CANCELLED then (its memory
    * went with the allocator) and a wait hands out no pointer. */
@@ -2886,8 +2863,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 4) return 0;
   memset(&F, 0, sizeof F);
   F.verbose = getenv("FUZZ_GMA_VERBOSE") != NULL;
-  const char *skip = getenv("FUZZ_GMA_SKIP_KNOWN");
-  F.skip_known = skip && *skip && strcmp(skip, "0") != 0;
   atomic_store(&g_kernels_done, 0);
   rd_t r = {data, size, 0};
   configure(&r);
