@@ -7,7 +7,12 @@
 #  2. replays them, and the synthetic 1F1B pipeline workload, with
 #     tools/gma-replay under two configurations side by side (default and
 #     growable segments) on the SIMULATED device (no GPU needed), next to the
-#     reserved memory PyTorch recorded for the same workload;
+#     reserved memory PyTorch recorded for the same workload, with failed
+#     allocations counted and PyTorch's own failed requests (oom rows)
+#     attempted; and, per trace and configuration, the smallest simulated
+#     device capacity it replays in with no failed allocation (--min-capacity:
+#     a bisection to 0.2%, about a dozen fast replays each), next to PyTorch's
+#     peak reserved and the trace's peak live bytes;
 #  3. draws memory over time and the segment map at the peak with
 #     tools/gma-viz (SVG + HTML under build/release/pictures/);
 #  4. runs the demo and the benchmarks (simulated device), then the GPU
@@ -39,8 +44,10 @@ else
 fi
 
 echo
-echo "=== replaying on the simulated device: default segments and growable segments"
+echo "=== replaying on the simulated device: default segments and growable segments;"
+echo "    the smallest capacity each replays in (bisection, --min-capacity)"
 "$out/gma-replay" --config default= --config expandable=expandable_segments:true \
+  --recorded-label PyTorch --min-capacity \
   --json "$out/replay.json" --timeline-dir "$out/replay" --snapshot-dir "$out/replay" \
   --workload pipeline "${inputs[@]}"
 
@@ -65,7 +72,7 @@ echo
 echo
 "$out/bench/gma-bench-worker" --json "$out/bench_worker.json"
 echo
-echo "results (JSON): $out/replay.json, $out/bench_alloc.json, $out/bench_hotpath.json," \
+echo "results (JSON): $out/replay.json (replays and smallest capacities), $out/bench_alloc.json, $out/bench_hotpath.json," \
      "$out/bench_worker.json; pictures: $out/pictures/"
 echo
 echo "=== GPU benchmarks (tools/bench_gpu.sh)"

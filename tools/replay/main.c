@@ -1,8 +1,11 @@
 /* gma-replay: replays traces (gma's CSV, or RMM's) and built-in synthetic
  * workloads on gma allocators, one or more configurations side by side, and
  * prints what gma did: peaks, the reserved/allocated ratio next to the
- * recording allocator's (PyTorch's for imported snapshots), fragmentation,
- * device allocations, hits by level, latency percentiles, replay rate. */
+ * recording allocator's (PyTorch's for imported snapshots), failed
+ * allocations (and the recorder's own failed requests, attempted again),
+ * fragmentation, device allocations, hits by level, latency percentiles,
+ * replay rate; with --min-capacity, the smallest simulated device each
+ * configuration runs the trace in without a failed allocation. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
@@ -37,9 +40,24 @@ static void usage(FILE *f) {
           "  --snapshot-dir DIR   write TRACE.CONFIG.peak.json (gma_snapshot_json at the peak),\n"
           "                       from a second, untimed replay\n"
           "  --seed N             seed of the synthetic workloads (default 1)\n"
-          "  --quiet              no progress bar and no per-trace tables\n"
-          "Prints a table per trace and a summary table. Memory that a trace leaves live is\n"
-          "freed at its end.\n");
+          "  --min-capacity       also find, per trace and configuration, the smallest simulated\n"
+          "                       device capacity (sim_capacity) the trace replays in with no\n"
+          "                       failed allocation, by bisection; prints a table per trace\n"
+          "  --precision PCT      the bisection's width, in percent (default 0.2)\n"
+          "  --budget SECONDS     time per trace and configuration after which the bisection\n"
+          "                       stops and reports the width it reached (default: none)\n"
+          "  --confirm N          replays of the answer that must also succeed (default 1;\n"
+          "                       0: none)\n"
+          "  --verbose            a line per bisection replay (default: one progress line on a\n"
+          "                       terminal)\n"
+          "  --recorded-label S   what to call the recording allocator in tables (default\n"
+          "                       \"recorded\"; tools/main.sh says PyTorch)\n"
+          "  --quiet              no progress bar and no per-trace tables (the --min-capacity\n"
+          "                       tables still print)\n"
+          "Prints a table per trace and a summary table. Failed allocations are counted in\n"
+          "every table; the allocated figures leave them out (marked *). The trace's oom rows\n"
+          "(requests the recording allocator failed) are attempted, and freed at once when\n"
+          "served. Memory that a trace leaves live is freed at its end.\n");
 }
 
 static double gib(uint64_t b) { return (double)b / (double)(1ull << 30); }
@@ -58,6 +76,12 @@ static void base_name(const char *path, char *out, size_t n) {
   if (dot && strcmp(dot, ".csv") == 0) *dot = '\0';
 }
 
+typedef struct cap_outcome {
+  char trace[128];
+  char config[64];
+  replay_capacity_t m; /* steps freed; the figures stay */
+} cap_outcome_t;
+
 typedef struct outcome {
   char trace[128];
   char config[64];
@@ -65,38 +89,51 @@ typedef struct outcome {
   int has_recorded;
 } outcome_t;
 
+static const char *recorded_label = "recorded";
+
+static void ratio(char *s, size_t n, uint64_t a, uint64_t b) {
+  if (a && b) snprintf(s, n, "%.3fx", (double)a / (double)b);
+  else snprintf(s, n, "-");
+}
+
 static void print_trace_table(const replay_trace_t *t, const config_t *cfg, int ncfg,
                               const replay_result_t *res) {
-  char a[32];
-  printf("\n%s: %zu events (%zu allocations, %zu frees)\n", t->name, t->n,
-         t->count[RA_ALLOCATE], t->count[RA_FREE]);
+  char a[48];
+  printf("\n%s: %zu events (%zu allocations, %zu frees, %zu oom)\n", t->name, t->n,
+         t->count[RA_ALLOCATE], t->count[RA_FREE], t->count[RA_OOM]);
   printf("  %-26s", "");
   for (int c = 0; c < ncfg; c++) printf(" %16s", cfg[c].name);
-  if (t->has_recorded) printf(" %16s", "recorded");
+  if (t->has_recorded || t->count[RA_OOM]) printf(" %16s", recorded_label);
   printf("\n");
+  int any_failed = 0;
+  for (int c = 0; c < ncfg; c++) any_failed |= res[c].failed_allocs > 0;
 #define ROW(label, expr, rec)                                        \
   do {                                                               \
     printf("  %-26s", label);                                        \
     for (int c = 0; c < ncfg; c++) {                                 \
       const replay_result_t *r = &res[c];                            \
+      (void)r;                                                       \
       printf(" %16s", expr);                                         \
     }                                                                \
-    if (t->has_recorded) printf(" %16s", rec);                       \
+    if (t->has_recorded || t->count[RA_OOM]) printf(" %16s", rec);   \
     printf("\n");                                                    \
   } while (0)
   char b[32];
-  ROW("peak requested", human(a, sizeof a, r->peak_requested), "");
-  ROW("peak allocated (blocks)", human(a, sizeof a, r->peak_allocated), "");
+  /* A failed request never became live: the replay's allocated figures
+   * leave it out, and say so with a star. */
+#define STAR(r) ((r)->failed_allocs ? "*" : "")
+  ROW("trace peak live", human(a, sizeof a, t->peak_live), human(b, sizeof b, t->peak_live));
+  ROW("peak requested",
+      (human(b, sizeof b, r->peak_requested), snprintf(a, sizeof a, "%s%s", b, STAR(r)), a), "");
+  ROW("peak allocated (blocks)",
+      (human(b, sizeof b, r->peak_allocated), snprintf(a, sizeof a, "%s%s", b, STAR(r)), a), "");
   ROW("peak reserved", human(a, sizeof a, r->peak_reserved),
-      human(b, sizeof b, t->recorded_peak));
+      t->has_recorded ? human(b, sizeof b, t->recorded_peak) : "-");
   ROW("reserved / allocated",
       (snprintf(a, sizeof a, "%.3fx",
                 r->peak_allocated ? (double)r->peak_reserved / (double)r->peak_allocated : 0),
        a),
-      (snprintf(b, sizeof b, "%.3fx",
-                res[0].peak_requested ? (double)t->recorded_peak / (double)res[0].peak_requested
-                                      : 0),
-       b));
+      t->has_recorded ? (ratio(b, sizeof b, t->recorded_peak, t->peak_live), b) : "-");
   if (t->has_recorded)
     ROW("reserved / recorded",
         (snprintf(a, sizeof a, "%.3fx",
@@ -122,10 +159,93 @@ static void print_trace_table(const replay_trace_t *t, const config_t *cfg, int 
                 r->free.p999),
        a),
       "");
-  ROW("failed allocs / unmatched",
-      (snprintf(a, sizeof a, "%" PRIu64 " / %" PRIu64, r->failed_allocs, r->unmatched), a), "");
+  ROW("failed allocations", (snprintf(a, sizeof a, "%" PRIu64, r->failed_allocs), a), "");
+  if (t->count[RA_OOM])
+    ROW("oom rows: failed / served",
+        (snprintf(a, sizeof a, "%" PRIu64 " / %" PRIu64, r->oom_attempts - r->oom_served,
+                  r->oom_served),
+         a),
+        (snprintf(b, sizeof b, "%zu / 0", t->count[RA_OOM]), b));
+  ROW("unmatched frees", (snprintf(a, sizeof a, "%" PRIu64, r->unmatched), a), "");
   ROW("replay rate (events/s)", (snprintf(a, sizeof a, "%.2fM", r->events_per_s / 1e6), a), "");
 #undef ROW
+  if (any_failed)
+    printf("  * leaves out the failed allocations: a failed request never became live\n");
+  if (t->count[RA_OOM])
+    for (int c = 0; c < ncfg; c++)
+      printf("  %s: %s failed %zu request%s (oom rows), gma failed %" PRIu64 " of them\n",
+             cfg[c].name, recorded_label, t->count[RA_OOM], t->count[RA_OOM] == 1 ? "" : "s",
+             res[c].oom_attempts - res[c].oom_served);
+}
+
+/* ---- --min-capacity -------------------------------------------------------------- */
+
+typedef struct cap_progress {
+  const char *label;
+  int verbose, tty;
+} cap_progress_t;
+
+static void on_cap_step(void *arg, const replay_capacity_step_t *s, uint64_t lo, uint64_t hi) {
+  const cap_progress_t *p = arg;
+  char a[32], b[32], c[32], d[32];
+  if (p->verbose) {
+    if (s->ok)
+      fprintf(stderr, "  %s: %s%s ok (reserved %s, %.2f s); bracket (%s, %s]\n", p->label,
+              human(a, sizeof a, s->capacity), s->confirm ? " (confirm)" : "",
+              human(b, sizeof b, s->peak_reserved), s->wall_s, human(c, sizeof c, lo),
+              human(d, sizeof d, hi));
+    else
+      fprintf(stderr, "  %s: %s%s FAILED at event %" PRIu64 " (%.2f s); bracket (%s, %s]\n    %s\n",
+              p->label, human(a, sizeof a, s->capacity), s->confirm ? " (confirm)" : "",
+              s->first_failed_event, s->wall_s, human(c, sizeof c, lo), human(d, sizeof d, hi),
+              s->first_error);
+  } else if (p->tty) {
+    fprintf(stderr, "\r\033[K  min capacity %s: %s %s; bracket (%s, %s]", p->label,
+            human(a, sizeof a, s->capacity), s->ok ? "ok" : "failed", human(c, sizeof c, lo),
+            human(d, sizeof d, hi));
+  }
+}
+
+
+static void print_capacity_table(const replay_trace_t *t, const char *name, const config_t *cfg,
+                                 int ncfg, const replay_capacity_t *cap, const int *ok,
+                                 double precision) {
+  char a[32], b[32], c[32];
+  printf("\n%s: smallest simulated capacity with no failed allocation (bisection to %.2g%%)\n",
+         name, precision * 100);
+  printf("  trace peak live %s (the floor)", human(a, sizeof a, t->peak_live));
+  if (t->has_recorded)
+    printf(", %s peak reserved %s", recorded_label, human(b, sizeof b, t->recorded_peak));
+  printf("\n");
+  printf("  %-12s %13s %13s %12s %14s %8s %8s\n", "config", "min capacity", "/ recorded",
+         "/ peak live", "reserved at it", "replays", "time");
+  for (int k = 0; k < ncfg; k++) {
+    if (!ok[k]) {
+      printf("  %-12.12s %13s\n", cfg[k].name, "(error)");
+      continue;
+    }
+    const replay_capacity_t *m = &cap[k];
+    char note[160] = "";
+    if (!m->min_capacity)
+      snprintf(note, sizeof note, "  none up to %s", human(c, sizeof c, m->failing));
+    else if (m->budget_hit)
+      snprintf(note, sizeof note, "  budget: only to %.2f%%", m->width * 100);
+    if (m->unstable)
+      snprintf(note + strlen(note), sizeof note - strlen(note),
+               "  UNSTABLE: a capacity failed at or above one that succeeded");
+    ratio(b, sizeof b, m->min_capacity, m->recorded_peak_reserved);
+    ratio(c, sizeof c, m->min_capacity, m->lower_bound);
+    char r[32];
+    if (m->min_capacity) human(r, sizeof r, m->at_min.peak_reserved);
+    else snprintf(r, sizeof r, "-");
+    printf("  %-12.12s %13s %13s %12s %14s %8d %7.1fs%s\n", cfg[k].name,
+           m->min_capacity ? human(a, sizeof a, m->min_capacity) : "-", b, c, r, m->replays,
+           m->wall_s, note);
+    if (t->count[RA_OOM] && m->min_capacity)
+      printf("  %-12s at it: %s failed %zu request%s (oom rows), gma failed %" PRIu64 "\n", "",
+             recorded_label, t->count[RA_OOM], t->count[RA_OOM] == 1 ? "" : "s",
+             m->at_min.oom_attempts - m->at_min.oom_served);
+  }
 }
 
 int main(int argc, char **argv) {
@@ -135,7 +255,8 @@ int main(int argc, char **argv) {
   int nin = 0;
   const char *json = NULL, *tl_dir = NULL, *snap_dir = NULL, *device = "sim";
   uint64_t seed = 1;
-  int quiet = 0;
+  int quiet = 0, min_cap = 0, verbose = 0, confirm = 1;
+  double precision = 0.002, budget = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     bool more = i + 1 < argc;
@@ -173,6 +294,23 @@ int main(int argc, char **argv) {
       seed = strtoull(argv[++i], NULL, 0);
     } else if (strcmp(a, "--quiet") == 0) {
       quiet = 1;
+    } else if (strcmp(a, "--min-capacity") == 0) {
+      min_cap = 1;
+    } else if (strcmp(a, "--precision") == 0 && more) {
+      precision = atof(argv[++i]) / 100;
+      if (!(precision > 0 && precision < 1)) {
+        fprintf(stderr, "gma-replay: --precision is a percentage between 0 and 100\n");
+        return 2;
+      }
+    } else if (strcmp(a, "--budget") == 0 && more) {
+      budget = atof(argv[++i]);
+    } else if (strcmp(a, "--confirm") == 0 && more) {
+      confirm = atoi(argv[++i]);
+      if (confirm <= 0) confirm = -1; /* none */
+    } else if (strcmp(a, "--verbose") == 0) {
+      verbose = 1;
+    } else if (strcmp(a, "--recorded-label") == 0 && more) {
+      recorded_label = argv[++i];
     } else if (a[0] == '-') {
       fprintf(stderr, "gma-replay: unknown option '%s'\n", a);
       usage(stderr);
@@ -184,6 +322,11 @@ int main(int argc, char **argv) {
   }
   if (nin == 0) {
     usage(stderr);
+    return 2;
+  }
+  if (min_cap && strcmp(device, "sim") != 0) {
+    fprintf(stderr, "gma-replay: --min-capacity sets the simulated device's capacity; it needs "
+                    "--device sim\n");
     return 2;
   }
   if (ncfg == 0) {
@@ -203,6 +346,12 @@ int main(int argc, char **argv) {
   if (jf) fprintf(jf, "{\"device\": \"%s\", \"results\": [", device);
   outcome_t *all = calloc((size_t)nin * (size_t)ncfg, sizeof *all);
   int nall = 0, failures = 0;
+  /* The --min-capacity results, written to the JSON after the replays. */
+  char *capjson = NULL;
+  size_t capjson_len = 0;
+  FILE *cj = jf && min_cap ? open_memstream(&capjson, &capjson_len) : NULL;
+  int ncap = 0, ncapall = 0;
+  cap_outcome_t *capall = min_cap ? calloc((size_t)nin * (size_t)ncfg, sizeof *capall) : NULL;
   bool tty = isatty(2) && !quiet;
   for (int in = 0; in < nin; in++) {
     char err[512];
@@ -278,30 +427,109 @@ int main(int argc, char **argv) {
       }
     }
     if (!quiet) print_trace_table(t, cfg, ncfg, res);
+    if (min_cap) {
+      replay_capacity_t cap[MAX_CONFIGS];
+      int ok[MAX_CONFIGS];
+      for (int c = 0; c < ncfg; c++) {
+        char label[224];
+        snprintf(label, sizeof label, "%.120s [%.60s]", name, cfg[c].name);
+        cap_progress_t pg = {.label = label, .verbose = verbose, .tty = isatty(2) && !quiet};
+        replay_capacity_options_t co = {.precision = precision, .budget_s = budget,
+                                        .confirm = confirm, .on_step = on_cap_step, .arg = &pg};
+        ok[c] = replay_min_capacity(t, cfg[c].conf, &co, &cap[c], err, sizeof err) == 0;
+        if (pg.tty && !verbose) fprintf(stderr, "\r\033[K");
+        if (!ok[c]) {
+          fprintf(stderr, "gma-replay: min capacity of %s under %s: %s\n", name, cfg[c].name, err);
+          failures++;
+          continue;
+        }
+        if (cj) {
+          fprintf(cj,
+                  "%s\n  {\"trace\": \"%s\", \"config\": \"%s\", \"conf\": \"%s\", "
+                  "\"search\": ",
+                  ncap++ ? "," : "", name, cfg[c].name, cfg[c].conf);
+          replay_capacity_json(cj, &cap[c]);
+          fputc('}', cj);
+        }
+      }
+      if (!quiet) print_capacity_table(t, name, cfg, ncfg, cap, ok, precision);
+      for (int c = 0; c < ncfg; c++) {
+        if (!ok[c]) continue;
+        replay_capacity_free(&cap[c]);
+        if (!capall) continue;
+        cap_outcome_t *co = &capall[ncapall++];
+        snprintf(co->trace, sizeof co->trace, "%s", name);
+        snprintf(co->config, sizeof co->config, "%.63s", cfg[c].name);
+        co->m = cap[c];
+      }
+    }
     replay_trace_free(t);
   }
   if (jf) {
-    fputs("\n]}\n", jf);
+    fputs("\n]", jf);
+    if (cj) {
+      fclose(cj);
+      fprintf(jf, ", \"min_capacity\": [%.*s\n]", (int)capjson_len, capjson ? capjson : "");
+      free(capjson);
+    }
+    fputs("}\n", jf);
     fclose(jf);
   }
   /* The summary: one row per trace and configuration. */
   printf("\nsummary (%s device): peak reserved against peak allocated and against the recording "
-         "allocator\n",
-         strcmp(device, "sim") == 0 ? "simulated" : "CUDA");
-  printf("%-34s %-11s %11s %11s %11s %8s %11s %8s %8s\n", "trace", "config", "allocated",
-         "reserved", "recorded", "res/all", "res/rec", "frag", "Mev/s");
+         "allocator (%s)\n",
+         strcmp(device, "sim") == 0 ? "simulated" : "CUDA", recorded_label);
+  printf("%-34s %-11s %12s %11s %11s %8s %11s %8s %7s %9s %8s\n", "trace", "config", "allocated",
+         "reserved", "recorded", "res/all", "res/rec", "frag", "failed", "oom r/g", "Mev/s");
+  int starred = 0;
   for (int i = 0; i < nall; i++) {
     const replay_result_t *r = &all[i].r;
-    char a[32], b[32], c[32], rr[16] = "-";
+    char a[32], al[40], b[32], c[32], rr[16] = "-", oom[32] = "-";
     if (all[i].has_recorded && r->recorded_peak_reserved)
       snprintf(rr, sizeof rr, "%.3fx", (double)r->peak_reserved / (double)r->recorded_peak_reserved);
-    printf("%-34.34s %-11.11s %11s %11s %11s %7.3fx %11s %7.1f%% %8.2f\n", all[i].trace,
-           all[i].config, human(a, sizeof a, r->peak_allocated),
-           human(b, sizeof b, r->peak_reserved),
+    if (r->recorded_failed)
+      snprintf(oom, sizeof oom, "%" PRIu64 "/%" PRIu64, r->recorded_failed,
+               r->oom_attempts - r->oom_served);
+    snprintf(al, sizeof al, "%s%s", human(a, sizeof a, r->peak_allocated),
+             r->failed_allocs ? "*" : " ");
+    starred |= r->failed_allocs > 0;
+    printf("%-34.34s %-11.11s %12s %11s %11s %7.3fx %11s %7.1f%% %7" PRIu64 " %9s %8.2f\n",
+           all[i].trace, all[i].config, al, human(b, sizeof b, r->peak_reserved),
            all[i].has_recorded ? human(c, sizeof c, r->recorded_peak_reserved) : "-",
            r->peak_allocated ? (double)r->peak_reserved / (double)r->peak_allocated : 0, rr,
-           100 * r->fragmentation_at_peak, r->events_per_s / 1e6);
+           100 * r->fragmentation_at_peak, r->failed_allocs, oom, r->events_per_s / 1e6);
   }
+  printf("failed: allocations the trace records as served that failed in the replay; "
+         "oom r/g: requests the recording allocator failed (oom rows) / of them, failed by gma "
+         "too\n");
+  if (starred) printf("* leaves out the failed allocations: a failed request never became live\n");
   free(all);
+  if (min_cap) {
+    printf("\nsmallest simulated capacity with no failed allocation (bisection to %.2g%%), against "
+           "the recording allocator's (%s) peak reserved and the trace's peak live bytes\n",
+           precision * 100, recorded_label);
+    printf("%-34s %-11s %11s %11s %11s %9s %9s %7s %7s\n", "trace", "config", "min cap",
+           "recorded", "peak live", "/ rec", "/ live", "replays", "time");
+    int unstable = 0, budget_hit = 0;
+    for (int i = 0; i < ncapall; i++) {
+      const replay_capacity_t *m = &capall[i].m;
+      char a[32], b[32], c[32], d[16], e[16];
+      ratio(d, sizeof d, m->min_capacity, m->recorded_peak_reserved);
+      ratio(e, sizeof e, m->min_capacity, m->lower_bound);
+      printf("%-34.34s %-11.11s %11s %11s %11s %9s %9s %7d %6.1fs%s%s\n", capall[i].trace,
+             capall[i].config, m->min_capacity ? human(a, sizeof a, m->min_capacity) : "none",
+             m->recorded_peak_reserved ? human(b, sizeof b, m->recorded_peak_reserved) : "-",
+             human(c, sizeof c, m->lower_bound), d, e, m->replays, m->wall_s,
+             m->unstable ? "  unstable" : "", m->budget_hit ? "  budget" : "");
+      unstable |= m->unstable;
+      budget_hit |= m->budget_hit;
+    }
+    if (unstable)
+      printf("unstable: a capacity failed at or above one that succeeded (frees that wait for "
+             "simulated device work, or timed trimming, differ from run to run); the answer is "
+             "the smallest capacity whose every replay succeeded\n");
+    if (budget_hit) printf("budget: the time budget stopped the bisection before the precision\n");
+    free(capall);
+  }
   return failures ? 1 : 0;
 }

@@ -83,6 +83,8 @@ static int fail(char *err, size_t errlen, const char *fmt, ...) {
   return -1;
 }
 
+static bool compute_peak_live(replay_trace_t *t);
+
 /* Stable sort by time; traces are nearly always sorted already. */
 static void sort_events(replay_event_t *v, size_t n) {
   size_t i = 1;
@@ -200,6 +202,10 @@ int replay_parse(FILE *f, const char *name, replay_trace_t **out, char *err, siz
     t->has_recorded = 1;
     if (recorded > 0 && (uint64_t)recorded > t->recorded_peak) t->recorded_peak = (uint64_t)recorded;
   }
+  if (!compute_peak_live(t)) {
+    replay_trace_free(t);
+    return fail(err, errlen, "out of host memory");
+  }
   *out = t;
   return 0;
 }
@@ -285,6 +291,43 @@ static void map_del(map_t *m, slot_t *s) {
   m->live--;
 }
 
+/* The trace's own peak of live requested bytes, from its rows alone: the
+ * requests it records as served (allocate rows, a batch's or an async batch's
+ * members among them, and single async completions) and the frees of them.
+ * A pointer allocated again while live lost its free, as in the replay. */
+static bool compute_peak_live(replay_trace_t *t) {
+  map_t m;
+  if (!map_init(&m, 4096)) return false;
+  uint64_t live = 0, peak = 0;
+  for (size_t i = 0; i < t->n; i++) {
+    const replay_event_t *e = &t->ev[i];
+    bool add = !e->failed && (e->action == RA_ALLOCATE ||
+                              (e->action == RA_ASYNC_COMPLETE && e->count == 0));
+    if (add) {
+      slot_t *old = map_find(&m, e->ptr);
+      if (old) {
+        live -= old->size;
+        map_del(&m, old);
+      }
+      if (!map_put(&m, e->ptr, NULL, e->size)) {
+        free(m.s);
+        return false;
+      }
+      live += e->size;
+      if (live > peak) peak = live;
+    } else if (e->action == RA_FREE && !e->failed) {
+      slot_t *s = map_find(&m, e->ptr);
+      if (s) {
+        live -= s->size;
+        map_del(&m, s);
+      }
+    }
+  }
+  free(m.s);
+  t->peak_live = peak;
+  return true;
+}
+
 /* ---- The replay ---------------------------------------------------------------------- */
 
 static uint64_t now_ns(void) {
@@ -345,14 +388,27 @@ static void note_live(run_t *x, uint64_t req_add, uint64_t req_sub) {
   if (x->live > x->window_max) x->window_max = x->live;
 }
 
-static void do_alloc(run_t *x, const replay_event_t *e) {
+/* A request the trace records as served failed in the replay (n of them). */
+static void note_failed(run_t *x, size_t i, uint64_t n) {
+  if (!x->r->failed_allocs) {
+    x->r->first_failed_event = i;
+    snprintf(x->r->first_error, sizeof x->r->first_error, "%s", gma_last_error());
+  }
+  x->r->failed_allocs += n;
+}
+
+static void do_alloc(run_t *x, size_t i, const replay_event_t *e) {
   void *p = NULL;
-  uint64_t t0 = now_ns();
-  gma_status_t st = gma_alloc(x->g, e->size ? e->size : 1, stream_of(x, e->stream), &p);
-  x->alat[x->na++] = (uint32_t)(now_ns() - t0 > UINT32_MAX ? UINT32_MAX : now_ns() - t0);
+  gma_stream_t s = stream_of(x, e->stream);
+  uint64_t t0 = x->o->fast ? 0 : now_ns();
+  gma_status_t st = gma_alloc(x->g, e->size ? e->size : 1, s, &p);
+  if (!x->o->fast) {
+    uint64_t dt = now_ns() - t0;
+    x->alat[x->na++] = (uint32_t)(dt > UINT32_MAX ? UINT32_MAX : dt);
+  }
   x->r->replayed++;
   if (st != GMA_OK) {
-    x->r->failed_allocs++;
+    note_failed(x, i, 1);
     return;
   }
   slot_t *old = map_find(&x->ptrs, e->ptr);
@@ -372,10 +428,12 @@ static void do_free(run_t *x, const replay_event_t *e) {
     x->r->unmatched++;
     return;
   }
-  uint64_t t0 = now_ns();
+  uint64_t t0 = x->o->fast ? 0 : now_ns();
   gma_free(x->g, s->ptr);
-  uint64_t dt = now_ns() - t0;
-  x->flat[x->nf++] = (uint32_t)(dt > UINT32_MAX ? UINT32_MAX : dt);
+  if (!x->o->fast) {
+    uint64_t dt = now_ns() - t0;
+    x->flat[x->nf++] = (uint32_t)(dt > UINT32_MAX ? UINT32_MAX : dt);
+  }
   x->r->replayed++;
   note_live(x, 0, s->size);
   map_del(&x->ptrs, s);
@@ -398,11 +456,12 @@ static size_t do_batch(run_t *x, size_t i, const replay_event_t *head, void **go
     uint64_t t0 = now_ns();
     st = n ? gma_alloc_batch(x->g, n, sizes, stream_of(x, head->stream), ptrs) : GMA_OK;
     uint64_t dt = n ? (now_ns() - t0) / n : 0;
-    for (size_t k = 0; k < n; k++) x->alat[x->na++] = (uint32_t)(dt > UINT32_MAX ? UINT32_MAX : dt);
+    for (size_t k = 0; k < n && !x->o->fast; k++)
+      x->alat[x->na++] = (uint32_t)(dt > UINT32_MAX ? UINT32_MAX : dt);
     x->r->replayed++;
   }
   if (st != GMA_OK) {
-    x->r->failed_allocs += n;
+    note_failed(x, i, n);
   } else {
     for (size_t k = 0; k < n; k++) {
       map_put(&x->ptrs, x->t->ev[i + 1 + k].ptr, ptrs[k], sizes[k]);
@@ -412,6 +471,24 @@ static size_t do_batch(run_t *x, size_t i, const replay_event_t *head, void **go
   free(sizes);
   if (!got) free(ptrs);
   return n;
+}
+
+/* An oom row: a request the recording allocator could not serve. It is
+ * attempted on its stream, so the replay shows whether gma serves it where
+ * the recorder failed. The trace has no free for it (the program never got
+ * the memory), so a served attempt is freed at once, stream-ordered on its
+ * stream: the block is cached there like any freed block, and live bytes are
+ * back to what the trace says before its next row. The attempt is in gma's own
+ * peaks (allocated, reserved) when served, as it held that memory; it is not
+ * in peak_requested, which follows the trace's live bytes. A failed attempt
+ * is not a failed allocation of the replay: the recorder failed it too. */
+static void do_oom_attempt(run_t *x, const replay_event_t *e) {
+  void *p = NULL;
+  x->r->oom_attempts++;
+  x->r->replayed++;
+  if (gma_alloc(x->g, e->size ? e->size : 1, stream_of(x, e->stream), &p) != GMA_OK) return;
+  x->r->oom_served++;
+  gma_free(x->g, p);
 }
 
 static void sample(run_t *x, size_t i) {
@@ -474,6 +551,16 @@ int replay_run(const replay_trace_t *t, const char *conf, const replay_options_t
   c.device = o->device && strcmp(o->device, "cuda") == 0 ? GMA_DEVICE_CUDA : GMA_DEVICE_SIM;
   if (conf && *conf && gma_config_parse(&c, conf) != GMA_OK)
     return fail(err, errlen, "config '%s': %s", conf, gma_last_error());
+  if (o->capacity) {
+    /* Set in the struct, not appended to the string: a key given twice in
+     * one config string is an error, and CONF may name sim_capacity. */
+    if (c.device != GMA_DEVICE_SIM)
+      return fail(err, errlen, "a replay capacity needs the simulated device (--device sim)");
+    c.sim_capacity = o->capacity;
+  }
+  r->capacity = c.sim_capacity;
+  r->trace_peak_live = t->peak_live;
+  r->recorded_failed = t->count[RA_OOM];
   run_t x = {.t = t, .o = o, .r = r};
   if (gma_create(&c, &x.g) != GMA_OK)
     return fail(err, errlen, "gma_create(%s): %s", conf ? conf : "", gma_last_error());
@@ -490,11 +577,15 @@ int replay_run(const replay_trace_t *t, const char *conf, const replay_options_t
   if (every == 0) every = 1;
   size_t pstep = t->n / 100 ? t->n / 100 : 1;
   uint64_t t0 = now_ns(), slept = 0;
+  size_t done = t->n; /* rows replayed: fewer when stop_on_failure stopped it */
   for (size_t i = 0; i < t->n; i++) {
     const replay_event_t *e = &t->ev[i];
     switch (e->action) {
       case RA_ALLOCATE:
-        if (!e->failed && e->id == 0) do_alloc(&x, e);
+        if (!e->failed && e->id == 0) do_alloc(&x, i, e);
+        break;
+      case RA_OOM:
+        do_oom_attempt(&x, e);
         break;
       case RA_FREE:
         if (!e->failed) do_free(&x, e);
@@ -532,7 +623,7 @@ int replay_run(const replay_trace_t *t, const char *conf, const replay_options_t
         }
         r->replayed++;
         if (st == GMA_OK && map_put(&x.futures, e->id, pd, 0)) break;
-        r->failed_allocs += e->count ? e->count : 1;
+        note_failed(&x, i, e->count ? e->count : 1);
         if (pd) {
           if (st == GMA_OK) gma_future_release(pd->f);
           free(pd->ptrs);
@@ -542,9 +633,10 @@ int replay_run(const replay_trace_t *t, const char *conf, const replay_options_t
       }
       case RA_ASYNC_COMPLETE: {
         slot_t *s = map_find(&x.futures, e->id);
-        size_t n = (size_t)e->count;
+        /* A served batch's allocate rows follow; a failed one has none. */
+        size_t n = (size_t)e->count, rows = e->failed ? 0 : n;
         if (!s) {
-          i += n; /* its allocate rows */
+          i += rows;
           break;
         }
         pending_t *pd = s->ptr;
@@ -563,9 +655,9 @@ int replay_run(const replay_trace_t *t, const char *conf, const replay_options_t
           if (!n) gma_free(x.g, one);
           for (size_t m = 0; m < pd->n; m++) gma_free(x.g, pd->ptrs[m]);
         } else if (!e->failed) {
-          r->failed_allocs += n ? n : 1;
+          note_failed(&x, i, n ? n : 1);
         }
-        i += n;
+        i += rows;
         gma_future_release(pd->f);
         free(pd->ptrs);
         free(pd);
@@ -597,14 +689,19 @@ int replay_run(const replay_trace_t *t, const char *conf, const replay_options_t
       default:
         break;
     }
-    if (i % every == 0 || i + 1 == t->n) sample(&x, i < t->n ? i : t->n - 1);
+    if (!o->fast && (i % every == 0 || i + 1 == t->n)) sample(&x, i < t->n ? i : t->n - 1);
     if (o->progress && (i % pstep == 0)) progress(&x, i, t0);
+    if (o->stop_on_failure && r->failed_allocs) {
+      r->stopped = 1;
+      done = i + 1;
+      break;
+    }
   }
   uint64_t t1 = now_ns();
-  if (o->progress) progress(&x, t->n, t0);
+  if (o->progress && !r->stopped) progress(&x, t->n, t0);
   r->events = t->n;
   r->wall_s = (double)(t1 - t0 - slept) / 1e9;
-  r->events_per_s = r->wall_s > 0 ? (double)t->n / r->wall_s : 0;
+  r->events_per_s = r->wall_s > 0 ? (double)done / r->wall_s : 0;
   r->alloc = latency(x.alat, x.na);
   r->free = latency(x.flat, x.nf);
   r->recorded_peak_reserved = t->recorded_peak;
@@ -649,7 +746,11 @@ void replay_result_json(FILE *f, const replay_result_t *r) {
           ", \"device_allocs\": %" PRIu64 ", \"device_frees\": %" PRIu64
           ", \"hits\": {\"bin\": %" PRIu64 ", \"stream\": %" PRIu64 ", \"pool\": %" PRIu64
           ", \"device\": %" PRIu64 "}, \"failed_allocs\": %" PRIu64 ", \"unmatched\": %" PRIu64
-          ", \"oom_retries\": %" PRIu64
+          ", \"oom_retries\": %" PRIu64 ", \"trace_peak_live\": %" PRIu64
+          ", \"allocated_excludes_failed\": %s"
+          ", \"recorded_failed\": %" PRIu64 ", \"oom_attempts\": %" PRIu64
+          ", \"oom_served\": %" PRIu64 ", \"oom_failed\": %" PRIu64
+          ", \"stopped_at_first_failure\": %s, \"capacity\": %" PRIu64
           ", \"alloc_ns\": {\"p50\": %" PRIu64 ", \"p99\": %" PRIu64 ", \"p999\": %" PRIu64
           ", \"max\": %" PRIu64 "}, \"free_ns\": {\"p50\": %" PRIu64 ", \"p99\": %" PRIu64
           ", \"p999\": %" PRIu64 ", \"max\": %" PRIu64 "}, \"wall_s\": %.6f"
@@ -657,6 +758,181 @@ void replay_result_json(FILE *f, const replay_result_t *r) {
           r->events, r->replayed, r->peak_requested, r->peak_allocated, r->peak_reserved,
           r->recorded_peak_reserved, r->fragmentation_at_peak, r->device_allocs, r->device_frees,
           r->hits_bin, r->hits_stream, r->hits_pool, r->hits_device, r->failed_allocs,
-          r->unmatched, r->oom_retries, r->alloc.p50, r->alloc.p99, r->alloc.p999, r->alloc.max,
+          r->unmatched, r->oom_retries, r->trace_peak_live, r->failed_allocs ? "true" : "false",
+          r->recorded_failed, r->oom_attempts, r->oom_served, r->oom_attempts - r->oom_served,
+          r->stopped ? "true" : "false", r->capacity, r->alloc.p50, r->alloc.p99, r->alloc.p999,
+          r->alloc.max,
           r->free.p50, r->free.p99, r->free.p999, r->free.max, r->wall_s, r->events_per_s);
+}
+
+/* ---- The smallest workable capacity ------------------------------------------------ */
+
+static int try_capacity(const replay_trace_t *t, const char *conf, uint64_t cap, int confirm,
+                        replay_capacity_t *c, const replay_capacity_options_t *o, uint64_t lo,
+                        uint64_t hi_if_ok, uint64_t hi_if_fail, replay_result_t *res, char *err,
+                        size_t errlen) {
+  replay_options_t ro = {.device = "sim", .capacity = cap, .fast = 1, .stop_on_failure = 1};
+  uint64_t t0 = now_ns();
+  if (replay_run(t, conf, &ro, res, err, errlen) != 0) return -1;
+  replay_capacity_step_t st = {
+      .capacity = cap,
+      .ok = res->failed_allocs == 0,
+      .confirm = confirm,
+      .failed_allocs = res->failed_allocs,
+      .first_failed_event = res->first_failed_event,
+      .peak_reserved = res->peak_reserved,
+      .wall_s = (double)(now_ns() - t0) / 1e9,
+  };
+  replay_capacity_step_t *v = realloc(c->steps, (c->nsteps + 1) * sizeof *v);
+  if (!v) return fail(err, errlen, "out of host memory");
+  c->steps = v;
+  memcpy(st.first_error, res->first_error, sizeof st.first_error);
+  c->steps[c->nsteps++] = st;
+  c->replays++;
+  if (o->on_step) o->on_step(o->arg, &st, st.ok ? lo : cap, st.ok ? hi_if_ok : hi_if_fail);
+  return st.ok;
+}
+
+/* The smallest capacity that succeeded at every replay of it, above lo. */
+static uint64_t smallest_clean_success(const replay_capacity_t *c, uint64_t lo) {
+  uint64_t best = 0;
+  for (size_t i = 0; i < c->nsteps; i++) {
+    uint64_t cap = c->steps[i].capacity;
+    if (!c->steps[i].ok || cap <= lo || (best && cap >= best)) continue;
+    bool clean = true;
+    for (size_t j = 0; j < c->nsteps; j++)
+      if (c->steps[j].capacity == cap && !c->steps[j].ok) clean = false;
+    if (clean) best = cap;
+  }
+  return best;
+}
+
+int replay_min_capacity(const replay_trace_t *t, const char *conf,
+                        const replay_capacity_options_t *opt, replay_capacity_t *c, char *err,
+                        size_t errlen) {
+  replay_capacity_options_t o = opt ? *opt : (replay_capacity_options_t){0};
+  if (o.precision <= 0) o.precision = 0.002;
+  if (o.confirm == 0) o.confirm = 1;
+  if (o.confirm < 0) o.confirm = 0;
+  const uint64_t MiB = 1ull << 20, cap_min = MiB, cap_max = 1024ull << 40;
+  if (!o.max_capacity || o.max_capacity > cap_max) o.max_capacity = cap_max;
+  memset(c, 0, sizeof *c);
+  c->lower_bound = t->peak_live;
+  c->recorded_peak_reserved = t->has_recorded ? t->recorded_peak : 0;
+  uint64_t t0 = now_ns();
+  replay_result_t res;
+  /* The bracket: lo is not workable (or is the bound nothing beats), hi is. */
+  uint64_t lo = t->peak_live > cap_min ? t->peak_live : cap_min - 1;
+  uint64_t hi = 2 * (c->recorded_peak_reserved > t->peak_live ? c->recorded_peak_reserved
+                                                                : t->peak_live);
+  if (hi < cap_min) hi = cap_min;
+  if (hi > o.max_capacity) hi = o.max_capacity;
+  int rc;
+  /* Find a workable upper end, doubling. */
+  for (;;) {
+    rc = try_capacity(t, conf, hi, 0, c, &o, lo, hi, hi * 2, &res, err, errlen);
+    if (rc < 0) goto out;
+    if (rc) break;
+    lo = hi;
+    if (hi >= o.max_capacity) { /* nothing workable up to the cap */
+      c->failing = lo;
+      rc = 0;
+      goto out;
+    }
+    hi = hi > o.max_capacity / 2 ? o.max_capacity : hi * 2;
+  }
+  c->at_min = res;
+  for (int rounds = 0;; rounds++) {
+    /* Bisect (lo, hi] down to the precision or the budget. */
+    while ((double)(hi - lo) > o.precision * (double)hi && hi - lo > 1) {
+      if (o.budget_s > 0 && (double)(now_ns() - t0) / 1e9 >= o.budget_s) {
+        c->budget_hit = 1;
+        break;
+      }
+      uint64_t mid = lo + (hi - lo) / 2;
+      rc = try_capacity(t, conf, mid, 0, c, &o, lo, mid, hi, &res, err, errlen);
+      if (rc < 0) goto out;
+      if (rc) {
+        hi = mid;
+        c->at_min = res;
+      } else {
+        lo = mid;
+      }
+    }
+    /* Confirm the answer: every replay of it must succeed. */
+    int bad = 0;
+    for (int k = 0; k < o.confirm && !bad; k++) {
+      rc = try_capacity(t, conf, hi, 1, c, &o, lo, hi, hi, &res, err, errlen);
+      if (rc < 0) goto out;
+      if (rc) c->at_min = res;
+      bad = !rc;
+    }
+    if (!bad) break;
+    /* Not repeatable at hi: it is not workable. Go on above it, up to the
+     * smallest capacity that never failed (doubling when there is none). */
+    lo = hi;
+    uint64_t next = smallest_clean_success(c, lo);
+    while (!next && rounds < 4) {
+      uint64_t up = hi > o.max_capacity / 2 ? o.max_capacity : hi * 2;
+      if (up <= hi) break;
+      hi = up;
+      rc = try_capacity(t, conf, hi, 0, c, &o, lo, hi, hi * 2, &res, err, errlen);
+      if (rc < 0) goto out;
+      if (rc) {
+        next = hi;
+        c->at_min = res;
+      } else {
+        lo = hi;
+      }
+    }
+    hi = next; /* 0: none */
+    if (!hi || rounds >= 4) break; /* give up refining: report the smallest clean success */
+  }
+  c->min_capacity = hi;
+  c->failing = lo;
+  c->width = hi ? (double)(hi - lo) / (double)hi : 0;
+  rc = 0;
+out:
+  /* Monotonicity: a capacity failed that is not below every success. */
+  for (size_t i = 0; i < c->nsteps; i++)
+    for (size_t j = 0; j < c->nsteps; j++)
+      if (!c->steps[i].ok && c->steps[j].ok && c->steps[i].capacity >= c->steps[j].capacity)
+        c->unstable = 1;
+  c->wall_s = (double)(now_ns() - t0) / 1e9;
+  return rc < 0 ? -1 : 0;
+}
+
+void replay_capacity_free(replay_capacity_t *c) {
+  if (!c) return;
+  free(c->steps);
+  c->steps = NULL;
+  c->nsteps = 0;
+}
+
+void replay_capacity_json(FILE *f, const replay_capacity_t *c) {
+  fprintf(f,
+          "{\"min_capacity\": %" PRIu64 ", \"failing_capacity\": %" PRIu64
+          ", \"lower_bound_peak_live\": %" PRIu64 ", \"recorded_peak_reserved\": %" PRIu64
+          ", \"min_over_recorded\": %.4f, \"min_over_peak_live\": %.4f, \"width\": %.5f"
+          ", \"replays\": %d, \"unstable\": %s, \"budget_hit\": %s, \"wall_s\": %.3f"
+          ", \"at_min\": {\"peak_reserved\": %" PRIu64 ", \"peak_allocated\": %" PRIu64
+          ", \"recorded_failed\": %" PRIu64 ", \"oom_served\": %" PRIu64
+          ", \"oom_failed\": %" PRIu64 "}, \"steps\": [",
+          c->min_capacity, c->failing, c->lower_bound, c->recorded_peak_reserved,
+          c->recorded_peak_reserved && c->min_capacity
+              ? (double)c->min_capacity / (double)c->recorded_peak_reserved
+              : 0,
+          c->lower_bound && c->min_capacity ? (double)c->min_capacity / (double)c->lower_bound : 0,
+          c->width, c->replays, c->unstable ? "true" : "false", c->budget_hit ? "true" : "false",
+          c->wall_s, c->at_min.peak_reserved, c->at_min.peak_allocated, c->at_min.recorded_failed,
+          c->at_min.oom_served, c->at_min.oom_attempts - c->at_min.oom_served);
+  for (size_t i = 0; i < c->nsteps; i++) {
+    const replay_capacity_step_t *s = &c->steps[i];
+    fprintf(f, "%s{\"capacity\": %" PRIu64 ", \"ok\": %s, \"confirm\": %s", i ? ", " : "",
+            s->capacity, s->ok ? "true" : "false", s->confirm ? "true" : "false");
+    if (!s->ok)
+      fprintf(f, ", \"first_failed_event\": %" PRIu64, s->first_failed_event);
+    fprintf(f, ", \"peak_reserved\": %" PRIu64 ", \"wall_s\": %.4f}", s->peak_reserved, s->wall_s);
+  }
+  fputs("]}", f);
 }

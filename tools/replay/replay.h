@@ -44,6 +44,9 @@ typedef struct replay_trace {
   size_t count[RA_NACTIONS];
   int has_recorded;          /* it has segment rows: the recording allocator's reserved curve */
   uint64_t recorded_peak;    /* peak of that curve */
+  uint64_t peak_live;        /* the trace's own peak of live requested bytes: every request it
+                                records as served (allocate rows, async completions), whatever
+                                a replay serves; no allocator can run the trace in less */
 } replay_trace_t;
 
 /* Parses a trace from f (rows sorted by time, stably, after loading).
@@ -62,6 +65,13 @@ typedef struct replay_options {
   int progress;             /* draw a progress bar on stderr */
   const char *label;        /* for the progress bar */
   double max_idle_s;        /* cap on one idle row's sleep (default 1 s) */
+  uint64_t capacity;        /* nonzero: the simulated device's capacity in bytes, set in the
+                               config after CONF is parsed (so it overrides a sim_capacity
+                               there); "sim" device only */
+  int fast;                 /* no latency timing and no sampling (no timeline, snapshot or
+                               fragmentation figure): for the many replays of --min-capacity */
+  int stop_on_failure;      /* stop at the first failed allocation of a request the trace
+                               records as served (an oom row's attempt does not count) */
 } replay_options_t;
 
 typedef struct replay_latency {
@@ -77,7 +87,19 @@ typedef struct replay_result {
   double fragmentation_at_peak;      /* gma's fragmentation at the sample of peak reserved */
   uint64_t device_allocs, device_frees;
   uint64_t hits_bin, hits_stream, hits_pool, hits_device;
-  uint64_t failed_allocs;            /* calls that failed in the replay (trace said success) */
+  uint64_t trace_peak_live;          /* the trace's peak live bytes (replay_trace_t.peak_live) */
+  uint64_t failed_allocs;            /* requests the trace records as served that failed in the
+                                        replay; peak_requested and the allocated figures leave
+                                        them out (they never became live) */
+  uint64_t first_failed_event;       /* row index of the first of those (valid if failed_allocs) */
+  char first_error[320];             /* gma_last_error() of the first of those */
+  uint64_t recorded_failed;          /* the trace's oom rows: requests the recording allocator
+                                        could not serve (PyTorch's OOMs in an imported trace) */
+  uint64_t oom_attempts, oom_served; /* of those, attempted in the replay, and served by gma
+                                        (each served one is freed at once: see replay.c) */
+  int stopped;                       /* stop_on_failure ended the replay early */
+  uint64_t capacity;                 /* options' capacity, or the config's sim_capacity (0: the
+                                        device's default) */
   uint64_t unmatched;                /* frees/record_streams of pointers not live in the replay */
   uint64_t oom_retries;
   replay_latency_t alloc, free;
@@ -93,5 +115,68 @@ int replay_run(const replay_trace_t *t, const char *conf, const replay_options_t
 
 /* Writes the result as a JSON object (no trailing newline). */
 void replay_result_json(FILE *f, const replay_result_t *r);
+
+/* ---- The smallest capacity a trace replays in (gma-replay --min-capacity) ---------
+ *
+ * A capacity is workable when a replay at it has no failed allocation (of the
+ * requests the trace records as served). The search brackets the answer in
+ * (lo, hi]: lo starts at the trace's peak live bytes (nothing can run it in
+ * less), hi at twice the recorded peak reserved (twice the peak live without
+ * one), doubled while it fails. Then it bisects until hi - lo <= precision *
+ * hi, and replays hi `confirm` more times. Replays on the simulated device are
+ * not exactly repeatable when frees wait for simulated device work or the
+ * worker trims on its own schedule, so a capacity is workable only if every
+ * replay at it succeeded: a confirmation that fails makes that capacity the new
+ * lo, marks the result unstable, and the bisection goes on above it. */
+
+typedef struct replay_capacity_step {
+  uint64_t capacity;
+  int ok;                      /* no failed allocation */
+  int confirm;                 /* a confirmation replay of the answer */
+  uint64_t failed_allocs;      /* at least 1 when !ok (the replay stops at the first) */
+  uint64_t first_failed_event; /* row index of the failure */
+  char first_error[320];       /* and gma's message for it */
+  uint64_t peak_reserved;      /* gma's peak reserved in this replay */
+  double wall_s;
+} replay_capacity_step_t;
+
+typedef struct replay_capacity_options {
+  double precision;       /* relative width to stop at (default 0.002: 0.2%) */
+  double budget_s;        /* stop bisecting after this much time, reporting the width reached
+                             (0: no budget) */
+  int confirm;            /* more replays of the answer that must succeed too (default 1;
+                             negative: none) */
+  uint64_t max_capacity;  /* give up when hi would pass this (default 1024 TiB) */
+  /* Called after each replay (progress); lo/hi are the bracket after it. */
+  void (*on_step)(void *arg, const replay_capacity_step_t *s, uint64_t lo, uint64_t hi);
+  void *arg;
+} replay_capacity_options_t;
+
+typedef struct replay_capacity {
+  uint64_t min_capacity;    /* smallest workable capacity found (0: none up to max_capacity) */
+  uint64_t failing;         /* largest capacity known not workable: the bracket's lo (the
+                               lower bound itself when no replay below min_capacity failed) */
+  uint64_t lower_bound;     /* the trace's peak live bytes */
+  uint64_t recorded_peak_reserved; /* 0 when the trace has no segment rows */
+  double width;             /* (min_capacity - failing) / min_capacity at the end */
+  int replays;
+  int unstable;             /* some capacity both succeeded and failed, or one failed above
+                               one that succeeded (monotonicity violated) */
+  int budget_hit;           /* the time budget ended the bisection before precision */
+  replay_result_t at_min;   /* the last replay at min_capacity (fast: no latencies) */
+  replay_capacity_step_t *steps;
+  size_t nsteps;
+  double wall_s;
+} replay_capacity_t;
+
+/* Finds the smallest workable sim_capacity for t under conf (see above).
+ * Returns 0, or -1 with err set when no allocator can be created. */
+int replay_min_capacity(const replay_trace_t *t, const char *conf,
+                        const replay_capacity_options_t *o, replay_capacity_t *out, char *err,
+                        size_t errlen);
+void replay_capacity_free(replay_capacity_t *c);
+
+/* Writes the search as a JSON object (no trailing newline), with every step. */
+void replay_capacity_json(FILE *f, const replay_capacity_t *c);
 
 #endif /* GMA_REPLAY_H */
