@@ -135,12 +135,18 @@ void gma__streams_settle_pending(gma__pool_t *p) {
  * stream's safe cached blocks are released: under reuse:none a pending block
  * whose gates passed goes back to its stream's cache, and a forced poll
  * (gma_empty_cache) must then release it in the same call. */
-void gma__streams_poll(gma__pool_t *p, bool force) {
+/* Drains every stream's bins, closes each open epoch that holds frees, and
+ * observes which epochs completed (never waits). */
+static void close_all(gma__pool_t *p) {
   for (gma__stream_t *s = p->stream_list; s; s = s->next_all) {
     gma__stream_drain_bins(p, s);
     if (!gma__load_relaxed(&s->retired)) close_epoch(p, s);
     observe_epochs(p, s);
   }
+}
+
+void gma__streams_poll(gma__pool_t *p, bool force) {
+  close_all(p);
   gma__pending_poll(p);
   if (!force && p->reuse == GMA_REUSE_NONE) return;
   for (gma__stream_t *s = p->stream_list; s; s = s->next_all) release_safe_cached(p, s);
@@ -194,11 +200,7 @@ static bool event_wait(gma__pool_t *p, gma__event_t ev, uint64_t deadline_ns) {
 }
 
 bool gma__streams_wait_work(gma__pool_t *p, uint64_t deadline_ns) {
-  for (gma__stream_t *s = p->stream_list; s; s = s->next_all) {
-    gma__stream_drain_bins(p, s);
-    if (!gma__load_relaxed(&s->retired)) close_epoch(p, s);
-    observe_epochs(p, s);
-  }
+  close_all(p);
   if (p->c.stream_cached == 0 && p->c.pending == 0) return false; /* nothing is gated */
   bool waited = false;
   for (gma__stream_t *s = p->stream_list; s; s = s->next_all) {

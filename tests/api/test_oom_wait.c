@@ -177,25 +177,13 @@ static void async_counts_once(void) {
   CHECK_OK(gma_destroy(g));
 }
 
+static const test_case_t cases[] = {{"busy_own_stream", busy_own_stream},
+                                    {"busy_record_stream", busy_record_stream},
+                                    {"real_shortage", real_shortage},
+                                    {"bounded_wait", bounded_wait},
+                                    {"fragmentation_message", fragmentation_message},
+                                    {"async_counts_once", async_counts_once}};
+
 int main(int argc, char **argv) {
-  struct {
-    const char *name;
-    void (*fn)(void);
-  } cases[] = {{"busy_own_stream", busy_own_stream},
-               {"busy_record_stream", busy_record_stream},
-               {"real_shortage", real_shortage},
-               {"bounded_wait", bounded_wait},
-               {"fragmentation_message", fragmentation_message},
-               {"async_counts_once", async_counts_once}};
-  int ran = 0;
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    if (argc > 1 && strcmp(argv[1], cases[i].name) != 0) continue;
-    printf("%s\n", cases[i].name);
-    fflush(stdout);
-    cases[i].fn();
-    ran++;
-  }
-  CHECK(ran > 0);
-  printf("%d passed, 0 failed\n", ran);
-  return 0;
+  return run_cases(argc, argv, cases, sizeof cases / sizeof cases[0]);
 }

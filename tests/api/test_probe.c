@@ -468,12 +468,7 @@ static void small_points(void) {
   CHECK_OK(gma_destroy(g));
 }
 
-typedef struct probe_case {
-  const char *name;
-  void (*fn)(void);
-} probe_case_t;
-
-static const probe_case_t cases[] = {
+static const test_case_t cases[] = {
     {"reserve_overflow", reserve_overflow},
     {"free_vs_stream_destroy", free_vs_stream_destroy},
     {"ptds_thread_exit", ptds_thread_exit},
@@ -489,15 +484,5 @@ static const probe_case_t cases[] = {
 };
 
 int main(int argc, char **argv) {
-  int ran = 0;
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    if (argc > 1 && strcmp(argv[1], cases[i].name) != 0) continue;
-    printf("%s\n", cases[i].name);
-    fflush(stdout);
-    cases[i].fn();
-    ran++;
-  }
-  CHECK(ran > 0);
-  printf("%d passed, 0 failed\n", ran);
-  return 0;
+  return run_cases(argc, argv, cases, sizeof cases / sizeof cases[0]);
 }

@@ -5,6 +5,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "gma.h"
 
@@ -36,6 +37,27 @@ static inline gma_stats_t stats_of(gma_t *g) {
   gma_stats_t s = GMA_STATS_INIT;
   CHECK_OK(gma_stats(g, &s));
   return s;
+}
+
+/* A test made of named cases: `test NAME` runs one, no argument runs all;
+ * ends with the plain "N passed, 0 failed" line (a failed CHECK exits). */
+typedef struct test_case {
+  const char *name;
+  void (*fn)(void);
+} test_case_t;
+
+static inline int run_cases(int argc, char **argv, const test_case_t *cases, size_t n) {
+  int ran = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (argc > 1 && strcmp(argv[1], cases[i].name) != 0) continue;
+    printf("%s\n", cases[i].name);
+    fflush(stdout);
+    cases[i].fn();
+    ran++;
+  }
+  CHECK(ran > 0);
+  printf("%d passed, 0 failed\n", ran);
+  return 0;
 }
 
 #endif /* GMA_TEST_CHECK_H */
