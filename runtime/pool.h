@@ -93,28 +93,41 @@ typedef struct gma__block {
                                     written without the lock, read by age reports) */
 } gma__block_t;
 
-/* A growable segment's address range (expandable_segments): reserved once,
- * physical chunks of gran bytes mapped in as the pool grows. Granule i is
- * UNMAPPED, MAPPED (covered by exactly one segment of this region) or BUSY
- * (detached by a trim and being unmapped outside the lock; no segment covers
- * it, and only the trimming thread touches its entry).
- * Invariants: the region's segments cover exactly its MAPPED granules;
- * mapped = gran * (MAPPED + BUSY granules). handle[i] is valid while MAPPED
- * or BUSY. */
-enum { GMA__GRAN_UNMAPPED = 0, GMA__GRAN_MAPPED = 1, GMA__GRAN_BUSY = 2 };
+/* One physical chunk of a growable segment: what one vm_map mapped (one
+ * physical allocation), and so the least vm_unmap can give back. */
+typedef struct gma__chunk {
+  uintptr_t addr;
+  uint64_t size;   /* a multiple of the granularity */
+  uint64_t handle; /* the device's name for its physical memory */
+  uint8_t busy;    /* detached by a trim, being unmapped outside the lock */
+} gma__chunk_t;
+
+/* A reserved address range of a growable pool kind (expandable_segments).
+ * Each kind has a list of them (p->region[kind] is the first): one reserved
+ * at init, several times the memory limit, and another whenever no range has
+ * an unmapped run for a growth, so address space never limits what memory
+ * allows. Physical chunks are mapped into a range as the pool grows, one
+ * vm_map per growth, sized to the request's shortfall or more (vmm.c).
+ * Invariants: chunks[] is sorted by addr, disjoint, inside [base, base +
+ * size), granule-aligned; the range's segments are tiled exactly by its
+ * non-busy chunks (a segment starts and ends on chunk boundaries);
+ * mapped = sum of chunk sizes, busy = sum over busy chunks; a busy chunk is
+ * touched only by the trimming thread that detached it (its record is
+ * copied out, so the table may move meanwhile). */
 typedef struct gma__region {
   uintptr_t base;
-  uint64_t size, gran, ngran;
+  uint64_t size, gran;
   int kind;
-  uint8_t *state;  /* ngran entries */
-  uint64_t *handle; /* ngran entries */
-  uint64_t mapped;  /* bytes MAPPED or BUSY */
-  uint64_t busy;    /* bytes BUSY */
+  gma__chunk_t *chunks; /* sorted by addr */
+  size_t nchunks, cap;
+  uint64_t mapped;      /* bytes in chunks */
+  uint64_t busy;        /* bytes in busy chunks */
+  struct gma__region *next; /* the kind's next range */
 } gma__region_t;
 
 /* A segment: device memory the pool owns, tiled by blocks. An ordinary one
- * is one device allocation; one with a region is a run of MAPPED granules,
- * extended, merged and split as chunks are mapped and unmapped. */
+ * is one device allocation; one with a region is a run of adjacent mapped
+ * chunks, extended, merged and split as chunks are mapped and unmapped. */
 typedef struct gma__segment {
   uintptr_t base;
   uint64_t size;
@@ -248,7 +261,8 @@ typedef struct gma__pool {
   gma__block_t *spare_blocks;   /* recycled block records (linked by next) */
   void **block_chunks;          /* every block chunk, freed at destroy */
   size_t nchunks, chunks_cap;
-  gma__region_t *region[GMA__NKINDS]; /* expandable_segments: one per kind, else NULL */
+  gma__region_t *region[GMA__NKINDS]; /* expandable_segments: each kind's ranges (a list),
+                                         else NULL */
   gma__event_t *spare_events;   /* created, unused events for reuse */
   size_t nspare, spare_cap;
   gma__counters_t c;
@@ -346,36 +360,42 @@ gma_status_t gma__segs_insert(gma__pool_t *p, gma__segment_t *seg);
 void gma__segs_remove(gma__pool_t *p, gma__segment_t *seg);
 
 /* vmm.c: growable segments (expandable_segments). Lock held unless said. */
-/* Reserves one region per kind; called from gma__pool_init. */
+/* Reserves one range per kind; called from gma__pool_init. */
 gma_status_t gma__vm_init(gma__pool_t *p);
-/* Maps enough granules that the kind's free tree holds a block of at least
- * size bytes: extends a segment ending in a FREE block, or maps a fresh run;
- * neighbours merge and FREE blocks coalesce across chunks. */
+/* Maps one chunk so that the kind's free tree holds a block of at least size
+ * bytes: extends a segment ending in a FREE block by the shortfall, or maps a
+ * fresh run (in another range when none has room); neighbours merge and FREE
+ * blocks coalesce across chunks. A small growth maps a minimum chunk that
+ * grows with the pool, so many small requests do not map one granule each. */
 gma_status_t gma__vm_grow(gma__pool_t *p, int kind, uint64_t size);
-/* A range of BUSY granules taken out of the pool, to be unmapped. */
+/* Whole chunks taken out of the pool, to be unmapped (their records are
+ * copied here, so unmapping needs no lock). */
 typedef struct gma__vm_range {
   gma__region_t *region;
   uintptr_t addr;
   uint64_t size;
   uint64_t unmapped; /* bytes from the front gma__vm_unmap gave back */
+  gma__chunk_t *chunks; /* malloc'd copies, in address order */
+  size_t nchunks;
 } gma__vm_range_t;
-/* Detaches the granule-aligned inside of FREE block b (of a growable
- * segment) from the pool, splitting its segment; false when there is none or
- * host memory for the split is lacking (nothing changed). */
+/* Detaches the whole chunks inside FREE block b (of a growable segment) from
+ * the pool, splitting its segment; false when there is none or host memory
+ * for the split is lacking (nothing changed). */
 bool gma__vm_detach(gma__pool_t *p, gma__block_t *b, gma__vm_range_t *out);
-/* Without the lock: unmaps a detached range chunk by chunk; returns how many
- * bytes from the front were unmapped (the rest failed, message set). */
+/* Without the lock: unmaps a detached range chunk by chunk (one vm_unmap per
+ * chunk); returns how many bytes from the front were unmapped (the rest
+ * failed, message set). */
 uint64_t gma__vm_unmap(gma__pool_t *p, const gma__vm_range_t *r);
-/* Lock held: marks the unmapped front UNMAPPED and gives what failed back to
- * the pool as free memory. */
-void gma__vm_finish(gma__pool_t *p, const gma__vm_range_t *r, uint64_t unmapped);
-/* A trim's choice (see gma__pool_release): detaches the chunks inside FREE
- * blocks, idle ones first, then the largest until *cached <= keep; returns
- * the ranges (malloc'd, the first *n_idle for idleness) to unmap. */
+/* Lock held: drops the unmapped chunks, gives what failed back to the pool as
+ * free memory, and frees r's copies. */
+void gma__vm_finish(gma__pool_t *p, gma__vm_range_t *r, uint64_t unmapped);
+/* A trim's choice (see gma__pool_release): detaches the whole chunks inside
+ * FREE blocks, idle ones first, then the largest until *cached <= keep;
+ * returns the ranges (malloc'd, the first *n_idle for idleness) to unmap. */
 struct gma__release;
 size_t gma__vm_pick(gma__pool_t *p, const struct gma__release *rel, uint64_t *cached,
                     gma__vm_range_t **out, size_t *n_idle);
-/* Unmaps every free chunk now, under the lock (the OOM retry). */
+/* Unmaps every wholly free chunk now, under the lock (the OOM retry). */
 void gma__vm_release_free(gma__pool_t *p);
 /* At destroy, after every segment was dropped: unmaps everything, releases
  * the reservations. */

@@ -1,9 +1,11 @@
 /* Growable segments (expandable_segments:true) on the simulated device, whose
- * chunks are real mappings of a reserved host range: growth in granularity
- * steps, blocks coalescing across chunks, trimming that unmaps the inside of
- * free blocks (never a chunk whose stream work is still running: an unmapped
- * page under a kernel would crash this test), memory_limit, injected map
- * failures, and a growing workload that does not fragment. Public API only. */
+ * chunks are real mappings of a reserved host range: one map per growth
+ * (the shortfall rounded to the granularity), blocks coalescing across
+ * chunks, trimming that unmaps the whole chunks inside free blocks (never a
+ * chunk partly in use, nor one whose stream work is still running: an
+ * unmapped page under a kernel would crash this test), memory_limit,
+ * injected map failures, a growing workload that does not fragment, and map
+ * calls per GiB on a synthetic training-like workload. Public API only. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
@@ -34,13 +36,14 @@ static void settle(gma_t *g, gma_stream_t s) { CHECK_OK(gma_stream_synchronize(g
 
 static void grows_by_chunks_and_coalesces(void) {
   gma_t *g = expandable(NULL);
-  void *a = alloc_on(g, 3 * MiB, NULL);
+  void *a = alloc_on(g, 3 * MiB, NULL); /* one map of two granules */
   gma_stats_t s = stats_of(g);
-  CHECK(s.reserved.current == 2 * GRAN && s.num_device_allocs == 2);
-  /* The second 3 MiB starts in the first's last chunk and needs one more. */
+  CHECK(s.reserved.current == 2 * GRAN && s.num_device_allocs == 1);
+  /* The second 3 MiB starts in the first's free tail and maps the 2 MiB it
+   * lacks, right after. */
   void *b = alloc_on(g, 3 * MiB, NULL);
   s = stats_of(g);
-  CHECK(s.reserved.current == 3 * GRAN && s.num_device_allocs == 3);
+  CHECK(s.reserved.current == 3 * GRAN && s.num_device_allocs == 2);
   CHECK((char *)b == (char *)a + 3 * MiB);
   CHECK(s.reserved.current == s.allocated.current); /* nothing wasted */
   CHECK(s.num_segments == 1);
@@ -50,7 +53,7 @@ static void grows_by_chunks_and_coalesces(void) {
   settle(g, NULL);
   CHECK_OK(gma_empty_cache(g)); /* drains and trims: everything unmaps */
   s = stats_of(g);
-  CHECK(s.reserved.current == 0 && s.num_device_frees == 3 && s.num_segments == 0);
+  CHECK(s.reserved.current == 0 && s.num_device_frees == 2 && s.num_segments == 0);
   a = alloc_on(g, 3 * MiB, NULL);
   b = alloc_on(g, 3 * MiB, NULL);
   CHECK_OK(gma_free(g, a));
@@ -65,21 +68,23 @@ static void grows_by_chunks_and_coalesces(void) {
   CHECK_OK(gma_destroy(g));
 }
 
-/* Trimming cuts the chunks inside a free block out, splitting the segment;
- * the live neighbours keep their memory and contents. */
+/* Trimming cuts the whole chunks inside a free block out, splitting the
+ * segment; the live neighbours keep their memory and contents. */
 static void trim_splits_segments(void) {
   gma_t *g = expandable(NULL);
-  char *a = alloc_on(g, 3 * MiB, NULL), *b = alloc_on(g, 4 * MiB, NULL),
-       *c = alloc_on(g, 3 * MiB, NULL);
-  memset(a, 1, 3 * MiB);
-  memset(c, 3, 3 * MiB);
-  CHECK(stats_of(g).reserved.current == 5 * GRAN);
-  CHECK_OK(gma_free(g, b)); /* [3, 7) MiB: the chunk [4, 6) lies wholly inside */
+  /* Three chunks, one per block, adjacent: one segment. */
+  char *a = alloc_on(g, 4 * MiB, NULL), *b = alloc_on(g, 4 * MiB, NULL),
+       *c = alloc_on(g, 4 * MiB, NULL);
+  memset(a, 1, 4 * MiB);
+  memset(c, 3, 4 * MiB);
+  gma_stats_t s = stats_of(g);
+  CHECK(s.reserved.current == 12 * MiB && s.num_device_allocs == 3 && s.num_segments == 1);
+  CHECK_OK(gma_free(g, b)); /* b's chunk is wholly free */
   settle(g, NULL);
   CHECK_OK(gma_trim(g, 0));
-  gma_stats_t s = stats_of(g);
-  CHECK(s.reserved.current == 4 * GRAN && s.num_segments == 2);
-  for (size_t i = 0; i < 3 * MiB; i += 4096) CHECK(a[i] == 1 && c[i] == 3);
+  s = stats_of(g);
+  CHECK(s.reserved.current == 8 * MiB && s.num_segments == 2 && s.num_device_frees == 1);
+  for (size_t i = 0; i < 4 * MiB; i += 4096) CHECK(a[i] == 1 && c[i] == 3);
   /* The hole is used again, and the pieces around it are usable too. */
   void *d = alloc_on(g, 1 * MiB + 512 * 1024, NULL);
   void *e = alloc_on(g, 4 * MiB, NULL);
@@ -139,7 +144,7 @@ static void growth_releases_scattered_chunks(void) {
   void *e = alloc_on(g, 10 * MiB, NULL);
   gma_stats_t s = stats_of(g);
   CHECK(s.reserved.current == 18 * MiB); /* b + d + e: the holes went back */
-  CHECK(s.num_device_frees == 4);
+  CHECK(s.num_device_frees == 2);        /* a's chunk and c's, whole */
   memset(b, 1, 4 * MiB);
   memset(d, 2, 4 * MiB);
   CHECK_OK(gma_free(g, b));
@@ -160,9 +165,9 @@ static void limit_and_faults(void) {
   CHECK_OK(gma_free(g, b));
   CHECK_OK(gma_destroy(g));
 
-  /* The third chunk map fails: the allocation fails whole, nothing stays
-   * mapped, and the next attempt works. */
-  g = expandable("sim_fail_alloc:3");
+  /* The map fails: the allocation fails whole, nothing stays mapped, and
+   * the next attempt works. */
+  g = expandable("sim_fail_alloc:1");
   CHECK_ST(gma_alloc(g, 6 * MiB, NULL, &a), GMA_ERR_DEVICE);
   CHECK(strstr(gma_last_error(), "injected") != NULL);
   gma_stats_t s = stats_of(g);
@@ -233,6 +238,88 @@ static void batch_and_async(void) {
   CHECK_OK(gma_destroy(g));
 }
 
+/* A trim gives back whole chunks only: a chunk with a live block in it stays
+ * mapped (the device cannot unmap part of a mapping), a wholly free one goes. */
+static void trim_keeps_partly_used_chunks(void) {
+  gma_t *g = expandable(NULL);
+  const size_t half = MiB / 2;
+  char *a = alloc_on(g, 8 * MiB, NULL);        /* chunk A: [0, 8) */
+  char *b = alloc_on(g, 4 * MiB + half, NULL); /* chunk B: [8, 14), b at [8, 12.5) */
+  char *c = alloc_on(g, 4 * MiB, NULL);        /* B's free tail and chunk C [14, 18) */
+  CHECK(b == a + 8 * MiB && c == b + 4 * MiB + half);
+  gma_stats_t s = stats_of(g);
+  CHECK(s.num_device_allocs == 3 && s.reserved.current == 18 * MiB);
+  memset(b, 2, 4 * MiB + half);
+  CHECK_OK(gma_free(g, a));
+  CHECK_OK(gma_free(g, c)); /* free: [0, 8) and [12.5, 18) */
+  settle(g, NULL);
+  CHECK_OK(gma_trim(g, 0));
+  s = stats_of(g);
+  /* A and C went back; B holds b and 1.5 free MiB, and stays. */
+  CHECK(s.num_device_frees == 2 && s.reserved.current == 6 * MiB && s.num_segments == 1);
+  for (size_t i = 0; i < 4 * MiB + half; i += 4096) CHECK(b[i] == 2);
+  void *d = alloc_on(g, MiB + half, NULL); /* B's free part serves it: no map */
+  CHECK(d == b + 4 * MiB + half && stats_of(g).num_device_allocs == 3);
+  CHECK_OK(gma_free(g, b));
+  CHECK_OK(gma_free(g, d));
+  settle(g, NULL);
+  CHECK_OK(gma_trim(g, 0));
+  CHECK(stats_of(g).reserved.current == 0);
+  CHECK_OK(gma_destroy(g));
+}
+
+/* A large request is one map call, not one per granule. */
+static void large_request_one_map(void) {
+  gma_t *g = expandable("sim_capacity:2G");
+  void *p = NULL;
+  CHECK_OK(gma_alloc(g, 700 * MiB + 123, NULL, &p));
+  gma_stats_t s = stats_of(g);
+  CHECK(s.num_device_allocs == 1 && s.reserved.current == 702 * MiB);
+  memset(p, 1, 4096);
+  memset((char *)p + 700 * MiB - 4096, 1, 4096);
+  CHECK_OK(gma_free(g, p));
+  settle(g, NULL);
+  CHECK_OK(gma_empty_cache(g));
+  s = stats_of(g);
+  CHECK(s.num_device_frees == 1 && s.reserved.current == 0);
+  CHECK_OK(gma_destroy(g));
+}
+
+/* A training-like loop (a few long-lived weights, activations of varied
+ * sizes allocated in a forward pass and freed in reverse, repeated): map
+ * calls per GiB of peak reserved stay low, and reserved follows allocated. */
+static void maps_per_gib(void) {
+  gma_t *g = expandable("sim_capacity:8G");
+  uint32_t rng = 12345;
+  void *weights[16], *acts[64];
+  for (int i = 0; i < 16; i++) {
+    rng = rng * 1664525u + 1013904223u;
+    CHECK_OK(gma_alloc(g, (1 + rng % 32) * MiB + (rng >> 8) % 4096, NULL, &weights[i]));
+  }
+  for (int it = 0; it < 20; it++) {
+    int n = 32 + it % 32;
+    for (int i = 0; i < n; i++) {
+      rng = rng * 1664525u + 1013904223u;
+      size_t size = (rng >> 4) % 4 == 0 ? (rng >> 8) % MiB + 512   /* small */
+                                         : (1 + (rng >> 8) % 48) * MiB + (rng >> 20) % 8192;
+      CHECK_OK(gma_alloc(g, size, NULL, &acts[i]));
+    }
+    for (int i = n; i-- > 0;) CHECK_OK(gma_free(g, acts[i]));
+  }
+  gma_stats_t s = stats_of(g);
+  double gib = (double)s.reserved.peak / (1u << 30);
+  double per_gib = (double)s.num_device_allocs / gib;
+  printf("synthetic loop: peak allocated %.1f MiB, peak reserved %.1f MiB (%.3fx), %llu maps, "
+         "%.1f maps per GiB\n",
+         (double)s.allocated.peak / MiB, (double)s.reserved.peak / MiB,
+         (double)s.reserved.peak / (double)s.allocated.peak,
+         (unsigned long long)s.num_device_allocs, per_gib);
+  CHECK(per_gib <= 64);
+  CHECK(s.reserved.peak <= s.allocated.peak + s.allocated.peak / 10);
+  for (int i = 0; i < 16; i++) CHECK_OK(gma_free(g, weights[i]));
+  CHECK_OK(gma_destroy(g));
+}
+
 int main(void) {
   grows_by_chunks_and_coalesces();
   trim_splits_segments();
@@ -241,6 +328,9 @@ int main(void) {
   limit_and_faults();
   growing_does_not_fragment();
   batch_and_async();
+  trim_keeps_partly_used_chunks();
+  large_request_one_map();
+  maps_per_gib();
   printf("test_expandable: ok\n");
   return 0;
 }

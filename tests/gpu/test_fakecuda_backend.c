@@ -16,7 +16,8 @@
  *   events    event pooling: over hundreds of epochs, cuEventCreate is
  *             called a bounded number of times.
  *   growable  expandable_segments:true: reserved grows in granularity steps
- *             and matches the driver's bytes; freed blocks in adjacent chunks
+ *             and matches the driver's bytes; a large request is one
+ *             cuMemCreate + cuMemMap + cuMemSetAccess (and one cuMemUnmap); freed blocks in adjacent chunks
  *             coalesce, so an allocation spanning them needs no new chunk and
  *             no new reservation; trimming unmaps chunks (the driver's bytes
  *             drop) but never one under a block whose stream work is still
@@ -287,6 +288,22 @@ static void scenario_growable(void) {
   drv_sync(s2);
   drain(g);
   CHECK(fc_used(0) == 0);
+
+  /* A large request is one physical chunk: one cuMemCreate, one cuMemMap
+   * and one cuMemSetAccess for the whole run (not one per granule), and one
+   * cuMemUnmap gives it back. */
+  unsigned long long cr = fc_calls("cuMemCreate"), mp = fc_calls("cuMemMap"),
+                     ac = fc_calls("cuMemSetAccess"), um = fc_calls("cuMemUnmap");
+  void *big;
+  CHECK_OK(gma_alloc(g, 64 * MiB + 4096, s, &big));
+  CHECK(fc_calls("cuMemCreate") == cr + 1 && fc_calls("cuMemMap") == mp + 1 &&
+        fc_calls("cuMemSetAccess") == ac + 1);
+  CHECK(fc_used(0) == 66 * MiB && stats_of(g).reserved.current == 66 * MiB);
+  fill_and_check(big, 64 * MiB, 0x0e0e0e0eu, s);
+  CHECK_OK(gma_free(g, big));
+  drv_sync(s);
+  drain(g);
+  CHECK(fc_used(0) == 0 && fc_calls("cuMemUnmap") == um + 1);
 
   /* Trimming unmaps free chunks, never one under queued stream work: x's
    * fill waits behind a held kernel when x is freed, y is idle. */

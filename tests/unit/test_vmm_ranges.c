@@ -1,0 +1,66 @@
+/* Growable segments' address ranges (runtime/vmm.c), white-box: the first
+ * range of a kind spans several times the memory limit, and a growth that
+ * finds no unmapped run in any range reserves another instead of failing.
+ * Filling a range that large takes a pathological workload, so the test
+ * makes the pool believe its first range is 8 MiB (the reservation itself
+ * is untouched and restored before destroy). */
+#include <stdio.h>
+#include <string.h>
+
+#include "pool.h"
+#include "simkit.h"
+
+#define MiB ((uint64_t)1 << 20)
+
+static bool in_range(const gma__region_t *r, const void *ptr, uint64_t size) {
+  uintptr_t a = (uintptr_t)ptr;
+  return a >= r->base && a + size <= r->base + r->size;
+}
+
+int main(void) {
+  gma_t *g = sim_allocator("expandable_segments:true,worker:off,sim_capacity:1G,"
+                           "memory_limit:256M");
+  gma__pool_t *p = gma__pool_of(g);
+  gma__region_t *r = p->region[GMA__LARGE];
+  CHECK(r && !r->next && r->size >= 4 * 256 * MiB); /* far more than the limit */
+  pthread_mutex_lock(&p->lock);
+  uint64_t real = r->size;
+  r->size = 8 * MiB; /* pretend: the first range holds 8 MiB */
+  pthread_mutex_unlock(&p->lock);
+
+  void *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+  CHECK_OK(gma_alloc(g, 4 * MiB, NULL, &a));
+  CHECK_OK(gma_alloc(g, 4 * MiB, NULL, &b));
+  CHECK(in_range(r, a, 4 * MiB) && in_range(r, b, 4 * MiB));
+  CHECK_OK(gma_free(g, a));
+  CHECK_OK(gma_stream_synchronize(g, NULL));
+  CHECK_OK(gma_trim(g, 0)); /* a 4 MiB hole at the range's start */
+  /* 6 MiB fits no run of the first range: a second range, one map. */
+  CHECK_OK(gma_alloc(g, 6 * MiB, NULL, &c));
+  gma_stats_t s;
+  s = stats_of(g);
+  CHECK(r->next && in_range(r->next, c, 6 * MiB) && !r->next->next);
+  CHECK(r->next->size >= 4 * 256 * MiB);
+  CHECK(s.num_device_allocs == 3 && s.reserved.current == 10 * MiB);
+  memset(c, 1, 6 * MiB);
+  /* A request that fits the hole goes back to the first range. */
+  CHECK_OK(gma_alloc(g, 3 * MiB, NULL, &d));
+  CHECK(in_range(r, d, 3 * MiB));
+  pthread_mutex_lock(&p->lock);
+  CHECK(gma__vm_is_valid(p));
+  pthread_mutex_unlock(&p->lock);
+
+  CHECK_OK(gma_free(g, b));
+  CHECK_OK(gma_free(g, c));
+  CHECK_OK(gma_free(g, d));
+  CHECK_OK(gma_stream_synchronize(g, NULL));
+  CHECK_OK(gma_empty_cache(g));
+  s = stats_of(g);
+  CHECK(s.reserved.current == 0 && s.num_device_frees == 4);
+  pthread_mutex_lock(&p->lock);
+  r->size = real;
+  pthread_mutex_unlock(&p->lock);
+  CHECK_OK(gma_destroy(g)); /* releases both ranges */
+  printf("test_vmm_ranges: ok\n");
+  return 0;
+}
