@@ -8,7 +8,9 @@
  * page-map walk, one CAS on the block's state (which is what catches a double
  * free), one ck_stack push and the same counter stores. Anything unusual
  * (record_stream users, a retired stream, a full bin, a test switch) returns
- * "miss" and the caller takes the locked slow path in pool.c. */
+ * "miss" and the caller takes the locked slow path in pool.c. It also owns
+ * the process-wide list of pools that an exiting thread walks to retire its
+ * per-thread default streams. */
 #include <pthread.h>
 #include <stddef.h>
 #include <stdlib.h>

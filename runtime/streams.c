@@ -1,8 +1,9 @@
 /* Owns stream epochs: closing them with events, observing their completion,
  * the spare-event pool, draining the lock-free bins into the pool, moving
  * blocks whose epochs completed to the shared free pool, the device-side wait
- * of reuse:wait, and retiring streams. Every function here runs under the
- * pool lock. */
+ * of reuse:wait, retiring streams (and rescuing frees that raced a retire),
+ * the epochs a synchronize through gma completes, and the OOM path's host
+ * wait for device work. Every function here runs under the pool lock. */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
