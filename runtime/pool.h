@@ -1,5 +1,7 @@
 /* The allocator's shared state: segments and blocks, the shared free trees,
  * stream records with their lock-free bins and epochs, and the counters.
+ * Segment memory comes from the pool's segment source (source.h), which
+ * deals only in address ranges; everything built over them is here.
  *
  * Lock order (the whole of it): the process-wide list of pools (stream_cache.c,
  * taken only when a thread exits), then gma__pool_t.lock, then
