@@ -156,6 +156,7 @@ gma_status_t gma__fork_destroy(gma_t *g) {
   /* The device memory, then the host records of it. */
   g->dev->ops->forget(g->dev);
   g->dev = p->dev = g->host.dev = &forgotten;
+  if (p->src) p->src->dev = &forgotten; /* the segment source keeps its own device pointer */
   uint64_t host_leaks, host_leaked;
   if (all_free((pthread_mutex_t *const[]){&g->host.mu}, 1))
     gma__host_fini(&g->host, &host_leaks, &host_leaked);

@@ -1,6 +1,8 @@
 /* Owns segments and blocks: best-fit lookup in size trees, splitting,
- * coalescing, growth from the device, the OOM retry, and the structural check.
- * Every function here runs under gma__pool_t.lock (see pool.h). */
+ * coalescing, growth from the pool's segment source (source.h; ordinary
+ * segments here, growable ones with segments.c), the OOM retry, and the
+ * structural check. Every function here runs under gma__pool_t.lock (see
+ * pool.h) unless it says otherwise. */
 #include "pool.h"
 #include "sizeclass.h"
 
@@ -317,25 +319,30 @@ static gma_status_t seg_adopt(gma__pool_t *p, int kind, uintptr_t base, uint64_t
   return GMA_OK;
 }
 
+/* An ordinary segment of size bytes from the source (one device allocation). */
 static gma_status_t seg_create(gma__pool_t *p, int kind, uint64_t size, gma__block_t **out) {
   if (p->c.reserved.current + size > p->limit)
     return gma__set_error(GMA_ERR_OOM, "memory_limit of %" PRIu64 " bytes reached", p->limit);
-  uintptr_t base;
-  gma_status_t st = p->dev->ops->mem_alloc(p->dev, size, &base);
+  gma__source_t *src = p->src;
+  gma__grow_req_t req = {.kind = kind, .size = size, .left = p->limit - p->c.reserved.current};
+  gma__plan_t pl;
+  gma__grown_t g;
+  src->ops->plan(src, &req, &pl);
+  gma_status_t st = src->ops->grow(src, &req, &pl, &g);
   if (st != GMA_OK) return st;
-  st = seg_adopt(p, kind, base, size, out);
+  st = seg_adopt(p, kind, g.addr, g.size, out);
   if (st != GMA_OK) {
-    p->dev->ops->mem_free(p->dev, base, size);
+    src->ops->ungrow(src, &g);
     return st;
   }
   p->c.device_allocs++;
-  GMA__TRACE(p, GMA__TR_SEGMENT_ALLOC, base, size, 0, 0, 0, 0, 0);
+  GMA__TRACE(p, GMA__TR_SEGMENT_ALLOC, g.addr, g.size, 0, 0, 0, 0, 0);
   return GMA_OK;
 }
 
-/* Takes segment i (one FREE block) out of the pool; the caller gives its
- * memory back to the device. */
-static void seg_detach(gma__pool_t *p, size_t i) {
+/* Takes ordinary segment i (one FREE block) out of the pool and frees its
+ * record; the source takes its memory (out), which the caller gives back. */
+static void seg_detach(gma__pool_t *p, size_t i, gma__span_t *out) {
   gma__segment_t *seg = p->segs[i];
   gma__block_t *b = seg->first;
   gma__free_unlink(p, b);
@@ -343,31 +350,31 @@ static void seg_detach(gma__pool_t *p, size_t i) {
   gma__block_recycle(p, b);
   gma__stat_sub(&p->c.reserved, seg->size);
   gma__segs_remove(p, seg);
+  p->src->ops->take(p->src, NULL, seg->base, seg->size, out); /* (ordinary: cannot fail) */
+  out->kind = seg->kind;
+  free(seg);
 }
 
 /* An ordinary segment that is one FREE block (growable segments give their
- * free chunks back through vmm.c instead). */
+ * free chunks back through segments.c instead). */
 static bool seg_is_free(gma__segment_t *seg) {
-  return !seg->region && state_of(seg->first) == GMA__FREE && seg->first->size == seg->size;
+  return !seg->range && state_of(seg->first) == GMA__FREE && seg->first->size == seg->size;
 }
 
 /* Returns every segment that is one FREE block to the device (the OOM
  * retry: the caller is waiting for this memory anyway, so under the lock). */
 static void release_free_segments(gma__pool_t *p) {
-  if (p->region[GMA__SMALL]) gma__vm_release_free(p);
+  if (p->growable) gma__segs_release_free(p);
   for (size_t i = p->nsegs; i-- > 0;) {
     gma__segment_t *seg = p->segs[i];
     if (!seg_is_free(seg)) continue;
-    uintptr_t base = seg->base;
-    uint64_t size = seg->size;
-    int kind = seg->kind;
-    seg_detach(p, i);
-    free(seg);
-    if (p->dev->ops->mem_free(p->dev, base, size) == GMA_OK) {
-      p->c.device_frees++;
-      GMA__TRACE(p, GMA__TR_SEGMENT_FREE, base, size, 0, 0, 0, 0, 0);
-    } else
-      seg_adopt(p, kind, base, size, NULL); /* keep what the device would not take back */
+    gma__span_t x;
+    seg_detach(p, i, &x);
+    p->src->ops->give_back(p->src, &x);
+    p->src->ops->settle(p->src, &x);
+    p->c.device_frees += x.calls;
+    if (x.done < x.size) /* keep what the device would not take back */
+      seg_adopt(p, x.kind, x.addr, x.size, NULL);
   }
 }
 
@@ -401,7 +408,12 @@ gma_status_t gma__pool_init(gma__pool_t *p, gma__device_t *dev, const gma_config
   p->sweep_at = 64;
   p->clock_in_slow_path = cfg->worker_off;
   gma__pool_tick_clock(p);
-  gma_status_t st = cfg->expandable_segments ? gma__vm_init(p) : GMA_OK;
+  gma_status_t st = GMA_OK;
+  p->growable = cfg->expandable_segments;
+  if (p->growable)
+    st = gma__vm_source_new(dev, &p->trace, p->limit, p->segment_size, &p->src);
+  else if (!(p->src = gma__plain_source_new(dev, &p->trace)))
+    st = gma__set_error(GMA_ERR_OOM, "host memory for the segment source");
   if (st == GMA_OK) gma__pools_add(p); /* exiting threads retire their per-thread streams */
   return st;
 }
@@ -532,16 +544,17 @@ static bool oom_wait(gma__pool_t *p, uint64_t start_ns, int *rounds) {
   return true;
 }
 
-/* Growable segments: maps just enough chunks (vmm.c), with the same retry
- * after releasing safe cached memory; the fit then comes from the free tree. */
+/* Growable segments: maps just enough chunks (segments.c), with the same
+ * retry after releasing safe cached memory; the fit then comes from the
+ * free tree. */
 static gma_status_t grow_region(gma__pool_t *p, int kind, uint64_t size, gma__block_t **out) {
-  gma_status_t st = gma__vm_grow(p, kind, size);
+  gma_status_t st = gma__segs_grow(p, kind, size);
   if (st == GMA_ERR_OOM) {
     p->c.oom_retries++;
     gma__streams_poll(p, true);
     release_free_segments(p);
     if ((*out = treap_best_fit(p->free_tree[kind], size))) return GMA_OK;
-    st = gma__vm_grow(p, kind, size);
+    st = gma__segs_grow(p, kind, size);
   }
   if (st == GMA_OK && !(*out = treap_best_fit(p->free_tree[kind], size)))
     st = gma__set_error(GMA_ERR_INTERNAL, "growable segment grew but holds no fit for %" PRIu64,
@@ -553,7 +566,7 @@ static gma_status_t grow_region(gma__pool_t *p, int kind, uint64_t size, gma__bl
  * releases cached memory that is already safe (never waiting for the device)
  * and retries, the second time with the smallest segment that fits. */
 static gma_status_t grow(gma__pool_t *p, int kind, uint64_t size, gma__block_t **out) {
-  if (p->region[kind]) return grow_region(p, kind, size, out);
+  if (p->growable) return grow_region(p, kind, size, out);
   uint64_t seg_size = segment_size_for(p, kind, size);
   gma_status_t st = seg_create(p, kind, seg_size, out);
   if (st != GMA_ERR_OOM) return st;
@@ -942,7 +955,7 @@ gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r) {
    * most keep bytes of cache (reserved - allocated) stay. */
   uint64_t cached = p->c.reserved.current - p->c.allocated.current;
   size_t n = 0, cap = 0, n_idle = 0;
-  gma__segment_t **out = NULL;
+  gma__span_t *out = NULL;
   for (int pass = 0; pass < 2; pass++) {
     for (;;) {
       if (pass == 1 && cached <= r->keep) break;
@@ -962,55 +975,52 @@ gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r) {
       if (pick == SIZE_MAX) break;
       if (n == cap) {
         cap = cap ? cap * 2 : 16;
-        gma__segment_t **a = realloc(out, cap * sizeof *a);
+        gma__span_t *a = realloc(out, cap * sizeof *a);
         if (!a) break;
         out = a;
       }
-      gma__segment_t *seg = p->segs[pick];
-      seg_detach(p, pick);
-      out[n++] = seg;
+      seg_detach(p, pick, &out[n]);
+      cached -= out[n].size < cached ? out[n].size : cached;
+      n++;
       n_idle += pass == 0;
-      cached -= seg->size < cached ? seg->size : cached;
     }
   }
   /* Growable segments: the chunks inside FREE blocks, by the same rules. */
-  gma__vm_range_t *ranges = NULL;
+  gma__span_t *spans = NULL;
   size_t nr = 0, nr_idle = 0;
-  if (p->region[GMA__SMALL]) nr = gma__vm_pick(p, r, &cached, &ranges, &nr_idle);
+  if (p->growable) nr = gma__segs_pick(p, r, &cached, &spans, &nr_idle);
   GMA__VALIDATE(p);
   pthread_mutex_unlock(&p->lock);
 
   gma_status_t st = GMA_OK;
   uint64_t freed = 0, freed_idle = 0;
-  size_t failed = 0;
   for (size_t i = 0; i < nr; i++) {
-    ranges[i].unmapped = gma__vm_unmap(p, &ranges[i]);
-    if (ranges[i].unmapped < ranges[i].size) st = GMA_ERR_DEVICE; /* message kept */
-    if (i < nr_idle) freed_idle += ranges[i].unmapped;
+    p->src->ops->give_back(p->src, &spans[i]);
+    if (spans[i].done < spans[i].size) st = GMA_ERR_DEVICE; /* message kept */
+    if (i < nr_idle) freed_idle += spans[i].done;
   }
   for (size_t i = 0; i < n; i++) {
-    if (p->dev->ops->mem_free(p->dev, out[i]->base, out[i]->size) == GMA_OK) {
-      GMA__TRACE(p, GMA__TR_SEGMENT_FREE, out[i]->base, out[i]->size, 0, 0, 0, 0, 0);
-      freed += out[i]->size;
-      if (i < n_idle) freed_idle += out[i]->size;
-      free(out[i]);
+    p->src->ops->give_back(p->src, &out[i]);
+    if (out[i].done == out[i].size) {
+      freed += out[i].size;
+      if (i < n_idle) freed_idle += out[i].size;
     } else {
       st = GMA_ERR_DEVICE; /* keep the message; the segment goes back to the pool */
-      out[failed++] = out[i];
     }
   }
   pthread_mutex_lock(&p->lock);
-  for (size_t i = 0; i < failed; i++) {
-    seg_adopt(p, out[i]->kind, out[i]->base, out[i]->size, NULL);
-    free(out[i]);
+  for (size_t i = 0; i < n; i++) {
+    p->src->ops->settle(p->src, &out[i]);
+    p->c.device_frees += out[i].calls;
+    if (out[i].done < out[i].size) seg_adopt(p, out[i].kind, out[i].addr, out[i].size, NULL);
   }
-  p->c.device_frees += n - failed;
   p->c.bytes_trimmed += freed;
   for (size_t i = 0; i < nr; i++) {
-    gma__vm_finish(p, &ranges[i], ranges[i].unmapped); /* counts frees and bytes itself */
-    freed += ranges[i].unmapped;
+    uint64_t done = spans[i].done;
+    gma__segs_finish(p, &spans[i]); /* counts frees and bytes itself */
+    freed += done;
   }
-  free(ranges);
+  free(spans);
   if (r->timed) {
     p->c.trims_idle += freed_idle > 0;
     p->c.trims_timed += freed > freed_idle;
@@ -1041,8 +1051,8 @@ gma_status_t gma__pool_grow_ahead(gma__pool_t *p, uint64_t want_free) {
     gma__block_t *b;
     uint64_t size = p->segment_size[GMA__LARGE];
     if (want_free - p->c.free > size) size = round_up(want_free - p->c.free, SEGMENT_ROUND);
-    st = p->region[GMA__LARGE] ? gma__vm_grow(p, GMA__LARGE, want_free - p->c.free)
-                               : seg_create(p, GMA__LARGE, size, &b);
+    st = p->growable ? gma__segs_grow(p, GMA__LARGE, want_free - p->c.free)
+                     : seg_create(p, GMA__LARGE, size, &b);
     if (st == GMA_OK) p->c.grows_worker++;
   }
   GMA__VALIDATE(p);
@@ -1100,12 +1110,14 @@ gma_status_t gma__pool_fini(gma__pool_t *p) {
         tag_count[gma__load_relaxed(&b->tag)]++;
       }
     }
-    if (!seg->region && p->dev->ops->mem_free(p->dev, seg->base, seg->size) == GMA_OK)
-      GMA__TRACE(p, GMA__TR_SEGMENT_FREE, seg->base, seg->size, 0, 0, 0, 0, 0);
+    p->src->ops->drop(p->src, seg->range, seg->base, seg->size);
     free(seg);
   }
   free(p->segs);
-  gma__vm_fini(p);
+  free(p->tails);
+  free(p->tail_blocks);
+  p->src->ops->fini(p->src);
+  p->src = NULL;
   for (size_t i = 0; i < p->nchunks; i++) {
     gma__block_t *chunk = p->block_chunks[i];
     for (int j = 0; j < BLOCK_CHUNK; j++) free(chunk[j].gates);
@@ -1219,7 +1231,7 @@ bool gma__pool_is_valid(gma__pool_t *p) {
   uint64_t pending = 0;
   for (gma__block_t *b = p->pending_head; b; b = b->qnext) pending += state_of(b) == GMA__PENDING;
   VALID_OR(pending == count[GMA__PENDING], "pending list disagrees");
-  return gma__vm_is_valid(p);
+  return gma__segs_is_valid(p);
 }
 
 /* Largest idle block in the stream trees and free trees (bins not included:

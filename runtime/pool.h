@@ -1,5 +1,7 @@
 /* The allocator's shared state: segments and blocks, the shared free trees,
  * stream records with their lock-free bins and epochs, and the counters.
+ * Segment memory comes from the pool's segment source (source.h), which
+ * deals only in address ranges; everything built over them is here.
  *
  * Lock order (the whole of it): the process-wide list of pools (stream_cache.c,
  * taken only when a thread exits), then gma__pool_t.lock, then
@@ -22,15 +24,13 @@
 #include "device/device.h"
 #include "gma.h"
 #include "pagemap.h"
+#include "source.h"
 #include "trace.h"
 
-#define GMA__ROUND 512u       /* every block size is a multiple of this */
 #define GMA__MIN_SPLIT 512u   /* a split leaves a remainder at least this large */
 #define GMA__EPOCH_EVENTS 16u /* outstanding epoch events per stream */
 #define GMA__TL_SLOTS 8u      /* per-thread cache of (stream -> counters) */
 #define GMA__MAX_TAGS 256u    /* tag ids fit a uint8_t; 0 is "untagged" */
-
-enum { GMA__SMALL = 0, GMA__LARGE = 1, GMA__NKINDS = 2 };
 
 /* Block states; see design.md's lifecycle. FREE: in the pool's free tree,
  * usable on any stream. LIVE: handed out. BINNED: freed into its stream's
@@ -93,47 +93,17 @@ typedef struct gma__block {
                                     written without the lock, read by age reports) */
 } gma__block_t;
 
-/* One physical chunk of a growable segment: what one vm_map mapped (one
- * physical allocation), and so the least vm_unmap can give back. */
-typedef struct gma__chunk {
-  uintptr_t addr;
-  uint64_t size;   /* a multiple of the granularity */
-  uint64_t handle; /* the device's name for its physical memory */
-  uint8_t busy;    /* detached by a trim, being unmapped outside the lock */
-} gma__chunk_t;
-
-/* A reserved address range of a growable pool kind (expandable_segments).
- * Each kind has a list of them (p->region[kind] is the first): one reserved
- * at init, several times the memory limit, and another whenever no range has
- * an unmapped run for a growth, so address space never limits what memory
- * allows. Physical chunks are mapped into a range as the pool grows, one
- * vm_map per growth, sized to the request's shortfall or more (vmm.c).
- * Invariants: chunks[] is sorted by addr, disjoint, inside [base, base +
- * size), granule-aligned; the range's segments are tiled exactly by its
- * non-busy chunks (a segment starts and ends on chunk boundaries);
- * mapped = sum of chunk sizes, busy = sum over busy chunks; a busy chunk is
- * touched only by the trimming thread that detached it (its record is
- * copied out, so the table may move meanwhile). */
-typedef struct gma__region {
-  uintptr_t base;
-  uint64_t size, gran;
-  int kind;
-  gma__chunk_t *chunks; /* sorted by addr */
-  size_t nchunks, cap;
-  uint64_t mapped;      /* bytes in chunks */
-  uint64_t busy;        /* bytes in busy chunks */
-  struct gma__region *next; /* the kind's next range */
-} gma__region_t;
-
-/* A segment: device memory the pool owns, tiled by blocks. An ordinary one
- * is one device allocation; one with a region is a run of adjacent mapped
- * chunks, extended, merged and split as chunks are mapped and unmapped. */
+/* A segment: device memory the pool owns, tiled by blocks, from the pool's
+ * segment source (source.h). An ordinary one is one device allocation; one
+ * with a range is a run of adjacent memory of one growable range, extended,
+ * merged and split by the pool (segments.c) as the source maps and gives
+ * back chunks. */
 typedef struct gma__segment {
   uintptr_t base;
   uint64_t size;
   int kind; /* GMA__SMALL or GMA__LARGE */
   gma__block_t *first, *last;
-  gma__region_t *region;  /* NULL: an ordinary segment */
+  const void *range;      /* the source's range (compared, never read); NULL: ordinary */
   uint64_t free_since_ns; /* ordinary: when a trim pass first saw it wholly free; 0: not free */
 } gma__segment_t;
 
@@ -261,8 +231,12 @@ typedef struct gma__pool {
   gma__block_t *spare_blocks;   /* recycled block records (linked by next) */
   void **block_chunks;          /* every block chunk, freed at destroy */
   size_t nchunks, chunks_cap;
-  gma__region_t *region[GMA__NKINDS]; /* expandable_segments: each kind's ranges (a list),
-                                         else NULL */
+  gma__source_t *src;           /* where segments come from (source.h); its calls hold the
+                                   lock except give_back */
+  bool growable;                /* immutable: src is growable ranges (expandable_segments) */
+  gma__tail_t *tails;           /* segments.c: a growth's offer to the source (scratch) */
+  gma__block_t **tail_blocks;   /* the FREE blocks ending those segments */
+  size_t tails_cap;
   gma__event_t *spare_events;   /* created, unused events for reuse */
   size_t nspare, spare_cap;
   gma__counters_t c;
@@ -347,7 +321,7 @@ void gma__cache_block(gma__pool_t *p, gma__block_t *b);
 void gma__pending_poll(gma__pool_t *p);
 uint64_t gma__pool_largest_idle(const gma__pool_t *p);
 
-/* pool.c helpers shared with vmm.c (lock held). */
+/* pool.c helpers shared with segments.c (lock held). */
 gma__block_t *gma__block_new(gma__pool_t *p);
 void gma__block_recycle(gma__pool_t *p, gma__block_t *b);
 void gma__free_link(gma__pool_t *p, gma__block_t *b);
@@ -359,49 +333,37 @@ gma__segment_t *gma__seg_find(const gma__pool_t *p, uintptr_t addr);
 gma_status_t gma__segs_insert(gma__pool_t *p, gma__segment_t *seg);
 void gma__segs_remove(gma__pool_t *p, gma__segment_t *seg);
 
-/* vmm.c: growable segments (expandable_segments). Lock held unless said. */
-/* Reserves one range per kind; called from gma__pool_init. */
-gma_status_t gma__vm_init(gma__pool_t *p);
-/* Maps one chunk so that the kind's free tree holds a block of at least size
- * bytes: extends a segment ending in a FREE block by the shortfall, or maps a
- * fresh run (in another range when none has room); neighbours merge and FREE
- * blocks coalesce across chunks. A small growth maps a minimum chunk that
- * grows with the pool, so many small requests do not map one granule each. */
-gma_status_t gma__vm_grow(gma__pool_t *p, int kind, uint64_t size);
-/* Whole chunks taken out of the pool, to be unmapped (their records are
- * copied here, so unmapping needs no lock). */
-typedef struct gma__vm_range {
-  gma__region_t *region;
-  uintptr_t addr;
-  uint64_t size;
-  uint64_t unmapped; /* bytes from the front gma__vm_unmap gave back */
-  gma__chunk_t *chunks; /* malloc'd copies, in address order */
-  size_t nchunks;
-} gma__vm_range_t;
-/* Detaches the whole chunks inside FREE block b (of a growable segment) from
- * the pool, splitting its segment; false when there is none or host memory
- * for the split is lacking (nothing changed). */
-bool gma__vm_detach(gma__pool_t *p, gma__block_t *b, gma__vm_range_t *out);
-/* Without the lock: unmaps a detached range chunk by chunk (one vm_unmap per
- * chunk); returns how many bytes from the front were unmapped (the rest
- * failed, message set). */
-uint64_t gma__vm_unmap(gma__pool_t *p, const gma__vm_range_t *r);
-/* Lock held: drops the unmapped chunks, gives what failed back to the pool as
- * free memory, and frees r's copies. */
-void gma__vm_finish(gma__pool_t *p, gma__vm_range_t *r, uint64_t unmapped);
-/* A trim's choice (see gma__pool_release): detaches the whole chunks inside
+/* segments.c: the pool's side of growable segments (p->growable). Lock held. */
+/* Gives the source's memory [addr, addr + size) of range to the pool as one
+ * FREE block: appended to the segment of range ending at addr (or a new
+ * one of kind), then the segment starting right after is merged in; FREE
+ * neighbours coalesce. On failure (host memory) nothing changed. */
+gma_status_t gma__segs_adopt(gma__pool_t *p, const void *range, int kind, uintptr_t addr,
+                             uint64_t size);
+/* Grows kind so that its free tree holds a block of at least size bytes:
+ * offers the source the segments ending in FREE blocks, gives back free
+ * chunks too scattered for the request, has the source map one chunk (a
+ * minimum chunk for a small growth) and adopts it, merged with its
+ * neighbours. */
+gma_status_t gma__segs_grow(gma__pool_t *p, int kind, uint64_t size);
+/* Takes what the source can give back inside FREE block b of a growable
+ * segment out of the pool, splitting its segment, and has the source take
+ * it (out, for give_back without the lock); false when there is none or
+ * host memory for the split is lacking (nothing changed). */
+bool gma__segs_detach(gma__pool_t *p, gma__block_t *b, gma__span_t *out);
+/* After give_back: the source settles, the pool counts device frees and
+ * bytes trimmed and adopts again what the device refused. */
+void gma__segs_finish(gma__pool_t *p, gma__span_t *x);
+/* A trim's choice (see gma__pool_release): detaches what can go back inside
  * FREE blocks, idle ones first, then the largest until *cached <= keep;
- * returns the ranges (malloc'd, the first *n_idle for idleness) to unmap. */
+ * returns the spans (malloc'd, the first *n_idle for idleness) to give back. */
 struct gma__release;
-size_t gma__vm_pick(gma__pool_t *p, const struct gma__release *rel, uint64_t *cached,
-                    gma__vm_range_t **out, size_t *n_idle);
-/* Unmaps every wholly free chunk now, under the lock (the OOM retry). */
-void gma__vm_release_free(gma__pool_t *p);
-/* At destroy, after every segment was dropped: unmaps everything, releases
- * the reservations. */
-void gma__vm_fini(gma__pool_t *p);
-/* Checks the regions against the segments; lock held. */
-bool gma__vm_is_valid(gma__pool_t *p);
+size_t gma__segs_pick(gma__pool_t *p, const struct gma__release *rel, uint64_t *cached,
+                      gma__span_t **out, size_t *n_idle);
+/* Gives back every releasable free chunk now, under the lock (the OOM retry). */
+void gma__segs_release_free(gma__pool_t *p);
+/* Checks the source's ranges against the growable segments. */
+bool gma__segs_is_valid(gma__pool_t *p);
 
 /* stream_cache.c: the lock-free paths and the stream table. */
 /* Serves size from the stream's bin without a lock; GMA_OK with *out set, or

@@ -47,7 +47,7 @@ gma_status_t gma_snapshot_json(gma_t *g, const char *path) {
             "%s\n{\"address\":\"0x%" PRIxPTR "\",\"size\":%" PRIu64
             ",\"pool\":\"%s\",\"growable\":%s,\"blocks\":[",
             i ? "," : "", seg->base, seg->size, seg->kind == GMA__SMALL ? "small" : "large",
-            seg->region ? "true" : "false");
+            seg->range ? "true" : "false");
     for (gma__block_t *b = seg->first; b; b = b->next) {
       uint8_t st = gma__load_relaxed(&b->state);
       /* A FREE block belongs to no stream (its record may be stale). */

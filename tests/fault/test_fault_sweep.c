@@ -80,6 +80,7 @@
 
 #include "device/device.h"
 #include "pool.h"
+#include "vmm.h"
 #include "simkit.h"
 
 #define KiB ((size_t)1 << 10)
@@ -520,7 +521,7 @@ static void settle(run_t *r, bool free_all) {
   if (l.device_bytes || l.host_bytes || l.streams) {
     print_live("device holds", &l);
     for (int k = 0; k < GMA__NKINDS; k++) {
-      gma__region_t *rg = gma__pool_of(g)->region[k];
+      gma__region_t *rg = gma__vm_ranges(gma__pool_of(g)->src, k);
       if (rg) fprintf(stderr, "region %d: %llu bytes mapped, %llu busy\n", k,
                       (unsigned long long)rg->mapped, (unsigned long long)rg->busy);
     }
@@ -623,7 +624,7 @@ static bool run_destroy(const config_t *cfg, gma__sim_site_t site, uint64_t j,
    * largest one still mapped. */
   uint64_t largest_chunk = 0;
   for (int k = 0; k < GMA__NKINDS; k++)
-    for (gma__region_t *rg = gma__pool_of(rp->g)->region[k]; rg; rg = rg->next)
+    for (gma__region_t *rg = gma__vm_ranges(gma__pool_of(rp->g)->src, k); rg; rg = rg->next)
       for (size_t c = 0; c < rg->nchunks; c++)
         if (rg->chunks[c].size > largest_chunk) largest_chunk = rg->chunks[c].size;
   rp->k = j;

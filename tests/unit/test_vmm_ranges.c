@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "pool.h"
+#include "vmm.h"
 #include "simkit.h"
 
 #define MiB ((uint64_t)1 << 20)
@@ -21,7 +22,7 @@ int main(void) {
   gma_t *g = sim_allocator("expandable_segments:true,worker:off,sim_capacity:1G,"
                            "memory_limit:256M");
   gma__pool_t *p = gma__pool_of(g);
-  gma__region_t *r = p->region[GMA__LARGE];
+  gma__region_t *r = gma__vm_ranges(p->src, GMA__LARGE);
   CHECK(r && !r->next && r->size >= 4 * 256 * MiB); /* far more than the limit */
   pthread_mutex_lock(&p->lock);
   uint64_t real = r->size;
@@ -47,7 +48,7 @@ int main(void) {
   CHECK_OK(gma_alloc(g, 3 * MiB, NULL, &d));
   CHECK(in_range(r, d, 3 * MiB));
   pthread_mutex_lock(&p->lock);
-  CHECK(gma__vm_is_valid(p));
+  CHECK(gma__segs_is_valid(p));
   pthread_mutex_unlock(&p->lock);
 
   CHECK_OK(gma_free(g, b));
