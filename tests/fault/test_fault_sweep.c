@@ -623,10 +623,13 @@ static bool run_destroy(const config_t *cfg, gma__sim_site_t site, uint64_t j,
   /* A failed vm_unmap keeps one chunk (what one vm_map mapped): at most the
    * largest one still mapped. */
   uint64_t largest_chunk = 0;
+  gma__pool_t *pool = gma__pool_of(rp->g);
+  pthread_mutex_lock(&pool->lock); /* the worker's timed trims change the chunk tables */
   for (int k = 0; k < GMA__NKINDS; k++)
-    for (gma__region_t *rg = gma__vm_ranges(gma__pool_of(rp->g)->src, k); rg; rg = rg->next)
+    for (gma__region_t *rg = gma__vm_ranges(pool->src, k); rg; rg = rg->next)
       for (size_t c = 0; c < rg->nchunks; c++)
         if (rg->chunks[c].size > largest_chunk) largest_chunk = rg->chunks[c].size;
+  pthread_mutex_unlock(&pool->lock);
   rp->k = j;
   if (j) gma__sim_fault(rp->dev, site, before[site] + j, GMA_ERR_DEVICE);
   st = gma_destroy(rp->g);
