@@ -375,8 +375,10 @@ typedef void (*gma_pressure_callback_t)(gma_t *g, gma_pressure_t level, void *us
  * NULL removes it. When this returns, the previous callback is not running
  * and will not be called again, so its user data may be freed: a call made
  * while the worker is inside the callback waits for it to return, except a
- * call from inside the callback itself. The callback may call gma functions
- * (not gma_destroy). Any thread. */
+ * call from inside the callback itself. So do not call it while holding a
+ * lock the callback takes, nor from another allocator's callback that this
+ * one's callback could be waiting on: each would wait for the other. The
+ * callback may call gma functions (not gma_destroy). Any thread. */
 GMA_API gma_status_t gma_set_pressure_callback(gma_t *g, gma_pressure_callback_t cb, void *user);
 
 /* Call before destroying a stream that gma has seen (unless you destroy it

@@ -24,7 +24,7 @@
 #define gma__counter_add_owner(p, v) gma__store_relaxed((p), gma__load_relaxed(p) + (v))
 
 /* A full fence right after a locked read-modify-write made inside ck (a
- * ck_stack push: lock cmpxchg16b on x86), for a Dekker pair whose other side
+ * ck_stack_push_mpmc: a lock cmpxchg on x86), for a Dekker pair whose other side
  * is C11 seq_cst. On x86 every locked instruction is already a full fence, so
  * only the compiler is kept from moving later loads above it; elsewhere a
  * real fence is emitted. */

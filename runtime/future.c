@@ -243,11 +243,16 @@ bool gma__future_serve(gma__worker_t *w, gma_future_t *f, uint64_t now) {
                                      f->ptrs);
   if (st == GMA_ERR_OOM) {
     if (now < f->deadline_ns) return false; /* back-pressure: wait for frees */
-    char detail[400];
+    /* One failed request, however many tries it took: counted, traced and
+     * explained once, now. */
+    uint64_t total = f->sizes ? 0 : f->size;
+    for (size_t i = 0; f->sizes && i < f->n; i++) total += f->sizes[i];
+    gma__pool_oom_report(&g->pool, total, f->stream);
+    char detail[600];
     snprintf(detail, sizeof detail, "%s", gma_last_error());
+    if (strncmp(detail, "GMA_ERR_OOM: ", 13) == 0) memmove(detail, detail + 13, strlen(detail) - 12);
     gma__set_error(GMA_ERR_TIMEOUT, "async request waited %.1f ms for memory: %s",
                    (double)(now - f->submit_ns) / 1e6, detail);
-    gma__pool_count_oom(&g->pool); /* one failed request, however many tries it took */
     st = GMA_ERR_TIMEOUT;
   }
   complete(w, f, st);
@@ -421,7 +426,7 @@ gma_status_t gma_future_wait(gma_future_t *f, uint64_t timeout_ns, void **ptr) {
   }
   /* Then sleep on the future itself: nothing of the allocator's is touched,
    * so gma_destroy may run meanwhile (it cancels the request and wakes us). */
-  uint64_t due = timeout_ns == UINT64_MAX ? UINT64_MAX : start + timeout_ns;
+  uint64_t due = timeout_ns > UINT64_MAX - start ? UINT64_MAX : start + timeout_ns; /* saturating */
   while (timeout_ns) {
     uint32_t d = FUT_RUNNING;
     if (!atomic_compare_exchange_strong(&f->done, &d, FUT_SLEEPER) && d == FUT_DONE) break;

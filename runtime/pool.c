@@ -484,13 +484,18 @@ static uint64_t segment_size_for(const gma__pool_t *p, int kind, uint64_t size) 
 }
 
 /* The OOM message: what was asked, where the memory is, and which of three
- * causes it is, with advice that fits it. count: a failed call (num_ooms);
- * an async request's attempt that will wait and retry is not one. */
+ * causes it is, with advice that fits it; counted in num_ooms and traced.
+ * count false: an async request's attempt, which waits and tries again
+ * (every millisecond): a short message, no trace row, no device call; the
+ * request's final failure is reported by gma__pool_oom_report. */
 static gma_status_t oom_error(gma__pool_t *p, uint64_t size, size_t requested,
                               gma_stream_t stream, bool count, uint64_t waited_ns) {
+  if (!count)
+    return gma__set_error(GMA_ERR_OOM, "cannot allocate %zu bytes on stream %p yet (the "
+                          "request waits for memory)", requested, stream);
   uint64_t dev_free = 0, dev_total = 0;
   p->dev->ops->mem_info(p->dev, &dev_free, &dev_total);
-  if (count) p->c.ooms++;
+  p->c.ooms++;
   GMA__TRACE(p, GMA__TR_OOM, 0, requested, stream, size, 0, 0, 0);
   gma__stats_sample(p);
   uint64_t gated = p->c.stream_cached + p->c.pending, largest = gma__pool_largest_idle(p);
@@ -528,20 +533,28 @@ static uint64_t mono_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* Before an OOM, wait (lock held): device work that still uses freed
- * memory finishes, what it gated is released, whole free segments go back,
- * and the caller searches again. At most three rounds (frees by other
- * threads keep adding work), within the oom_wait_ms deadline. True when it
- * waited for something, so a retry may succeed. */
+/* Before an OOM, wait (called and returning with the lock held, which it
+ * drops while the host waits): until some device work that still uses freed
+ * memory finishes, then what it gated is released, whole free segments go
+ * back, and the caller searches again. True when something completed, so a
+ * retry may succeed; false when nothing freed waits for device work, or the
+ * oom_wait_ms deadline passed. Each round needs some work to complete, and
+ * at most 64 rounds are made (frees by other threads keep adding work). */
 static bool oom_wait(gma__pool_t *p, uint64_t start_ns, int *rounds) {
-  if (*rounds >= 3) return false;
+  if (*rounds >= 64) return false;
   uint64_t deadline = p->oom_wait_ns == UINT64_MAX ? UINT64_MAX : start_ns + p->oom_wait_ns;
   if (deadline != UINT64_MAX && mono_ns() >= deadline) return false;
-  if (!gma__streams_wait_work(p, deadline)) return false;
+  gma__event_t evs[GMA__OOM_WAIT_EVENTS];
+  size_t n = gma__streams_wait_begin(p, evs, GMA__OOM_WAIT_EVENTS);
+  if (!n) return false;
+  if (!*rounds) p->c.oom_waits++; /* one per call that waited */
   (*rounds)++;
-  p->c.oom_waits++;
+  pthread_mutex_unlock(&p->lock);
+  gma__streams_wait_any(p, evs, n, deadline); /* false: the deadline; the next call says so */
+  pthread_mutex_lock(&p->lock);
+  gma__streams_wait_end(p);
   release_free_segments(p);
-  return true;
+  return true; /* search once more: work may have completed even at the deadline */
 }
 
 /* Growable segments: maps just enough chunks (segments.c), with the same
@@ -578,6 +591,13 @@ static gma_status_t grow(gma__pool_t *p, int kind, uint64_t size, gma__block_t *
   st = seg_create(p, kind, seg_size, out);
   uint64_t least = kind == GMA__LARGE ? round_up(size, SEGMENT_ROUND) : seg_size;
   if (st == GMA_ERR_OOM && least < seg_size) st = seg_create(p, kind, least, out);
+  /* Right below memory_limit: only what the request needs, or what is left
+   * of the limit for a small segment (a 512-byte request must not fail with
+   * a megabyte left below the limit). */
+  uint64_t room = p->limit > p->c.reserved.current ? p->limit - p->c.reserved.current : 0;
+  room = room / GMA__ROUND * GMA__ROUND;
+  uint64_t need = kind == GMA__SMALL ? (room < seg_size ? room : seg_size) : round_up(size, GMA__ROUND);
+  if (st == GMA_ERR_OOM && need >= size && need < least) st = seg_create(p, kind, need, out);
   return st;
 }
 
@@ -720,6 +740,7 @@ gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes
   bool split = false;
   uint64_t start = 0;
   int rounds = 0;
+  bool host_short = false;
 again:
   for (int plan = 0; plan < 4 && got < n; plan++) {
     bool grow_ok = plan >= 2;
@@ -744,6 +765,7 @@ again:
         (*level) += n;
       } else {
         st = gma__set_error(GMA_ERR_OOM, "host memory for block records");
+        host_short = true;
         break;
       }
     } else {
@@ -765,13 +787,15 @@ again:
   if (got < n) {
     /* All or nothing: nothing of a failed batch stays allocated. */
     for (size_t i = got; i-- > 0;) untake_block(p, &taken[i]);
-    if (st == GMA_ERR_OOM && (flags & GMA__ALLOC_WAIT) &&
+    /* Host memory ran out (no record for a split): no device work can help. */
+    host_short = host_short || st == GMA_OK;
+    if (st == GMA_ERR_OOM && !host_short && (flags & GMA__ALLOC_WAIT) &&
         oom_wait(p, start ? start : (start = mono_ns()), &rounds)) {
       got = 0;
       st = GMA_OK;
       goto again; /* device work finished and freed memory: every plan again */
     }
-    if (st == GMA_OK) st = gma__set_error(GMA_ERR_OOM, "host memory for block records");
+    if (host_short) st = gma__set_error(GMA_ERR_OOM, "gma_alloc_batch: no host memory for block records");
     else if (st == GMA_ERR_OOM)
       st = oom_error(p, total, (size_t)total, stream, !(flags & GMA__ALLOC_ATTEMPT),
                      start ? mono_ns() - start : 0);
@@ -1070,10 +1094,11 @@ gma_status_t gma__pool_stream_retire(gma__pool_t *p, gma_stream_t stream) {
   return st;
 }
 
-void gma__pool_count_oom(gma__pool_t *p) {
+gma_status_t gma__pool_oom_report(gma__pool_t *p, uint64_t bytes, gma_stream_t stream) {
   pthread_mutex_lock(&p->lock);
-  p->c.ooms++;
+  gma_status_t st = oom_error(p, round_up(bytes, GMA__ROUND), (size_t)bytes, stream, true, 0);
   pthread_mutex_unlock(&p->lock);
+  return st;
 }
 
 gma_status_t gma__pool_stream_synchronize(gma__pool_t *p, gma_stream_t stream) {
@@ -1087,9 +1112,12 @@ gma_status_t gma__pool_stream_synchronize(gma__pool_t *p, gma_stream_t stream) {
   pthread_mutex_unlock(&p->lock);
   /* Outside the lock: the wait may be long, and nobody else waits for it. */
   st = p->dev->ops->stream_synchronize(p->dev, stream);
-  if (st == GMA_OK && s) { /* records are never freed, so s is still readable */
+  if (s) { /* records are never freed, so s is still readable */
     pthread_mutex_lock(&p->lock);
-    gma__stream_sync_end(p, s, closed);
+    if (st == GMA_OK)
+      gma__stream_sync_end(p, s, closed);
+    else /* the closed epoch has no event: the next poll must record one */
+      gma__store_relaxed(&s->dirty, true);
     GMA__VALIDATE(p);
     pthread_mutex_unlock(&p->lock);
   }

@@ -31,6 +31,8 @@
 #define GMA__EPOCH_EVENTS 16u /* outstanding epoch events per stream */
 #define GMA__TL_SLOTS 8u      /* per-thread cache of (stream -> counters) */
 #define GMA__MAX_TAGS 256u    /* tag ids fit a uint8_t; 0 is "untagged" */
+#define GMA__DEFERRED_EVENTS 16u /* events kept from destruction while OOM waiters query them */
+#define GMA__OOM_WAIT_EVENTS 64u /* streams whose events one OOM wait round queries */
 
 /* Block states; see design.md's lifecycle. FREE: in the pool's free tree,
  * usable on any stream. LIVE: handed out. BINNED: freed into its stream's
@@ -239,6 +241,9 @@ typedef struct gma__pool {
   size_t tails_cap;
   gma__event_t *spare_events;   /* created, unused events for reuse */
   size_t nspare, spare_cap;
+  uint32_t event_pins;          /* OOM waiters querying copied events without the lock */
+  gma__event_t deferred[GMA__DEFERRED_EVENTS]; /* events to destroy once unpinned */
+  size_t ndeferred;
   gma__counters_t c;
   uint32_t rng;                 /* treap priorities */
   gma__trace_t *_Atomic trace;  /* atomic: the recording trace or NULL (see trace.h) */
@@ -280,11 +285,13 @@ gma_status_t gma__pool_fini(gma__pool_t *p);
  * synchronous caller, for whom the alternative is an OOM: wait on the host
  * for device work that gates freed memory (oom_wait_ms), then retry.
  * ATTEMPT: an async request's try, retried later: its failure is not counted
- * in num_ooms (gma__pool_count_oom counts the request when it gives up). */
+ * in num_ooms nor traced (gma__pool_oom_report does that when it gives up). */
 enum { GMA__ALLOC_WAIT = 1u << 0, GMA__ALLOC_ATTEMPT = 1u << 1 };
 gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t size, gma_stream_t stream,
                                   uint64_t stream_id, unsigned flags, void **out);
-void gma__pool_count_oom(gma__pool_t *p);
+/* An async request gives up: counts it in num_ooms, traces it and sets the
+ * full OOM message (what is where, and why) as the last error. */
+gma_status_t gma__pool_oom_report(gma__pool_t *p, uint64_t bytes, gma_stream_t stream);
 gma_status_t gma__pool_free_slow(gma__pool_t *p, void *ptr);
 gma_status_t gma__pool_record_stream(gma__pool_t *p, void *ptr, gma_stream_t stream);
 /* Marks (or unmarks) the live block at ptr as held by an uncollected future. */
@@ -400,14 +407,20 @@ void gma__streams_poll(gma__pool_t *p, bool force);
  * draining bins: lets a block used by other streams return to its place
  * before the slow path searches (cheap: O(streams)). */
 void gma__streams_settle_pending(gma__pool_t *p);
-/* The OOM path's wait: closes every open epoch that holds freed memory,
- * waits on the host for each stream's newest outstanding event (which covers
- * its earlier epochs) until deadline_ns (UINT64_MAX: as long as it takes),
- * then moves what completed to the free pool. False when no freed memory
- * waited for device work (nothing to wait for: a real shortage). The pool
- * lock stays held: other slow-path callers wait too, as they would for the
- * memory anyway; bin hits and bin frees go on. */
-bool gma__streams_wait_work(gma__pool_t *p, uint64_t deadline_ns);
+/* The OOM path's wait for device work, in three steps, so that the pool
+ * lock is not held while the host waits (other callers, the worker, and a
+ * free the awaited work may itself depend on go on meanwhile).
+ * wait_begin (lock held): closes every open epoch that holds frees and
+ * copies each stream's oldest outstanding event into evs (at most cap);
+ * returns how many, 0 when no freed memory waits for device work (a real
+ * shortage). When it returns more, the events are pinned: event_put defers
+ * destroying them until wait_end. wait_any (no lock): polls the copies until
+ * one completed (true) or deadline_ns (UINT64_MAX: none) passed (false).
+ * wait_end (lock held): unpins, then moves what completed to the free pool. */
+size_t gma__streams_wait_begin(gma__pool_t *p, gma__event_t *evs, size_t cap);
+bool gma__streams_wait_any(gma__pool_t *p, const gma__event_t *evs, size_t n,
+                           uint64_t deadline_ns);
+void gma__streams_wait_end(gma__pool_t *p);
 /* reuse:wait: a CACHED block of another stream fitting size whose closed
  * epoch the stream u can wait on; makes u wait and returns the block, or NULL. */
 gma__block_t *gma__streams_wait_fit(gma__pool_t *p, gma__stream_t *u, int kind, uint64_t size);

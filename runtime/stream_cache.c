@@ -147,6 +147,7 @@ void gma__stable_remove(gma__pool_t *p, gma__stream_t *s) {
 static pthread_mutex_t pools_mu = PTHREAD_MUTEX_INITIALIZER;
 static gma__pool_t *pools;
 static pthread_key_t exit_key;
+static bool exit_key_ok; /* pthread_key_create worked; never arm a key we do not own */
 static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
 static GMA__TLS bool exit_armed;
 
@@ -160,6 +161,9 @@ static void pools_postfork_child(void) {
 /* The hook: runs as the thread exits (a pthread key destructor). */
 static void thread_exit_hook(void *unused) {
   (void)unused;
+  /* Disarmed first: a per-thread record made by a later destructor of this
+   * thread arms the hook again, and glibc then runs it again. */
+  exit_armed = false;
   if (thread_id == 0) return;
   uintptr_t key = (uintptr_t)(thread_id << 4) | 2;
   pthread_mutex_lock(&pools_mu);
@@ -180,7 +184,7 @@ static void thread_exit_hook(void *unused) {
 }
 
 static void exit_key_make(void) {
-  pthread_key_create(&exit_key, thread_exit_hook);
+  exit_key_ok = pthread_key_create(&exit_key, thread_exit_hook) == 0;
   pthread_atfork(pools_prefork, pools_postfork_parent, pools_postfork_child);
 }
 
@@ -232,7 +236,7 @@ static gma__stream_t *stream_new(gma__pool_t *p, gma_stream_t handle, uintptr_t 
   s->next_all = p->stream_list;
   p->stream_list = s;
   stable_insert(gma__load_relaxed(&p->stable), key, s);
-  if (owner && !exit_armed) { /* this thread's per-thread stream: retire it when it exits */
+  if (owner && !exit_armed && exit_key_ok) { /* this thread's per-thread stream: retire at exit */
     exit_armed = pthread_setspecific(exit_key, (void *)1) == 0;
   }
   return s;

@@ -27,7 +27,14 @@ static void event_put(gma__pool_t *p, gma__event_t ev) {
     size_t cap = p->spare_cap ? p->spare_cap * 2 : 16;
     gma__event_t *a = realloc(p->spare_events, cap * sizeof *a);
     if (!a) {
-      p->dev->ops->event_destroy(p->dev, ev);
+      /* No host memory to keep it. An OOM waiter may be querying it without
+       * the lock (gma__streams_wait_begin pinned the events it copied):
+       * then destroy it only once the waiters are done, and if even that
+       * list is full, leak the event rather than destroy a handle in use. */
+      if (!p->event_pins)
+        p->dev->ops->event_destroy(p->dev, ev);
+      else if (p->ndeferred < GMA__DEFERRED_EVENTS)
+        p->deferred[p->ndeferred++] = ev;
       return;
     }
     p->spare_events = a;
@@ -162,13 +169,16 @@ uint64_t gma__stream_sync_begin(gma__pool_t *p, gma__stream_t *s) {
 }
 
 void gma__stream_sync_end(gma__pool_t *p, gma__stream_t *s, uint64_t closed) {
-  if (closed > s->safe_epoch) s->safe_epoch = closed;
+  /* A stream retired meanwhile (and perhaps destroyed, its handle given to
+   * a new stream that was synchronized instead): its closing event covers
+   * the closed epoch; let that event say when. */
+  if (closed > s->safe_epoch && !gma__load_relaxed(&s->retired)) s->safe_epoch = closed;
   observe_epochs(p, s); /* events of epochs <= closed completed too: reuse them */
   gma__pending_poll(p);
   if (p->reuse != GMA_REUSE_NONE || gma__load_relaxed(&s->retired)) release_safe_cached(p, s);
 }
 
-/* Sleeps about us microseconds (the OOM wait's bounded polling). */
+/* Sleeps about us microseconds (the OOM wait's polling). */
 static void nap_us(uint64_t us) {
   struct timespec ts = {(time_t)(us / 1000000u), (long)(us % 1000000u) * 1000};
   nanosleep(&ts, NULL);
@@ -180,42 +190,38 @@ static uint64_t clock_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* Waits on the host until ev completed or deadline_ns passed; false when it
- * did not complete (deadline, or a device error, counted). */
-static bool event_wait(gma__pool_t *p, gma__event_t ev, uint64_t deadline_ns) {
-  if (deadline_ns == UINT64_MAX) {
-    if (p->dev->ops->event_synchronize(p->dev, ev) == GMA_OK) return true;
-    p->c.device_errors++;
-    return false;
-  }
-  for (uint64_t nap = 20;; nap = nap < 1000 ? nap * 2 : 1000) {
-    bool done = false;
-    if (p->dev->ops->event_query(p->dev, ev, &done) != GMA_OK) {
-      p->c.device_errors++;
-      return false;
+size_t gma__streams_wait_begin(gma__pool_t *p, gma__event_t *evs, size_t cap) {
+  close_all(p);
+  if (p->c.stream_cached == 0 && p->c.pending == 0) return 0; /* nothing is gated */
+  size_t n = 0;
+  for (gma__stream_t *s = p->stream_list; s && n < cap; s = s->next_all)
+    if (s->ev_count) evs[n++] = s->ev[s->ev_head]; /* the oldest: the first to free something */
+  if (n) p->event_pins++;
+  return n;
+}
+
+bool gma__streams_wait_any(gma__pool_t *p, const gma__event_t *evs, size_t n,
+                           uint64_t deadline_ns) {
+  for (uint64_t nap = 10;; nap = nap < 1000 ? nap * 2 : 1000) {
+    for (size_t i = 0; i < n; i++) {
+      bool done = false;
+      /* A device error counts as progress: the caller observes under the
+       * lock, where the error is counted, and decides again. */
+      if (p->dev->ops->event_query(p->dev, evs[i], &done) != GMA_OK || done) return true;
     }
-    if (done) return true;
     if (clock_ns() >= deadline_ns) return false;
     nap_us(nap);
   }
 }
 
-bool gma__streams_wait_work(gma__pool_t *p, uint64_t deadline_ns) {
-  close_all(p);
-  if (p->c.stream_cached == 0 && p->c.pending == 0) return false; /* nothing is gated */
-  bool waited = false;
-  for (gma__stream_t *s = p->stream_list; s; s = s->next_all) {
-    if (!s->ev_count) continue;
-    /* The newest event covers every earlier epoch of the stream. */
-    gma__event_t ev = s->ev[(s->ev_head + s->ev_count - 1) % GMA__EPOCH_EVENTS];
-    waited = true;
-    if (!event_wait(p, ev, deadline_ns)) break; /* out of time (or the device failed) */
+void gma__streams_wait_end(gma__pool_t *p) {
+  if (--p->event_pins == 0) { /* destroy what event_put could not keep meanwhile */
+    for (size_t i = 0; i < p->ndeferred; i++) p->dev->ops->event_destroy(p->dev, p->deferred[i]);
+    p->ndeferred = 0;
   }
-  if (!waited) return false;
   for (gma__stream_t *s = p->stream_list; s; s = s->next_all) observe_epochs(p, s);
   gma__pending_poll(p);
   for (gma__stream_t *s = p->stream_list; s; s = s->next_all) release_safe_cached(p, s);
-  return true;
 }
 
 /* Best fit for size among the CACHED blocks of streams other than u whose

@@ -4,6 +4,7 @@
  * (at most oom_wait_ms), releases what it gated and retries. Memory that is
  * genuinely exhausted still fails at once, and every OOM message names its
  * cause. num_ooms counts failed calls only. Public API only. */
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -177,7 +178,75 @@ static void async_counts_once(void) {
   CHECK_OK(gma_destroy(g));
 }
 
-static const test_case_t cases[] = {{"busy_own_stream", busy_own_stream},
+/* The wait drops the pool lock: while one thread waits for device work,
+ * other threads' locked calls go on (before: they all waited with it), and
+ * a kernel that itself waits for such a call to return is no deadlock. */
+typedef struct waiter_arg {
+  gma_t *g;
+  gma_stream_t s;
+  gma_status_t st;
+  uint64_t ms;
+} waiter_arg_t;
+
+static void *oom_waiter(void *arg) {
+  waiter_arg_t *w = arg;
+  void *q = NULL;
+  uint64_t t0 = now_ms();
+  w->st = gma_alloc(w->g, 48 * MiB, w->s, &q);
+  w->ms = now_ms() - t0;
+  if (w->st == GMA_OK) CHECK_OK(gma_free(w->g, q));
+  return NULL;
+}
+
+static void others_go_on(void) {
+  gma_t *g = sim_allocator("memory_limit:80M,worker:off"); /* 20 MiB segment + 48 MiB */
+  gma_stream_t a, b;
+  CHECK_OK(gma_stream_create(g, &a));
+  CHECK_OK(gma_stream_create(g, &b));
+  atomic_int corruptions = 0, gate = 0;
+  void *p, *small;
+  CHECK_OK(gma_alloc(g, 8 * MiB, NULL, &small)); /* freed later: a slow-path free */
+  CHECK_OK(gma_alloc(g, 48 * MiB, a, &p));
+  /* The kernel holds p until the host opens its gate, which it does only
+   * after the slow-path free below returned. */
+  pattern_kernel_t k = {.buf = p, .len = 1 * MiB, .value = 7, .gate = &gate,
+                        .corruptions = &corruptions};
+  CHECK_OK(gma_sim_launch(g, a, pattern_kernel_run, &k));
+  pattern_kernel_wait_started(&k);
+  CHECK_OK(gma_free(g, p));
+  waiter_arg_t w = {g, b, GMA_PENDING, 0};
+  pthread_t t;
+  CHECK(pthread_create(&t, NULL, oom_waiter, &w) == 0);
+  sleep_us(50000); /* the waiter is in its wait now */
+  uint64_t t0 = now_ms();
+  gma_stats_t s = stats_of(g);
+  CHECK_OK(gma_free(g, small));
+  CHECK(now_ms() - t0 < 40); /* not held up by the waiter */
+  CHECK(s.num_oom_waits == 1);
+  atomic_store(&gate, 1); /* only now may the kernel finish */
+  pthread_join(t, NULL);
+  CHECK_OK(w.st);
+  CHECK(w.ms >= 40 && atomic_load(&corruptions) == 0);
+  CHECK_OK(gma_stream_destroy(g, a));
+  CHECK_OK(gma_stream_destroy(g, b));
+  CHECK_OK(gma_destroy(g));
+}
+
+/* Right below memory_limit a small request gets a segment of what is left
+ * (before: it failed with a megabyte of the limit left). */
+static void small_room_left(void) {
+  gma_t *g = sim_allocator("memory_limit:65M,worker:off");
+  void *big, *p;
+  CHECK_OK(gma_alloc(g, 64 * MiB, NULL, &big));
+  CHECK_OK(gma_alloc(g, 512, NULL, &p));
+  CHECK(stats_of(g).reserved.current <= 65 * MiB);
+  CHECK_OK(gma_free(g, p));
+  CHECK_OK(gma_free(g, big));
+  CHECK_OK(gma_destroy(g));
+}
+
+static const test_case_t cases[] = {{"others_go_on", others_go_on},
+                                    {"small_room_left", small_room_left},{"busy_own_stream", busy_own_stream},
                                     {"busy_record_stream", busy_record_stream},
                                     {"real_shortage", real_shortage},
                                     {"bounded_wait", bounded_wait},
