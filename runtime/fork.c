@@ -160,6 +160,7 @@ gma_status_t gma__fork_destroy(gma_t *g) {
   uint64_t host_leaks, host_leaked;
   if (all_free((pthread_mutex_t *const[]){&g->host.mu}, 1))
     gma__host_fini(&g->host, &host_leaks, &host_leaked);
+  p->inherited = true; /* condition variables with dead waiters are left alone */
   if (all_free((pthread_mutex_t *const[]){&p->lock, &p->count_lock, &p->trace_mu}, 3))
     gma__pool_fini(p); /* GMA_ERR_LEAK for live blocks: expected here, not returned */
   g->magic = GMA__MAGIC_DEAD;

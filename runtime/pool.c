@@ -225,6 +225,10 @@ void gma__block_make_free(gma__pool_t *p, gma__block_t *b) {
     gma__free_unlink(p, b->next);
     absorb_next(p, b);
   }
+  /* Memory freed just now is not idle: the merged block's idle clock starts
+   * again (it used to keep an idle neighbour's, so a timed trim gave back
+   * memory freed a moment before). */
+  b->free_since_ns = 0;
   gma__free_link(p, b);
 }
 
@@ -321,7 +325,7 @@ static gma_status_t seg_adopt(gma__pool_t *p, int kind, uintptr_t base, uint64_t
 
 /* An ordinary segment of size bytes from the source (one device allocation). */
 static gma_status_t seg_create(gma__pool_t *p, int kind, uint64_t size, gma__block_t **out) {
-  if (p->c.reserved.current + size > p->limit)
+  if (p->c.reserved.current + p->leaving + size > p->limit)
     return gma__set_error(GMA_ERR_OOM, "memory_limit of %" PRIu64 " bytes reached", p->limit);
   gma__source_t *src = p->src;
   gma__grow_req_t req = {.kind = kind, .size = size, .left = p->limit - p->c.reserved.current};
@@ -383,7 +387,7 @@ static void release_free_segments(gma__pool_t *p) {
 gma_status_t gma__pool_init(gma__pool_t *p, gma__device_t *dev, const gma_config_t *cfg) {
   memset(p, 0, sizeof *p);
   if (pthread_mutex_init(&p->lock, NULL) != 0 || pthread_mutex_init(&p->count_lock, NULL) != 0 ||
-      pthread_mutex_init(&p->trace_mu, NULL) != 0)
+      pthread_mutex_init(&p->trace_mu, NULL) != 0 || pthread_cond_init(&p->settled, NULL) != 0)
     return gma__set_error(GMA_ERR_INTERNAL, "pthread_mutex_init failed");
   p->dev = dev;
   p->small_size = cfg->small_size;
@@ -542,6 +546,12 @@ static uint64_t mono_ns(void) {
  * at most 64 rounds are made (frees by other threads keep adding work). */
 static bool oom_wait(gma__pool_t *p, uint64_t start_ns, int *rounds) {
   if (*rounds >= 64) return false;
+  if (p->leaving) { /* a trim is giving memory back to the device right now */
+    if (!*rounds) p->c.oom_waits++;
+    (*rounds)++;
+    while (p->leaving) pthread_cond_wait(&p->settled, &p->lock);
+    return true;
+  }
   uint64_t deadline = p->oom_wait_ns == UINT64_MAX ? UINT64_MAX : start_ns + p->oom_wait_ns;
   if (deadline != UINT64_MAX && mono_ns() >= deadline) return false;
   gma__event_t evs[GMA__OOM_WAIT_EVENTS];
@@ -561,13 +571,13 @@ static bool oom_wait(gma__pool_t *p, uint64_t start_ns, int *rounds) {
  * retry after releasing safe cached memory; the fit then comes from the
  * free tree. */
 static gma_status_t grow_region(gma__pool_t *p, int kind, uint64_t size, gma__block_t **out) {
-  gma_status_t st = gma__segs_grow(p, kind, size);
+  gma_status_t st = gma__segs_grow(p, kind, size, true);
   if (st == GMA_ERR_OOM) {
     p->c.oom_retries++;
     gma__streams_poll(p, true);
     release_free_segments(p);
     if ((*out = treap_best_fit(p->free_tree[kind], size))) return GMA_OK;
-    st = gma__segs_grow(p, kind, size);
+    st = gma__segs_grow(p, kind, size, true);
   }
   if (st == GMA_OK && !(*out = treap_best_fit(p->free_tree[kind], size)))
     st = gma__set_error(GMA_ERR_INTERNAL, "growable segment grew but holds no fit for %" PRIu64,
@@ -1013,6 +1023,13 @@ gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r) {
   gma__span_t *spans = NULL;
   size_t nr = 0, nr_idle = 0;
   if (p->growable) nr = gma__segs_pick(p, r, &cached, &spans, &nr_idle);
+  /* Out of reserved now, but the device still holds it until the calls
+   * below return: growth counts it against the limit meanwhile, and an
+   * allocation that finds no room waits for it (oom_wait). */
+  uint64_t leaving = 0;
+  for (size_t i = 0; i < n; i++) leaving += out[i].size;
+  for (size_t i = 0; i < nr; i++) leaving += spans[i].size;
+  p->leaving += leaving;
   GMA__VALIDATE(p);
   pthread_mutex_unlock(&p->lock);
 
@@ -1045,6 +1062,8 @@ gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r) {
     freed += done;
   }
   free(spans);
+  p->leaving -= leaving;
+  if (leaving) pthread_cond_broadcast(&p->settled);
   if (r->timed) {
     p->c.trims_idle += freed_idle > 0;
     p->c.trims_timed += freed > freed_idle;
@@ -1075,7 +1094,7 @@ gma_status_t gma__pool_grow_ahead(gma__pool_t *p, uint64_t want_free) {
     gma__block_t *b;
     uint64_t size = p->segment_size[GMA__LARGE];
     if (want_free - p->c.free > size) size = round_up(want_free - p->c.free, SEGMENT_ROUND);
-    st = p->growable ? gma__segs_grow(p, GMA__LARGE, want_free - p->c.free)
+    st = p->growable ? gma__segs_grow(p, GMA__LARGE, want_free - p->c.free, false)
                      : seg_create(p, GMA__LARGE, size, &b);
     if (st == GMA_OK) p->c.grows_worker++;
   }
@@ -1162,6 +1181,9 @@ gma_status_t gma__pool_fini(gma__pool_t *p) {
   pthread_mutex_destroy(&p->count_lock);
   pthread_mutex_destroy(&p->lock);
   pthread_mutex_destroy(&p->trace_mu);
+  /* In a fork() child a parent thread may have been waiting on it: then
+   * destroying it could wait forever (fork.c); its memory goes anyway. */
+  if (!p->inherited) pthread_cond_destroy(&p->settled);
   if (leaked == 0) return GMA_OK;
   /* The status's message, by tag (gma_destroy printed the full report). */
   char by_tag[512] = "";

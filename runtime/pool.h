@@ -242,6 +242,10 @@ typedef struct gma__pool {
   gma__event_t *spare_events;   /* created, unused events for reuse */
   size_t nspare, spare_cap;
   uint32_t event_pins;          /* OOM waiters querying copied events without the lock */
+  uint64_t leaving;             /* bytes a trim took out of reserved and is giving back to
+                                   the device outside the lock; counted against the limit */
+  pthread_cond_t settled;       /* broadcast (under lock) when a trim's give-back settled */
+  bool inherited;               /* torn down in a fork() child (fork.c) */
   gma__event_t deferred[GMA__DEFERRED_EVENTS]; /* events to destroy once unpinned */
   size_t ndeferred;
   gma__counters_t c;
@@ -349,10 +353,12 @@ gma_status_t gma__segs_adopt(gma__pool_t *p, const void *range, int kind, uintpt
                              uint64_t size);
 /* Grows kind so that its free tree holds a block of at least size bytes:
  * offers the source the segments ending in FREE blocks, gives back free
- * chunks too scattered for the request, has the source map one chunk (a
+ * chunks too scattered for the request (give_back_first: a request's growth;
+ * growth ahead of demand keeps what is free, which is the point of it), has
+ * the source map one chunk (a
  * minimum chunk for a small growth) and adopts it, merged with its
  * neighbours. */
-gma_status_t gma__segs_grow(gma__pool_t *p, int kind, uint64_t size);
+gma_status_t gma__segs_grow(gma__pool_t *p, int kind, uint64_t size, bool give_back_first);
 /* Takes what the source can give back inside FREE block b of a growable
  * segment out of the pool, splitting its segment, and has the source take
  * it (out, for give_back without the lock); false when there is none or

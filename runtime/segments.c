@@ -300,19 +300,21 @@ static gma_status_t grow_once(gma__pool_t *p, const gma__grow_req_t *req, gma__p
   return GMA_OK;
 }
 
-gma_status_t gma__segs_grow(gma__pool_t *p, int kind, uint64_t size) {
+gma_status_t gma__segs_grow(gma__pool_t *p, int kind, uint64_t size, bool give_back_first) {
   gma__source_t *s = p->src;
   gma__grow_req_t req = {.kind = kind, .size = size};
   gma__plan_t pl;
   collect_tails(p, kind, size, &req);
   s->ops->plan(s, &req, &pl);
-  /* Give back free chunks first, then plan again: the layout moved. */
-  release_for_growth(p, kind, pl.need, pl.tail >= 0 ? p->tail_blocks[pl.tail] : NULL);
-  collect_tails(p, kind, size, &req);
-  s->ops->plan(s, &req, &pl); /* no room: grow reserves another range */
-  if (p->c.reserved.current + pl.need > p->limit)
+  if (give_back_first) { /* free chunks first, then plan again: the layout moved */
+    release_for_growth(p, kind, pl.need, pl.tail >= 0 ? p->tail_blocks[pl.tail] : NULL);
+    collect_tails(p, kind, size, &req);
+    s->ops->plan(s, &req, &pl); /* no room: grow reserves another range */
+  }
+  uint64_t held = p->c.reserved.current + p->leaving; /* leaving: a trim's, still on the device */
+  if (held + pl.need > p->limit)
     return gma__set_error(GMA_ERR_OOM, "memory_limit of %" PRIu64 " bytes reached", p->limit);
-  req.left = p->limit - p->c.reserved.current;
+  req.left = p->limit - held;
   gma__grown_t g;
   gma_status_t st = grow_once(p, &req, &pl, &g);
   if (st == GMA_ERR_OOM && g.size > pl.need) {

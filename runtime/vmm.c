@@ -225,7 +225,10 @@ gma_status_t gma__vm_source_new(gma__device_t *dev, gma__trace_t *_Atomic const 
    * when that runs out. */
   for (int k = 0; k < GMA__NKINDS; k++) {
     gma__region_t *r;
-    st = region_add(v, k, gran, range_size(v, gran), round_up(limit, gran), &r);
+    /* At least as large as the limit, where the address space allows (a
+     * later growth reserves another range when this one is full). */
+    uint64_t least = round_up(limit < RANGE_MAX ? limit : RANGE_MAX, gran);
+    st = region_add(v, k, gran, range_size(v, gran), least, &r);
     if (st != GMA_OK) {
       vm_fini(&v->base);
       return st;

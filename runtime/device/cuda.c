@@ -388,7 +388,18 @@ static gma_status_t cuda_vm_unmap(gma__device_t *d, uintptr_t addr, uint64_t siz
                                   uint64_t handle) {
   cuda_device_t *dev = cuda_of(d);
   CU_CALL(dev, "cuMemUnmap", drv.cuMemUnmap((CUdeviceptr)addr, (size_t)size));
-  CU_CALL(dev, "cuMemRelease", drv.cuMemRelease((CUmemGenericAllocationHandle)handle));
+  /* Unmapped now: the range must count as given back whatever happens
+   * next, or gma would hand out addresses that are no longer mapped. A
+   * physical allocation the driver will not release is leaked (and said). */
+  bool pushed;
+  CUresult r = ctx_enter(dev, &pushed);
+  if (r == CUDA_SUCCESS) {
+    r = drv.cuMemRelease((CUmemGenericAllocationHandle)handle);
+    ctx_leave(pushed);
+  }
+  if (r != CUDA_SUCCESS)
+    fprintf(stderr, "gma: cuMemRelease of a chunk at %p failed after its unmap (error %d); "
+                    "its physical memory stays allocated\n", (void *)addr, (int)r);
   return GMA_OK;
 }
 

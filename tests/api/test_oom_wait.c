@@ -245,7 +245,39 @@ static void small_room_left(void) {
   CHECK_OK(gma_destroy(g));
 }
 
+/* A trim gives memory back to the device outside the pool lock; an
+ * allocation that needs that memory meanwhile waits for the give-back
+ * instead of failing (found by review: it got GMA_ERR_OOM with "reserved 0"),
+ * with ordinary and with growable segments. */
+static gma_t *trim_g;
+static void *trim_all(void *arg) {
+  (void)arg;
+  CHECK_OK(gma_trim(trim_g, 0));
+  return NULL;
+}
+
+static void trim_in_flight(void) {
+  for (int growable = 0; growable < 2; growable++) {
+    trim_g = sim_allocator(growable ? "expandable_segments:true,worker:off,sim_capacity:64M,"
+                                      "sim_free_ns:200000000"
+                                    : "worker:off,sim_capacity:64M,sim_free_ns:200000000");
+    void *a, *b;
+    CHECK_OK(gma_alloc(trim_g, 48 * MiB, NULL, &a));
+    CHECK_OK(gma_free(trim_g, a));
+    CHECK_OK(gma_stream_synchronize(trim_g, NULL));
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, trim_all, NULL) == 0);
+    sleep_us(50000); /* the trim is inside its device free now (200 ms) */
+    CHECK_OK(gma_alloc(trim_g, 48 * MiB, NULL, &b));
+    pthread_join(t, NULL);
+    CHECK(stats_of(trim_g).reserved.current <= 64 * MiB);
+    CHECK_OK(gma_free(trim_g, b));
+    CHECK_OK(gma_destroy(trim_g));
+  }
+}
+
 static const test_case_t cases[] = {{"others_go_on", others_go_on},
+                                    {"trim_in_flight", trim_in_flight},
                                     {"small_room_left", small_room_left},{"busy_own_stream", busy_own_stream},
                                     {"busy_record_stream", busy_record_stream},
                                     {"real_shortage", real_shortage},
