@@ -352,13 +352,22 @@ static CUresult stream_enter(CUstream s, fc_device_t **out) {
   if (is_default_stream(s)) return ctx_enter(out);
   for (int i = 0; i < fc.ndev; i++) {
     fc_device_t *d = &fc.dev[i];
-    if (dev_enter(d, CUDA_ERROR_INVALID_HANDLE) != CUDA_SUCCESS) continue;
+    pthread_rwlock_rdlock(&d->life);
     uint64_t id;
-    if (d->sim->ops->stream_id(d->sim, (gma_stream_t)s, &id) == GMA_OK) {
+    if (d->active && d->sim->ops->stream_id(d->sim, (gma_stream_t)s, &id) == GMA_OK) {
+      /* The stream's device: a sticky fault there is this call's answer, as
+       * on a GPU (it used to read as "not this device", so a stream whose
+       * device faulted just before the call got CUDA_ERROR_INVALID_HANDLE:
+       * a flaky fakecuda_driver under TSan's timing). */
+      CUresult sticky = (CUresult)atomic_load(&d->sticky);
+      if (sticky != CUDA_SUCCESS) {
+        pthread_rwlock_unlock(&d->life);
+        return sticky;
+      }
       *out = d;
       return CUDA_SUCCESS;
     }
-    dev_exit(d);
+    pthread_rwlock_unlock(&d->life);
   }
   return CUDA_ERROR_INVALID_HANDLE;
 }
