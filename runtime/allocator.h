@@ -50,6 +50,20 @@ static inline gma_status_t gma__check(const gma_t *g, const char *fn) {
   return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "%s: %p is not an allocator gma_create made",
                         fn, (const void *)g);
 }
+/* Adds count blocks of size bytes (each rounded up to 512) to *total, the
+ * bytes a request of several blocks needs; false, *total unchanged, when a
+ * size is 0 or above limit or the total would pass limit. Each size is
+ * checked before rounding and the sum without wrapping: a size near
+ * SIZE_MAX must not round to a small block (a fuzzer finding), nor counts
+ * wrap (issue 13). gma_alloc_batch, its async form and gma_reserve. */
+static inline bool gma__blocks_fit(uint64_t *total, size_t size, size_t count, uint64_t limit) {
+  if (size == 0 || size > limit) return false;
+  uint64_t rounded = ((uint64_t)size + 511) / 512 * 512;
+  if (count > (limit - *total) / rounded) return false;
+  *total += count * rounded; /* at most limit */
+  return true;
+}
+
 #define GMA__CHECK(g, fn)                      \
   do {                                         \
     gma_status_t chk_ = gma__check((g), (fn)); \

@@ -298,14 +298,12 @@ gma_status_t gma_alloc_batch(gma_t *g, size_t n, const size_t *sizes, gma_stream
   for (size_t i = 0; i < n; i++) {
     if (sizes[i] == 0)
       return gma__set_error(GMA_ERR_INVALID_SIZE, "gma_alloc_batch: sizes[%zu] is 0", i);
-    uint64_t rounded = sizes[i] <= g->cfg.memory_limit ? ((uint64_t)sizes[i] + 511) / 512 * 512 : 0;
-    if (sizes[i] > g->cfg.memory_limit || rounded > g->cfg.memory_limit - total)
+    if (!gma__blocks_fit(&total, sizes[i], 1, g->cfg.memory_limit))
       return gma__set_error(GMA_ERR_INVALID_SIZE,
                             "gma_alloc_batch: the batch needs more than this allocator can "
                             "ever hold (memory_limit / device capacity %" PRIu64 " bytes) by "
                             "block %zu",
                             g->cfg.memory_limit, i);
-    total += rounded;
   }
   uint64_t id;
   gma_status_t st = g->dev->ops->stream_id(g->dev, stream, &id);
@@ -351,18 +349,12 @@ gma_status_t gma_reserve(gma_t *g, gma_stream_t stream, size_t n, const size_t *
   size_t total = 0;
   for (size_t i = 0; i < n; i++) {
     if (!counts[i]) continue;
-    if (sizes[i] == 0 || sizes[i] > limit)
+    if (!gma__blocks_fit(&bytes, sizes[i], counts[i], limit))
       return gma__set_error(GMA_ERR_INVALID_SIZE,
-                            "gma_reserve: sizes[%zu] is %zu bytes; each size must be 1 byte or "
-                            "more and at most memory_limit (%" PRIu64 " bytes); nothing was kept",
-                            i, sizes[i], limit);
-    uint64_t rounded = ((uint64_t)sizes[i] + 511) / 512 * 512;
-    if (counts[i] > (limit - bytes) / rounded)
-      return gma__set_error(GMA_ERR_INVALID_SIZE,
-                            "gma_reserve: %zu blocks of %zu bytes (entry %zu) take the request "
-                            "past memory_limit (%" PRIu64 " bytes); nothing was kept",
-                            counts[i], sizes[i], i, limit);
-    bytes += counts[i] * rounded;
+                            "gma_reserve: entry %zu, %zu blocks of %zu bytes: each size must be "
+                            "1 byte or more, and all blocks together at most memory_limit "
+                            "(%" PRIu64 " bytes); nothing was kept",
+                            i, counts[i], sizes[i], limit);
     total += counts[i]; /* at most limit / 512: cannot wrap */
   }
   void **held = total ? calloc(total, sizeof *held) : NULL;

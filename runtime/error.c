@@ -39,6 +39,11 @@ const char *gma_version(void) { return GMA_VERSION_STRING; }
 /* Formats into a scratch buffer first: a message may quote the previous one
  * (gma_last_error() as an argument), which must not be overwritten while it
  * is being read. */
+const char *gma__error_detail(const char *msg) {
+  const char *colon = strncmp(msg, "GMA_", 4) == 0 ? strstr(msg, ": ") : NULL;
+  return colon ? colon + 2 : msg;
+}
+
 gma_status_t gma__set_error(gma_status_t status, const char *fmt, ...) {
   char msg[sizeof last_error];
   int n = snprintf(msg, sizeof msg, "%s: ", gma_status_name(status));

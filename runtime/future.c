@@ -248,11 +248,8 @@ bool gma__future_serve(gma__worker_t *w, gma_future_t *f, uint64_t now) {
     uint64_t total = f->sizes ? 0 : f->size;
     for (size_t i = 0; f->sizes && i < f->n; i++) total += f->sizes[i];
     gma__pool_oom_report(&g->pool, total, f->stream);
-    char detail[600];
-    snprintf(detail, sizeof detail, "%s", gma_last_error());
-    if (strncmp(detail, "GMA_ERR_OOM: ", 13) == 0) memmove(detail, detail + 13, strlen(detail) - 12);
     gma__set_error(GMA_ERR_TIMEOUT, "async request waited %.1f ms for memory: %s",
-                   (double)(now - f->submit_ns) / 1e6, detail);
+                   (double)(now - f->submit_ns) / 1e6, gma__error_detail(gma_last_error()));
     st = GMA_ERR_TIMEOUT;
   }
   complete(w, f, st);
@@ -367,19 +364,13 @@ gma_status_t gma_alloc_batch_async(gma_t *g, size_t n, const size_t *sizes, gma_
     return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
                           "gma_alloc_batch_async: n is 0, or sizes or ptrs is NULL");
   uint64_t total = 0, limit = g->cfg.memory_limit;
-  for (size_t i = 0; i < n; i++) {
-    /* Each size is checked before rounding and the sum without wrapping: a
-     * size near SIZE_MAX must not round to a small block (found by the
-     * fuzzer: {SIZE_MAX} completed with a 0-byte block). */
-    uint64_t rounded = sizes[i] <= limit ? ((uint64_t)sizes[i] + 511) / 512 * 512 : 0;
-    if (sizes[i] == 0 || sizes[i] > limit || rounded > limit - total)
+  for (size_t i = 0; i < n; i++)
+    if (!gma__blocks_fit(&total, sizes[i], 1, limit))
       return gma__set_error(GMA_ERR_INVALID_SIZE,
                             "gma_alloc_batch_async: block %zu is 0 bytes, or the batch needs "
                             "more than this allocator can ever hold (memory_limit %" PRIu64
                             " bytes)",
                             i, limit);
-    total += rounded;
-  }
   gma_future_t *f = future_new(n * sizeof(void *));
   size_t *copy = malloc(n * sizeof *copy);
   if (!f || !copy) {
@@ -462,9 +453,8 @@ gma_status_t gma_future_wait(gma_future_t *f, uint64_t timeout_ns, void **ptr) {
     if (f->user_ptrs) memcpy(f->user_ptrs, f->ptrs, f->n * sizeof(void *));
     if (ptr) *ptr = f->ptrs[0];
   } else if (st != GMA_PENDING) {
-    const char *m = f->msg ? f->msg : "no detail (host memory ran out)";
-    if (strncmp(m, "GMA_", 4) == 0 && strchr(m, ':')) m = strchr(m, ':') + 2;
-    gma__set_error((gma_status_t)st, "%s", m);
+    gma__set_error((gma_status_t)st, "%s",
+                   f->msg ? gma__error_detail(f->msg) : "no detail (host memory ran out)");
   }
   return (gma_status_t)st;
 }

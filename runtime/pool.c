@@ -325,10 +325,10 @@ static gma_status_t seg_adopt(gma__pool_t *p, int kind, uintptr_t base, uint64_t
 
 /* An ordinary segment of size bytes from the source (one device allocation). */
 static gma_status_t seg_create(gma__pool_t *p, int kind, uint64_t size, gma__block_t **out) {
-  if (p->c.reserved.current + p->leaving + size > p->limit)
+  if (size > gma__pool_room(p))
     return gma__set_error(GMA_ERR_OOM, "memory_limit of %" PRIu64 " bytes reached", p->limit);
   gma__source_t *src = p->src;
-  gma__grow_req_t req = {.kind = kind, .size = size, .left = p->limit - p->c.reserved.current};
+  gma__grow_req_t req = {.kind = kind, .size = size, .left = gma__pool_room(p)};
   gma__plan_t pl;
   gma__grown_t g;
   src->ops->plan(src, &req, &pl);
@@ -503,7 +503,7 @@ static gma_status_t oom_error(gma__pool_t *p, uint64_t size, size_t requested,
   GMA__TRACE(p, GMA__TR_OOM, 0, requested, stream, size, 0, 0, 0);
   gma__stats_sample(p);
   uint64_t gated = p->c.stream_cached + p->c.pending, largest = gma__pool_largest_idle(p);
-  uint64_t room = p->limit > p->c.reserved.current ? p->limit - p->c.reserved.current : 0;
+  uint64_t room = gma__pool_room(p);
   if (room > dev_free) room = dev_free;
   char cause[400];
   if (gated >= size)
@@ -531,12 +531,6 @@ static gma_status_t oom_error(gma__pool_t *p, uint64_t size, size_t requested,
       p->c.stream_cached, p->c.pending, p->c.free, dev_free, dev_total, p->limit);
 }
 
-static uint64_t mono_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* Before an OOM, wait (called and returning with the lock held, which it
  * drops while the host waits): until some device work that still uses freed
  * memory finishes, then what it gated is released, whole free segments go
@@ -544,21 +538,29 @@ static uint64_t mono_ns(void) {
  * retry may succeed; false when nothing freed waits for device work, or the
  * oom_wait_ms deadline passed. Each round needs some work to complete, and
  * at most 64 rounds are made (frees by other threads keep adding work). */
-static bool oom_wait(gma__pool_t *p, uint64_t start_ns, int *rounds) {
-  if (*rounds >= 64) return false;
+typedef struct oom_waiting {
+  uint64_t start_ns; /* when the first round began (0: none yet) */
+  int rounds;
+} oom_waiting_t;
+
+static uint64_t oom_waited_ns(const oom_waiting_t *w) {
+  return w->start_ns ? gma__now_ns() - w->start_ns : 0;
+}
+
+static bool oom_wait(gma__pool_t *p, oom_waiting_t *w) {
+  if (w->rounds >= 64) return false;
+  if (!w->start_ns) w->start_ns = gma__now_ns();
   if (p->leaving) { /* a trim is giving memory back to the device right now */
-    if (!*rounds) p->c.oom_waits++;
-    (*rounds)++;
+    p->c.oom_waits += w->rounds++ == 0;
     while (p->leaving) pthread_cond_wait(&p->settled, &p->lock);
     return true;
   }
-  uint64_t deadline = p->oom_wait_ns == UINT64_MAX ? UINT64_MAX : start_ns + p->oom_wait_ns;
-  if (deadline != UINT64_MAX && mono_ns() >= deadline) return false;
+  uint64_t deadline = p->oom_wait_ns == UINT64_MAX ? UINT64_MAX : w->start_ns + p->oom_wait_ns;
+  if (deadline != UINT64_MAX && gma__now_ns() >= deadline) return false;
   gma__event_t evs[GMA__OOM_WAIT_EVENTS];
   size_t n = gma__streams_wait_begin(p, evs, GMA__OOM_WAIT_EVENTS);
   if (!n) return false;
-  if (!*rounds) p->c.oom_waits++; /* one per call that waited */
-  (*rounds)++;
+  p->c.oom_waits += w->rounds++ == 0; /* one per call that waited */
   pthread_mutex_unlock(&p->lock);
   gma__streams_wait_any(p, evs, n, deadline); /* false: the deadline; the next call says so */
   pthread_mutex_lock(&p->lock);
@@ -604,8 +606,7 @@ static gma_status_t grow(gma__pool_t *p, int kind, uint64_t size, gma__block_t *
   /* Right below memory_limit: only what the request needs, or what is left
    * of the limit for a small segment (a 512-byte request must not fail with
    * a megabyte left below the limit). */
-  uint64_t room = p->limit > p->c.reserved.current ? p->limit - p->c.reserved.current : 0;
-  room = room / GMA__ROUND * GMA__ROUND;
+  uint64_t room = gma__pool_room(p);
   uint64_t need = kind == GMA__SMALL ? (room < seg_size ? room : seg_size) : round_up(size, GMA__ROUND);
   if (st == GMA_ERR_OOM && need >= size && need < least) st = seg_create(p, kind, need, out);
   return st;
@@ -641,10 +642,17 @@ static gma_status_t find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uin
   return st;
 }
 
-void gma__pool_tick_clock(gma__pool_t *p) {
+uint64_t gma__now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
-  gma__store_relaxed(&p->clock_ns, (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void gma__pool_tick_clock(gma__pool_t *p) { gma__store_relaxed(&p->clock_ns, gma__now_ns()); }
+
+uint64_t gma__pool_room(const gma__pool_t *p) {
+  uint64_t held = p->c.reserved.current + p->leaving;
+  return p->limit > held ? (p->limit - held) / GMA__ROUND * GMA__ROUND : 0;
 }
 
 gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t stream,
@@ -660,18 +668,15 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t
   gma__stream_t *s = gma__stream_resolve(p, stream, stream_id);
   gma__block_t *b = NULL;
   uint64_t *level = NULL;
-  uint64_t start = 0;
-  int rounds = 0;
+  oom_waiting_t w = {0, 0};
   if (!s) {
     st = gma__set_error(GMA_ERR_OOM, "host memory for a stream record");
   } else {
     st = find_or_grow(p, s, kind, size, &b, &level, true);
-    while (st == GMA_ERR_OOM && (flags & GMA__ALLOC_WAIT) &&
-           oom_wait(p, start ? start : (start = mono_ns()), &rounds))
+    while (st == GMA_ERR_OOM && (flags & GMA__ALLOC_WAIT) && oom_wait(p, &w))
       st = find_or_grow(p, s, kind, size, &b, &level, true);
     if (st == GMA_ERR_OOM)
-      st = oom_error(p, size, requested, stream, !(flags & GMA__ALLOC_ATTEMPT),
-                     start ? mono_ns() - start : 0);
+      st = oom_error(p, size, requested, stream, !(flags & GMA__ALLOC_ATTEMPT), oom_waited_ns(&w));
   }
   if (st == GMA_OK) {
     (*level)++;
@@ -748,8 +753,7 @@ gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes
    * free in pieces: a training step's gradient batch would otherwise leave
    * a segment behind each step, split up by other requests in between. */
   bool split = false;
-  uint64_t start = 0;
-  int rounds = 0;
+  oom_waiting_t w = {0, 0};
   bool host_short = false;
 again:
   for (int plan = 0; plan < 4 && got < n; plan++) {
@@ -799,8 +803,7 @@ again:
     for (size_t i = got; i-- > 0;) untake_block(p, &taken[i]);
     /* Host memory ran out (no record for a split): no device work can help. */
     host_short = host_short || st == GMA_OK;
-    if (st == GMA_ERR_OOM && !host_short && (flags & GMA__ALLOC_WAIT) &&
-        oom_wait(p, start ? start : (start = mono_ns()), &rounds)) {
+    if (st == GMA_ERR_OOM && !host_short && (flags & GMA__ALLOC_WAIT) && oom_wait(p, &w)) {
       got = 0;
       st = GMA_OK;
       goto again; /* device work finished and freed memory: every plan again */
@@ -808,7 +811,7 @@ again:
     if (host_short) st = gma__set_error(GMA_ERR_OOM, "gma_alloc_batch: no host memory for block records");
     else if (st == GMA_ERR_OOM)
       st = oom_error(p, total, (size_t)total, stream, !(flags & GMA__ALLOC_ATTEMPT),
-                     start ? mono_ns() - start : 0);
+                     oom_waited_ns(&w));
     goto out;
   }
   for (size_t i = 0; i < n; i++) ptrs[i] = (void *)taken[i].b->addr;

@@ -269,8 +269,13 @@ typedef struct gma__pool {
   bool listed;                  /* on that list (guarded by its mutex) */
 } gma__pool_t;
 
+/* CLOCK_MONOTONIC in ns; any thread. */
+uint64_t gma__now_ns(void);
 /* Sets the pool's coarse clock to now; any thread. */
 void gma__pool_tick_clock(gma__pool_t *p);
+/* Lock held: bytes that may still be reserved below memory_limit (what a
+ * trim is giving back counts as held until it settles), rounded down to 512. */
+uint64_t gma__pool_room(const gma__pool_t *p);
 
 /* Records a pool event when a trace runs (one load and branch when not). */
 #define GMA__TRACE(p, action, ptr, size, stream, block, id, count, status)                    \

@@ -311,10 +311,9 @@ gma_status_t gma__segs_grow(gma__pool_t *p, int kind, uint64_t size, bool give_b
     collect_tails(p, kind, size, &req);
     s->ops->plan(s, &req, &pl); /* no room: grow reserves another range */
   }
-  uint64_t held = p->c.reserved.current + p->leaving; /* leaving: a trim's, still on the device */
-  if (held + pl.need > p->limit)
+  req.left = gma__pool_room(p); /* a trim's bytes still on the device count as held */
+  if (pl.need > req.left)
     return gma__set_error(GMA_ERR_OOM, "memory_limit of %" PRIu64 " bytes reached", p->limit);
-  req.left = p->limit - held;
   gma__grown_t g;
   gma_status_t st = grow_once(p, &req, &pl, &g);
   if (st == GMA_ERR_OOM && g.size > pl.need) {

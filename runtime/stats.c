@@ -19,62 +19,47 @@ void gma__stat_sub(gma_stat_t *s, uint64_t bytes) {
 /* Sums are gma__tcount_t values used as plain numbers (never shared). */
 typedef gma__tcount_t sums_t;
 
-static void add(_Atomic uint64_t *to, _Atomic uint64_t *from) {
-  gma__store_relaxed(to, gma__load_relaxed(to) + gma__load_relaxed(from));
+/* t += sign * c for one counter (sign +1 or -1; unsigned arithmetic wraps
+ * the way a subtraction would). */
+static void add(_Atomic uint64_t *to, _Atomic uint64_t *from, uint64_t sign) {
+  gma__store_relaxed(to, gma__load_relaxed(to) + sign * gma__load_relaxed(from));
 }
 
-/* Adds one block of counters to *t. Relaxed loads: each counter is exact,
- * the set is as consistent as the calls in flight allow. */
-static void fold_one(gma__tcount_t *c, gma__tcount_t *t) {
-  add(&t->allocs, &c->allocs);
-  add(&t->frees, &c->frees);
-  add(&t->hits, &c->hits);
-  add(&t->alloc_bytes, &c->alloc_bytes);
-  add(&t->free_bytes, &c->free_bytes);
-  add(&t->req_bytes, &c->req_bytes);
-  add(&t->req_freed, &c->req_freed);
-  add(&t->bin_in, &c->bin_in);
-  add(&t->bin_out, &c->bin_out);
+/* Adds (sign +1) or subtracts (sign -1) one block of counters to *t. Relaxed
+ * loads: each counter is exact, the set is as consistent as the calls in
+ * flight allow. */
+static void fold(gma__tcount_t *c, gma__tcount_t *t, uint64_t sign) {
+  add(&t->allocs, &c->allocs, sign);
+  add(&t->frees, &c->frees, sign);
+  add(&t->hits, &c->hits, sign);
+  add(&t->alloc_bytes, &c->alloc_bytes, sign);
+  add(&t->free_bytes, &c->free_bytes, sign);
+  add(&t->req_bytes, &c->req_bytes, sign);
+  add(&t->req_freed, &c->req_freed, sign);
+  add(&t->bin_in, &c->bin_in, sign);
+  add(&t->bin_out, &c->bin_out, sign);
 }
 
 void gma__stats_sum(const gma__stream_t *s, gma__tcount_t *t) {
   for (gma__tcount_t *c = gma__load_acquire(&((gma__stream_t *)s)->counts); c;
        c = gma__load_acquire(&c->next))
-    fold_one(c, t);
+    fold(c, t, 1);
 }
 
-static void sub(_Atomic uint64_t *to, _Atomic uint64_t *from) {
-  gma__store_relaxed(to, gma__load_relaxed(to) - gma__load_relaxed(from));
-}
-
-/* Subtracts *c from *t (totals only grow, so t >= c counter by counter). */
-static void less(gma__tcount_t *t, gma__tcount_t *c) {
-  sub(&t->allocs, &c->allocs);
-  sub(&t->frees, &c->frees);
-  sub(&t->hits, &c->hits);
-  sub(&t->alloc_bytes, &c->alloc_bytes);
-  sub(&t->free_bytes, &c->free_bytes);
-  sub(&t->req_bytes, &c->req_bytes);
-  sub(&t->req_freed, &c->req_freed);
-  sub(&t->bin_in, &c->bin_in);
-  sub(&t->bin_out, &c->bin_out);
-}
-
+/* The graveyard gains what s counted since it was last buried. */
 void gma__stats_bury(gma__stream_t *s, gma__tcount_t *into) {
   gma__tcount_t now;
   memset(&now, 0, sizeof now);
   gma__stats_sum(s, &now);
-  gma__tcount_t delta;
-  memcpy(&delta, &now, sizeof delta);
-  less(&delta, &s->buried);
-  fold_one(&delta, into);
+  fold(&now, into, 1);
+  fold(&s->buried, into, (uint64_t)-1);
   memcpy(&s->buried, &now, sizeof now);
 }
 
 static sums_t sum_all(gma__pool_t *p) {
   sums_t t;
   memset(&t, 0, sizeof t);
-  fold_one(&p->graveyard_counts, &t); /* retired streams' totals, folded in at the sweep */
+  fold(&p->graveyard_counts, &t, 1); /* retired streams' totals, folded in at the sweep */
   for (const gma__stream_t *s = p->stream_list; s; s = s->next_all) gma__stats_sum(s, &t);
   return t;
 }

@@ -139,10 +139,6 @@ void gma__streams_settle_pending(gma__pool_t *p) {
   gma__pending_poll(p);
 }
 
-/* Every stream's epochs are observed and pending blocks settled before any
- * stream's safe cached blocks are released: under reuse:none a pending block
- * whose gates passed goes back to its stream's cache, and a forced poll
- * (gma_empty_cache) must then release it in the same call. */
 /* Drains every stream's bins, closes each open epoch that holds frees, and
  * observes which epochs completed (never waits). */
 static void close_all(gma__pool_t *p) {
@@ -153,6 +149,10 @@ static void close_all(gma__pool_t *p) {
   }
 }
 
+/* Every stream's epochs are observed and pending blocks settled before any
+ * stream's safe cached blocks are released: under reuse:none a pending block
+ * whose gates passed goes back to its stream's cache, and a forced poll
+ * (gma_empty_cache) must then release it in the same call. */
 void gma__streams_poll(gma__pool_t *p, bool force) {
   close_all(p);
   gma__pending_poll(p);
@@ -184,12 +184,6 @@ static void nap_us(uint64_t us) {
   nanosleep(&ts, NULL);
 }
 
-static uint64_t clock_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 size_t gma__streams_wait_begin(gma__pool_t *p, gma__event_t *evs, size_t cap) {
   close_all(p);
   if (p->c.stream_cached == 0 && p->c.pending == 0) return 0; /* nothing is gated */
@@ -209,7 +203,7 @@ bool gma__streams_wait_any(gma__pool_t *p, const gma__event_t *evs, size_t n,
        * lock, where the error is counted, and decides again. */
       if (p->dev->ops->event_query(p->dev, evs[i], &done) != GMA_OK || done) return true;
     }
-    if (clock_ns() >= deadline_ns) return false;
+    if (gma__now_ns() >= deadline_ns) return false;
     nap_us(nap);
   }
 }
@@ -219,9 +213,7 @@ void gma__streams_wait_end(gma__pool_t *p) {
     for (size_t i = 0; i < p->ndeferred; i++) p->dev->ops->event_destroy(p->dev, p->deferred[i]);
     p->ndeferred = 0;
   }
-  for (gma__stream_t *s = p->stream_list; s; s = s->next_all) observe_epochs(p, s);
-  gma__pending_poll(p);
-  for (gma__stream_t *s = p->stream_list; s; s = s->next_all) release_safe_cached(p, s);
+  gma__streams_poll(p, true); /* what the completed work gated becomes free */
 }
 
 /* Best fit for size among the CACHED blocks of streams other than u whose

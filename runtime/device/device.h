@@ -163,5 +163,8 @@ gma_status_t gma__cuda_device_mem(int ordinal, uint64_t *free_bytes, uint64_t *t
  * status, so a failure path reads: return gma__set_error(GMA_ERR_OOM, "..."). */
 gma_status_t gma__set_error(gma_status_t status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* A message without its leading "GMA_...: " status name, to quote it in
+ * another message (gma__set_error may quote gma_last_error() itself). */
+const char *gma__error_detail(const char *msg);
 
 #endif /* GMA_DEVICE_H */
