@@ -142,7 +142,10 @@ typedef struct gma_config {
   /* The worker thread: growth ahead of demand and timed trimming. */
   uint64_t trim_interval_ms;     /* "trim_interval_ms": timed trimming period (1000; 1..3600000) */
   uint64_t release_threshold;    /* "release_threshold": cache (reserved - allocated) timed
-                                    trimming keeps (256M; 0 = default) */
+                                    trimming keeps. 0 (text "auto", the default): keep the
+                                    working set, trim only idle memory and what pressure from
+                                    outside gma calls for; GMA_RELEASE_ALL (text "0"): keep
+                                    nothing; else the bytes to keep (512..1024T) */
   uint64_t idle_ms;              /* "idle_ms": free segments idle longer than this are given
                                     back by timed trimming (10000; 1..86400000) */
   uint64_t grow_ahead;           /* "grow_ahead": free pool bytes the worker keeps ready
@@ -170,6 +173,12 @@ typedef struct gma_config {
   uint64_t oom_wait_ms;          /* "oom_wait_ms": the most it waits (0 = as long as such
                                     work is outstanding; else 1..86400000) */
 } gma_config_t;
+
+/* release_threshold = GMA_RELEASE_ALL (GMA_CONF "release_threshold:0"): every
+ * tick gives back all free memory, as cudaMemPoolAttrReleaseThreshold = 0
+ * does at each synchronization. (In the struct, 0 means the default, "auto",
+ * as it does for every field.) */
+#define GMA_RELEASE_ALL UINT64_MAX
 
 /* Designated in C (and C++20) so -Wextra stays quiet about the other fields. */
 #if defined(__cplusplus) && __cplusplus < 202002L
@@ -360,9 +369,12 @@ GMA_API gma_status_t gma_future_wait(gma_future_t *f, uint64_t timeout_ns, void 
 GMA_API gma_status_t gma_future_release(gma_future_t *f);
 
 /* Memory pressure: reserved memory against memory_limit, or the device's
- * used memory against its total, whichever is higher. Timed trimming keeps
- * release_threshold of cache at low and medium pressure, a quarter of it at
- * high pressure, and nothing at critical pressure. */
+ * used memory against its total, whichever is higher; reported to the
+ * callback. With an explicit release_threshold, timed trimming keeps it at
+ * low and medium pressure, a quarter of it at high pressure, and nothing at
+ * critical pressure. With the default ("auto") only the device's free memory
+ * counts (pressure from outside gma), and it never takes the working set:
+ * README, "The worker thread". */
 typedef enum gma_pressure {
   GMA_PRESSURE_LOW = 0,     /* below 60% */
   GMA_PRESSURE_MEDIUM = 1,  /* 60% to 80% */
@@ -435,9 +447,11 @@ typedef struct gma_stats {
   uint64_t num_epoch_events;    /* events recorded to close stream epochs */
   uint64_t num_batches;         /* gma_alloc_batch calls that succeeded */
   uint64_t num_batches_split;   /* of those, placed block by block (no contiguous room) */
-  uint64_t bytes_trimmed;       /* bytes given back to the device by gma_trim/empty_cache */
+  uint64_t bytes_trimmed;       /* bytes given back to the device by trimming: gma_trim,
+                                   gma_empty_cache and the worker's timed trims */
   uint64_t trims_explicit;      /* gma_trim / gma_empty_cache calls that released memory */
-  uint64_t trims_timed;         /* timed trims that released cache above release_threshold */
+  uint64_t trims_timed;         /* timed trims that released cache above release_threshold,
+                                   or (auto) memory outside the working set under pressure */
   uint64_t trims_idle;          /* timed trims that released segments idle > idle_ms */
   uint64_t trims_pressure;      /* timed trims made more aggressive by memory pressure */
   uint64_t grows_worker;        /* segments the worker took ahead of demand (grow_ahead) */

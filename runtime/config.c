@@ -19,7 +19,8 @@
 #define TiB (1ull << 40)
 
 typedef enum {
-  KIND_SIZE, KIND_COUNT, KIND_DEVICE, KIND_REUSE, KIND_ONOFF, KIND_BOOL, KIND_PATH, KIND_FALLBACK
+  KIND_SIZE, KIND_COUNT, KIND_DEVICE, KIND_REUSE, KIND_ONOFF, KIND_BOOL, KIND_PATH, KIND_FALLBACK,
+  KIND_THRESHOLD /* a size; "auto" is 0 (the default), "0" is GMA_RELEASE_ALL */
 } value_kind_t;
 
 /* One row per key: where it lives in gma_config_t and its allowed range
@@ -45,7 +46,7 @@ static const key_spec_t keys[] = {
     {"bins", FIELD(bins_off), KIND_ONOFF, 0, 1},
     {"sim_capacity", FIELD(sim_capacity), KIND_SIZE, 1 * MiB, 1024 * TiB},
     {"trim_interval_ms", FIELD(trim_interval_ms), KIND_COUNT, 1, 3600000},
-    {"release_threshold", FIELD(release_threshold), KIND_SIZE, 512, 1024 * TiB},
+    {"release_threshold", FIELD(release_threshold), KIND_THRESHOLD, 512, 1024 * TiB},
     {"idle_ms", FIELD(idle_ms), KIND_COUNT, 1, 86400000},
     {"grow_ahead", FIELD(grow_ahead), KIND_SIZE, 0, 1024 * TiB},
     {"worker", FIELD(worker_off), KIND_ONOFF, 0, 1},
@@ -116,6 +117,14 @@ static bool parse_number(const char *s, size_t len, bool size, uint64_t *out) {
   if (v > UINT64_MAX / mult) return false;
   *out = (uint64_t)v * mult;
   return true;
+}
+
+/* A value a key accepts: in its range, or a size's 0 (the default), or a
+ * release threshold's "keep nothing". */
+static bool in_range(const key_spec_t *k, uint64_t v) {
+  if (v == 0 && (k->kind == KIND_SIZE || k->kind == KIND_THRESHOLD)) return true;
+  if (v == GMA_RELEASE_ALL && k->kind == KIND_THRESHOLD) return true;
+  return v >= k->min && v <= k->max;
 }
 
 /* Parses one of a key's names; the value is the name's index. */
@@ -243,6 +252,16 @@ gma_status_t gma_config_parse(gma_config_t *config, const char *text) {
         ok = parse_number(val, vlen, true, &v);
         expected = "a size such as 512, 64K, 2M, 1G";
         break;
+      case KIND_THRESHOLD:
+        /* "auto" is the default (0 in the struct); "0" keeps nothing. */
+        if (vlen == 4 && strncasecmp(val, "auto", 4) == 0) {
+          ok = true, v = 0;
+        } else {
+          ok = parse_number(val, vlen, true, &v);
+          if (ok && v == 0) v = GMA_RELEASE_ALL;
+        }
+        expected = "auto, 0 (keep nothing) or a size such as 64M";
+        break;
       default:
         ok = parse_number(val, vlen, false, &v);
         expected = "a non-negative integer";
@@ -252,7 +271,7 @@ gma_status_t gma_config_parse(gma_config_t *config, const char *text) {
       return gma__set_error(GMA_ERR_CONFIG, "key '%s': bad value '%.*s' (expected %s)", k->key,
                             (int)vlen, val, expected);
     /* For sizes, 0 asks for the default, as it does in gma_config_t. */
-    if ((v != 0 || k->kind != KIND_SIZE) && (v < k->min || v > k->max))
+    if (!in_range(k, v))
       return gma__set_error(GMA_ERR_CONFIG,
                             "key '%s': %" PRIu64 " is out of range [%" PRIu64 ", %" PRIu64 "]",
                             k->key, v, k->min, k->max);
@@ -296,7 +315,7 @@ gma_status_t gma__config_resolve(const gma_config_t *in, gma_config_t *out) {
   if (!c.bin_max) c.bin_max = 1 * MiB; /* why not more: README, "The hot path" */
   if (!c.bin_depth) c.bin_depth = 64;
   if (!c.trim_interval_ms) c.trim_interval_ms = 1000;
-  if (!c.release_threshold) c.release_threshold = 256 * MiB;
+  /* release_threshold 0 stays 0: "auto" (the worker keeps the working set). */
   if (!c.idle_ms) c.idle_ms = 10000;
   if (!c.ring_size) c.ring_size = 1024;
   if (!c.future_timeout_ms) c.future_timeout_ms = 1000;
@@ -306,7 +325,7 @@ gma_status_t gma__config_resolve(const gma_config_t *in, gma_config_t *out) {
     if (keys[i].kind == KIND_PATH) continue;
     uint64_t v = get_field(&c, &keys[i]);
     bool defaulted_zero = v == 0 && (keys[i].offset == FIELD(memory_limit));
-    if (!defaulted_zero && (v < keys[i].min || v > keys[i].max))
+    if (!defaulted_zero && !in_range(&keys[i], v))
       return gma__set_error(GMA_ERR_CONFIG,
                             "%s = %" PRIu64 " is out of range [%" PRIu64 ", %" PRIu64 "]",
                             keys[i].key, v, keys[i].min, keys[i].max);

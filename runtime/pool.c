@@ -455,6 +455,7 @@ static void take_block(gma__pool_t *p, gma__block_t *b, uint64_t size, size_t re
   b->stream = s;
   gma__store_relaxed(&b->requested, requested);
   b->free_since_ns = 0;
+  b->seg->free_since_ns = 0; /* in use again: the segment's unused clock restarts */
   gma__store_relaxed(&b->ngates, 0);
   gma__store_relaxed(&b->future_held, 0);
   gma__store_relaxed(&b->tag, 0);
@@ -975,11 +976,12 @@ void gma__pending_poll(gma__pool_t *p) {
   }
 }
 
-/* Lock held: segment i is free; is it idle past the cutoff? A segment's idle
- * clock starts when a trim pass first sees it wholly free. */
-static bool seg_idle(gma__segment_t *seg, uint64_t now_ns, uint64_t idle_ns) {
+/* Lock held: segment i is free; has it been unused at least idle_ns (0:
+ * any time)? A segment's clock starts when a trim pass first sees it wholly
+ * free, and stops whenever a block of it is handed out (take_block). */
+static bool seg_unused(gma__segment_t *seg, uint64_t now_ns, uint64_t idle_ns) {
   if (!seg->free_since_ns) seg->free_since_ns = now_ns;
-  return idle_ns && now_ns - seg->free_since_ns >= idle_ns;
+  return now_ns - seg->free_since_ns >= idle_ns;
 }
 
 gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r) {
@@ -990,12 +992,13 @@ gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r) {
    * unlocking, so a slow device free (cuMemFree synchronizes) never holds up
    * other callers. First those idle too long, then, largest first, until at
    * most keep bytes of cache (reserved - allocated) stay. */
-  uint64_t cached = p->c.reserved.current - p->c.allocated.current;
+  gma__trim_budget_t bud = {
+      .keep = r->keep, .want = r->want, .cached = p->c.reserved.current - p->c.allocated.current};
   size_t n = 0, cap = 0, n_idle = 0;
   gma__span_t *out = NULL;
   for (int pass = 0; pass < 2; pass++) {
     for (;;) {
-      if (pass == 1 && cached <= r->keep) break;
+      if (pass == 1 && gma__trim_done(&bud)) break;
       size_t pick = SIZE_MAX;
       for (size_t i = 0; i < p->nsegs; i++) {
         gma__segment_t *seg = p->segs[i];
@@ -1003,8 +1006,10 @@ gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r) {
           seg->free_since_ns = 0;
           continue;
         }
-        bool idle = seg_idle(seg, r->now_ns, r->idle_ns);
-        if (pass == 0 ? idle : (pick == SIZE_MAX || seg->size > p->segs[pick]->size)) {
+        bool ok = pass == 0 ? r->idle_ns && seg_unused(seg, r->now_ns, r->idle_ns)
+                            : seg_unused(seg, r->now_ns, r->unused_ns) &&
+                                  (pick == SIZE_MAX || seg->size > p->segs[pick]->size);
+        if (ok) {
           pick = i;
           if (pass == 0) break;
         }
@@ -1017,7 +1022,7 @@ gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r) {
         out = a;
       }
       seg_detach(p, pick, &out[n]);
-      cached -= out[n].size < cached ? out[n].size : cached;
+      gma__trim_took(&bud, out[n].size, pass == 1);
       n++;
       n_idle += pass == 0;
     }
@@ -1025,7 +1030,7 @@ gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r) {
   /* Growable segments: the chunks inside FREE blocks, by the same rules. */
   gma__span_t *spans = NULL;
   size_t nr = 0, nr_idle = 0;
-  if (p->growable) nr = gma__segs_pick(p, r, &cached, &spans, &nr_idle);
+  if (p->growable) nr = gma__segs_pick(p, r, &bud, &spans, &nr_idle);
   /* Out of reserved now, but the device still holds it until the calls
    * below return: growth counts it against the limit meanwhile, and an
    * allocation that finds no room waits for it (oom_wait). */
@@ -1086,7 +1091,7 @@ gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r) {
 }
 
 gma_status_t gma__pool_trim(gma__pool_t *p, uint64_t keep) {
-  gma__release_t r = {.keep = keep};
+  gma__release_t r = {.keep = keep, .want = UINT64_MAX};
   return gma__pool_release(p, &r);
 }
 

@@ -305,13 +305,35 @@ gma_status_t gma__pool_free_slow(gma__pool_t *p, void *ptr);
 gma_status_t gma__pool_record_stream(gma__pool_t *p, void *ptr, gma_stream_t stream);
 /* Marks (or unmarks) the live block at ptr as held by an uncollected future. */
 void gma__pool_hold(gma__pool_t *p, void *ptr, bool held);
-/* What a trim releases: whole free segments idle longer than idle_ns (0:
- * none by age), then, largest first, until at most keep bytes of cache stay. */
+/* What a trim releases, in two passes over free memory (whole free
+ * segments; for growable ones, the whole chunks inside free blocks):
+ *   pass 0: all of it unused for at least idle_ns (0: none by age);
+ *   pass 1: then, largest first, memory unused for at least unused_ns (0:
+ *           any), until at most keep bytes of cache (reserved - allocated)
+ *           stay or want bytes went back in this pass.
+ * "Unused since" restarts whenever a block of the memory is handed out, so
+ * memory a loop uses every iteration never ages. */
 typedef struct gma__release {
-  uint64_t keep, idle_ns, now_ns;
-  bool timed;     /* the worker's timer (counted as timed/idle), else explicit */
-  bool pressured; /* keep was lowered by memory pressure */
+  uint64_t now_ns, idle_ns;
+  uint64_t keep;      /* pass 1 stops at this much cache (UINT64_MAX: no pass 1) */
+  uint64_t want;      /* ... or after this many bytes (UINT64_MAX: no bound) */
+  uint64_t unused_ns; /* pass 1 takes only memory unused this long (0: any) */
+  bool timed;         /* the worker's timer (counted as timed/idle), else explicit */
+  bool pressured;     /* pass 1 was asked for by memory pressure */
 } gma__release_t;
+/* Pass 1's running account, shared by ordinary and growable segments. */
+typedef struct gma__trim_budget {
+  uint64_t keep, want; /* from gma__release_t */
+  uint64_t cached;     /* cache that stays if what was picked so far goes */
+  uint64_t taken;      /* bytes pass 1 picked */
+} gma__trim_budget_t;
+static inline bool gma__trim_done(const gma__trim_budget_t *b) {
+  return b->cached <= b->keep || b->taken >= b->want;
+}
+static inline void gma__trim_took(gma__trim_budget_t *b, uint64_t size, bool pass1) {
+  b->cached -= size < b->cached ? size : b->cached;
+  if (pass1) b->taken += size;
+}
 gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r);
 gma_status_t gma__pool_trim(gma__pool_t *p, uint64_t keep_bytes);
 /* Grows the large pool until at least want_free bytes are free (one segment). */
@@ -373,10 +395,10 @@ bool gma__segs_detach(gma__pool_t *p, gma__block_t *b, gma__span_t *out);
  * bytes trimmed and adopts again what the device refused. */
 void gma__segs_finish(gma__pool_t *p, gma__span_t *x);
 /* A trim's choice (see gma__pool_release): detaches what can go back inside
- * FREE blocks, idle ones first, then the largest until *cached <= keep;
+ * FREE blocks, idle ones first, then the largest while bud allows;
  * returns the spans (malloc'd, the first *n_idle for idleness) to give back. */
 struct gma__release;
-size_t gma__segs_pick(gma__pool_t *p, const struct gma__release *rel, uint64_t *cached,
+size_t gma__segs_pick(gma__pool_t *p, const struct gma__release *rel, gma__trim_budget_t *bud,
                       gma__span_t **out, size_t *n_idle);
 /* Gives back every releasable free chunk now, under the lock (the OOM retry). */
 void gma__segs_release_free(gma__pool_t *p);

@@ -335,7 +335,7 @@ static int by_inside_desc(const void *a, const void *b) {
   return x < y ? 1 : x > y ? -1 : 0;
 }
 
-size_t gma__segs_pick(gma__pool_t *p, const gma__release_t *rel, uint64_t *cached,
+size_t gma__segs_pick(gma__pool_t *p, const gma__release_t *rel, gma__trim_budget_t *bud,
                       gma__span_t **out, size_t *n_idle) {
   *out = NULL;
   *n_idle = 0;
@@ -360,18 +360,20 @@ size_t gma__segs_pick(gma__pool_t *p, const gma__release_t *rel, uint64_t *cache
   size_t n = 0;
   if (spans) {
     /* Detaching one candidate never touches another: FREE blocks are never
-     * neighbours (they are coalesced). Pass 0: idle ones; pass 1: largest
-     * first until at most keep bytes of cache stay. */
+     * neighbours (they are coalesced). The passes of gma__release_t: pass 0
+     * the idle ones; pass 1 largest first, among those unused long enough. */
     qsort(cand, nc, sizeof *cand, by_inside_desc);
     for (int pass = 0; pass < 2; pass++) {
       for (size_t i = 0; i < nc; i++) {
         gma__block_t *b = cand[i].b;
         if (!b) continue;
-        bool idle = rel->idle_ns && rel->now_ns - b->free_since_ns >= rel->idle_ns;
-        if (pass == 0 ? !idle : *cached <= rel->keep) continue;
+        uint64_t age = rel->now_ns - b->free_since_ns;
+        bool ok = pass == 0 ? rel->idle_ns && age >= rel->idle_ns
+                            : !gma__trim_done(bud) && age >= rel->unused_ns;
+        if (!ok) continue;
         cand[i].b = NULL;
         if (!gma__segs_detach(p, b, &spans[n])) continue;
-        *cached -= spans[n].size < *cached ? spans[n].size : *cached;
+        gma__trim_took(bud, spans[n].size, pass == 1);
         n++;
         *n_idle += pass == 0;
       }

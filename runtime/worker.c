@@ -19,30 +19,81 @@ static uint64_t now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* Pressure from the pool's reserved bytes against memory_limit and from the
- * device's used memory against its total, whichever is higher. */
-static gma_pressure_t pressure(gma__pool_t *p) {
-  pthread_mutex_lock(&p->lock);
-  uint64_t reserved = p->c.reserved.current;
-  pthread_mutex_unlock(&p->lock);
-  double use = p->limit ? (double)reserved / (double)p->limit : 0.0;
-  uint64_t dev_free = 0, dev_total = 0;
-  if (p->dev->ops->mem_info(p->dev, &dev_free, &dev_total) == GMA_OK && dev_total) {
-    double dev_use = (double)(dev_total - dev_free) / (double)dev_total;
-    if (dev_use > use) use = dev_use;
-  }
+/* The working set: with release_threshold "auto", memory handed out during
+ * the last WORKING_SET_TICKS ticks is never trimmed by the timer (it is
+ * what the workload needs; giving it back would make the next iteration
+ * allocate it again). */
+#define WORKING_SET_TICKS 3u
+/* While freed memory waits for device work (pending or cached behind an
+ * epoch), the worker looks at least this often, so what completed becomes
+ * free and the statistics say so without a caller's poll. */
+#define POLL_NS (10u * 1000000u)
+
+static gma_pressure_t level_of(double use) {
   return use > 0.95 ? GMA_PRESSURE_CRITICAL
          : use > 0.80 ? GMA_PRESSURE_HIGH
          : use >= 0.60 ? GMA_PRESSURE_MEDIUM
                        : GMA_PRESSURE_LOW;
 }
 
-/* One tick: report a level change, trim (harder under pressure), top up the
- * free pool to grow_ahead when there is room. Worker thread only. */
+/* What a tick sees of memory pressure. */
+typedef struct load {
+  gma_pressure_t level;  /* reported: reserved against memory_limit, or the device's
+                            use against its total, whichever is higher */
+  gma_pressure_t device; /* the device's use alone: pressure from outside gma's cache */
+  uint64_t dev_free, dev_total;
+} load_t;
+
+static load_t load_of(gma__pool_t *p) {
+  pthread_mutex_lock(&p->lock);
+  uint64_t reserved = p->c.reserved.current;
+  pthread_mutex_unlock(&p->lock);
+  double use = p->limit ? (double)reserved / (double)p->limit : 0.0, dev_use = 0.0;
+  load_t l = {0};
+  if (p->dev->ops->mem_info(p->dev, &l.dev_free, &l.dev_total) == GMA_OK && l.dev_total &&
+      l.dev_free <= l.dev_total)
+    dev_use = (double)(l.dev_total - l.dev_free) / (double)l.dev_total;
+  else
+    l.dev_free = l.dev_total = 0;
+  l.level = level_of(use > dev_use ? use : dev_use);
+  l.device = level_of(dev_use);
+  return l;
+}
+
+/* The timed trim's policy (README, "The worker thread"). Always: memory
+ * unused for idle_ms. An explicit release_threshold: then cache above it, a
+ * quarter of it at high pressure, none at critical. "auto" (the default):
+ * nothing else unless the device's free memory is short (below 20% of its
+ * total); then up to the shortfall, only from memory the working set did
+ * not use (unused for WORKING_SET_TICKS ticks; one tick when critical). */
+static gma__release_t trim_policy(const gma__worker_t *w, const load_t *l) {
+  gma__release_t r = {.now_ns = now_ns(), .idle_ns = w->idle_ns, .keep = UINT64_MAX,
+                      .want = UINT64_MAX, .timed = true};
+  if (w->release_threshold) {
+    r.keep = w->release_threshold == GMA_RELEASE_ALL ? 0 : w->release_threshold;
+    if (l->level == GMA_PRESSURE_HIGH) r.keep /= 4;
+    if (l->level == GMA_PRESSURE_CRITICAL) r.keep = 0;
+    r.pressured = l->level >= GMA_PRESSURE_HIGH;
+    return r;
+  }
+  if (l->device < GMA_PRESSURE_HIGH) return r;
+  uint64_t target = l->dev_total / 5; /* free memory at which pressure stops being high */
+  r.keep = 0;
+  r.want = target > l->dev_free ? target - l->dev_free : 1;
+  /* Half a tick less, so a tick that comes a little early still counts. */
+  uint64_t ticks = l->device == GMA_PRESSURE_CRITICAL ? 1 : WORKING_SET_TICKS;
+  r.unused_ns = ticks * w->interval_ns - w->interval_ns / 2;
+  r.pressured = true;
+  return r;
+}
+
+/* One tick: report a level change, trim by the policy, top up the free pool
+ * to grow_ahead when there is room. Worker thread only. */
 static void tick(gma__worker_t *w) {
   gma__pool_t *p = w->p;
   gma__pool_tick_clock(p); /* allocation ages count in ticks */
-  gma_pressure_t level = pressure(p);
+  load_t l = load_of(p);
+  gma_pressure_t level = l.level;
   pthread_mutex_lock(&w->mu);
   bool changed = (int)level != w->level || w->report;
   w->level = (int)level;
@@ -63,10 +114,7 @@ static void tick(gma__worker_t *w) {
     pthread_cond_broadcast(&w->cb_cv);
     pthread_mutex_unlock(&w->mu);
   }
-  gma__release_t r = {.keep = w->release_threshold, .idle_ns = w->idle_ns, .now_ns = now_ns(),
-                      .timed = true, .pressured = level >= GMA_PRESSURE_HIGH};
-  if (level == GMA_PRESSURE_HIGH) r.keep /= 4;
-  if (level == GMA_PRESSURE_CRITICAL) r.keep = 0;
+  gma__release_t r = trim_policy(w, &l);
   gma__pool_release(p, &r); /* a failed device free keeps the segment: retried next tick */
   gma__host_trim(&w->g->host, level == GMA_PRESSURE_CRITICAL ? 0 : w->g->cfg.host_release_threshold);
   if (w->grow_ahead && level < GMA_PRESSURE_HIGH) gma__pool_grow_ahead(p, w->grow_ahead);
@@ -109,9 +157,25 @@ static uint64_t next_deadline(gma__worker_t *w) {
   return d;
 }
 
+/* Lock-free of the caller: observes device work that completed, so memory
+ * it gated becomes free (and the statistics say so) without waiting for a
+ * caller's slow path; true while freed memory still waits for some. */
+static bool poll_gated(gma__pool_t *p) {
+  pthread_mutex_lock(&p->lock);
+  bool none = p->reuse == GMA_REUSE_NONE;
+  if (p->c.pending || (!none && p->c.stream_cached)) {
+    gma__streams_poll(p, false);
+    gma__stats_sample(p);
+  }
+  bool gated = p->c.pending || (!none && p->c.stream_cached);
+  pthread_mutex_unlock(&p->lock);
+  return gated;
+}
+
 static void *worker_main(void *arg) {
   gma__worker_t *w = arg;
-  uint64_t next_tick = now_ns() + w->interval_ns;
+  uint64_t next_tick = now_ns() + w->interval_ns, next_poll = UINT64_MAX;
+  uint64_t poll_ns = w->interval_ns < POLL_NS ? w->interval_ns : POLL_NS;
   pthread_mutex_lock(&w->mu);
   while (!w->stop) {
     /* Sleep until the next tick, a waiting request's deadline, a request, or
@@ -119,6 +183,7 @@ static void *worker_main(void *arg) {
      * device work completes (an epoch event), which nothing signals: while
      * requests wait, look again every millisecond. */
     uint64_t due = next_tick < next_deadline(w) ? next_tick : next_deadline(w);
+    if (next_poll < due) due = next_poll;
     if (w->waiting && now_ns() + 1000000u < due) due = now_ns() + 1000000u;
     struct timespec ts = {(time_t)(due / 1000000000u), (long)(due % 1000000000u)};
     while (!w->stop && !w->kicked && pthread_cond_timedwait(&w->cv, &w->mu, &ts) == 0) {
@@ -140,10 +205,13 @@ static void *worker_main(void *arg) {
       }
       gma__cpu_relax();
     }
-    if (now_ns() >= next_tick) {
+    uint64_t now = now_ns();
+    if (now >= next_tick) {
       tick(w);
       next_tick = now_ns() + w->interval_ns;
     }
+    if (now >= next_poll || next_poll == UINT64_MAX)
+      next_poll = poll_gated(w->p) ? now_ns() + poll_ns : UINT64_MAX;
     pthread_mutex_lock(&w->mu);
     if (w->room_waiters) pthread_cond_broadcast(&w->room_cv);
   }

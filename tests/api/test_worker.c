@@ -2,9 +2,15 @@
  * release threshold within two trim intervals with no caller involved; idle
  * segments go back after idle_ms; memory pressure makes trimming harder and
  * is reported to a callback; grow_ahead keeps free memory ready so callers do
- * not grow the pool themselves; worker:off has no thread. Public API only. */
+ * not grow the pool themselves; worker:off has no thread. The default policy
+ * ("auto") never takes a working set: memory a loop uses every iteration is
+ * not idle however often a tick finds it free, and outside pressure takes
+ * only memory the last ticks did not use; release_threshold:0 keeps nothing;
+ * memory freed behind device work becomes free when the work completes,
+ * without a caller's poll. Public API only. */
 #include <stdatomic.h>
 #include <stdint.h>
+#include <string.h>
 #include <time.h>
 
 #include "simkit.h"
@@ -121,6 +127,136 @@ static void grow_ahead_serves_callers(void) {
   CHECK_OK(gma_destroy(g));
 }
 
+/* A loop whose working set (300 MiB, above what the old fixed threshold of
+ * 256 MiB kept) is freed between iterations: the default trim policy must
+ * never give it back, so no iteration after the first allocates. */
+static void working_set_kept(void) {
+  gma_t *g = sim_allocator("trim_interval_ms:10");
+  size_t sizes[] = {100 * MiB, 96 * MiB, 64 * MiB, 40 * MiB, 64 << 10, 4096};
+  enum { N = sizeof sizes / sizeof sizes[0] };
+  uint64_t after_first = 0;
+  for (int it = 0; it < 40; it++) {
+    void *p[N];
+    for (int i = 0; i < N; i++) CHECK_OK(gma_alloc(g, sizes[i], NULL, &p[i]));
+    for (int i = 0; i < N; i++) CHECK_OK(gma_free(g, p[i]));
+    if (it == 0) after_first = stats_of(g).num_device_allocs;
+    sleep_us(5000); /* ticks find the whole working set free */
+  }
+  gma_stats_t s = stats_of(g);
+  printf("working set: %llu device allocations after the first iteration, %llu bytes trimmed, "
+         "%llu wake-ups\n", (unsigned long long)(s.num_device_allocs - after_first),
+         (unsigned long long)s.bytes_trimmed, (unsigned long long)s.worker_wakeups);
+  CHECK(s.num_device_allocs == after_first && s.bytes_trimmed == 0);
+  CHECK(s.worker_wakeups >= 10); /* the ticks did run */
+  CHECK_OK(gma_destroy(g));
+}
+
+/* A segment handed out every 5 ms is never idle, even when every tick finds
+ * it free (its clock used to start at the first tick that saw it free and
+ * never restart, so idle_ms later the working set went back). */
+static void idle_clock_restarts_on_use(void) {
+  gma_t *g = sim_allocator("trim_interval_ms:10,idle_ms:60,release_threshold:1G");
+  for (int it = 0; it < 60; it++) {
+    void *p;
+    CHECK_OK(gma_alloc(g, 16 * MiB, NULL, &p));
+    CHECK_OK(gma_free(g, p));
+    sleep_us(5000);
+  }
+  gma_stats_t s = stats_of(g);
+  CHECK(s.num_device_allocs == 1 && s.bytes_trimmed == 0 && s.trims_idle == 0);
+  wait_reserved_at_most(g, 0, 5000); /* once unused, it does go after idle_ms */
+  s = stats_of(g);
+  CHECK(s.reserved.current == 0 && s.trims_idle >= 1);
+  CHECK_OK(gma_destroy(g));
+}
+
+/* release_threshold:0 keeps nothing; "auto" is the default; both parse. */
+static void release_threshold_zero_keeps_nothing(void) {
+  gma_config_t c = GMA_CONFIG_INIT;
+  CHECK_OK(gma_config_parse(&c, "release_threshold:0"));
+  CHECK(c.release_threshold == GMA_RELEASE_ALL);
+  CHECK_OK(gma_config_parse(&c, "release_threshold:auto"));
+  CHECK(c.release_threshold == 0);
+  CHECK_OK(gma_config_parse(&c, "release_threshold:64M"));
+  CHECK(c.release_threshold == 64 * MiB);
+  CHECK_ST(gma_config_parse(&c, "release_threshold:some"), GMA_ERR_CONFIG);
+  CHECK(strstr(gma_last_error(), "auto, 0 (keep nothing)") != NULL);
+  CHECK_ST(gma_config_parse(&c, "release_threshold:100"), GMA_ERR_CONFIG); /* below 512 */
+  gma_t *g = sim_allocator("trim_interval_ms:20,release_threshold:0,idle_ms:3600000");
+  void *p[3];
+  for (int i = 0; i < 3; i++) CHECK_OK(gma_alloc(g, (size_t)(i + 1) * 12 * MiB, NULL, &p[i]));
+  for (int i = 0; i < 3; i++) CHECK_OK(gma_free(g, p[i]));
+  wait_reserved_at_most(g, 0, 5000);
+  gma_stats_t s = stats_of(g);
+  CHECK(s.reserved.current == 0 && s.trims_timed >= 1 && s.bytes_trimmed == 72 * MiB);
+  CHECK_OK(gma_destroy(g));
+}
+
+/* The device's free memory is short (above 80% in use): by default the
+ * worker gives back memory the last ticks did not use, up to the shortfall,
+ * and never the working set. 96 MiB device: 40 MiB live, a 24 MiB buffer
+ * used every iteration, 16 MiB cached and never used again: 83% in use. */
+static void outside_pressure_takes_only_unused(void) {
+  gma_t *g = sim_allocator("sim_capacity:96M,trim_interval_ms:10,idle_ms:3600000");
+  void *live, *old, *ws;
+  CHECK_OK(gma_alloc(g, 40 * MiB, NULL, &live));
+  CHECK_OK(gma_alloc(g, 16 * MiB, NULL, &old));
+  CHECK_OK(gma_alloc(g, 24 * MiB, NULL, &ws));
+  CHECK_OK(gma_free(g, ws));
+  CHECK_OK(gma_free(g, old));
+  CHECK(stats_of(g).reserved.current == 80 * MiB);
+  uint64_t t0 = now_ms();
+  while (stats_of(g).reserved.current > 64 * MiB && now_ms() - t0 < 5000) {
+    CHECK_OK(gma_alloc(g, 24 * MiB, NULL, &ws)); /* the working set, in use every 2 ms */
+    CHECK_OK(gma_free(g, ws));
+    sleep_us(2000);
+  }
+  for (int it = 0; it < 20; it++) { /* and it stays: pressure is medium now */
+    CHECK_OK(gma_alloc(g, 24 * MiB, NULL, &ws));
+    CHECK_OK(gma_free(g, ws));
+    sleep_us(2000);
+  }
+  gma_stats_t s = stats_of(g);
+  printf("outside pressure: reserved 80 -> %.0f MiB, %llu device allocations\n",
+         (double)s.reserved.current / MiB, (unsigned long long)s.num_device_allocs);
+  CHECK(s.reserved.current == 64 * MiB && s.bytes_trimmed == 16 * MiB);
+  CHECK(s.num_device_allocs == 3 && s.trims_pressure >= 1 && s.trims_timed >= 1);
+  CHECK_OK(gma_free(g, live));
+  CHECK_OK(gma_destroy(g));
+}
+
+static void kernel_sleep(void *arg) { sleep_us((long)(intptr_t)arg); }
+
+/* Freed memory gated by another stream's work (record_stream) becomes free
+ * when that work completes, and the statistics say so, with no gma call in
+ * between: the worker looks while freed memory waits. */
+static void pending_settles_without_a_call(void) {
+  gma_t *g = sim_allocator("trim_interval_ms:20");
+  gma_stream_t a, b;
+  CHECK_OK(gma_stream_create(g, &a));
+  CHECK_OK(gma_stream_create(g, &b));
+  void *p;
+  CHECK_OK(gma_alloc(g, 8 * MiB, a, &p));
+  CHECK_OK(gma_record_stream(g, p, b));
+  CHECK_OK(gma_sim_launch(g, b, kernel_sleep, (void *)(intptr_t)30000));
+  CHECK_OK(gma_free(g, p));
+  CHECK(stats_of(g).pending_bytes == 8 * MiB);
+  uint64_t t0 = now_ms();
+  while (stats_of(g).pending_bytes && now_ms() - t0 < 5000) sleep_us(1000);
+  gma_stats_t s = stats_of(g);
+  printf("pending: free %llu ms after the free (the kernel ran 30 ms)\n",
+         (unsigned long long)(now_ms() - t0));
+  CHECK(s.pending_bytes == 0 && s.free_bytes + s.stream_cached_bytes >= 8 * MiB);
+  CHECK(now_ms() - t0 < 30 + 20 + 200); /* the kernel, a tick, slack for a busy machine */
+  void *q;
+  CHECK_OK(gma_alloc(g, 8 * MiB, b, &q)); /* reused on the other stream: no growth */
+  CHECK(stats_of(g).num_device_allocs == 1);
+  CHECK_OK(gma_free(g, q));
+  CHECK_OK(gma_stream_destroy(g, a));
+  CHECK_OK(gma_stream_destroy(g, b));
+  CHECK_OK(gma_destroy(g));
+}
+
 static void worker_off(void) {
   gma_t *g = sim_allocator("worker:off,trim_interval_ms:10");
   CHECK_ST(gma_set_pressure_callback(g, on_pressure, NULL), GMA_ERR_UNSUPPORTED);
@@ -135,6 +271,11 @@ int main(void) {
   pressure_levels();
   grow_ahead_serves_callers();
   worker_off();
+  working_set_kept();
+  idle_clock_restarts_on_use();
+  release_threshold_zero_keeps_nothing();
+  outside_pressure_takes_only_unused();
+  pending_settles_without_a_call();
   printf("test_worker: ok\n");
   return 0;
 }
