@@ -18,3 +18,8 @@ set_tests_properties(tools_import_torch PROPERTIES
   LABELS tools
   TIMEOUT 120
   SKIP_RETURN_CODE 77)
+
+add_test(NAME tools_torch_policy_model
+         COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_torch_policy_model.py
+                 ${PROJECT_SOURCE_DIR}/tools/torch-policy-model)
+set_tests_properties(tools_torch_policy_model PROPERTIES LABELS tools TIMEOUT 60)
