@@ -550,9 +550,9 @@ static void run_training_variant(const char *key, const char *title, uint64_t ta
   printf("\n%s\n", title);
   printf("   3 streams (data, compute, comm), %d buffers per iteration, %zu B .. %.1f MiB, "
          "%.1f MiB requested per iteration;\n   %d iterations, record_stream on %d buffers, one "
-         "host synchronization per iteration%s%s%s\n",
+         "host synchronization per iteration%s%s\n",
          TR_SLOTS, pl.smallest, (double)pl.largest / MiB, (double)pl.total / MiB, iterations,
-         3 + TR_LAYERS, *device_conf ? "; " : "", device_conf, "");
+         3 + TR_LAYERS, *device_conf ? "; " : "", device_conf);
   if (*opt.extra) printf("   --config %s applies to the default column\n", opt.extra);
   printf("%-36s", "(median of runs)");
   for (int i = 0; i < TR_COLS; i++) printf("%22s", cols[i].name);
