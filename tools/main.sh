@@ -15,7 +15,8 @@
 #     peak reserved and the trace's peak live bytes;
 #  3. draws memory over time and the segment map at the peak with
 #     tools/gma-viz (SVG + HTML under build/release/pictures/);
-#  4. runs the demo and the benchmarks (simulated device), then the GPU
+#  4. runs the demo and the benchmarks (simulated device; gma-bench-scenarios:
+#     a training loop, a pipeline and a service), then the GPU
 #     benchmarks, which say so and skip when there is no GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -72,8 +73,12 @@ echo
 echo
 "$out/bench/gma-bench-worker" --json "$out/bench_worker.json"
 echo
+# Three scenarios (training loop, pipeline, service), medians of 5 runs, about
+# 45 s; exits 3 if a simulated kernel found a buffer overwritten while in use.
+"$out/bench/gma-bench-scenarios" --json "$out/bench_scenarios.json"
+echo
 echo "results (JSON): $out/replay.json (replays and smallest capacities), $out/bench_alloc.json, $out/bench_hotpath.json," \
-     "$out/bench_worker.json; pictures: $out/pictures/"
+     "$out/bench_worker.json, $out/bench_scenarios.json; pictures: $out/pictures/"
 echo
 echo "=== GPU benchmarks (tools/bench_gpu.sh)"
 bash tools/bench_gpu.sh
