@@ -160,6 +160,12 @@ void gma__streams_poll(gma__pool_t *p, bool force) {
   for (gma__stream_t *s = p->stream_list; s; s = s->next_all) release_safe_cached(p, s);
 }
 
+void gma__streams_observe(gma__pool_t *p) {
+  gma__streams_settle_pending(p);
+  if (p->reuse == GMA_REUSE_NONE) return;
+  for (gma__stream_t *s = p->stream_list; s; s = s->next_all) release_safe_cached(p, s);
+}
+
 uint64_t gma__stream_sync_begin(gma__pool_t *p, gma__stream_t *s) {
   /* As in close_epoch: dirty is cleared and the epoch raised before the
    * device call, so a free racing with it either lands in the closed epoch

@@ -164,7 +164,7 @@ static bool poll_gated(gma__pool_t *p) {
   pthread_mutex_lock(&p->lock);
   bool none = p->reuse == GMA_REUSE_NONE;
   if (p->c.pending || (!none && p->c.stream_cached)) {
-    gma__streams_poll(p, false);
+    gma__streams_observe(p);
     gma__stats_sample(p);
   }
   bool gated = p->c.pending || (!none && p->c.stream_cached);
