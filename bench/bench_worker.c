@@ -11,7 +11,9 @@
  *    trim intervals.
  * 3. Async: a future ready at once on a bin hit (gma_alloc_async + wait +
  *    release, and the free that refills the bin) against the same pair
- *    through gma_alloc; a worker-served future (8 MiB, above bin_max, from
+ *    through gma_alloc; the taking side alone on such a future (wait +
+ *    release, or gma_future_take, waiting without a limit) against a bin hit
+ *    timed the same way; a worker-served future (8 MiB, above bin_max, from
  *    the pool), submit to ready, p50 and p99; a batch of 64 blocks from the
  *    pool against 64 single allocations.
  * 4. Memory pressure: 4 pipeline stages on 4 streams, each holding its
@@ -118,6 +120,9 @@ static uint64_t pct(uint64_t *v, size_t n, double q) {
 
 typedef struct async_result {
   double submit_ns;                      /* gma_alloc_async alone, ready at once */
+  double wait_release_ns, take_ns;       /* on a future ready at once, each timed alone */
+  double bin_hit_ns;                     /* gma_alloc alone on a bin hit, the same way */
+  double take_cycle_ns;                  /* gma_alloc_async + gma_future_take + gma_free */
   double at_once_ns, sync_ns;            /* medians per cycle, batches of 1000 */
   uint64_t worker_p50_ns, worker_p99_ns; /* submit to ready, per request */
   double batch64_ns, singles64_ns;       /* medians */
@@ -167,6 +172,53 @@ static async_result_t run_async(void) {
     submit[rep] = (double)(spent - empty) / 1000;
   }
   r.submit_ns = median_d(submit);
+  /* The taking side alone, on a future ready at once, waited on without a
+   * limit (UINT64_MAX) as a pipeline would: wait + release, and take; and a
+   * bin hit (gma_alloc alone) timed the same way, the cost to compare with. */
+  double waitrel[REPS], take[REPS], hit[REPS], take_cycle[REPS];
+  for (int rep = 0; rep < REPS; rep++) {
+    uint64_t spent[3] = {0, 0, 0}, empty[3] = {0, 0, 0};
+    for (int i = 0; i < 1000; i++) {
+      gma_alloc_async(g, 4096, NULL, NULL, &f);
+      uint64_t t0 = now_ns();
+      gma_future_wait(f, UINT64_MAX, &p);
+      gma_future_release(f);
+      uint64_t t1 = now_ns();
+      uint64_t t2 = now_ns();
+      spent[0] += t1 - t0;
+      empty[0] += t2 - t1;
+      gma_free(g, p);
+      gma_alloc_async(g, 4096, NULL, NULL, &f);
+      t0 = now_ns();
+      gma_future_take(f, UINT64_MAX, &p);
+      t1 = now_ns();
+      t2 = now_ns();
+      spent[1] += t1 - t0;
+      empty[1] += t2 - t1;
+      gma_free(g, p);
+      t0 = now_ns();
+      gma_alloc(g, 4096, NULL, &p);
+      t1 = now_ns();
+      t2 = now_ns();
+      spent[2] += t1 - t0;
+      empty[2] += t2 - t1;
+      gma_free(g, p);
+    }
+    waitrel[rep] = (double)(spent[0] - empty[0]) / 1000;
+    take[rep] = (double)(spent[1] - empty[1]) / 1000;
+    hit[rep] = (double)(spent[2] - empty[2]) / 1000;
+    uint64_t t0 = now_ns();
+    for (int i = 0; i < 1000; i++) {
+      gma_alloc_async(g, 4096, NULL, NULL, &f);
+      gma_future_take(f, UINT64_MAX, &p);
+      gma_free(g, p);
+    }
+    take_cycle[rep] = (double)(now_ns() - t0) / 1000;
+  }
+  r.wait_release_ns = median_d(waitrel);
+  r.take_ns = median_d(take);
+  r.bin_hit_ns = median_d(hit);
+  r.take_cycle_ns = median_d(take_cycle);
   /* Worker-served: 8 MiB is above bin_max, so every request takes the hop. */
   enum { NW = 2000 };
   uint64_t *lat = malloc(NW * sizeof *lat);
@@ -507,7 +559,11 @@ int main(int argc, char **argv) {
   printf("\n3. async allocation and batches (medians; goal in brackets)\n");
   printf("%-52s %12s\n", "", "ns");
   printf("%-52s %12.1f\n", "future ready on a bin hit: gma_alloc_async [100]", a.submit_ns);
+  printf("%-52s %12.1f\n", "  gma_future_wait + gma_future_release on it", a.wait_release_ns);
+  printf("%-52s %12.1f\n", "  gma_future_take on it", a.take_ns);
+  printf("%-52s %12.1f\n", "  a bin hit alone (gma_alloc), timed the same way", a.bin_hit_ns);
   printf("%-52s %12.1f\n", "  full cycle with wait, release and free", a.at_once_ns);
+  printf("%-52s %12.1f\n", "  full cycle with gma_future_take and free", a.take_cycle_ns);
   printf("%-52s %12.1f\n", "  the same with gma_alloc + gma_free (baseline)", a.sync_ns);
   printf("%-52s %12llu\n", "worker-served future, submit to ready, p50 [20000]",
          (unsigned long long)a.worker_p50_ns);
@@ -558,12 +614,15 @@ int main(int argc, char **argv) {
   fprintf(f, " \"timed_trim_ms\": [");
   for (int i = 0; i < 3; i++)
     fprintf(f, "%s{\"interval_ms\": %d, \"took_ms\": %.1f}", i ? ", " : "", intervals[i], took[i]);
-  fprintf(f, "],\n \"async_ns\": {\"submit_at_once\": %.1f, \"at_once_cycle\": %.1f, \"sync_cycle\": %.1f, "
+  fprintf(f, "],\n \"async_ns\": {\"submit_at_once\": %.1f, \"wait_release_ready\": %.1f, "
+             "\"take_ready\": %.1f, \"bin_hit\": %.1f, \"take_cycle\": %.1f, "
+             "\"at_once_cycle\": %.1f, \"sync_cycle\": %.1f, "
              "\"worker_p50\": %llu, \"worker_p99\": %llu, \"batch64\": %.1f, "
              "\"singles64\": %.1f},\n \"pressure\": {\"demand\": %llu, \"limit\": %llu, "
              "\"gma_ms\": %.1f, \"gma_peak_reserved\": %llu, \"gma_failures\": %d, "
              "\"gma_waits\": %llu, \"direct_ms\": %.1f, \"direct_failures\": %llu},\n",
-          a.submit_ns, a.at_once_ns, a.sync_ns, (unsigned long long)a.worker_p50_ns,
+          a.submit_ns, a.wait_release_ns, a.take_ns, a.bin_hit_ns, a.take_cycle_ns, a.at_once_ns,
+          a.sync_ns, (unsigned long long)a.worker_p50_ns,
           (unsigned long long)a.worker_p99_ns, a.batch64_ns, a.singles64_ns,
           (unsigned long long)pr.demand, (unsigned long long)pr.limit, pr.gma_ms,
           (unsigned long long)pr.gma_peak_reserved, pr.gma_failures,

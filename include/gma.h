@@ -358,6 +358,24 @@ GMA_API gma_status_t gma_future_wait(gma_future_t *f, uint64_t timeout_ns, void 
  * memory it got that no gma_future_wait collected is freed. Allowed during
  * and after gma_destroy (the future is then only freed). */
 GMA_API gma_status_t gma_future_release(gma_future_t *f);
+/* Waits, collects and releases in one call: gma_future_wait(f, timeout_ns,
+ * ptr) and then, unless it returned GMA_PENDING, gma_future_release(f).
+ *  - GMA_OK: *ptr is the allocation (a batch's first block; the batch's ptrs
+ *    are filled) and belongs to the caller; f is released.
+ *  - GMA_PENDING: timeout_ns ran out first (0 never waits). f is NOT
+ *    released and the request goes on: call gma_future_take again, or
+ *    gma_future_wait, or gma_future_release to cancel it.
+ *  - any other status (the request's error, GMA_ERR_CANCELLED,
+ *    GMA_ERR_ALREADY_COLLECTED when another wait collected the memory): *ptr
+ *    is NULL and f is released.
+ *  - GMA_ERR_INVALID_ARGUMENT when f is NULL, or ptr is NULL on a
+ *    single-block future (only a batch's future, whose pointers go to its
+ *    ptrs, may pass NULL): nothing waited for and f is NOT released.
+ * So after any status but GMA_PENDING and GMA_ERR_INVALID_ARGUMENT the
+ * future is gone: do not release it again. On a future that is already
+ * complete it reads no clock and makes no system call. Any thread that owns
+ * f (the same rules as gma_future_release). */
+GMA_API gma_status_t gma_future_take(gma_future_t *f, uint64_t timeout_ns, void **ptr);
 
 /* Memory pressure: reserved memory against memory_limit, or the device's
  * used memory against its total, whichever is higher. Timed trimming keeps

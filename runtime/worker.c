@@ -191,9 +191,12 @@ void gma__worker_kick(gma__worker_t *w) {
 }
 
 void gma__worker_stats(gma__worker_t *w, gma_stats_t *st) {
-  st->futures_submitted = atomic_load_explicit(&w->submitted, memory_order_relaxed);
+  /* Futures complete at once are counted only in ready_at_once (future.c). */
   st->futures_ready_at_once = atomic_load_explicit(&w->ready_at_once, memory_order_relaxed);
-  st->futures_ready = atomic_load_explicit(&w->ready, memory_order_relaxed);
+  st->futures_submitted =
+      atomic_load_explicit(&w->submitted, memory_order_relaxed) + st->futures_ready_at_once;
+  st->futures_ready =
+      atomic_load_explicit(&w->ready, memory_order_relaxed) + st->futures_ready_at_once;
   st->futures_failed = atomic_load_explicit(&w->failed, memory_order_relaxed);
   st->futures_timed_out = atomic_load_explicit(&w->timed_out, memory_order_relaxed);
   st->queue_depth = atomic_load_explicit(&w->queued, memory_order_relaxed);

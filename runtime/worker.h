@@ -40,6 +40,8 @@ typedef struct gma__worker {
   _Atomic bool memory_wanted;  /* a request waits for memory: frees kick the worker */
   uint64_t timeout_ns;         /* immutable: future_timeout_ms */
   struct gma__anchor *anchor;  /* shared with every future: says whether g still lives */
+  /* submitted and ready count requests handed to the worker; ready_at_once
+   * those complete on the submitting thread (gma_stats adds them to both). */
   _Atomic uint64_t submitted, ready_at_once, ready, failed, timed_out, queued;
   _Atomic uint64_t latency[GMA__LATENCY_BUCKETS]; /* worker writes, stats reads */
 } gma__worker_t;

@@ -573,6 +573,28 @@ class Future:
 
     result = wait
 
+    def take(self, timeout=None):
+        """gma_future_take: waits up to timeout seconds (None: no limit),
+        returns the address (a list for a batch) and releases the future, in
+        one call. Raises Pending when this wait ran out: the future is NOT
+        released and the request goes on (take, wait or release it later).
+        Any other error (the request's, Cancelled, AlreadyCollected) is raised
+        after the future was released. After a wait() that collected, take()
+        returns the same result and releases."""
+        f = self._h("gma_future_take")
+        if self._collected:
+            self.release()
+            return self._result
+        ns = _UINT64_MAX if timeout is None else max(0, int(timeout * 1e9))
+        p = ctypes.c_void_p()
+        st = _fn("gma_future_take")(f, ns, ctypes.byref(p))
+        if st != Pending.status:
+            self._f = None  # released by gma_future_take
+        _check(st, "gma_future_take")
+        self._result = [x for x in self._batch] if self._batch is not None else p.value
+        self._collected = True
+        return self._result
+
     def release(self):
         """gma_future_release (once; later calls do nothing)."""
         f, self._f = self._f, None

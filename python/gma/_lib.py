@@ -236,6 +236,7 @@ PROTOTYPES = {
     "gma_future_status": (st, [vp]),
     "gma_future_wait": (st, [vp, u64, P(vp)]),
     "gma_future_release": (st, [vp]),
+    "gma_future_take": (st, [vp, u64, P(vp)]),
     "gma_stream_retire": (st, [vp, vp]),
     "gma_stats": (st, [vp, P(Stats)]),
     "gma_stream_stats": (st, [vp, vp, P(StreamStats)]),

@@ -209,6 +209,70 @@ static void batch_and_errors(void) {
   CHECK_OK(gma_destroy(g));
 }
 
+/* gma_future_take: wait, collect and release in one call; a wait that runs
+ * out (GMA_PENDING) leaves the future alive so the caller can retry; every
+ * final status releases it (a future leaked or released twice shows up
+ * under ASan); a NULL ptr on a single-block future is refused without
+ * releasing. */
+static void take(void) {
+  gma_t *g = sim_allocator("sim_capacity:64M,bins:off");
+  void *p, *q;
+  gma_future_t *f;
+  /* Ready at once (bins:off: served on this thread from the pool once the
+   * pool holds memory; the first request grows it on the worker). */
+  CHECK_OK(gma_alloc_async(g, 4 * MiB, NULL, NULL, &f));
+  CHECK_OK(gma_future_take(f, UINT64_MAX, &p));
+  CHECK(p != NULL);
+  CHECK(stats_of(g).allocated.current == 4 * MiB);
+  CHECK_OK(gma_free(g, p));
+  /* A single-block future with ptr NULL: refused, still ours. */
+  CHECK_OK(gma_alloc_async(g, 4 * MiB, NULL, NULL, &f));
+  CHECK_ST(gma_future_take(f, UINT64_MAX, NULL), GMA_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(gma_last_error(), "not released") != NULL);
+  CHECK_OK(gma_future_take(f, UINT64_MAX, &p));
+  CHECK_OK(gma_free(g, p));
+  CHECK_ST(gma_future_take(NULL, 0, &p), GMA_ERR_INVALID_ARGUMENT);
+  CHECK(p == NULL);
+  /* Waiting for memory: a take that runs out keeps the future; the next
+   * one, after the free, gets the memory. */
+  void *big;
+  CHECK_OK(gma_alloc(g, 50 * MiB, NULL, &big));
+  gma_async_options_t o = GMA_ASYNC_OPTIONS_INIT;
+  o.timeout_ns = 10000 * MS;
+  CHECK_OK(gma_alloc_async(g, 30 * MiB, NULL, &o, &f));
+  CHECK_ST(gma_future_take(f, 0, &q), GMA_PENDING);
+  CHECK(q == NULL);
+  CHECK_ST(gma_future_take(f, 10 * MS, &q), GMA_PENDING);
+  CHECK_ST(gma_future_poll(f), GMA_PENDING); /* still alive, still waiting */
+  CHECK_OK(gma_free(g, big));
+  CHECK_OK(gma_future_take(f, UINT64_MAX, &q));
+  CHECK(q != NULL && stats_of(g).allocated.current == 30 * MiB);
+  /* A request that fails (40 MiB never fits beside q's 30 in 64): the
+   * error, and the future is gone. */
+  o.timeout_ns = 20 * MS;
+  CHECK_OK(gma_alloc_async(g, 40 * MiB, NULL, &o, &f));
+  CHECK_ST(gma_future_take(f, UINT64_MAX, &p), GMA_ERR_TIMEOUT);
+  CHECK(p == NULL && strstr(gma_last_error(), "waited") != NULL);
+  CHECK_OK(gma_free(g, q));
+  /* Another wait collected first: GMA_ERR_ALREADY_COLLECTED, released. */
+  CHECK_OK(gma_alloc_async(g, 4 * MiB, NULL, NULL, &f));
+  CHECK_OK(gma_future_wait(f, UINT64_MAX, &p));
+  CHECK_ST(gma_future_take(f, UINT64_MAX, &q), GMA_ERR_ALREADY_COLLECTED);
+  CHECK(q == NULL);
+  CHECK_OK(gma_free(g, p));
+  /* A batch: ptr may be NULL, the pointers go to the batch's array. */
+  size_t sizes[3] = {4096, 8192, 12288};
+  void *ptrs[3] = {NULL, NULL, NULL};
+  CHECK_OK(gma_alloc_batch_async(g, 3, sizes, NULL, ptrs, NULL, &f));
+  CHECK_OK(gma_future_take(f, UINT64_MAX, NULL));
+  CHECK(ptrs[0] && ptrs[1] && ptrs[2]);
+  for (int i = 0; i < 3; i++) CHECK_OK(gma_free(g, ptrs[i]));
+  gma_stats_t s = stats_of(g);
+  CHECK(s.allocated.current == 0 && s.queue_depth == 0);
+  CHECK(s.futures_submitted == s.futures_ready + s.futures_timed_out + s.futures_failed);
+  CHECK_OK(gma_destroy(g));
+}
+
 /* Pipeline: 4 stages on 4 streams, each asking for the next micro-batch's
  * buffer while a kernel works on the current one; the memory limit is below
  * what all stages would like to hold, so requests wait for other stages'
@@ -308,6 +372,7 @@ int main(void) {
   ring_full();
   destroy_with_outstanding();
   batch_and_errors();
+  take();
   pipeline();
   printf("test_async: ok\n");
   return 0;
