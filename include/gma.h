@@ -290,7 +290,7 @@ GMA_API gma_status_t gma_reserve(gma_t *g, gma_stream_t stream, size_t n, const 
                                  const size_t *counts);
 /* ---------------------------------------------------------------------------
  * Async allocation. A future is the answer to one request; the worker thread
- * serves requests a stream's bin cannot serve at once.
+ * serves requests that cannot be served at once on the calling thread.
  * ------------------------------------------------------------------------- */
 typedef struct gma_future gma_future_t;
 
@@ -307,6 +307,8 @@ typedef struct gma_async_options {
   int nonblocking;                /* ring full: fail with GMA_ERR_BUSY instead of waiting */
   gma_future_callback_t callback; /* optional */
   void *user;                     /* passed to the callback */
+  int worker_only;                /* never serve on the calling thread: always hand the
+                                     request to the worker (see gma_alloc_async) */
 } gma_async_options_t;
 
 #if defined(__cplusplus) && __cplusplus < 202002L
@@ -315,8 +317,14 @@ typedef struct gma_async_options {
 #define GMA_ASYNC_OPTIONS_INIT {.size = sizeof(gma_async_options_t)}
 #endif
 
-/* Returns a future at once (options may be NULL). If the stream's bin can
- * serve the request, the future is already complete: no worker hop.
+/* Returns a future at once (options may be NULL). The future is already
+ * complete, with no worker hop, when the stream's bin can serve the request,
+ * or when the pool can serve it from memory it already holds without waiting:
+ * the pool's lock is free (it is tried, never waited for), no device
+ * allocation is needed, and no earlier request is waiting for memory (those
+ * are served first, in order). The memory follows the same reuse rules as
+ * gma_alloc's; the callback then runs on the calling thread.
+ * options->worker_only sends every request to the worker instead.
  * Otherwise the request goes to the worker through a bounded ring; when the
  * ring is full the call waits for room, or fails with GMA_ERR_BUSY when
  * options->nonblocking is set. When memory is short the worker waits for

@@ -17,6 +17,7 @@
  * first claims it (release, or the worker completing a released future)
  * frees it: claim is a CAS, so exactly one does. */
 #include <inttypes.h>
+#include <stddef.h>
 #include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
@@ -53,7 +54,17 @@ struct gma_future {
   _Atomic int claim;          /* 0: memory unclaimed; 1: freed by someone */
   struct gma_future *wnext;   /* worker's waiting list (worker thread only) */
   uint64_t trace_id;          /* its Id in the trace; 0: not traced */
+  bool worker_only;           /* options->worker_only: no serving but the worker's */
+  _Atomic int owner;          /* OWN_*: who serves a request handed to the worker */
 };
+
+/* f->owner, for a request in the worker's ring: a thread that waits on it
+ * before the worker took it serves it itself (help()), since it would block
+ * anyway, rather than wait for the worker to be scheduled. Exactly one of
+ * them wins the compare-and-swap from OWN_QUEUED. A helper that finds no
+ * memory puts it back (OWN_QUEUED): the worker then serves it as always. */
+enum { OWN_QUEUED = 0, OWN_WORKER = 1, OWN_HELPER = 2 /* a waiter is serving it */,
+       OWN_HELPED = 3 /* a waiter served it */ };
 
 /* f->done: waiters sleep on the future itself (a futex), not on anything of
  * the allocator's, so a thread may sit in gma_future_wait while another
@@ -269,7 +280,59 @@ static void complete(gma__worker_t *w, gma_future_t *f, gma_status_t st) {
  * going); a hint for poll, exact for a caller that holds no enter. */
 static bool destroyed(gma_future_t *f) { return !atomic_load(&f->anchor->g); }
 
+/* Worker thread, before it serves or cancels f: makes f the worker's (at
+ * its first try, not when it leaves the ring, so that a waiter can still
+ * serve it meanwhile); false when a thread waiting on it served it first:
+ * the ring's reference is then dropped, and f must be forgotten. */
+static bool claim(gma_future_t *f) {
+  int o = atomic_load_explicit(&f->owner, memory_order_acquire);
+  if (o == OWN_WORKER) return true; /* a later try of a request that waits for memory */
+  for (o = OWN_QUEUED; !atomic_compare_exchange_weak(&f->owner, &o, OWN_WORKER); o = OWN_QUEUED) {
+    if (o == OWN_HELPED) { /* pairs with help()'s release store */
+      unref(f);
+      return false;
+    }
+    if (o == OWN_HELPER) sched_yield(); /* one allocation attempt: short */
+  }
+  return true;
+}
+
+/* A thread about to block on f serves it itself when the worker has not
+ * taken it yet (owner OWN_QUEUED) and no request waits for memory (those go
+ * first, in order): the same pool call the worker would make, growth
+ * included, but no waiting for memory (a shortage goes back to the worker's
+ * back-pressure). True when f completed here. */
+static bool help(gma_future_t *f) {
+  if (!f->served_by_worker || f->worker_only ||
+      atomic_load_explicit(&f->owner, memory_order_relaxed) != OWN_QUEUED)
+    return false;
+  gma_t *g = gma__anchor_enter(f->anchor); /* pending, so g lives; destroy may be starting */
+  if (!g) return false;
+  gma__worker_t *w = &g->worker;
+  int o = OWN_QUEUED;
+  bool done = false, planted = g->pool.test_flags & GMA__TEST_NO_SERVE_CLAIM;
+  if (!atomic_load_explicit(&w->memory_wanted, memory_order_relaxed) &&
+      (planted || atomic_compare_exchange_strong(&f->owner, &o, OWN_HELPER))) {
+    uint64_t id;
+    gma_status_t st = g->dev->ops->stream_id(g->dev, f->stream, &id);
+    if (st == GMA_OK)
+      st = f->n == 1 && !f->sizes
+               ? gma__pool_alloc_slow(&g->pool, f->size, f->stream, id, GMA__ALLOC_ATTEMPT, &f->ptr)
+               : gma__pool_alloc_batch(&g->pool, f->n, f->sizes, f->stream, id,
+                                       GMA__ALLOC_ATTEMPT, f->ptrs);
+    done = st == GMA_OK;
+    if (done) complete(w, f, GMA_OK);
+    /* Release: the worker's claim (acquire) sees the completion, or the
+     * untouched request. */
+    if (!planted)
+      atomic_store_explicit(&f->owner, done ? OWN_HELPED : OWN_QUEUED, memory_order_release);
+  }
+  gma__anchor_exit(f->anchor);
+  return done;
+}
+
 bool gma__future_serve(gma__worker_t *w, gma_future_t *f, uint64_t now) {
+  if (!claim(f)) return true;
   if (atomic_load(&f->released)) {
     gma__set_error(GMA_ERR_CANCELLED, "the future was released before it was served");
     complete(w, f, GMA_ERR_CANCELLED);
@@ -301,12 +364,28 @@ bool gma__future_serve(gma__worker_t *w, gma_future_t *f, uint64_t now) {
 }
 
 void gma__future_cancel(gma__worker_t *w, gma_future_t *f) {
+  if (!claim(f)) return;
   gma__set_error(GMA_ERR_CANCELLED, "the allocator was destroyed before the request was served");
   complete(w, f, GMA_ERR_CANCELLED);
   unref(f);
 }
 
 /* ---- Entry points --------------------------------------------------------------*/
+
+/* options->worker_only, when the caller's struct is recent enough to have it. */
+static bool worker_only(const gma_async_options_t *o) {
+  return o && o->size >= offsetof(gma_async_options_t, worker_only) + sizeof o->worker_only &&
+         o->worker_only;
+}
+
+/* Whether the pool has a live record of the stream with this device id: an
+ * inline try never creates (or orphans) one, so a request the ring then
+ * refuses (GMA_ERR_BUSY) changes nothing. A stream's first request goes to
+ * the worker. Lock-free. */
+static bool known(gma_t *g, gma_stream_t stream, uint64_t id) {
+  gma__stream_t *s = gma__stream_find(&g->pool, stream);
+  return s && s->id == id;
+}
 
 static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t *o,
                            gma_future_t **out) {
@@ -331,11 +410,30 @@ static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t 
   gma_status_t st = g->dev->ops->stream_id(g->dev, f->stream, &id); /* a clear error now */
   /* A bin hit needs no worker: the future is complete at once (and needs no
    * clock: the submit time and deadline are the worker's). */
-  if (st == GMA_OK && !f->sizes && f->size <= g->pool.bin_max &&
+  if (st == GMA_OK && !worker_only(o) && !f->sizes && f->size <= g->pool.bin_max &&
       gma__bin_alloc(&g->pool, f->size, f->stream, id, &f->ptr) == GMA_OK) {
     complete(w, f, GMA_OK);
     *out = f;
     return GMA_OK;
+  }
+  /* Not a bin hit: the pool may still serve it here and now, if it can
+   * without waiting (GMA__ALLOC_INLINE: the lock only if free, memory it
+   * already holds, no device call that allocates). Requests waiting for
+   * memory are served first, in order, by the worker (memory_wanted), so
+   * none is overtaken by a later one while it waits. Any failure, even a
+   * real error, goes to the worker, which reports it as it always did. */
+  if (st == GMA_OK && !worker_only(o) &&
+      !atomic_load_explicit(&w->memory_wanted, memory_order_relaxed) && known(g, f->stream, id)) {
+    gma_status_t ist =
+        f->n == 1 && !f->sizes
+            ? gma__pool_alloc_slow(&g->pool, f->size, f->stream, id, GMA__ALLOC_INLINE, &f->ptr)
+            : gma__pool_alloc_batch(&g->pool, f->n, f->sizes, f->stream, id, GMA__ALLOC_INLINE,
+                                    f->ptrs);
+    if (ist == GMA_OK) {
+      complete(w, f, GMA_OK);
+      *out = f;
+      return GMA_OK;
+    }
   }
   f->submit_ns = now_ns();
   /* Saturating: a timeout past the end of the clock (UINT64_MAX, as for
@@ -346,6 +444,7 @@ static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t 
   atomic_fetch_add_explicit(&w->submitted, 1, memory_order_relaxed);
   if (st == GMA_OK) {
     f->served_by_worker = true;
+    f->worker_only = worker_only(o);
     atomic_store(&f->refs, 2);
     gma__tsan_release(f); /* pairs with the worker's acquire after the dequeue */
     st = gma__worker_submit(w, f, o && o->nonblocking);
@@ -473,7 +572,11 @@ static __attribute__((noinline)) void wait_done(gma_future_t *f, uint64_t timeou
 
 /* gma_future_wait and gma_future_take (fn names the caller in messages). */
 static gma_status_t wait_collect(gma_future_t *f, uint64_t timeout_ns, void **ptr, const char *fn) {
-  if (timeout_ns && atomic_load_explicit(&f->done, memory_order_acquire) != FUT_DONE)
+  /* A wait that may block 1 ms or more serves a request the worker has not
+   * begun (help): the worker may not get a CPU for that long when the
+   * machine's threads are busy. A shorter wait only waits. */
+  if (timeout_ns && atomic_load_explicit(&f->done, memory_order_acquire) != FUT_DONE &&
+      !(timeout_ns >= 1000000u && help(f)))
     wait_done(f, timeout_ns);
   int st = atomic_load_explicit(&f->done, memory_order_acquire) == FUT_DONE
                ? atomic_load_explicit(&f->state, memory_order_acquire)

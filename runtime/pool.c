@@ -663,8 +663,10 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t
   uint64_t size = requested <= p->bin_max ? gma__class_size(gma__class_of(requested))
                                           : round_up(requested, GMA__ROUND);
   int kind = size <= p->small_size ? GMA__SMALL : GMA__LARGE;
+  bool inline_try = flags & GMA__ALLOC_INLINE;
   gma_status_t st;
-  pthread_mutex_lock(&p->lock);
+  if (!inline_try) pthread_mutex_lock(&p->lock);
+  else if (pthread_mutex_trylock(&p->lock) != 0) return GMA_ERR_BUSY; /* the worker serves it */
   gma__stream_t *s = gma__stream_resolve(p, stream, stream_id);
   gma__block_t *b = NULL;
   uint64_t *level = NULL;
@@ -672,10 +674,10 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t
   if (!s) {
     st = gma__set_error(GMA_ERR_OOM, "host memory for a stream record");
   } else {
-    st = find_or_grow(p, s, kind, size, &b, &level, true);
+    st = find_or_grow(p, s, kind, size, &b, &level, !inline_try);
     while (st == GMA_ERR_OOM && (flags & GMA__ALLOC_WAIT) && oom_wait(p, &w))
       st = find_or_grow(p, s, kind, size, &b, &level, true);
-    if (st == GMA_ERR_OOM)
+    if (st == GMA_ERR_OOM && !inline_try)
       st = oom_error(p, size, requested, stream, !(flags & GMA__ALLOC_ATTEMPT), oom_waited_ns(&w));
   }
   if (st == GMA_OK) {
@@ -737,7 +739,14 @@ gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes
     free(levels);
     return gma__set_error(GMA_ERR_OOM, "host memory for a batch of %zu", n);
   }
-  pthread_mutex_lock(&p->lock);
+  bool inline_try = flags & GMA__ALLOC_INLINE;
+  if (!inline_try) {
+    pthread_mutex_lock(&p->lock);
+  } else if (pthread_mutex_trylock(&p->lock) != 0) { /* the worker serves it */
+    free(taken);
+    free(levels);
+    return GMA_ERR_BUSY;
+  }
   gma__stream_t *s = gma__stream_resolve(p, stream, stream_id);
   gma__block_t *b = NULL;
   uint64_t *level = NULL;
@@ -756,7 +765,7 @@ gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes
   oom_waiting_t w = {0, 0};
   bool host_short = false;
 again:
-  for (int plan = 0; plan < 4 && got < n; plan++) {
+  for (int plan = 0; plan < (inline_try ? 2 : 4) && got < n; plan++) { /* inline: held memory */
     bool grow_ok = plan >= 2;
     if (plan % 2 == 0) {
       st = find_or_grow(p, s, kind, total, &b, &level, grow_ok);
@@ -809,7 +818,7 @@ again:
       goto again; /* device work finished and freed memory: every plan again */
     }
     if (host_short) st = gma__set_error(GMA_ERR_OOM, "gma_alloc_batch: no host memory for block records");
-    else if (st == GMA_ERR_OOM)
+    else if (st == GMA_ERR_OOM && !inline_try) /* inline: no message, the worker goes on */
       st = oom_error(p, total, (size_t)total, stream, !(flags & GMA__ALLOC_ATTEMPT),
                      oom_waited_ns(&w));
     goto out;

@@ -214,7 +214,7 @@ def _to_dict(s):
     return out
 
 
-def _options(timeout, nonblocking):
+def _options(timeout, nonblocking, worker_only=False):
     o = _lib.new(_lib.AsyncOptions)
     if timeout is not None:
         if timeout <= 0:
@@ -222,6 +222,7 @@ def _options(timeout, nonblocking):
                          "timeout must be positive seconds, not %r" % (timeout,))
         o.timeout_ns = max(1, int(timeout * 1e9))
     o.nonblocking = 1 if nonblocking else 0
+    o.worker_only = 1 if worker_only else 0
     return o
 
 
@@ -371,24 +372,27 @@ class Allocator:
         c = (ctypes.c_size_t * n)(*counts)
         _check(_fn("gma_reserve")(g, _stream(stream), n, s, c), "gma_reserve")
 
-    def alloc_async(self, size, stream=None, timeout=None, nonblocking=False):
+    def alloc_async(self, size, stream=None, timeout=None, nonblocking=False,
+                    worker_only=False):
         """gma_alloc_async: a Future at once. timeout: seconds the request may
-        wait for memory (None: the allocator's future_timeout_ms)."""
+        wait for memory (None: the allocator's future_timeout_ms);
+        worker_only: never served on this thread (always the worker)."""
         g = self._h("gma_alloc_async")
         size = _size(size, "gma_alloc_async")
-        o = _options(timeout, nonblocking)
+        o = _options(timeout, nonblocking, worker_only)
         f = ctypes.c_void_p()
         _check(_fn("gma_alloc_async")(g, size, _stream(stream), ctypes.byref(o),
                                       ctypes.byref(f)), "gma_alloc_async")
         return Future(self, f.value)
 
-    def alloc_batch_async(self, sizes, stream=None, timeout=None, nonblocking=False):
+    def alloc_batch_async(self, sizes, stream=None, timeout=None, nonblocking=False,
+                          worker_only=False):
         """gma_alloc_batch_async: a Future whose wait() gives the list."""
         g = self._h("gma_alloc_batch_async")
         n = len(sizes)
         arr = (ctypes.c_size_t * n)(*[_size(s, "gma_alloc_batch_async") for s in sizes])
         ptrs = (ctypes.c_void_p * n)()
-        o = _options(timeout, nonblocking)
+        o = _options(timeout, nonblocking, worker_only)
         f = ctypes.c_void_p()
         _check(_fn("gma_alloc_batch_async")(g, n, arr, _stream(stream), ptrs, ctypes.byref(o),
                                             ctypes.byref(f)), "gma_alloc_batch_async")

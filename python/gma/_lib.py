@@ -185,6 +185,7 @@ class AsyncOptions(ctypes.Structure):
         ("nonblocking", c_int),
         ("callback", vp),
         ("user", vp),
+        ("worker_only", c_int),
     ]
 
 
