@@ -548,10 +548,11 @@ gma_status_t gma_future_status(gma_future_t *f) { return gma_future_poll(f); }
 static __attribute__((noinline)) void wait_done(gma_future_t *f, uint64_t timeout_ns) {
   uint64_t start = now_ns();
   /* The worker usually answers within microseconds: spin briefly (at most
-   * 20 us, or the timeout) before sleeping, to save a thread wake-up. */
+   * 20 us, or the timeout) before sleeping, to save a thread wake-up;
+   * yielding, so a worker on this CPU runs at once (gma__spin_step). */
   for (unsigned i = 1; atomic_load_explicit(&f->done, memory_order_acquire) != FUT_DONE; i++) {
-    gma__cpu_relax();
-    if (i % 64 == 0 && now_ns() - start >= (timeout_ns < 20000 ? timeout_ns : 20000)) break;
+    gma__spin_step(i);
+    if (i % 16 == 0 && now_ns() - start >= (timeout_ns < 20000 ? timeout_ns : 20000)) break;
   }
   /* Then sleep on the future itself: nothing of the allocator's is touched,
    * so gma_destroy may run meanwhile (it cancels the request and wakes us). */

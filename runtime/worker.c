@@ -132,13 +132,15 @@ static void *worker_main(void *arg) {
     unsigned taken = serve(w);
     /* Requests tend to come in runs: after taking some, watch the ring a
      * little (at most 50 us) before sleeping, so the next one needs no
-     * wake-up. Timer ticks and an idle worker never spin. */
-    for (uint64_t t0 = now_ns(); taken && !w->waiting && now_ns() - t0 < 50000;) {
+     * wake-up; yielding, so a waiter on this CPU gets it at once
+     * (gma__spin_step). Timer ticks and an idle worker never spin. */
+    uint64_t t0 = now_ns();
+    for (unsigned i = 1; taken && !w->waiting && now_ns() - t0 < 50000; i++) {
       if (ck_ring_size(&w->ring)) {
         serve(w);
         t0 = now_ns();
       }
-      gma__cpu_relax();
+      gma__spin_step(i);
     }
     if (now_ns() >= next_tick) {
       tick(w);
