@@ -430,7 +430,13 @@ int main(int argc, char **argv) {
 
   if (sh.plant) {
     for (int i = 0; i < nstreams; i++) gma_stream_destroy(sh.g, sh.streams[i]);
-    gma_destroy(sh.g);
+    gma_destroy(sh.g); /* blocks the bug served twice are reported and freed here */
+    for (int i = 0; i < nthreads; i++) free(stages[i].records);
+    free(stages);
+    free(threads);
+    free(sh.streams);
+    free(sh.backlog);
+    free(sh.live);
     if (bad_calls || bad_status || sh.overlaps) {
       printf("stress_async: planted claim bug DETECTED (%" PRIu64 " requests completed more "
              "than once): ok\n", bad_calls);
