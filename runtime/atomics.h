@@ -45,18 +45,22 @@
 #endif
 
 /* One step of a spin-wait for another thread of ours (the worker, or a
- * thread waiting on a future): a pause, and every 4th step a sched_yield.
+ * thread waiting on a future): a pause; once the spin has lasted 1 us
+ * (yielding, computed by the caller), every 4th step is a sched_yield.
  * A pure spin holds the CPU the other thread may need: when the scheduler
  * put both on one CPU (it did in 1 run of 4 on the 2-core VM), each spin ran
- * out its whole budget before the other could run, and the worker's answer
- * took 27 us instead of 2 (issue 15). The yield hands the CPU over at once
- * when the other thread is runnable there, and returns at once otherwise
- * (every 4th step measured best: 0.8-1.1 us on two CPUs, 3-4 us on one;
- * every 16th: 1.3 and 4.9; every step: 1.1 and 4.2). */
-#define gma__spin_step(i)            \
-  do {                               \
-    if ((i) % 4 == 3) sched_yield(); \
-    else gma__cpu_relax();           \
+ * out its whole budget (20 and 50 us) before the other could run, and the
+ * worker's answer took 27 us instead of 0.7 (issue 15). The yield hands the
+ * CPU over at once when the other thread is runnable there, and returns at
+ * once otherwise; but each costs about 0.5 us, so the first microsecond
+ * (about what an answer from another CPU takes) spins without it. Measured
+ * on the 2-core VM, p50 of a forced hop on two CPUs / on one: yielding from
+ * the start 0.8-1.4 / 3-5 us; after 1 us 0.55-0.7 / 5.3 us; after 2 us
+ * 0.55-0.7 / 7.1 us; never 0.7 / 26.7 us. */
+#define gma__spin_step(i, yielding)                 \
+  do {                                              \
+    if ((yielding) && (i) % 4 == 3) sched_yield(); \
+    else gma__cpu_relax();                          \
   } while (0)
 
 #endif /* GMA_ATOMICS_H */

@@ -550,9 +550,13 @@ static __attribute__((noinline)) void wait_done(gma_future_t *f, uint64_t timeou
   /* The worker usually answers within microseconds: spin briefly (at most
    * 20 us, or the timeout) before sleeping, to save a thread wake-up;
    * yielding, so a worker on this CPU runs at once (gma__spin_step). */
+  bool yielding = false;
   for (unsigned i = 1; atomic_load_explicit(&f->done, memory_order_acquire) != FUT_DONE; i++) {
-    gma__spin_step(i);
-    if (i % 16 == 0 && now_ns() - start >= (timeout_ns < 20000 ? timeout_ns : 20000)) break;
+    gma__spin_step(i, yielding);
+    if (i % 16) continue;
+    uint64_t spun = now_ns() - start;
+    if (spun >= (timeout_ns < 20000 ? timeout_ns : 20000)) break;
+    yielding = spun >= 1000;
   }
   /* Then sleep on the future itself: nothing of the allocator's is touched,
    * so gma_destroy may run meanwhile (it cancels the request and wakes us). */

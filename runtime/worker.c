@@ -134,13 +134,14 @@ static void *worker_main(void *arg) {
      * little (at most 50 us) before sleeping, so the next one needs no
      * wake-up; yielding, so a waiter on this CPU gets it at once
      * (gma__spin_step). Timer ticks and an idle worker never spin. */
-    uint64_t t0 = now_ns();
-    for (unsigned i = 1; taken && !w->waiting && now_ns() - t0 < 50000; i++) {
+    uint64_t t0 = now_ns(), spun = 0;
+    for (unsigned i = 1; taken && !w->waiting && (spun = now_ns() - t0) < 50000; i++) {
       if (ck_ring_size(&w->ring)) {
         serve(w);
         t0 = now_ns();
+        spun = 0;
       }
-      gma__spin_step(i);
+      gma__spin_step(i, spun >= 1000);
     }
     if (now_ns() >= next_tick) {
       tick(w);
