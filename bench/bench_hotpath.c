@@ -13,7 +13,7 @@
  *     buffers of mixed sizes spread over the streams, some used on a second
  *     stream (gma_record_stream), all freed; device allocations after the
  *     first iteration (goal 0), iterations per second and peak reserved, with
- *     bins on and off.
+ *     bins on and off (side by side, chunks of 100 iterations interleaved).
  *
  * How pairs are timed: on x86 the time-stamp counter is read (lfence; rdtsc
  * before, rdtscp; lfence after) and converted to ns with a rate calibrated
@@ -394,36 +394,45 @@ static void training_iteration(gma_t *g, gma_stream_t *streams, const tl_buf_t *
     if (p[i]) OK(gma_free(g, p[i]));
 }
 
-static void run_training(const options_t *o, const char *conf, training_t *r) {
-  gma_t *g = make_allocator(conf);
-  gma_stream_t streams[TL_STREAMS];
-  for (int i = 0; i < TL_STREAMS; i++) OK(gma_stream_create(g, &streams[i]));
+/* Both configurations side by side, 100-iteration chunks interleaved (as in
+ * run_latency), so that drift in the machine hits both alike: on the 2-core
+ * VM whole minutes run at half speed, and timed one after the other the two
+ * sides could land in different speeds. */
+static void run_training(const options_t *o, const char *const conf[2], training_t r[2]) {
+  gma_t *g[2];
+  gma_stream_t streams[2][TL_STREAMS];
   tl_buf_t plan[TL_BUFS];
   training_plan(o->seed, plan);
   gma_stats_t s = {.size = sizeof s};
-
-  training_iteration(g, streams, plan);
-  OK(gma_stats(g, &s));
-  r->device_allocs_first = s.num_device_allocs;
+  for (int k = 0; k < 2; k++) {
+    g[k] = make_allocator(conf[k]);
+    for (int i = 0; i < TL_STREAMS; i++) OK(gma_stream_create(g[k], &streams[k][i]));
+    training_iteration(g[k], streams[k], plan);
+    OK(gma_stats(g[k], &s));
+    r[k].device_allocs_first = s.num_device_allocs;
+  }
   enum { CHUNK = 100 };
   int nchunks = o->iterations / CHUNK > 0 ? o->iterations / CHUNK : 1;
-  double *rate = calloc((size_t)nchunks, sizeof *rate);
-  if (!rate) die("out of host memory", GMA_ERR_OOM);
-  for (int c = 0; c < nchunks; c++) {
-    uint64_t t0 = now_ns();
-    for (int i = 0; i < CHUNK; i++) training_iteration(g, streams, plan);
-    rate[c] = CHUNK / ((double)(now_ns() - t0) / 1e9);
+  double *rate[2] = {calloc((size_t)nchunks, sizeof(double)), calloc((size_t)nchunks, sizeof(double))};
+  if (!rate[0] || !rate[1]) die("out of host memory", GMA_ERR_OOM);
+  for (int c = 0; c < nchunks; c++)
+    for (int k = 0; k < 2; k++) {
+      uint64_t t0 = now_ns();
+      for (int i = 0; i < CHUNK; i++) training_iteration(g[k], streams[k], plan);
+      rate[k][c] = CHUNK / ((double)(now_ns() - t0) / 1e9);
+    }
+  for (int k = 0; k < 2; k++) {
+    r[k].iterations = 1 + nchunks * CHUNK;
+    r[k].iters_per_s = median_d(rate[k], nchunks);
+    free(rate[k]);
+    OK(gma_stats(g[k], &s));
+    r[k].device_allocs_after = s.num_device_allocs - r[k].device_allocs_first;
+    r[k].reserved_peak = s.reserved.peak;
+    r[k].hits_bin = s.hits_bin;
+    r[k].num_allocs = s.num_allocs;
+    for (int i = 0; i < TL_STREAMS; i++) OK(gma_stream_destroy(g[k], streams[k][i]));
+    OK(gma_destroy(g[k]));
   }
-  r->iterations = 1 + nchunks * CHUNK;
-  r->iters_per_s = median_d(rate, nchunks);
-  free(rate);
-  OK(gma_stats(g, &s));
-  r->device_allocs_after = s.num_device_allocs - r->device_allocs_first;
-  r->reserved_peak = s.reserved.peak;
-  r->hits_bin = s.hits_bin;
-  r->num_allocs = s.num_allocs;
-  for (int i = 0; i < TL_STREAMS; i++) OK(gma_stream_destroy(g, streams[i]));
-  OK(gma_destroy(g));
 }
 
 /* ---- 5: trace recording ------------------------------------------------------------------- */
@@ -601,8 +610,8 @@ int main(int argc, char **argv) {
 
   /* 4: training loop. */
   training_t tr[2] = {{.name = "gma, bins"}, {.name = "gma, bins:off"}};
-  run_training(&o, NULL, &tr[0]);
-  run_training(&o, "bins:off", &tr[1]);
+  const char *const tr_conf[2] = {NULL, "bins:off"};
+  run_training(&o, tr_conf, tr);
 
   printf("\n1-2. one 4 KiB alloc+free pair, same stream, cache hit, one thread\n");
   printf("%-28s %10s %10s %12s %14s\n", "", "median ns", "p99 ns", "batch ns", "median/malloc");
@@ -632,7 +641,7 @@ int main(int argc, char **argv) {
            (double)tr[i].reserved_peak / MiB,
            tr[i].num_allocs ? 100.0 * (double)tr[i].hits_bin / (double)tr[i].num_allocs : 0);
   printf("   bins / bins:off iterations per second: %.2fx (goal: 0 device allocs after the first "
-         "iteration; %d iterations, median of 100-iteration chunks)\n",
+         "iteration; %d iterations, median of 100-iteration chunks, the two interleaved)\n",
          tr[0].iters_per_s / tr[1].iters_per_s, tr[0].iterations);
 
   printf("\n5. trace recording: one 4 KiB alloc+free pair (2 events), trace off and on\n");

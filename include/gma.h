@@ -299,7 +299,7 @@ GMA_API gma_status_t gma_reserve(gma_t *g, gma_stream_t stream, size_t n, const 
                                  const size_t *counts);
 /* ---------------------------------------------------------------------------
  * Async allocation. A future is the answer to one request; the worker thread
- * serves requests a stream's bin cannot serve at once.
+ * serves requests that cannot be served at once on the calling thread.
  * ------------------------------------------------------------------------- */
 typedef struct gma_future gma_future_t;
 
@@ -316,6 +316,8 @@ typedef struct gma_async_options {
   int nonblocking;                /* ring full: fail with GMA_ERR_BUSY instead of waiting */
   gma_future_callback_t callback; /* optional */
   void *user;                     /* passed to the callback */
+  int worker_only;                /* never serve on the calling thread: always hand the
+                                     request to the worker (see gma_alloc_async) */
 } gma_async_options_t;
 
 #if defined(__cplusplus) && __cplusplus < 202002L
@@ -324,8 +326,14 @@ typedef struct gma_async_options {
 #define GMA_ASYNC_OPTIONS_INIT {.size = sizeof(gma_async_options_t)}
 #endif
 
-/* Returns a future at once (options may be NULL). If the stream's bin can
- * serve the request, the future is already complete: no worker hop.
+/* Returns a future at once (options may be NULL). The future is already
+ * complete, with no worker hop, when the stream's bin can serve the request,
+ * or when the pool can serve it from memory it already holds without waiting:
+ * the pool's lock is free (it is tried, never waited for), no device
+ * allocation is needed, and no earlier request is waiting for memory (those
+ * are served first, in order). The memory follows the same reuse rules as
+ * gma_alloc's; the callback then runs on the calling thread.
+ * options->worker_only sends every request to the worker instead.
  * Otherwise the request goes to the worker through a bounded ring; when the
  * ring is full the call waits for room, or fails with GMA_ERR_BUSY when
  * options->nonblocking is set. When memory is short the worker waits for
@@ -367,6 +375,24 @@ GMA_API gma_status_t gma_future_wait(gma_future_t *f, uint64_t timeout_ns, void 
  * memory it got that no gma_future_wait collected is freed. Allowed during
  * and after gma_destroy (the future is then only freed). */
 GMA_API gma_status_t gma_future_release(gma_future_t *f);
+/* Waits, collects and releases in one call: gma_future_wait(f, timeout_ns,
+ * ptr) and then, unless it returned GMA_PENDING, gma_future_release(f).
+ *  - GMA_OK: *ptr is the allocation (a batch's first block; the batch's ptrs
+ *    are filled) and belongs to the caller; f is released.
+ *  - GMA_PENDING: timeout_ns ran out first (0 never waits). f is NOT
+ *    released and the request goes on: call gma_future_take again, or
+ *    gma_future_wait, or gma_future_release to cancel it.
+ *  - any other status (the request's error, GMA_ERR_CANCELLED,
+ *    GMA_ERR_ALREADY_COLLECTED when another wait collected the memory): *ptr
+ *    is NULL and f is released.
+ *  - GMA_ERR_INVALID_ARGUMENT when f is NULL, or ptr is NULL on a
+ *    single-block future (only a batch's future, whose pointers go to its
+ *    ptrs, may pass NULL): nothing waited for and f is NOT released.
+ * So after any status but GMA_PENDING and GMA_ERR_INVALID_ARGUMENT the
+ * future is gone: do not release it again. On a future that is already
+ * complete it reads no clock and makes no system call. Any thread that owns
+ * f (the same rules as gma_future_release). */
+GMA_API gma_status_t gma_future_take(gma_future_t *f, uint64_t timeout_ns, void **ptr);
 
 /* Memory pressure: reserved memory against memory_limit, or the device's
  * used memory against its total, whichever is higher; reported to the

@@ -17,6 +17,7 @@
  * first claims it (release, or the worker completing a released future)
  * frees it: claim is a CAS, so exactly one does. */
 #include <inttypes.h>
+#include <stddef.h>
 #include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
@@ -53,7 +54,17 @@ struct gma_future {
   _Atomic int claim;          /* 0: memory unclaimed; 1: freed by someone */
   struct gma_future *wnext;   /* worker's waiting list (worker thread only) */
   uint64_t trace_id;          /* its Id in the trace; 0: not traced */
+  bool worker_only;           /* options->worker_only: no serving but the worker's */
+  _Atomic int owner;          /* OWN_*: who serves a request handed to the worker */
 };
+
+/* f->owner, for a request in the worker's ring: a thread that waits on it
+ * before the worker took it serves it itself (help()), since it would block
+ * anyway, rather than wait for the worker to be scheduled. Exactly one of
+ * them wins the compare-and-swap from OWN_QUEUED. A helper that finds no
+ * memory puts it back (OWN_QUEUED): the worker then serves it as always. */
+enum { OWN_QUEUED = 0, OWN_WORKER = 1, OWN_HELPER = 2 /* a waiter is serving it */,
+       OWN_HELPED = 3 /* a waiter served it */ };
 
 /* f->done: waiters sleep on the future itself (a futex), not on anything of
  * the allocator's, so a thread may sit in gma_future_wait while another
@@ -127,41 +138,78 @@ static bool forked(const gma_future_t *f) {
 
 /* ---- Future objects: one spare per thread ------------------------------------------
  * Single-block futures are all the same size; each thread keeps the last one
- * it gave back, freed by a key destructor when the thread exits. */
+ * it gave back, with its reference to the anchor it had: the next future of
+ * the same allocator takes both over, so a future ready at once costs no
+ * malloc and no shared atomic for the anchor. A key destructor frees the
+ * spare and drops its reference when the thread exits (the key's value is
+ * only a flag: the spare itself is in thread-local storage, which outlives
+ * the key destructors). */
 
 static pthread_key_t spare_key;
 static pthread_once_t spare_once = PTHREAD_ONCE_INIT;
+static bool spare_key_ok; /* pthread_key_create worked; never arm a key we do not own */
 static __thread gma_future_t *spare;
+static __thread bool spare_armed;
 
-static void spare_key_make(void) { pthread_key_create(&spare_key, free); }
+static void spare_exit(void *unused) {
+  (void)unused;
+  spare_armed = false; /* a spare kept by a later destructor arms the key again */
+  gma_future_t *f = spare;
+  spare = NULL;
+  if (!f) return;
+  if (f->anchor) anchor_unref(f->anchor);
+  free(f);
+}
 
-static gma_future_t *future_new(size_t extra) {
+static void spare_key_make(void) { spare_key_ok = pthread_key_create(&spare_key, spare_exit) == 0; }
+
+/* A zeroed future holding one reference to anchor a. */
+static gma_future_t *future_new(size_t extra, gma__anchor_t *a) {
   gma_future_t *f;
   if (!extra && spare) {
     f = spare;
     spare = NULL;
-    pthread_setspecific(spare_key, NULL);
+    gma__anchor_t *had = f->anchor;
     memset(f, 0, sizeof *f);
-    return f;
+    if (had == a) { /* the same allocator's: its reference carries over */
+      f->anchor = a;
+      return f;
+    }
+    if (had) anchor_unref(had);
+  } else if (!(f = calloc(1, sizeof *f + extra))) {
+    return NULL;
   }
-  return calloc(1, sizeof *f + extra);
+  f->anchor = a;
+  atomic_fetch_add_explicit(&a->refs, 1, memory_order_relaxed);
+  return f;
 }
 
 static void future_delete(gma_future_t *f) {
   free(f->sizes);
   free(f->msg);
-  if (f->anchor) anchor_unref(f->anchor);
-  if (!f->user_ptrs && !spare) { /* a single-block future: keep it */
-    pthread_once(&spare_once, spare_key_make);
+  if (!f->user_ptrs && !spare) { /* a single-block future: keep it, and its anchor */
+    if (!spare_armed) {
+      pthread_once(&spare_once, spare_key_make);
+      if (!spare_key_ok || pthread_setspecific(spare_key, (void *)1) != 0) goto drop;
+      spare_armed = true;
+    }
+    f->sizes = NULL;
+    f->msg = NULL;
     spare = f;
-    pthread_setspecific(spare_key, f);
     return;
   }
+drop:
+  if (f->anchor) anchor_unref(f->anchor);
   free(f);
 }
 
+/* Drops a reference. Ours is the last when the count is 1: nobody can take a
+ * new one (only submit does), and the worker drops its own with a release
+ * (seq_cst) decrement, which this acquire load pairs with. */
 static void unref(gma_future_t *f) {
-  if (atomic_fetch_sub(&f->refs, 1) == 1) future_delete(f);
+  if (atomic_load_explicit(&f->refs, memory_order_acquire) == 1 ||
+      atomic_fetch_sub(&f->refs, 1) == 1)
+    future_delete(f);
 }
 
 /* Frees the memory of a completed-OK future that nobody collected, once. */
@@ -193,7 +241,10 @@ static void trace_complete(gma_future_t *f, gma_status_t st) {
  * the memory if the caller already let the future go. */
 static void complete(gma__worker_t *w, gma_future_t *f, gma_status_t st) {
   if (st != GMA_OK) f->msg = strdup(gma_last_error()); /* NULL without memory: no detail */
-  if (st == GMA_OK) atomic_fetch_add_explicit(&w->ready, 1, memory_order_relaxed);
+  /* Complete at once: counted in ready_at_once alone (gma_stats adds it to
+   * submitted and ready), one shared atomic instead of three. */
+  if (!f->served_by_worker) atomic_fetch_add_explicit(&w->ready_at_once, 1, memory_order_relaxed);
+  else if (st == GMA_OK) atomic_fetch_add_explicit(&w->ready, 1, memory_order_relaxed);
   else if (st == GMA_ERR_TIMEOUT) atomic_fetch_add_explicit(&w->timed_out, 1, memory_order_relaxed);
   else atomic_fetch_add_explicit(&w->failed, 1, memory_order_relaxed);
   if (f->served_by_worker) { /* before the state: a waiter then sees it off the queue */
@@ -206,7 +257,10 @@ static void complete(gma__worker_t *w, gma_future_t *f, gma_status_t st) {
   if (st == GMA_OK)
     for (size_t i = 0; i < f->n; i++) gma__pool_hold(&f->g->pool, f->ptrs[i], true);
   if (f->trace_id) trace_complete(f, st);
-  atomic_store(&f->state, (int)st); /* seq_cst: pairs with release()'s flag (Dekker) */
+  /* seq_cst: pairs with release()'s flag (Dekker). A future complete at once
+   * is not handed out yet: nobody else can read it. */
+  if (f->served_by_worker) atomic_store(&f->state, (int)st);
+  else atomic_store_explicit(&f->state, (int)st, memory_order_relaxed);
   if (f->cb) f->cb(f, st, f->user);
   /* Waiters return only now, so the callback has run when wait returns. A
    * future complete at once was never handed out: nobody can be waiting. */
@@ -226,7 +280,59 @@ static void complete(gma__worker_t *w, gma_future_t *f, gma_status_t st) {
  * going); a hint for poll, exact for a caller that holds no enter. */
 static bool destroyed(gma_future_t *f) { return !atomic_load(&f->anchor->g); }
 
+/* Worker thread, before it serves or cancels f: makes f the worker's (at
+ * its first try, not when it leaves the ring, so that a waiter can still
+ * serve it meanwhile); false when a thread waiting on it served it first:
+ * the ring's reference is then dropped, and f must be forgotten. */
+static bool claim(gma_future_t *f) {
+  int o = atomic_load_explicit(&f->owner, memory_order_acquire);
+  if (o == OWN_WORKER) return true; /* a later try of a request that waits for memory */
+  for (o = OWN_QUEUED; !atomic_compare_exchange_weak(&f->owner, &o, OWN_WORKER); o = OWN_QUEUED) {
+    if (o == OWN_HELPED) { /* pairs with help()'s release store */
+      unref(f);
+      return false;
+    }
+    if (o == OWN_HELPER) sched_yield(); /* one allocation attempt: short */
+  }
+  return true;
+}
+
+/* A thread about to block on f serves it itself when the worker has not
+ * taken it yet (owner OWN_QUEUED) and no request waits for memory (those go
+ * first, in order): the same pool call the worker would make, growth
+ * included, but no waiting for memory (a shortage goes back to the worker's
+ * back-pressure). True when f completed here. */
+static bool help(gma_future_t *f) {
+  if (!f->served_by_worker || f->worker_only ||
+      atomic_load_explicit(&f->owner, memory_order_relaxed) != OWN_QUEUED)
+    return false;
+  gma_t *g = gma__anchor_enter(f->anchor); /* pending, so g lives; destroy may be starting */
+  if (!g) return false;
+  gma__worker_t *w = &g->worker;
+  int o = OWN_QUEUED;
+  bool done = false, planted = g->pool.test_flags & GMA__TEST_NO_SERVE_CLAIM;
+  if (!atomic_load_explicit(&w->memory_wanted, memory_order_relaxed) &&
+      (planted || atomic_compare_exchange_strong(&f->owner, &o, OWN_HELPER))) {
+    uint64_t id;
+    gma_status_t st = g->dev->ops->stream_id(g->dev, f->stream, &id);
+    if (st == GMA_OK)
+      st = f->n == 1 && !f->sizes
+               ? gma__pool_alloc_slow(&g->pool, f->size, f->stream, id, GMA__ALLOC_ATTEMPT, &f->ptr)
+               : gma__pool_alloc_batch(&g->pool, f->n, f->sizes, f->stream, id,
+                                       GMA__ALLOC_ATTEMPT, f->ptrs);
+    done = st == GMA_OK;
+    if (done) complete(w, f, GMA_OK);
+    /* Release: the worker's claim (acquire) sees the completion, or the
+     * untouched request. */
+    if (!planted)
+      atomic_store_explicit(&f->owner, done ? OWN_HELPED : OWN_QUEUED, memory_order_release);
+  }
+  gma__anchor_exit(f->anchor);
+  return done;
+}
+
 bool gma__future_serve(gma__worker_t *w, gma_future_t *f, uint64_t now) {
+  if (!claim(f)) return true;
   if (atomic_load(&f->released)) {
     gma__set_error(GMA_ERR_CANCELLED, "the future was released before it was served");
     complete(w, f, GMA_ERR_CANCELLED);
@@ -258,6 +364,7 @@ bool gma__future_serve(gma__worker_t *w, gma_future_t *f, uint64_t now) {
 }
 
 void gma__future_cancel(gma__worker_t *w, gma_future_t *f) {
+  if (!claim(f)) return;
   gma__set_error(GMA_ERR_CANCELLED, "the allocator was destroyed before the request was served");
   complete(w, f, GMA_ERR_CANCELLED);
   unref(f);
@@ -265,24 +372,31 @@ void gma__future_cancel(gma__worker_t *w, gma_future_t *f) {
 
 /* ---- Entry points --------------------------------------------------------------*/
 
+/* options->worker_only, when the caller's struct is recent enough to have it. */
+static bool worker_only(const gma_async_options_t *o) {
+  return o && o->size >= offsetof(gma_async_options_t, worker_only) + sizeof o->worker_only &&
+         o->worker_only;
+}
+
+/* Whether the pool has a live record of the stream with this device id: an
+ * inline try never creates (or orphans) one, so a request the ring then
+ * refuses (GMA_ERR_BUSY) changes nothing. A stream's first request goes to
+ * the worker. Lock-free. */
+static bool known(gma_t *g, gma_stream_t stream, uint64_t id) {
+  gma__stream_t *s = gma__stream_find(&g->pool, stream);
+  return s && s->id == id;
+}
+
 static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t *o,
                            gma_future_t **out) {
   gma__worker_t *w = &g->worker;
   f->g = g;
-  f->anchor = w->anchor;
-  atomic_fetch_add_explicit(&w->anchor->refs, 1, memory_order_relaxed);
   f->state = GMA_PENDING;
   f->refs = 1;
   if (o) {
     f->cb = o->callback;
     f->user = o->user;
   }
-  f->submit_ns = now_ns();
-  /* Saturating: a timeout past the end of the clock (UINT64_MAX, as for
-   * gma_future_wait) means no limit; the sum used to wrap into the past
-   * and time the request out at once (issue 13). */
-  uint64_t timeout = o && o->timeout_ns ? o->timeout_ns : w->timeout_ns;
-  f->deadline_ns = timeout > UINT64_MAX - f->submit_ns ? UINT64_MAX : f->submit_ns + timeout;
   f->trace_id = 0;
   gma__trace_t *t = gma__trace_on(&g->pool.trace);
   if (t) {
@@ -292,19 +406,45 @@ static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t 
     gma__trace_emit(t, gma__trace_now(), GMA__TR_ASYNC_SUBMIT, 0, total, (uintptr_t)f->stream, 0,
                     f->trace_id, f->sizes ? f->n : 0, 0);
   }
-  atomic_fetch_add_explicit(&w->submitted, 1, memory_order_relaxed);
   uint64_t id;
   gma_status_t st = g->dev->ops->stream_id(g->dev, f->stream, &id); /* a clear error now */
-  /* A bin hit needs no worker: the future is complete at once. */
-  if (st == GMA_OK && !f->sizes && f->size <= g->pool.bin_max &&
+  /* A bin hit needs no worker: the future is complete at once (and needs no
+   * clock: the submit time and deadline are the worker's). */
+  if (st == GMA_OK && !worker_only(o) && !f->sizes && f->size <= g->pool.bin_max &&
       gma__bin_alloc(&g->pool, f->size, f->stream, id, &f->ptr) == GMA_OK) {
-    atomic_fetch_add_explicit(&w->ready_at_once, 1, memory_order_relaxed);
     complete(w, f, GMA_OK);
     *out = f;
     return GMA_OK;
   }
+  /* Not a bin hit: the pool may still serve it here and now, if it can
+   * without waiting (GMA__ALLOC_INLINE: the lock only if free, memory it
+   * already holds, no device call that allocates). Requests waiting for
+   * memory are served first, in order, by the worker (memory_wanted), so
+   * none is overtaken by a later one while it waits. Any failure, even a
+   * real error, goes to the worker, which reports it as it always did. */
+  if (st == GMA_OK && !worker_only(o) &&
+      !atomic_load_explicit(&w->memory_wanted, memory_order_relaxed) && known(g, f->stream, id)) {
+    gma_status_t ist =
+        f->n == 1 && !f->sizes
+            ? gma__pool_alloc_slow(&g->pool, f->size, f->stream, id, GMA__ALLOC_INLINE, &f->ptr)
+            : gma__pool_alloc_batch(&g->pool, f->n, f->sizes, f->stream, id, GMA__ALLOC_INLINE,
+                                    f->ptrs);
+    if (ist == GMA_OK) {
+      complete(w, f, GMA_OK);
+      *out = f;
+      return GMA_OK;
+    }
+  }
+  f->submit_ns = now_ns();
+  /* Saturating: a timeout past the end of the clock (UINT64_MAX, as for
+   * gma_future_wait) means no limit; the sum used to wrap into the past
+   * and time the request out at once (issue 13). */
+  uint64_t timeout = o && o->timeout_ns ? o->timeout_ns : w->timeout_ns;
+  f->deadline_ns = timeout > UINT64_MAX - f->submit_ns ? UINT64_MAX : f->submit_ns + timeout;
+  atomic_fetch_add_explicit(&w->submitted, 1, memory_order_relaxed);
   if (st == GMA_OK) {
     f->served_by_worker = true;
+    f->worker_only = worker_only(o);
     atomic_store(&f->refs, 2);
     gma__tsan_release(f); /* pairs with the worker's acquire after the dequeue */
     st = gma__worker_submit(w, f, o && o->nonblocking);
@@ -346,7 +486,7 @@ gma_status_t gma_alloc_async(gma_t *g, size_t size, gma_stream_t stream,
                           "gma_alloc_async: size %zu is 0 or more than this allocator can "
                           "ever hold (%llu bytes)",
                           size, (unsigned long long)g->cfg.memory_limit);
-  gma_future_t *f = future_new(0);
+  gma_future_t *f = future_new(0, g->worker.anchor);
   if (!f) return gma__set_error(GMA_ERR_OOM, "gma_alloc_async: host memory for a future");
   f->n = 1;
   f->size = size;
@@ -371,10 +511,10 @@ gma_status_t gma_alloc_batch_async(gma_t *g, size_t n, const size_t *sizes, gma_
                             "more than this allocator can ever hold (memory_limit %" PRIu64
                             " bytes)",
                             i, limit);
-  gma_future_t *f = future_new(n * sizeof(void *));
+  gma_future_t *f = future_new(n * sizeof(void *), g->worker.anchor);
   size_t *copy = malloc(n * sizeof *copy);
   if (!f || !copy) {
-    free(f);
+    if (f) future_delete(f);
     free(copy);
     return gma__set_error(GMA_ERR_OOM, "gma_alloc_batch_async: host memory for a future");
   }
@@ -403,22 +543,25 @@ gma_status_t gma_future_poll(gma_future_t *f) {
 
 gma_status_t gma_future_status(gma_future_t *f) { return gma_future_poll(f); }
 
-gma_status_t gma_future_wait(gma_future_t *f, uint64_t timeout_ns, void **ptr) {
-  if (ptr) *ptr = NULL; /* unless GMA_OK */
-  if (!f) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_future_wait: future is NULL");
-  if (forked(f)) return gma__fork_future_error("gma_future_wait"); /* nothing would wake us */
-  uint64_t start = timeout_ns ? now_ns() : 0;
+/* Waits for f->done until timeout_ns (not 0) runs out: the slow part of a
+ * wait, out of line, so that a wait on a complete future reads no clock. */
+static __attribute__((noinline)) void wait_done(gma_future_t *f, uint64_t timeout_ns) {
+  uint64_t start = now_ns();
   /* The worker usually answers within microseconds: spin briefly (at most
-   * 20 us, or the timeout) before sleeping, to save a thread wake-up. */
-  for (unsigned i = 1;
-       timeout_ns && atomic_load_explicit(&f->done, memory_order_acquire) != FUT_DONE; i++) {
-    gma__cpu_relax();
-    if (i % 64 == 0 && now_ns() - start >= (timeout_ns < 20000 ? timeout_ns : 20000)) break;
+   * 20 us, or the timeout) before sleeping, to save a thread wake-up;
+   * yielding, so a worker on this CPU runs at once (gma__spin_step). */
+  bool yielding = false;
+  for (unsigned i = 1; atomic_load_explicit(&f->done, memory_order_acquire) != FUT_DONE; i++) {
+    gma__spin_step(i, yielding);
+    if (i % 16) continue;
+    uint64_t spun = now_ns() - start;
+    if (spun >= (timeout_ns < 20000 ? timeout_ns : 20000)) break;
+    yielding = spun >= 1000;
   }
   /* Then sleep on the future itself: nothing of the allocator's is touched,
    * so gma_destroy may run meanwhile (it cancels the request and wakes us). */
   uint64_t due = timeout_ns > UINT64_MAX - start ? UINT64_MAX : start + timeout_ns; /* saturating */
-  while (timeout_ns) {
+  for (;;) {
     uint32_t d = FUT_RUNNING;
     if (!atomic_compare_exchange_strong(&f->done, &d, FUT_SLEEPER) && d == FUT_DONE) break;
     if (due == UINT64_MAX) {
@@ -430,6 +573,16 @@ gma_status_t gma_future_wait(gma_future_t *f, uint64_t timeout_ns, void **ptr) {
     struct timespec rel = {(time_t)((due - now) / 1000000000u), (long)((due - now) % 1000000000u)};
     futex_sleep(&f->done, &rel);
   }
+}
+
+/* gma_future_wait and gma_future_take (fn names the caller in messages). */
+static gma_status_t wait_collect(gma_future_t *f, uint64_t timeout_ns, void **ptr, const char *fn) {
+  /* A wait that may block 1 ms or more serves a request the worker has not
+   * begun (help): the worker may not get a CPU for that long when the
+   * machine's threads are busy. A shorter wait only waits. */
+  if (timeout_ns && atomic_load_explicit(&f->done, memory_order_acquire) != FUT_DONE &&
+      !(timeout_ns >= 1000000u && help(f)))
+    wait_done(f, timeout_ns);
   int st = atomic_load_explicit(&f->done, memory_order_acquire) == FUT_DONE
                ? atomic_load_explicit(&f->state, memory_order_acquire)
                : GMA_PENDING;
@@ -437,15 +590,16 @@ gma_status_t gma_future_wait(gma_future_t *f, uint64_t timeout_ns, void **ptr) {
     /* The memory exists only as long as the allocator: inside the anchor,
      * gma_destroy waits for us before its leak report and teardown. */
     gma_t *g = gma__anchor_enter(f->anchor);
-    if (!g) return gone("gma_future_wait");
+    if (!g) return gone(fn);
     /* One wait collects; the exchange decides which (issue 13: several
      * waiters each got GMA_OK and the same pointer, and each "owned" it). */
     bool collect = ptr || f->user_ptrs;
     if (collect && atomic_exchange(&f->collected, true)) {
       gma__anchor_exit(f->anchor);
       return gma__set_error(GMA_ERR_ALREADY_COLLECTED,
-                            "gma_future_wait: an earlier wait already collected this future's "
-                            "memory; only that wait got the pointer");
+                            "%s: an earlier wait already collected this future's memory; only "
+                            "that wait got the pointer",
+                            fn);
     }
     for (size_t i = 0; collect && i < f->n; i++) /* the caller's now: a leak if never freed */
       gma__pool_hold(&g->pool, f->ptrs[i], false);
@@ -459,13 +613,23 @@ gma_status_t gma_future_wait(gma_future_t *f, uint64_t timeout_ns, void **ptr) {
   return (gma_status_t)st;
 }
 
+gma_status_t gma_future_wait(gma_future_t *f, uint64_t timeout_ns, void **ptr) {
+  if (ptr) *ptr = NULL; /* unless GMA_OK */
+  if (!f) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_future_wait: future is NULL");
+  if (forked(f)) return gma__fork_future_error("gma_future_wait"); /* nothing would wake us */
+  return wait_collect(f, timeout_ns, ptr, "gma_future_wait");
+}
+
 gma_status_t gma_future_release(gma_future_t *f) {
   if (!f) return GMA_OK;
   if (forked(f)) { /* the worker's reference died with the parent's threads */
     future_delete(f);
     return GMA_OK;
   }
-  atomic_store(&f->released, true); /* seq_cst: pairs with complete()'s state store */
+  /* Ours is the only reference (ready at once, or the worker is done with
+   * it: see unref): nobody reads released any more, so no flag is needed. */
+  bool alone = atomic_load_explicit(&f->refs, memory_order_acquire) == 1;
+  if (!alone) atomic_store(&f->released, true); /* seq_cst: pairs with complete()'s state store */
   if (atomic_load(&f->state) == GMA_OK && !atomic_load(&f->collected)) {
     gma_t *g = gma__anchor_enter(f->anchor); /* NULL: gma_destroy freed the memory */
     if (g) {
@@ -475,4 +639,18 @@ gma_status_t gma_future_release(gma_future_t *f) {
   }
   unref(f);
   return GMA_OK;
+}
+
+gma_status_t gma_future_take(gma_future_t *f, uint64_t timeout_ns, void **ptr) {
+  if (ptr) *ptr = NULL; /* unless GMA_OK */
+  if (!f) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_future_take: future is NULL");
+  if (!ptr && !f->user_ptrs)
+    return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
+                          "gma_future_take: ptr is NULL; take hands the memory to the caller "
+                          "(only a batch's future, whose pointers go to its ptrs, may pass NULL); "
+                          "the future was not released");
+  gma_status_t st = forked(f) ? gma__fork_future_error("gma_future_take")
+                              : wait_collect(f, timeout_ns, ptr, "gma_future_take");
+  if (st != GMA_PENDING) gma_future_release(f); /* sets no error: the wait's stays */
+  return st;
 }

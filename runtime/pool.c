@@ -664,8 +664,10 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t
   uint64_t size = requested <= p->bin_max ? gma__class_size(gma__class_of(requested))
                                           : round_up(requested, GMA__ROUND);
   int kind = size <= p->small_size ? GMA__SMALL : GMA__LARGE;
+  bool inline_try = flags & GMA__ALLOC_INLINE;
   gma_status_t st;
-  pthread_mutex_lock(&p->lock);
+  if (!inline_try) pthread_mutex_lock(&p->lock);
+  else if (pthread_mutex_trylock(&p->lock) != 0) return GMA_ERR_BUSY; /* the worker serves it */
   gma__stream_t *s = gma__stream_resolve(p, stream, stream_id);
   gma__block_t *b = NULL;
   uint64_t *level = NULL;
@@ -673,10 +675,10 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t
   if (!s) {
     st = gma__set_error(GMA_ERR_OOM, "host memory for a stream record");
   } else {
-    st = find_or_grow(p, s, kind, size, &b, &level, true);
+    st = find_or_grow(p, s, kind, size, &b, &level, !inline_try);
     while (st == GMA_ERR_OOM && (flags & GMA__ALLOC_WAIT) && oom_wait(p, &w))
       st = find_or_grow(p, s, kind, size, &b, &level, true);
-    if (st == GMA_ERR_OOM)
+    if (st == GMA_ERR_OOM && !inline_try)
       st = oom_error(p, size, requested, stream, !(flags & GMA__ALLOC_ATTEMPT), oom_waited_ns(&w));
   }
   if (st == GMA_OK) {
@@ -738,7 +740,14 @@ gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes
     free(levels);
     return gma__set_error(GMA_ERR_OOM, "host memory for a batch of %zu", n);
   }
-  pthread_mutex_lock(&p->lock);
+  bool inline_try = flags & GMA__ALLOC_INLINE;
+  if (!inline_try) {
+    pthread_mutex_lock(&p->lock);
+  } else if (pthread_mutex_trylock(&p->lock) != 0) { /* the worker serves it */
+    free(taken);
+    free(levels);
+    return GMA_ERR_BUSY;
+  }
   gma__stream_t *s = gma__stream_resolve(p, stream, stream_id);
   gma__block_t *b = NULL;
   uint64_t *level = NULL;
@@ -757,7 +766,7 @@ gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes
   oom_waiting_t w = {0, 0};
   bool host_short = false;
 again:
-  for (int plan = 0; plan < 4 && got < n; plan++) {
+  for (int plan = 0; plan < (inline_try ? 2 : 4) && got < n; plan++) { /* inline: held memory */
     bool grow_ok = plan >= 2;
     if (plan % 2 == 0) {
       st = find_or_grow(p, s, kind, total, &b, &level, grow_ok);
@@ -810,7 +819,7 @@ again:
       goto again; /* device work finished and freed memory: every plan again */
     }
     if (host_short) st = gma__set_error(GMA_ERR_OOM, "gma_alloc_batch: no host memory for block records");
-    else if (st == GMA_ERR_OOM)
+    else if (st == GMA_ERR_OOM && !inline_try) /* inline: no message, the worker goes on */
       st = oom_error(p, total, (size_t)total, stream, !(flags & GMA__ALLOC_ATTEMPT),
                      oom_waited_ns(&w));
     goto out;
@@ -955,8 +964,19 @@ void gma__pool_hold(gma__pool_t *p, void *ptr, bool held) {
   if (b && b->addr == (uintptr_t)ptr) gma__store_relaxed(&b->future_held, held);
 }
 
-/* PENDING -> FREE (or, under reuse:none, back to the owner's cache) for every
- * block whose owner epoch and gates have passed. */
+/* PENDING -> back to the owner's cache for every block whose owner epoch and
+ * gates have passed (FREE if the owner is retired). The block is safe for
+ * every stream now: a poll's release moves it to the free pool with the
+ * owner's other completed blocks (under reuse:none it stays the owner's).
+ * Why not FREE at once: the slow path settles pending blocks before it
+ * searches (find_or_grow), so that a training loop's next iteration finds
+ * the same places; settled into the free pool, the place went to whichever
+ * request searched first. With bins on, that was another stream's request
+ * whose bin a poll had just drained: the owner then missed its place,
+ * polled, drained every bin again, and the loop did that once per iteration
+ * for good (bench_hotpath, section 4: 6.7% bin hits, 0.74-0.83x the
+ * iterations per second of bins:off). In its owner's cache the owner finds
+ * it first, and any stream still gets it from the next poll. */
 void gma__pending_poll(gma__pool_t *p) {
   gma__block_t *b = p->pending_head;
   while (b) {
@@ -967,10 +987,10 @@ void gma__pending_poll(gma__pool_t *p) {
     if (ready || (p->test_flags & GMA__TEST_NO_EPOCH_GATING)) {
       pending_unlink(p, b);
       gma__store_relaxed(&b->ngates, 0);
-      if (p->reuse == GMA_REUSE_NONE && !gma__load_relaxed(&b->stream->retired))
-        gma__cache_block(p, b); /* safe everywhere now, but kept for its own stream */
+      if (ready && !gma__load_relaxed(&b->stream->retired))
+        gma__cache_block(p, b); /* its owner's again; polls release it to every stream */
       else
-        gma__block_make_free(p, b);
+        gma__block_make_free(p, b); /* (a planted bug frees it unready, as before) */
     }
     b = next;
   }

@@ -202,7 +202,9 @@ typedef struct gma__counters {
 /* Test-only switches that plant bugs, so tests can show their detectors work. */
 enum {
   GMA__TEST_NO_RECORD_GATING = 1u << 0, /* free ignores record_stream users */
-  GMA__TEST_NO_EPOCH_GATING = 1u << 1   /* freed blocks become FREE at once */
+  GMA__TEST_NO_EPOCH_GATING = 1u << 1,  /* freed blocks become FREE at once */
+  GMA__TEST_NO_SERVE_CLAIM = 1u << 2    /* a waiter serves a request without claiming it
+                                           from the worker (future.c: both serve it) */
 };
 
 typedef struct gma__pool {
@@ -294,8 +296,12 @@ gma_status_t gma__pool_fini(gma__pool_t *p);
  * synchronous caller, for whom the alternative is an OOM: wait on the host
  * for device work that gates freed memory (oom_wait_ms), then retry.
  * ATTEMPT: an async request's try, retried later: its failure is not counted
- * in num_ooms nor traced (gma__pool_oom_report does that when it gives up). */
-enum { GMA__ALLOC_WAIT = 1u << 0, GMA__ALLOC_ATTEMPT = 1u << 1 };
+ * in num_ooms nor traced (gma__pool_oom_report does that when it gives up).
+ * INLINE: an async request served on the submitting thread if that costs no
+ * waiting: the lock only if it is free (GMA_ERR_BUSY if not), memory the pool
+ * already holds only (no device allocation, no OOM wait), and GMA_ERR_OOM
+ * without a message when that is not enough; the worker then serves it. */
+enum { GMA__ALLOC_WAIT = 1u << 0, GMA__ALLOC_ATTEMPT = 1u << 1, GMA__ALLOC_INLINE = 1u << 2 };
 gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t size, gma_stream_t stream,
                                   uint64_t stream_id, unsigned flags, void **out);
 /* An async request gives up: counts it in num_ooms, traces it and sets the

@@ -197,13 +197,16 @@ static void *worker_main(void *arg) {
     unsigned taken = serve(w);
     /* Requests tend to come in runs: after taking some, watch the ring a
      * little (at most 50 us) before sleeping, so the next one needs no
-     * wake-up. Timer ticks and an idle worker never spin. */
-    for (uint64_t t0 = now_ns(); taken && !w->waiting && now_ns() - t0 < 50000;) {
+     * wake-up; yielding, so a waiter on this CPU gets it at once
+     * (gma__spin_step). Timer ticks and an idle worker never spin. */
+    uint64_t t0 = now_ns(), spun = 0;
+    for (unsigned i = 1; taken && !w->waiting && (spun = now_ns() - t0) < 50000; i++) {
       if (ck_ring_size(&w->ring)) {
         serve(w);
         t0 = now_ns();
+        spun = 0;
       }
-      gma__cpu_relax();
+      gma__spin_step(i, spun >= 1000);
     }
     uint64_t now = now_ns();
     if (now >= next_tick) {
@@ -259,9 +262,12 @@ void gma__worker_kick(gma__worker_t *w) {
 }
 
 void gma__worker_stats(gma__worker_t *w, gma_stats_t *st) {
-  st->futures_submitted = atomic_load_explicit(&w->submitted, memory_order_relaxed);
+  /* Futures complete at once are counted only in ready_at_once (future.c). */
   st->futures_ready_at_once = atomic_load_explicit(&w->ready_at_once, memory_order_relaxed);
-  st->futures_ready = atomic_load_explicit(&w->ready, memory_order_relaxed);
+  st->futures_submitted =
+      atomic_load_explicit(&w->submitted, memory_order_relaxed) + st->futures_ready_at_once;
+  st->futures_ready =
+      atomic_load_explicit(&w->ready, memory_order_relaxed) + st->futures_ready_at_once;
   st->futures_failed = atomic_load_explicit(&w->failed, memory_order_relaxed);
   st->futures_timed_out = atomic_load_explicit(&w->timed_out, memory_order_relaxed);
   st->queue_depth = atomic_load_explicit(&w->queued, memory_order_relaxed);

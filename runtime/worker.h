@@ -40,6 +40,8 @@ typedef struct gma__worker {
   _Atomic bool memory_wanted;  /* a request waits for memory: frees kick the worker */
   uint64_t timeout_ns;         /* immutable: future_timeout_ms */
   struct gma__anchor *anchor;  /* shared with every future: says whether g still lives */
+  /* submitted and ready count requests handed to the worker; ready_at_once
+   * those complete on the submitting thread (gma_stats adds them to both). */
   _Atomic uint64_t submitted, ready_at_once, ready, failed, timed_out, queued;
   _Atomic uint64_t latency[GMA__LATENCY_BUCKETS]; /* worker writes, stats reads */
 } gma__worker_t;
@@ -59,9 +61,11 @@ void gma__worker_kick(gma__worker_t *w);
 void gma__worker_stats(gma__worker_t *w, gma_stats_t *st);
 
 /* future.c */
-/* Worker thread: tries f once; true when f completed (and was handed back). */
+/* Worker thread: tries f once; true when f completed (and was handed back),
+ * by this try or by a thread waiting on it that served it first. */
 bool gma__future_serve(gma__worker_t *w, struct gma_future *f, uint64_t now_ns);
-/* Worker thread: completes f with status without serving it (shutdown). */
+/* Worker thread: completes f with status without serving it (shutdown),
+ * unless a thread waiting on it served it first; hands it back either way. */
 void gma__future_cancel(gma__worker_t *w, struct gma_future *f);
 /* The anchor: futures outlive their allocator (wait, poll and release are
  * allowed during and after gma_destroy), so each holds a reference to this

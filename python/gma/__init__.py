@@ -214,7 +214,7 @@ def _to_dict(s):
     return out
 
 
-def _options(timeout, nonblocking):
+def _options(timeout, nonblocking, worker_only=False):
     o = _lib.new(_lib.AsyncOptions)
     if timeout is not None:
         if timeout <= 0:
@@ -222,6 +222,7 @@ def _options(timeout, nonblocking):
                          "timeout must be positive seconds, not %r" % (timeout,))
         o.timeout_ns = max(1, int(timeout * 1e9))
     o.nonblocking = 1 if nonblocking else 0
+    o.worker_only = 1 if worker_only else 0
     return o
 
 
@@ -371,24 +372,27 @@ class Allocator:
         c = (ctypes.c_size_t * n)(*counts)
         _check(_fn("gma_reserve")(g, _stream(stream), n, s, c), "gma_reserve")
 
-    def alloc_async(self, size, stream=None, timeout=None, nonblocking=False):
+    def alloc_async(self, size, stream=None, timeout=None, nonblocking=False,
+                    worker_only=False):
         """gma_alloc_async: a Future at once. timeout: seconds the request may
-        wait for memory (None: the allocator's future_timeout_ms)."""
+        wait for memory (None: the allocator's future_timeout_ms);
+        worker_only: never served on this thread (always the worker)."""
         g = self._h("gma_alloc_async")
         size = _size(size, "gma_alloc_async")
-        o = _options(timeout, nonblocking)
+        o = _options(timeout, nonblocking, worker_only)
         f = ctypes.c_void_p()
         _check(_fn("gma_alloc_async")(g, size, _stream(stream), ctypes.byref(o),
                                       ctypes.byref(f)), "gma_alloc_async")
         return Future(self, f.value)
 
-    def alloc_batch_async(self, sizes, stream=None, timeout=None, nonblocking=False):
+    def alloc_batch_async(self, sizes, stream=None, timeout=None, nonblocking=False,
+                          worker_only=False):
         """gma_alloc_batch_async: a Future whose wait() gives the list."""
         g = self._h("gma_alloc_batch_async")
         n = len(sizes)
         arr = (ctypes.c_size_t * n)(*[_size(s, "gma_alloc_batch_async") for s in sizes])
         ptrs = (ctypes.c_void_p * n)()
-        o = _options(timeout, nonblocking)
+        o = _options(timeout, nonblocking, worker_only)
         f = ctypes.c_void_p()
         _check(_fn("gma_alloc_batch_async")(g, n, arr, _stream(stream), ptrs, ctypes.byref(o),
                                             ctypes.byref(f)), "gma_alloc_batch_async")
@@ -572,6 +576,28 @@ class Future:
         return self._result
 
     result = wait
+
+    def take(self, timeout=None):
+        """gma_future_take: waits up to timeout seconds (None: no limit),
+        returns the address (a list for a batch) and releases the future, in
+        one call. Raises Pending when this wait ran out: the future is NOT
+        released and the request goes on (take, wait or release it later).
+        Any other error (the request's, Cancelled, AlreadyCollected) is raised
+        after the future was released. After a wait() that collected, take()
+        returns the same result and releases."""
+        f = self._h("gma_future_take")
+        if self._collected:
+            self.release()
+            return self._result
+        ns = _UINT64_MAX if timeout is None else max(0, int(timeout * 1e9))
+        p = ctypes.c_void_p()
+        st = _fn("gma_future_take")(f, ns, ctypes.byref(p))
+        if st != Pending.status:
+            self._f = None  # released by gma_future_take
+        _check(st, "gma_future_take")
+        self._result = [x for x in self._batch] if self._batch is not None else p.value
+        self._collected = True
+        return self._result
 
     def release(self):
         """gma_future_release (once; later calls do nothing)."""

@@ -185,6 +185,7 @@ class AsyncOptions(ctypes.Structure):
         ("nonblocking", c_int),
         ("callback", vp),
         ("user", vp),
+        ("worker_only", c_int),
     ]
 
 
@@ -236,6 +237,7 @@ PROTOTYPES = {
     "gma_future_status": (st, [vp]),
     "gma_future_wait": (st, [vp, u64, P(vp)]),
     "gma_future_release": (st, [vp]),
+    "gma_future_take": (st, [vp, u64, P(vp)]),
     "gma_stream_retire": (st, [vp, vp]),
     "gma_stats": (st, [vp, P(Stats)]),
     "gma_stream_stats": (st, [vp, vp, P(StreamStats)]),

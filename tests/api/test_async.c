@@ -120,13 +120,16 @@ typedef struct submitter {
 
 static void *submit_blocking(void *arg) {
   submitter_t *s = arg;
-  s->st = gma_alloc_async(s->g, 8 * MiB, NULL, NULL, &s->f); /* waits for room */
+  gma_async_options_t wo = GMA_ASYNC_OPTIONS_INIT;
+  wo.worker_only = 1;
+  s->st = gma_alloc_async(s->g, 8 * MiB, NULL, &wo, &s->f); /* waits for room */
   return NULL;
 }
 
 /* ring_size 2 holds one request. A callback holds the worker, so the ring
  * stays full: a nonblocking submit gets GMA_ERR_BUSY, a blocking one waits
- * until the worker frees a slot. */
+ * until the worker frees a slot. (worker_only: the pool could serve these at
+ * once on this thread, which would never fill the ring.) */
 static void ring_full(void) {
   gma_t *g = sim_allocator("ring_size:2");
   atomic_int gate = 0;
@@ -138,9 +141,12 @@ static void ring_full(void) {
   CHECK_OK(gma_alloc_async(g, 8 * MiB, NULL, &o, &a));
   for (int i = 0; i < 5000 && !atomic_load(&held.calls); i++) sleep_us(1000);
   CHECK(atomic_load(&held.calls) == 1); /* the worker is inside a's callback */
-  CHECK_OK(gma_alloc_async(g, 8 * MiB, NULL, NULL, &b)); /* takes the one slot */
+  gma_async_options_t wo = GMA_ASYNC_OPTIONS_INIT;
+  wo.worker_only = 1;
+  CHECK_OK(gma_alloc_async(g, 8 * MiB, NULL, &wo, &b)); /* takes the one slot */
   gma_async_options_t nb = GMA_ASYNC_OPTIONS_INIT;
   nb.nonblocking = 1;
+  nb.worker_only = 1;
   CHECK_ST(gma_alloc_async(g, 8 * MiB, NULL, &nb, &c), GMA_ERR_BUSY);
   CHECK(c == NULL && strstr(gma_last_error(), "full") != NULL);
   submitter_t s = {g, NULL, GMA_ERR_INTERNAL};
@@ -206,6 +212,214 @@ static void batch_and_errors(void) {
   CHECK_OK(gma_destroy(g));
   g = sim_allocator("worker:off");
   CHECK_ST(gma_alloc_async(g, 4096, NULL, NULL, &f), GMA_ERR_UNSUPPORTED);
+  CHECK_OK(gma_destroy(g));
+}
+
+/* Served on the submitting thread when the pool holds the memory and its
+ * lock is free: the future is complete when gma_alloc_async returns, for
+ * single blocks above bin_max and for batches (a pipeline asking one
+ * micro-batch ahead finds it ready). Never memory another stream's device
+ * work may still use; never ahead of a request that waits for memory;
+ * worker_only sends it to the worker. */
+static void inline_served(void) {
+  /* No timer tick during the test: the worker then never holds the lock. */
+  gma_t *g = sim_allocator("sim_capacity:256M,trim_interval_ms:3600000");
+  gma_stream_t s, u;
+  CHECK_OK(gma_stream_create(g, &s));
+  CHECK_OK(gma_stream_create(g, &u));
+  void *p, *q;
+  gma_future_t *f;
+  CHECK_OK(gma_alloc(g, 8 * MiB, s, &p)); /* the pool grows; s has a record */
+  CHECK_OK(gma_free(g, p));
+  gma_stats_t before = stats_of(g);
+  CHECK_OK(gma_alloc_async(g, 8 * MiB, s, NULL, &f));
+  CHECK_ST(gma_future_poll(f), GMA_OK); /* complete at once: no hop */
+  CHECK_OK(gma_future_take(f, 0, &q));
+  CHECK(q == p); /* s's own cached block */
+  gma_stats_t after = stats_of(g);
+  CHECK(after.futures_ready_at_once == before.futures_ready_at_once + 1);
+  CHECK(after.futures_submitted == before.futures_submitted + 1);
+  CHECK(after.futures_ready == before.futures_ready + 1);
+  /* worker_only: the same request goes to the worker. */
+  CHECK_OK(gma_free(g, q));
+  gma_async_options_t wo = GMA_ASYNC_OPTIONS_INIT;
+  wo.worker_only = 1;
+  CHECK_OK(gma_alloc_async(g, 8 * MiB, s, &wo, &f));
+  CHECK_OK(gma_future_take(f, UINT64_MAX, &q));
+  CHECK(stats_of(g).futures_ready_at_once == after.futures_ready_at_once);
+  /* Another stream's block whose kernel still runs is not handed out. */
+  atomic_int corruptions = 0, gate = 0;
+  pattern_kernel_t k = {q, 64 * KiB, 0x5a, &gate, 0, &corruptions, 0};
+  CHECK_OK(gma_sim_launch(g, s, pattern_kernel_run, &k));
+  CHECK_OK(gma_free(g, q)); /* cached on s until the kernel is done */
+  CHECK_OK(gma_alloc(g, 1 * MiB, u, &p)); /* u has a record now */
+  CHECK_OK(gma_free(g, p));
+  CHECK_OK(gma_alloc_async(g, 8 * MiB, u, NULL, &f));
+  CHECK_OK(gma_future_take(f, UINT64_MAX, &p));
+  CHECK(p != q);
+  pattern_kernel_t k2 = {p, 64 * KiB, 0xa5, NULL, 1000, &corruptions, 0};
+  CHECK_OK(gma_sim_launch(g, u, pattern_kernel_run, &k2));
+  atomic_store(&gate, 1);
+  CHECK_OK(gma_stream_synchronize(g, s));
+  CHECK_OK(gma_stream_synchronize(g, u));
+  CHECK(atomic_load(&corruptions) == 0);
+  CHECK_OK(gma_free(g, p));
+  /* A pipeline one micro-batch ahead on s: once warm, every future is
+   * complete when the submit returns. */
+  size_t sizes[4] = {256 * KiB, 2 * MiB, 3 * MiB, 1536 * KiB};
+  void *cur[4], *next[4];
+  CHECK_OK(gma_alloc_batch(g, 4, sizes, s, cur));
+  for (int step = 0; step < 20; step++) {
+    CHECK_OK(gma_alloc_batch_async(g, 4, sizes, s, next, NULL, &f));
+    if (step >= 2) CHECK_ST(gma_future_poll(f), GMA_OK);
+    for (int i = 0; i < 4; i++) CHECK_OK(gma_free(g, cur[i])); /* stream-ordered */
+    CHECK_OK(gma_future_take(f, UINT64_MAX, NULL));
+    memcpy(cur, next, sizeof cur);
+  }
+  for (int i = 0; i < 4; i++) CHECK_OK(gma_free(g, cur[i]));
+  CHECK_OK(gma_stream_destroy(g, s));
+  CHECK_OK(gma_stream_destroy(g, u));
+  CHECK_OK(gma_destroy(g));
+  /* A request waiting for memory keeps its turn: a later one that would
+   * fit is not served on the submitting thread meanwhile. */
+  g = sim_allocator("sim_capacity:64M,bins:off,trim_interval_ms:3600000");
+  void *big, *keep;
+  CHECK_OK(gma_alloc(g, 50 * MiB, NULL, &big));
+  CHECK_OK(gma_alloc(g, 256 * KiB, NULL, &keep)); /* the small segment is never wholly free */
+  CHECK_OK(gma_alloc(g, 1 * MiB, NULL, &p));
+  CHECK_OK(gma_free(g, p)); /* 1 MiB free in the pool: a later request could use it */
+  gma_async_options_t o = GMA_ASYNC_OPTIONS_INIT;
+  o.timeout_ns = 10000 * MS;
+  gma_future_t *waiting;
+  CHECK_OK(gma_alloc_async(g, 30 * MiB, NULL, &o, &waiting));
+  for (int i = 0; i < 5000 && stats_of(g).queue_depth == 0; i++) sleep_us(200);
+  sleep_us(20 * 1000); /* the worker tried it and found no memory */
+  before = stats_of(g);
+  CHECK_OK(gma_alloc_async(g, 512 * KiB, NULL, NULL, &f));
+  CHECK_OK(gma_future_take(f, UINT64_MAX, &q));
+  CHECK(stats_of(g).futures_ready_at_once == before.futures_ready_at_once);
+  CHECK_ST(gma_future_poll(waiting), GMA_PENDING);
+  CHECK_OK(gma_free(g, big));
+  CHECK_OK(gma_future_take(waiting, UINT64_MAX, &p));
+  CHECK_OK(gma_free(g, p));
+  CHECK_OK(gma_free(g, q));
+  CHECK_OK(gma_free(g, keep));
+  CHECK_OK(gma_destroy(g));
+}
+
+/* A thread that waits (1 ms or more) on a request the worker has not taken
+ * yet serves it itself: here the worker is held inside another future's
+ * callback, and the wait still completes. A shorter wait, or a worker_only
+ * request, only waits. The worker later drops the request it finds served
+ * (one completion, one callback, nothing leaked or freed twice). */
+static void waiter_serves(void) {
+  gma_t *g = sim_allocator("trim_interval_ms:3600000");
+  gma_stream_t s;
+  CHECK_OK(gma_stream_create(g, &s));
+  atomic_int gate = 0;
+  cb_seen_t held = {0, 0, &gate}, seen = {0, 0, NULL};
+  gma_async_options_t ho = GMA_ASYNC_OPTIONS_INIT;
+  ho.callback = on_done;
+  ho.user = &held;
+  ho.worker_only = 1;
+  gma_future_t *a, *b, *c;
+  CHECK_OK(gma_alloc_async(g, 8 * MiB, s, &ho, &a));
+  for (int i = 0; i < 5000 && !atomic_load(&held.calls); i++) sleep_us(1000);
+  CHECK(atomic_load(&held.calls) == 1); /* the worker is inside a's callback */
+  gma_async_options_t o = GMA_ASYNC_OPTIONS_INIT;
+  o.callback = on_done;
+  o.user = &seen;
+  /* 64 MiB: more than the pool holds, so not complete at once. */
+  CHECK_OK(gma_alloc_async(g, 64 * MiB, s, &o, &b));
+  CHECK_ST(gma_future_poll(b), GMA_PENDING);
+  void *pb, *pc;
+  CHECK_ST(gma_future_wait(b, 500000, &pb), GMA_PENDING); /* 0.5 ms: only waits */
+  gma_async_options_t wo = GMA_ASYNC_OPTIONS_INIT;
+  wo.worker_only = 1;
+  CHECK_OK(gma_alloc_async(g, 64 * MiB, s, &wo, &c));
+  CHECK_ST(gma_future_wait(c, 20 * MS, &pc), GMA_PENDING); /* worker_only: never helped */
+  CHECK_OK(gma_future_wait(b, UINT64_MAX, &pb)); /* served here: the worker is still held */
+  CHECK(pb != NULL && atomic_load(&gate) == 0);
+  CHECK(atomic_load(&seen.calls) == 1 && atomic_load(&seen.status) == GMA_OK);
+  CHECK_OK(gma_future_release(b));
+  atomic_store(&gate, 1);
+  CHECK_OK(gma_future_take(c, UINT64_MAX, &pc));
+  void *pa;
+  CHECK_OK(gma_future_take(a, UINT64_MAX, &pa));
+  CHECK(pa != pb && pb != pc && pa != pc);
+  for (int i = 0; i < 1000 && stats_of(g).queue_depth; i++) sleep_us(1000);
+  gma_stats_t st = stats_of(g);
+  CHECK(st.queue_depth == 0 && st.futures_ready == 3 && st.futures_submitted == 3);
+  CHECK(st.allocated.current == 8 * MiB + 128 * MiB);
+  CHECK(atomic_load(&seen.calls) == 1); /* the worker did not complete it again */
+  CHECK_OK(gma_free(g, pa));
+  CHECK_OK(gma_free(g, pb));
+  CHECK_OK(gma_free(g, pc));
+  CHECK_OK(gma_stream_destroy(g, s));
+  CHECK_OK(gma_destroy(g));
+}
+
+/* gma_future_take: wait, collect and release in one call; a wait that runs
+ * out (GMA_PENDING) leaves the future alive so the caller can retry; every
+ * final status releases it (a future leaked or released twice shows up
+ * under ASan); a NULL ptr on a single-block future is refused without
+ * releasing. */
+static void take(void) {
+  gma_t *g = sim_allocator("sim_capacity:64M,bins:off");
+  void *p, *q;
+  gma_future_t *f;
+  /* Ready at once (bins:off: served on this thread from the pool once the
+   * pool holds memory; the first request grows it on the worker). */
+  CHECK_OK(gma_alloc_async(g, 4 * MiB, NULL, NULL, &f));
+  CHECK_OK(gma_future_take(f, UINT64_MAX, &p));
+  CHECK(p != NULL);
+  CHECK(stats_of(g).allocated.current == 4 * MiB);
+  CHECK_OK(gma_free(g, p));
+  /* A single-block future with ptr NULL: refused, still ours. */
+  CHECK_OK(gma_alloc_async(g, 4 * MiB, NULL, NULL, &f));
+  CHECK_ST(gma_future_take(f, UINT64_MAX, NULL), GMA_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(gma_last_error(), "not released") != NULL);
+  CHECK_OK(gma_future_take(f, UINT64_MAX, &p));
+  CHECK_OK(gma_free(g, p));
+  CHECK_ST(gma_future_take(NULL, 0, &p), GMA_ERR_INVALID_ARGUMENT);
+  CHECK(p == NULL);
+  /* Waiting for memory: a take that runs out keeps the future; the next
+   * one, after the free, gets the memory. */
+  void *big;
+  CHECK_OK(gma_alloc(g, 50 * MiB, NULL, &big));
+  gma_async_options_t o = GMA_ASYNC_OPTIONS_INIT;
+  o.timeout_ns = 10000 * MS;
+  CHECK_OK(gma_alloc_async(g, 30 * MiB, NULL, &o, &f));
+  CHECK_ST(gma_future_take(f, 0, &q), GMA_PENDING);
+  CHECK(q == NULL);
+  CHECK_ST(gma_future_take(f, 10 * MS, &q), GMA_PENDING);
+  CHECK_ST(gma_future_poll(f), GMA_PENDING); /* still alive, still waiting */
+  CHECK_OK(gma_free(g, big));
+  CHECK_OK(gma_future_take(f, UINT64_MAX, &q));
+  CHECK(q != NULL && stats_of(g).allocated.current == 30 * MiB);
+  /* A request that fails (40 MiB never fits beside q's 30 in 64): the
+   * error, and the future is gone. */
+  o.timeout_ns = 20 * MS;
+  CHECK_OK(gma_alloc_async(g, 40 * MiB, NULL, &o, &f));
+  CHECK_ST(gma_future_take(f, UINT64_MAX, &p), GMA_ERR_TIMEOUT);
+  CHECK(p == NULL && strstr(gma_last_error(), "waited") != NULL);
+  CHECK_OK(gma_free(g, q));
+  /* Another wait collected first: GMA_ERR_ALREADY_COLLECTED, released. */
+  CHECK_OK(gma_alloc_async(g, 4 * MiB, NULL, NULL, &f));
+  CHECK_OK(gma_future_wait(f, UINT64_MAX, &p));
+  CHECK_ST(gma_future_take(f, UINT64_MAX, &q), GMA_ERR_ALREADY_COLLECTED);
+  CHECK(q == NULL);
+  CHECK_OK(gma_free(g, p));
+  /* A batch: ptr may be NULL, the pointers go to the batch's array. */
+  size_t sizes[3] = {4096, 8192, 12288};
+  void *ptrs[3] = {NULL, NULL, NULL};
+  CHECK_OK(gma_alloc_batch_async(g, 3, sizes, NULL, ptrs, NULL, &f));
+  CHECK_OK(gma_future_take(f, UINT64_MAX, NULL));
+  CHECK(ptrs[0] && ptrs[1] && ptrs[2]);
+  for (int i = 0; i < 3; i++) CHECK_OK(gma_free(g, ptrs[i]));
+  gma_stats_t s = stats_of(g);
+  CHECK(s.allocated.current == 0 && s.queue_depth == 0);
+  CHECK(s.futures_submitted == s.futures_ready + s.futures_timed_out + s.futures_failed);
   CHECK_OK(gma_destroy(g));
 }
 
@@ -308,6 +522,9 @@ int main(void) {
   ring_full();
   destroy_with_outstanding();
   batch_and_errors();
+  take();
+  inline_served();
+  waiter_serves();
   pipeline();
   printf("test_async: ok\n");
   return 0;

@@ -80,7 +80,7 @@ int main(void) {
   BEGIN(gma_async_options_t);
   F(gma_async_options_t, size); F(gma_async_options_t, timeout_ns);
   F(gma_async_options_t, nonblocking); F(gma_async_options_t, callback);
-  F(gma_async_options_t, user);
+  F(gma_async_options_t, user); F(gma_async_options_t, worker_only);
   end();
   printf("\n}\n");
   return 0;

@@ -356,6 +356,40 @@ class Futures(unittest.TestCase):
             del f  # collected: released by the finalizer
             self.assertTrue(wait_until(lambda: a.stats()["allocated"]["current"] == 0))
 
+    def test_take(self):
+        with gma.Allocator("device:sim,sim_capacity:64M,bins:off") as a:
+            f = a.alloc_async(4 * MiB)
+            p = f.take()  # waits, collects and releases
+            self.assertTrue(p)
+            self.assertEqual(a.stats()["allocated"]["current"], 4 * MiB)
+            with self.assertRaises(gma.InvalidArgument):
+                f.take()  # released
+            a.free(p)
+            big = a.alloc(50 * MiB)
+            f = a.alloc_async(30 * MiB, timeout=10)  # fits only once big is freed
+            with self.assertRaises(gma.Pending):
+                f.take(0.01)  # ran out: the future stays alive
+            self.assertFalse(f.poll())
+            a.free(big)
+            q = f.take(5)
+            self.assertEqual(a.stats()["allocated"]["current"], 30 * MiB)
+            g = a.alloc_async(40 * MiB, timeout=0.02)  # never fits beside q
+            with self.assertRaises(gma.Timeout):
+                g.take()
+            with self.assertRaises(gma.InvalidArgument):
+                g.poll()  # released by the failed take
+            a.free(q)
+            f = a.alloc_batch_async([1 * MiB, 3000])
+            ptrs = f.take(5)
+            self.assertEqual(len(set(ptrs)), 2)
+            for x in ptrs:
+                a.free(x)
+            f = a.alloc_async(2 * MiB)
+            r = f.wait(5)
+            self.assertEqual(f.take(), r)  # collected by wait: take only releases
+            a.free(r)
+            self.assertEqual(a.stats()["allocated"]["current"], 0)
+
     def test_batch_future_and_bad_timeout(self):
         with gma.Allocator(SIM) as a:
             with a.alloc_batch_async([1 * MiB, 2 * MiB, 3000]) as f:
