@@ -1111,7 +1111,7 @@ gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r) {
 }
 
 gma_status_t gma__pool_trim(gma__pool_t *p, uint64_t keep) {
-  gma__release_t r = {.keep = keep, .want = UINT64_MAX};
+  gma__release_t r = {.keep = keep};
   return gma__pool_release(p, &r);
 }
 

@@ -322,7 +322,7 @@ void gma__pool_hold(gma__pool_t *p, void *ptr, bool held);
 typedef struct gma__release {
   uint64_t now_ns, idle_ns;
   uint64_t keep;      /* pass 1 stops at this much cache (UINT64_MAX: no pass 1) */
-  uint64_t want;      /* ... or after this many bytes (UINT64_MAX: no bound) */
+  uint64_t want;      /* ... or after this many bytes (0: no bound) */
   uint64_t unused_ns; /* pass 1 takes only memory unused this long (0: any) */
   bool timed;         /* the worker's timer (counted as timed/idle), else explicit */
   bool pressured;     /* pass 1 was asked for by memory pressure */
@@ -334,7 +334,7 @@ typedef struct gma__trim_budget {
   uint64_t taken;      /* bytes pass 1 picked */
 } gma__trim_budget_t;
 static inline bool gma__trim_done(const gma__trim_budget_t *b) {
-  return b->cached <= b->keep || b->taken >= b->want;
+  return b->cached <= b->keep || (b->want && b->taken >= b->want);
 }
 static inline void gma__trim_took(gma__trim_budget_t *b, uint64_t size, bool pass1) {
   b->cached -= size < b->cached ? size : b->cached;

@@ -13,12 +13,6 @@
 #include "sizeclass.h"
 #include "tsan.h"
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* The working set: with release_threshold "auto", memory handed out during
  * the last WORKING_SET_TICKS ticks is never trimmed by the timer (it is
  * what the workload needs; giving it back would make the next iteration
@@ -67,8 +61,8 @@ static load_t load_of(gma__pool_t *p) {
  * total); then up to the shortfall, only from memory the working set did
  * not use (unused for WORKING_SET_TICKS ticks; one tick when critical). */
 static gma__release_t trim_policy(const gma__worker_t *w, const load_t *l) {
-  gma__release_t r = {.now_ns = now_ns(), .idle_ns = w->idle_ns, .keep = UINT64_MAX,
-                      .want = UINT64_MAX, .timed = true};
+  gma__release_t r = {.now_ns = gma__now_ns(), .idle_ns = w->idle_ns, .keep = UINT64_MAX,
+                      .timed = true};
   if (w->release_threshold) {
     r.keep = w->release_threshold == GMA_RELEASE_ALL ? 0 : w->release_threshold;
     if (l->level == GMA_PRESSURE_HIGH) r.keep /= 4;
@@ -134,7 +128,7 @@ static unsigned serve(gma__worker_t *w) {
     if (w->waiting_tail) gma__future_set_wnext(w->waiting_tail, f); else w->waiting = f;
     w->waiting_tail = f;
   }
-  uint64_t now = now_ns();
+  uint64_t now = gma__now_ns();
   gma_future_t *prev = NULL;
   for (gma_future_t *f = w->waiting, *next; f; f = next) {
     next = gma__future_wnext(f);
@@ -174,7 +168,7 @@ static bool poll_gated(gma__pool_t *p) {
 
 static void *worker_main(void *arg) {
   gma__worker_t *w = arg;
-  uint64_t next_tick = now_ns() + w->interval_ns, next_poll = UINT64_MAX;
+  uint64_t next_tick = gma__now_ns() + w->interval_ns, next_poll = UINT64_MAX;
   uint64_t poll_ns = w->interval_ns < POLL_NS ? w->interval_ns : POLL_NS;
   pthread_mutex_lock(&w->mu);
   while (!w->stop) {
@@ -184,7 +178,7 @@ static void *worker_main(void *arg) {
      * requests wait, look again every millisecond. */
     uint64_t due = next_tick < next_deadline(w) ? next_tick : next_deadline(w);
     if (next_poll < due) due = next_poll;
-    if (w->waiting && now_ns() + 1000000u < due) due = now_ns() + 1000000u;
+    if (w->waiting && gma__now_ns() + 1000000u < due) due = gma__now_ns() + 1000000u;
     struct timespec ts = {(time_t)(due / 1000000000u), (long)(due % 1000000000u)};
     while (!w->stop && !w->kicked && pthread_cond_timedwait(&w->cv, &w->mu, &ts) == 0) {
     }
@@ -199,22 +193,22 @@ static void *worker_main(void *arg) {
      * little (at most 50 us) before sleeping, so the next one needs no
      * wake-up; yielding, so a waiter on this CPU gets it at once
      * (gma__spin_step). Timer ticks and an idle worker never spin. */
-    uint64_t t0 = now_ns(), spun = 0;
-    for (unsigned i = 1; taken && !w->waiting && (spun = now_ns() - t0) < 50000; i++) {
+    uint64_t t0 = gma__now_ns(), spun = 0;
+    for (unsigned i = 1; taken && !w->waiting && (spun = gma__now_ns() - t0) < 50000; i++) {
       if (ck_ring_size(&w->ring)) {
         serve(w);
-        t0 = now_ns();
+        t0 = gma__now_ns();
         spun = 0;
       }
       gma__spin_step(i, spun >= 1000);
     }
-    uint64_t now = now_ns();
+    uint64_t now = gma__now_ns();
     if (now >= next_tick) {
       tick(w);
-      next_tick = now_ns() + w->interval_ns;
+      next_tick = gma__now_ns() + w->interval_ns;
     }
     if (now >= next_poll || next_poll == UINT64_MAX)
-      next_poll = poll_gated(w->p) ? now_ns() + poll_ns : UINT64_MAX;
+      next_poll = poll_gated(w->p) ? gma__now_ns() + poll_ns : UINT64_MAX;
     pthread_mutex_lock(&w->mu);
     if (w->room_waiters) pthread_cond_broadcast(&w->room_cv);
   }

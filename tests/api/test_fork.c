@@ -62,12 +62,6 @@
 #define MiB ((size_t)1 << 20)
 #define MS 1000000ull
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* The process's address space in bytes (/proc/self/statm, first field). */
 static uint64_t vm_size(void) {
   FILE *f = fopen("/proc/self/statm", "r");

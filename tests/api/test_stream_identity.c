@@ -63,12 +63,6 @@ static int overlaps(const void *a, size_t alen, const void *b, size_t blen) {
   return x < y + blen && y < x + alen;
 }
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* ---- (a) handle recycling ----------------------------------------------- */
 
 static void test_handle_recycling(void) {

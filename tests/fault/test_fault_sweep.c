@@ -172,12 +172,6 @@ static void fail(const char *fmt, ...) {
     if (st_ != GMA_OK) fail("%s returned %s: %s", #call, gma_status_name(st_), gma_last_error()); \
   } while (0)
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* Checks one gma call's status; true on GMA_OK. planned: a status the
  * workload expects at this step even without a fault (0: none). */
 static bool step(run_t *r, const char *what, gma_status_t st, gma_status_t planned) {

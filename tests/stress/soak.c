@@ -125,19 +125,6 @@ static const char *const tags[] = {"weights", "activations", "kv-cache",
 
 /* ---- time, random numbers ---------------------------------------------------------- */
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static uint64_t mix64(uint64_t x) { /* splitmix64 finalizer */
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 /* A value log-uniform in [lo, hi). */
 static size_t log_uniform(uint64_t *rng, size_t lo, size_t hi) {
   unsigned a = 63u - (unsigned)__builtin_clzll(lo), b = 63u - (unsigned)__builtin_clzll(hi);

@@ -75,20 +75,7 @@ enum {
 
 /* ---- seeded random numbers ------------------------------------------------ */
 
-static uint64_t mix64(uint64_t x) { /* splitmix64 finalizer */
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 #include "rng.h" /* rnd(): xorshift64* */
-
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* ---- the run's shared state --------------------------------------------------- */
 
