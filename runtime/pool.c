@@ -574,13 +574,13 @@ static bool oom_wait(gma__pool_t *p, oom_waiting_t *w) {
  * retry after releasing safe cached memory; the fit then comes from the
  * free tree. */
 static gma_status_t grow_region(gma__pool_t *p, int kind, uint64_t size, gma__block_t **out) {
-  gma_status_t st = gma__segs_grow(p, kind, size, true);
+  gma_status_t st = gma__segs_grow(p, kind, size);
   if (st == GMA_ERR_OOM) {
     p->c.oom_retries++;
     gma__streams_poll(p, true);
     release_free_segments(p);
     if ((*out = treap_best_fit(p->free_tree[kind], size))) return GMA_OK;
-    st = gma__segs_grow(p, kind, size, true);
+    st = gma__segs_grow(p, kind, size);
   }
   if (st == GMA_OK && !(*out = treap_best_fit(p->free_tree[kind], size)))
     st = gma__set_error(GMA_ERR_INTERNAL, "growable segment grew but holds no fit for %" PRIu64,
@@ -1122,7 +1122,7 @@ gma_status_t gma__pool_grow_ahead(gma__pool_t *p, uint64_t want_free) {
     gma__block_t *b;
     uint64_t size = p->segment_size[GMA__LARGE];
     if (want_free - p->c.free > size) size = round_up(want_free - p->c.free, SEGMENT_ROUND);
-    st = p->growable ? gma__segs_grow(p, GMA__LARGE, want_free - p->c.free, false)
+    st = p->growable ? gma__segs_grow(p, GMA__LARGE, want_free - p->c.free)
                      : seg_create(p, GMA__LARGE, size, &b);
     if (st == GMA_OK) p->c.grows_worker++;
   }

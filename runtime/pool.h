@@ -385,13 +385,11 @@ void gma__segs_remove(gma__pool_t *p, gma__segment_t *seg);
 gma_status_t gma__segs_adopt(gma__pool_t *p, const void *range, int kind, uintptr_t addr,
                              uint64_t size);
 /* Grows kind so that its free tree holds a block of at least size bytes:
- * offers the source the segments ending in FREE blocks, gives back free
- * chunks too scattered for the request (give_back_first: a request's growth;
- * growth ahead of demand keeps what is free, which is the point of it), has
- * the source map one chunk (a
- * minimum chunk for a small growth) and adopts it, merged with its
- * neighbours. */
-gma_status_t gma__segs_grow(gma__pool_t *p, int kind, uint64_t size, bool give_back_first);
+ * offers the source the segments ending in FREE blocks, has it map one
+ * chunk (at least its minimum chunk, vmm.c) and adopts it, merged with its
+ * neighbours. Free chunks elsewhere stay mapped: growth never unmaps (the
+ * OOM retry gives them back, then grows again). */
+gma_status_t gma__segs_grow(gma__pool_t *p, int kind, uint64_t size);
 /* Takes what the source can give back inside FREE block b of a growable
  * segment out of the pool, splitting its segment, and has the source take
  * it (out, for give_back without the lock); false when there is none or

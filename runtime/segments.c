@@ -183,18 +183,14 @@ void gma__segs_finish(gma__pool_t *p, gma__span_t *x) {
 }
 
 /* Takes the first FREE block of a growable segment at or after segs[*i]
- * that passes want and has releasable memory out of the pool, gives that
- * back now (under the lock) and settles it; the bytes that went back, and
- * *refused when the device refused some. Returns 0 with *i at nsegs when
- * there was none. */
-typedef bool want_fn(const gma__pool_t *p, const gma__segment_t *seg, const gma__block_t *b,
-                     const void *arg);
-static uint64_t give_back_one(gma__pool_t *p, size_t *i, want_fn *want, const void *arg,
-                              bool *refused) {
+ * that has releasable memory out of the pool, gives that back now (under
+ * the lock) and settles it; the bytes that went back, and *refused when the
+ * device refused some. Returns 0 with *i at nsegs when there was none. */
+static uint64_t give_back_one(gma__pool_t *p, size_t *i, bool *refused) {
   while (*i < p->nsegs) {
     gma__segment_t *seg = p->segs[*i];
     gma__block_t *b = seg->range ? seg->first : NULL;
-    while (b && (state_of(b) != GMA__FREE || !want(p, seg, b, arg) || !inside(p, b))) b = b->next;
+    while (b && (state_of(b) != GMA__FREE || !inside(p, b))) b = b->next;
     gma__span_t x;
     /* A detach changes the segment table: the caller looks at the same
      * index again. */
@@ -210,49 +206,12 @@ static uint64_t give_back_one(gma__pool_t *p, size_t *i, want_fn *want, const vo
   return 0;
 }
 
-static bool any_block(const gma__pool_t *p, const gma__segment_t *seg, const gma__block_t *b,
-                      const void *arg) {
-  (void)p, (void)seg, (void)b, (void)arg;
-  return true;
-}
-
 void gma__segs_release_free(gma__pool_t *p) {
   bool refused = false;
-  for (size_t i = 0; i < p->nsegs && !refused;) give_back_one(p, &i, any_block, NULL, &refused);
+  for (size_t i = 0; i < p->nsegs && !refused;) give_back_one(p, &i, &refused);
 }
 
 /* ---- Growth -----------------------------------------------------------------------*/
-
-typedef struct growth_filter {
-  int kind, pass;
-  const gma__block_t *keep;
-} growth_filter_t;
-
-static bool for_growth(const gma__pool_t *p, const gma__segment_t *seg, const gma__block_t *b,
-                       const void *arg) {
-  (void)p;
-  const growth_filter_t *f = arg;
-  return b != f->keep && (f->pass == 0 ? seg->kind == f->kind : seg->kind != f->kind);
-}
-
-/* Gives back whole free chunks (inside FREE blocks other than keep) until
- * want bytes went back or none are left: first the kind's own, then the
- * other kind's (the small pool's free chunks cannot serve a large request
- * either). Growth calls it first, so memory that is free but in pieces too
- * small for the request is given back rather than kept beside the new
- * chunk: reserved then follows what is live. */
-static void release_for_growth(gma__pool_t *p, int kind, uint64_t want,
-                               const gma__block_t *keep) {
-  uint64_t released = 0;
-  bool refused = false;
-  for (int pass = 0; pass < 2; pass++) {
-    growth_filter_t f = {.kind = kind, .pass = pass, .keep = keep};
-    for (size_t i = 0; i < p->nsegs && released < want;) {
-      released += give_back_one(p, &i, for_growth, &f, &refused);
-      if (refused) return; /* the device refuses: stop trying */
-    }
-  }
-}
 
 /* The pool's offer to a growth of size bytes of kind: the growable segments
  * of kind that end in a FREE block smaller than size (which the source may
@@ -300,17 +259,12 @@ static gma_status_t grow_once(gma__pool_t *p, const gma__grow_req_t *req, gma__p
   return GMA_OK;
 }
 
-gma_status_t gma__segs_grow(gma__pool_t *p, int kind, uint64_t size, bool give_back_first) {
+gma_status_t gma__segs_grow(gma__pool_t *p, int kind, uint64_t size) {
   gma__source_t *s = p->src;
   gma__grow_req_t req = {.kind = kind, .size = size};
   gma__plan_t pl;
   collect_tails(p, kind, size, &req);
-  s->ops->plan(s, &req, &pl);
-  if (give_back_first) { /* free chunks first, then plan again: the layout moved */
-    release_for_growth(p, kind, pl.need, pl.tail >= 0 ? p->tail_blocks[pl.tail] : NULL);
-    collect_tails(p, kind, size, &req);
-    s->ops->plan(s, &req, &pl); /* no room: grow reserves another range */
-  }
+  s->ops->plan(s, &req, &pl); /* no room: grow reserves another range */
   req.left = gma__pool_room(p); /* a trim's bytes still on the device count as held */
   if (pl.need > req.left)
     return gma__set_error(GMA_ERR_OOM, "memory_limit of %" PRIu64 " bytes reached", p->limit);

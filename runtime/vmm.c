@@ -9,10 +9,13 @@
  * Chunk sizes. A growth maps the request's shortfall (what the FREE tail of
  * the segment it extends lacks, or the whole request for a fresh run),
  * rounded to the granularity, in ONE vm_map: a 1 GiB tensor costs one map,
- * not 512. A small shortfall maps a minimum chunk instead, a fraction of
- * what the kind already maps (1/MIN_CHUNK_DIV, at most the kind's segment
- * size, capped by the memory limit), so many small requests share a chunk
- * while the unused part of the newest chunk stays a small share of the pool.
+ * not 512. A smaller shortfall maps the kind's minimum chunk instead
+ * (chunk[kind]: the large kind's segment size, 20 MiB by default, as
+ * PyTorch's expandable segments map for their large pool; four small
+ * segments, 8 MiB, for the small kind, whose blocks are at most 1 MiB), so
+ * many growths share one map. Near the memory limit a chunk would strand
+ * memory the other kind may need: a minimum chunk larger than a quarter of
+ * what the limit still allows (NEAR_LIMIT_DIV) maps just the shortfall.
  * The pool offers the segment ends it could extend (gma__tail_t); the plan
  * picks one, so the pool can merge the new chunk into that segment.
  *
@@ -37,14 +40,17 @@
 #define RANGE_MULT 4u
 /* No range larger than this (the simulated device takes at most 64 TiB). */
 #define RANGE_MAX ((uint64_t)16 << 40)
-/* A growth maps at least 1/MIN_CHUNK_DIV of what its kind maps already. */
-#define MIN_CHUNK_DIV 16u
+/* A minimum chunk larger than 1/NEAR_LIMIT_DIV of what the memory limit
+ * still allows maps just the shortfall. */
+#define NEAR_LIMIT_DIV 16u
+/* The small kind's minimum chunk, in small segments. */
+#define SMALL_CHUNK_SEGMENTS 4u
 
 /* The growable source: what source.h's base needs, plus the ranges. */
 typedef struct vm_source {
   gma__source_t base;
   uint64_t limit;                       /* the pool's memory limit */
-  uint64_t segment_size[GMA__NKINDS];   /* caps a minimum chunk */
+  uint64_t chunk[GMA__NKINDS];          /* each kind's minimum chunk (granular) */
   gma__region_t *region[GMA__NKINDS];   /* each kind's ranges (a list) */
 } vm_source_t;
 
@@ -218,7 +224,8 @@ gma_status_t gma__vm_source_new(gma__device_t *dev, gma__trace_t *_Atomic const 
   if (!v) return gma__set_error(GMA_ERR_OOM, "host memory for a growable segment source");
   v->base = (gma__source_t){.ops = &vm_ops, .dev = dev, .trace = trace};
   v->limit = limit;
-  for (int k = 0; k < GMA__NKINDS; k++) v->segment_size[k] = segment_size[k];
+  v->chunk[GMA__SMALL] = round_up(segment_size[GMA__SMALL] * SMALL_CHUNK_SEGMENTS, gran);
+  v->chunk[GMA__LARGE] = round_up(segment_size[GMA__LARGE], gran);
   /* Each kind may grow to the whole limit and its address space fragments
    * as chunks come and go, so each reserves several times the limit
    * (address space is cheap; memory is mapped on demand), and more later
@@ -275,22 +282,15 @@ static bool vm_plan(gma__source_t *s, const gma__grow_req_t *req, gma__plan_t *p
   return false;
 }
 
-/* How much a growth that needs pl->need bytes maps: at least a minimum chunk
- * (1/MIN_CHUNK_DIV of what the kind maps, at most its segment size), so
- * small growths do not map one granule each while the part of the newest
- * chunk not yet used stays a small share of the pool; never more than the
- * room at the spot or what the memory limit leaves. */
+/* How much a growth that needs pl->need bytes maps: the kind's minimum
+ * chunk when that is more, unless it would take more than 1/NEAR_LIMIT_DIV
+ * of what the memory limit still allows; never more than the room at the
+ * spot. */
 static uint64_t chunk_size(const vm_source_t *v, const gma__grow_req_t *req,
                            const gma__plan_t *pl) {
-  const gma__region_t *at = pl->range;
-  uint64_t g = at->gran, mapped = 0;
-  for (const gma__region_t *r = v->region[req->kind]; r; r = r->next) mapped += r->mapped;
-  uint64_t least = mapped / MIN_CHUNK_DIV / g * g, cap = round_up(v->segment_size[req->kind], g);
-  if (least > cap) least = cap;
-  if (least <= pl->need) return pl->need;
+  uint64_t least = v->chunk[req->kind], g = ((const gma__region_t *)pl->range)->gran;
+  if (least <= pl->need || least > req->left / NEAR_LIMIT_DIV) return pl->need;
   if (least > pl->room) least = pl->room / g * g;
-  uint64_t left = req->left; /* >= need: the pool checked */
-  if (least > left) least = left / g * g;
   return least > pl->need ? least : pl->need;
 }
 

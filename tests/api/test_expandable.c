@@ -1,11 +1,12 @@
 /* Growable segments (expandable_segments:true) on the simulated device, whose
  * chunks are real mappings of a reserved host range: one map per growth
- * (the shortfall rounded to the granularity), blocks coalescing across
- * chunks, trimming that unmaps the whole chunks inside free blocks (never a
- * chunk partly in use, nor one whose stream work is still running: an
- * unmapped page under a kernel would crash this test), memory_limit,
- * injected map failures, a growing workload that does not fragment, and map
- * calls per GiB on a synthetic training-like workload. Public API only. */
+ * (the shortfall rounded to the granularity, or the kind's minimum chunk),
+ * blocks coalescing across chunks, trimming that unmaps the whole chunks
+ * inside free blocks (never a chunk partly in use, nor one whose stream work
+ * is still running: an unmapped page under a kernel would crash this test),
+ * memory_limit, injected map failures, a growing workload that does not
+ * fragment, and map calls per GiB on a synthetic training-like workload.
+ * Public API only. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
@@ -15,12 +16,17 @@
 #define MiB ((size_t)1 << 20)
 #define GRAN (2 * MiB) /* the simulated device's granularity */
 
+/* Most tests look at the mapping mechanics one granule at a time: their
+ * large minimum chunk is one granule (large_segment:2M), so a growth
+ * maps exactly what it lacks. minimum_chunks tests the default. */
 static gma_t *expandable(const char *extra) {
   char conf[256];
   /* A key may appear once per string: the default capacity unless extra names one. */
   bool own_capacity = extra && strstr(extra, "sim_capacity:");
-  snprintf(conf, sizeof conf, "expandable_segments:true,worker:off%s%s%s",
-           own_capacity ? "" : ",sim_capacity:1G", extra ? "," : "", extra ? extra : "");
+  bool own_chunk = extra && strstr(extra, "large_segment:");
+  snprintf(conf, sizeof conf, "expandable_segments:true,worker:off%s%s%s%s",
+           own_capacity ? "" : ",sim_capacity:1G", own_chunk ? "" : ",large_segment:2M",
+           extra ? "," : "", extra ? extra : "");
   return sim_allocator(conf);
 }
 
@@ -130,26 +136,75 @@ static void trim_waits_for_stream_work(void) {
   CHECK_OK(gma_destroy(g));
 }
 
-/* Growth gives back free chunks that are too scattered for the request
- * first, so reserved memory follows what is live instead of keeping the
- * holes beside the new chunks. */
-static void growth_releases_scattered_chunks(void) {
-  gma_t *g = expandable(NULL);
-  void *a = alloc_on(g, 4 * MiB, NULL), *b = alloc_on(g, 4 * MiB, NULL),
-       *c = alloc_on(g, 4 * MiB, NULL), *d = alloc_on(g, 4 * MiB, NULL);
-  CHECK_OK(gma_free(g, a));
-  CHECK_OK(gma_free(g, c)); /* two 4 MiB holes: no room for 10 MiB */
-  settle(g, NULL);
-  CHECK(stats_of(g).reserved.current == 16 * MiB);
-  void *e = alloc_on(g, 10 * MiB, NULL);
+/* Growth maps new memory and leaves free chunks elsewhere mapped (a later
+ * request may fit them; unmapping and mapping again would cost two device
+ * calls each); when the device is short, the OOM retry gives the scattered
+ * free chunks back and the growth succeeds. */
+static void free_chunks_go_back_at_oom(void) {
+  for (int tight = 0; tight < 2; tight++) {
+    gma_t *g = expandable(tight ? "sim_capacity:20M" : NULL);
+    void *a = alloc_on(g, 4 * MiB, NULL), *b = alloc_on(g, 4 * MiB, NULL),
+         *c = alloc_on(g, 4 * MiB, NULL), *d = alloc_on(g, 4 * MiB, NULL);
+    CHECK_OK(gma_free(g, a));
+    CHECK_OK(gma_free(g, c)); /* two 4 MiB holes: no room for 10 MiB */
+    settle(g, NULL);
+    CHECK(stats_of(g).reserved.current == 16 * MiB);
+    void *e = alloc_on(g, 10 * MiB, NULL);
+    gma_stats_t s = stats_of(g);
+    if (tight) {
+      CHECK(s.reserved.current == 18 * MiB); /* b + d + e: the holes went back */
+      CHECK(s.num_device_frees == 2);        /* a's chunk and c's, whole */
+      CHECK(s.num_oom_retries == 1 && s.num_ooms == 0);
+    } else {
+      CHECK(s.reserved.current == 26 * MiB && s.num_device_frees == 0);
+      CHECK(s.num_oom_retries == 0);
+    }
+    memset(b, 1, 4 * MiB);
+    memset(d, 2, 4 * MiB);
+    CHECK_OK(gma_free(g, b));
+    CHECK_OK(gma_free(g, d));
+    CHECK_OK(gma_free(g, e));
+    CHECK_OK(gma_destroy(g));
+  }
+}
+
+/* With the default sizes a growth maps at least the kind's minimum chunk:
+ * large_segment_size (20 MiB) for the large kind, four small segments
+ * (8 MiB) for the small one, so many growths share a map; near the limit
+ * (a chunk more than 1/16 of what is left) a growth maps only what it
+ * lacks. */
+static void minimum_chunks(void) {
+  gma_t *g = sim_allocator("expandable_segments:true,worker:off,sim_capacity:1G");
+  void *p[7];
+  for (int i = 0; i < 6; i++) p[i] = alloc_on(g, 3 * MiB, NULL);
   gma_stats_t s = stats_of(g);
-  CHECK(s.reserved.current == 18 * MiB); /* b + d + e: the holes went back */
-  CHECK(s.num_device_frees == 2);        /* a's chunk and c's, whole */
-  memset(b, 1, 4 * MiB);
-  memset(d, 2, 4 * MiB);
-  CHECK_OK(gma_free(g, b));
-  CHECK_OK(gma_free(g, d));
-  CHECK_OK(gma_free(g, e));
+  CHECK(s.num_device_allocs == 1 && s.reserved.current == 20 * MiB);
+  p[6] = alloc_on(g, 3 * MiB, NULL); /* 2 MiB left in the chunk: the next one extends it */
+  s = stats_of(g);
+  CHECK(s.num_device_allocs == 2 && s.reserved.current == 40 * MiB && s.num_segments == 1);
+  CHECK((char *)p[6] == (char *)p[5] + 3 * MiB); /* across the chunk boundary */
+  void *tiny = alloc_on(g, 512, NULL);
+  s = stats_of(g);
+  CHECK(s.num_device_allocs == 3 && s.reserved.current == 48 * MiB);
+  /* More than a chunk: the 19 free MiB after p[6] and just the 82 MiB it lacks. */
+  void *big = alloc_on(g, 100 * MiB, NULL);
+  s = stats_of(g);
+  CHECK(s.num_device_allocs == 4 && s.reserved.current == 130 * MiB);
+  CHECK((char *)big == (char *)p[6] + 3 * MiB);
+  CHECK_OK(gma_free(g, big));
+  CHECK_OK(gma_free(g, tiny));
+  for (int i = 0; i < 7; i++) CHECK_OK(gma_free(g, p[i]));
+  CHECK_OK(gma_destroy(g));
+
+  /* 64 MiB device: 20 MiB is more than 1/16 of what is left, so growths map
+   * their shortfall, and the workload fits to the granule. */
+  g = sim_allocator("expandable_segments:true,worker:off,sim_capacity:64M");
+  for (int i = 0; i < 7; i++) p[i] = alloc_on(g, 3 * MiB, NULL);
+  tiny = alloc_on(g, 512, NULL);
+  s = stats_of(g);
+  CHECK(s.reserved.current == 22 * MiB + GRAN); /* 21 MiB in granules, and one small */
+  CHECK_OK(gma_free(g, tiny));
+  for (int i = 0; i < 7; i++) CHECK_OK(gma_free(g, p[i]));
   CHECK_OK(gma_destroy(g));
 }
 
@@ -210,14 +265,19 @@ static uint64_t growing_workload(const char *conf) {
 static void growing_does_not_fragment(void) {
   uint64_t plain = growing_workload("worker:off,sim_capacity:1G");
   uint64_t grow = growing_workload("worker:off,sim_capacity:1G,expandable_segments:true");
-  printf("growing workload: peak reserved %llu MiB with ordinary segments, %llu MiB growable\n",
-         (unsigned long long)(plain / MiB), (unsigned long long)(grow / MiB));
-  CHECK(grow == 38 * MiB); /* exactly the largest request (11, 14, ... 38 MiB) */
+  uint64_t exact = growing_workload(
+      "worker:off,sim_capacity:1G,expandable_segments:true,large_segment:2M");
+  printf("growing workload: peak reserved %llu MiB with ordinary segments, %llu MiB growable "
+         "(%llu MiB with 2 MiB chunks)\n",
+         (unsigned long long)(plain / MiB), (unsigned long long)(grow / MiB),
+         (unsigned long long)(exact / MiB));
+  CHECK(exact == 38 * MiB); /* exactly the largest request (11, 14, ... 38 MiB) */
+  CHECK(grow == 40 * MiB);  /* two 20 MiB chunks */
   CHECK(plain > grow);
 }
 
 static void batch_and_async(void) {
-  gma_t *g = sim_allocator("expandable_segments:true,sim_capacity:1G");
+  gma_t *g = sim_allocator("expandable_segments:true,sim_capacity:1G,large_segment:2M");
   size_t sizes[8];
   void *ptrs[8];
   for (int i = 0; i < 8; i++) sizes[i] = (size_t)(i + 1) * MiB;
@@ -324,7 +384,8 @@ int main(void) {
   grows_by_chunks_and_coalesces();
   trim_splits_segments();
   trim_waits_for_stream_work();
-  growth_releases_scattered_chunks();
+  free_chunks_go_back_at_oom();
+  minimum_chunks();
   limit_and_faults();
   growing_does_not_fragment();
   batch_and_async();

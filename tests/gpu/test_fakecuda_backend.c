@@ -243,7 +243,9 @@ static void gate_kernel(void *arg) {
 
 static void scenario_growable(void) {
   const uint64_t gran = 2 * MiB; /* GMA_FAKECUDA_GRANULARITY */
-  gma_t *g = drv_cuda_allocator("expandable_segments:true,worker:off");
+  /* Minimum chunk one granule (large_segment:2M): each growth maps
+   * what it lacks, so chunks and trims can be counted one by one. */
+  gma_t *g = drv_cuda_allocator("expandable_segments:true,worker:off,large_segment:2M");
   drv_open();
   drv_bind_thread();
   unsigned long long reserves = fc_calls("cuMemAddressReserve");
