@@ -636,6 +636,19 @@ static gma_status_t find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uin
     *out = b;
     return GMA_OK;
   }
+  /* The small pool would grow: a FREE block of the large pool serves the
+   * request instead when what it leaves is less than a small segment. A
+   * hole that small serves few large requests, and growing would reserve a
+   * whole small segment (a chunk, growable) beside it. (The block stays in
+   * its large segment: freed, it goes back to the large trees.) */
+  if (kind == GMA__SMALL) {
+    b = treap_best_fit(p->free_tree[GMA__LARGE], size);
+    if (b && b->size - size < p->segment_size[GMA__SMALL]) {
+      *level = &p->c.hits_pool;
+      *out = b;
+      return GMA_OK;
+    }
+  }
   *level = &p->c.hits_device;
   if (!may_grow) return GMA_ERR_OOM; /* the caller has another plan; no message */
   gma_status_t st = grow(p, kind, size, out);

@@ -2,7 +2,8 @@
  * creating and destroying allocators, allocating and freeing on the default
  * stream and on created streams, alignment, rounding to 512 bytes, that block
  * memory is usable for its whole size, and that a block freed on a stream is
- * reused on that stream without a new device allocation. */
+ * reused on that stream without a new device allocation, and that a small
+ * request takes a small hole of the large pool before the small pool grows. */
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -257,6 +258,41 @@ static void test_empty_cache(void) {
   CHECK_OK(gma_destroy(g));
 }
 
+/* A small request that would grow the small pool takes a FREE block of the
+ * large pool when less than a small segment (2 MiB) would be left of it;
+ * a larger hole is left to large requests, and the small pool grows. */
+static void test_small_fills_large_holes(void) {
+  gma_t *g = new_sim();
+  const size_t MiB = (size_t)1 << 20;
+  void *a, *b, *c, *s1, *s2;
+  CHECK_OK(gma_alloc(g, 9 * MiB, NULL, &a)); /* one shared 20 MiB segment */
+  CHECK_OK(gma_alloc(g, 9 * MiB, NULL, &b));
+  CHECK_OK(gma_alloc(g, 3 * MiB / 2, NULL, &c)); /* 0.5 MiB left at its end */
+  gma_stats_t st = GMA_STATS_INIT;
+  CHECK_OK(gma_stats(g, &st));
+  CHECK(st.num_device_allocs == 1 && st.reserved.current == 20 * MiB);
+  CHECK_OK(gma_alloc(g, 256 * 1024, NULL, &s1));
+  CHECK_OK(gma_stats(g, &st));
+  CHECK(st.num_device_allocs == 1 && st.reserved.current == 20 * MiB);
+  CHECK((char *)s1 == (char *)c + 3 * MiB / 2); /* in the hole */
+  memset(s1, 1, 256 * 1024);
+  CHECK_OK(gma_free(g, a)); /* a 9 MiB hole: too large to give a small request */
+  CHECK_OK(gma_stream_synchronize(g, NULL));
+  CHECK_OK(gma_alloc(g, 512 * 1024, NULL, &s2));
+  CHECK_OK(gma_stats(g, &st));
+  CHECK(st.num_device_allocs == 2 && st.reserved.current == 22 * MiB); /* a small segment */
+  CHECK((uintptr_t)s2 < (uintptr_t)a || (uintptr_t)s2 >= (uintptr_t)a + 20 * MiB);
+  CHECK_OK(gma_free(g, s1));
+  CHECK_OK(gma_free(g, s2));
+  CHECK_OK(gma_free(g, b));
+  CHECK_OK(gma_free(g, c));
+  CHECK_OK(gma_stream_synchronize(g, NULL));
+  CHECK_OK(gma_empty_cache(g)); /* the hole's block went back and coalesced */
+  CHECK_OK(gma_stats(g, &st));
+  CHECK(st.reserved.current == 0 && st.allocated.current == 0);
+  CHECK_OK(gma_destroy(g));
+}
+
 int main(void) {
   /* Before any gma call failed on this thread, the last error is empty. */
   CHECK(gma_last_error() != NULL && gma_last_error()[0] == '\0');
@@ -270,6 +306,7 @@ int main(void) {
   test_streams();
   test_sim_launch();
   test_empty_cache();
+  test_small_fills_large_holes();
   /* Nothing above failed, so the thread's last error is still empty. */
   CHECK(gma_last_error()[0] == '\0');
   printf("test_basic: ok (gma %s)\n", gma_version());
