@@ -197,7 +197,8 @@ def markdown(result):
              "|---|---:|---:|---:|---:|---:|---:|"]
     for name, r in result["runs"].items():
         if "final_loss" not in r:
-            lines.append("| %s | %s | | | | | |" % (name, r.get("skipped") or r.get("error")))
+            lines.append("| %s | %s | | | | | |" % (
+                name, (r.get("skipped") or r.get("error") or "").replace("|", "/")))
             continue
         lines.append("| %s | %.6f | %s | %s | %s | %s | %s |" % (
             name, r["final_loss"], r["steps_per_s"], mib(r["peak_reserved"]),
