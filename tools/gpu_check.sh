@@ -116,6 +116,14 @@ run_logged() {
   rc=${PIPESTATUS[0]}
   set -e
 }
+# run_quiet LOG LIMIT CMD...: the same, output to LOG only; its last lines on failure.
+run_quiet() {
+  local log=$1 limit=$2
+  shift 2
+  rc=0
+  timeout --kill-after=30 "$limit" "$@" >"$log" 2>&1 || rc=$?
+  [ "$rc" -eq 0 ] || tail -n 40 "$log"
+}
 why_rc() { [ "$1" -eq 124 ] || [ "$1" -eq 137 ] && echo "ran out of time" || echo "exit $1"; }
 
 gpu_info=$(timeout 60 "$smi" --query-gpu=index,name,driver_version,memory.total \
@@ -127,7 +135,7 @@ while IFS= read -r line; do echo "  $line"; done <<<"$gpu_info"
 # 1. build
 begin build "configure and build a Release tree with the tests in $build" 600
 toolkit=""
-run_logged "$logs/configure.log" 300 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release \
+run_quiet "$logs/configure.log" 300 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release \
   -DGMA_BUILD_TESTS=ON -DGMA_BUILD_BENCH=OFF
 built=0
 if [ "$rc" -ne 0 ]; then
@@ -137,7 +145,7 @@ elif grep -q 'gma: no CUDA Toolkit found' "$logs/configure.log"; then
     "CMake found no CUDA Toolkit, so libgma has no CUDA backend and nothing of gma's can run on the GPU (install the toolkit's headers)"
 else
   toolkit=$(sed -n 's/.*gma: CUDA Toolkit \([^ ]*\) headers.*/\1/p' "$logs/configure.log" | head -n 1)
-  run_logged "$logs/build.log" $((600 - (SECONDS - step_start))) \
+  run_quiet "$logs/build.log" $((600 - (SECONDS - step_start))) \
     cmake --build "$build" -j "$(nproc 2>/dev/null || echo 2)"
   if [ "$rc" -ne 0 ]; then
     record build failed $((SECONDS - step_start)) "cmake --build: $(why_rc "$rc") (log: $logs/build.log)"
@@ -189,6 +197,9 @@ fi
 torch_bench_note=$(grep -m 1 '^torch_bench: skipped: ' "$logs/bench_gpu.log" || true)
 if [ "$rc" -ne 0 ]; then
   record bench_gpu failed $((SECONDS - step_start)) "$(why_rc "$rc") (log: $logs/bench_gpu.log)"
+elif grep -q '^bench_gpu: no GPU available' "$logs/bench_gpu.log"; then
+  record bench_gpu failed $((SECONDS - step_start)) \
+    "gma-bench-gpu found no usable GPU on a machine with one: $(grep -m 1 '^gma-bench-gpu: ' "$logs/bench_gpu.log" || true)"
 elif [ ! -s "$bench_table" ]; then
   record bench_gpu skipped $((SECONDS - step_start)) \
     "no table: $(grep -m 1 -E '^bench_gpu: ' "$logs/bench_gpu.log" || echo "see $logs/bench_gpu.log")"
