@@ -23,3 +23,13 @@ add_test(NAME tools_torch_policy_model
          COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_torch_policy_model.py
                  ${PROJECT_SOURCE_DIR}/tools/torch-policy-model)
 set_tests_properties(tools_torch_policy_model PROPERTIES LABELS tools TIMEOUT 60)
+
+# tools/gpu_check.sh and bench/gpu/torch_train.py skip cleanly without a GPU
+# (and torch_train.py without torch, or with a torch that sees no CUDA): exit
+# 0 within 10 s, the exact skip line, nothing built or written.
+foreach(mode gpu_check torch_train)
+  add_test(NAME tools_${mode}_skip
+           COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_gpu_check.py
+                   ${mode} ${PROJECT_SOURCE_DIR})
+  set_tests_properties(tools_${mode}_skip PROPERTIES LABELS tools TIMEOUT 60)
+endforeach()
