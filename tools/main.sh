@@ -11,7 +11,7 @@
 #     allocations counted and PyTorch's own failed requests (oom rows)
 #     attempted; and, per trace and configuration, the smallest simulated
 #     device capacity it replays in with no failed allocation (--min-capacity:
-#     a bisection to 0.2%, about a dozen fast replays each), next to PyTorch's
+#     a bisection to 0.05%, about fifteen fast replays each), next to PyTorch's
 #     peak reserved and the trace's peak live bytes;
 #  3. draws memory over time and the segment map at the peak with
 #     tools/gma-viz (SVG + HTML under build/release/pictures/);
@@ -48,7 +48,7 @@ echo
 echo "=== replaying on the simulated device: default segments and growable segments;"
 echo "    the smallest capacity each replays in (bisection, --min-capacity)"
 "$out/gma-replay" --config default= --config expandable=expandable_segments:true \
-  --recorded-label PyTorch --min-capacity \
+  --recorded-label PyTorch --min-capacity --precision 0.05 \
   --json "$out/replay.json" --timeline-dir "$out/replay" --snapshot-dir "$out/replay" \
   --workload pipeline "${inputs[@]}"
 
