@@ -513,11 +513,17 @@ static gma_status_t oom_error(gma__pool_t *p, uint64_t size, size_t requested,
              "(waited %.1f ms; oom_wait_ms bounds it); synchronize the streams, or raise "
              "oom_wait_ms", gated, (double)waited_ns / 1e6);
   else if (p->c.free + room >= size)
+    /* Growable segments coalesce already: what is left is free memory
+     * between live blocks, in chunks that can only go back whole. */
     snprintf(cause, sizeof cause,
              "fragmentation: %" PRIu64 " bytes are free in the pool, but the largest free "
-             "block is %" PRIu64 " bytes and only %" PRIu64 " more can be reserved; "
-             "expandable_segments:true lets free chunks coalesce",
-             p->c.free, largest, room);
+             "block is %" PRIu64 " bytes and only %" PRIu64 " more can be reserved; %s",
+             p->c.free, largest, room,
+             p->growable ? "the free pieces lie between live blocks, in chunks that go back "
+                           "to the device only whole: a smaller minimum chunk (large_segment, "
+                           "small_segment) lets more of them go back, or free or shrink "
+                           "long-lived allocations"
+                         : "expandable_segments:true lets free chunks coalesce");
   else
     snprintf(cause, sizeof cause,
              "a real shortage: live allocations hold %" PRIu64 " bytes; free memory, ask for "

@@ -148,8 +148,26 @@ static void fragmentation_message(void) {
   CHECK_ST(gma_alloc(g, 10 * MiB, NULL, &q), GMA_ERR_OOM);
   CHECK(strstr(gma_last_error(), "fragmentation") != NULL);
   CHECK(strstr(gma_last_error(), "largest free block is 6291456") != NULL);
+  CHECK(strstr(gma_last_error(), "expandable_segments:true lets") != NULL);
   for (int i = 0; i < 6; i++)
     if (i != 1 && i != 4) CHECK_OK(gma_free(g, p[i]));
+  CHECK_OK(gma_destroy(g));
+
+  /* Growable segments coalesce already: the advice is not to turn them on,
+   * but smaller chunks. Near the limit each growth maps what it lacks, so
+   * 3 MiB blocks lie across 2 MiB-granular chunks; the freed ones leave
+   * pieces whose chunks still hold live neighbours. */
+  g = sim_allocator("memory_limit:40M,worker:off,expandable_segments:true,sim_capacity:1G");
+  void *r[13];
+  for (int i = 0; i < 13; i++) CHECK_OK(gma_alloc(g, 3 * MiB, NULL, &r[i]));
+  for (int i = 1; i < 13; i += 3) CHECK_OK(gma_free(g, r[i]));
+  CHECK_OK(gma_stream_synchronize(g, NULL));
+  CHECK_ST(gma_alloc(g, 8 * MiB, NULL, &q), GMA_ERR_OOM);
+  CHECK(strstr(gma_last_error(), "fragmentation") != NULL);
+  CHECK(strstr(gma_last_error(), "expandable_segments:true") == NULL);
+  CHECK(strstr(gma_last_error(), "smaller minimum chunk") != NULL);
+  for (int i = 0; i < 13; i++)
+    if (i % 3 != 1) CHECK_OK(gma_free(g, r[i]));
   CHECK_OK(gma_destroy(g));
 }
 
