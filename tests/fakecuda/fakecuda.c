@@ -18,17 +18,46 @@
  * allocation, mapping, reservation, handle, event and stream of the device
  * freed) when the last reference goes, with the context staying current but
  * destroyed (CUDA_ERROR_CONTEXT_IS_DESTROYED) as on a GPU; the real error
- * names and strings; cuEventQuery's CUDA_ERROR_NOT_READY; a device fault
- * (a copy touching memory that is no longer device memory) is sticky: every
- * later call on the device returns CUDA_ERROR_ILLEGAL_ADDRESS until reset.
+ * names and strings; cuEventQuery's CUDA_ERROR_NOT_READY; an event recorded
+ * on a stream completes only once the work queued before it on that stream
+ * has run on the stream's thread (the sim's marks; it is complete at record
+ * time only when the stream is idle, i.e. that work has already run); a
+ * device fault (a copy touching memory that is no longer device memory) is
+ * sticky: every later call on the device returns CUDA_ERROR_ILLEGAL_ADDRESS
+ * until reset; cuMemcpyDtoHAsync into pageable host memory (anything not
+ * from cuMemHostAlloc) returns only once the copy completed, into
+ * cuMemHostAlloc memory it is asynchronous; cuEventRecord with an event and
+ * a stream of different devices returns CUDA_ERROR_INVALID_HANDLE, as
+ * documented.
+ *
+ * Stricter than a GPU where a GPU's behaviour is undefined (fakecuda.h,
+ * FAKECUDA_STRICT_*; GMA_FAKECUDA_STRICT or fakecuda_strict switch the
+ * checks, all on by default): the process aborts with a message naming the
+ * entry point and the handle or range when
+ * - a stream or event handle is not live: destroyed by cuStreamDestroy /
+ *   cuEventDestroy or by its primary context's reset, or never created
+ *   ("handles"; a destroyed handle whose value a new stream or event got is
+ *   live again, as on a GPU, and cannot be told apart);
+ * - cuStreamWaitEvent waits on another device's event ("handles": legal in
+ *   CUDA but not simulated, so a test relying on it must not pass on an
+ *   error code);
+ * - cuMemFree or cuMemUnmap gives back device memory that a queued or
+ *   running memset/copy of the fake still touches ("pending": every such
+ *   copy is on fc_inflight from queueing until it ran). Kernels queued with
+ *   fakecuda_launch are opaque and not tracked.
+ * Without a check the call returns CUDA_ERROR_INVALID_HANDLE, or (pending)
+ * succeeds and the copy later sets the sticky fault.
  *
  * Deliberate differences, each documented where it matters:
  * - cuMemFree and cuMemUnmap do not synchronize the device. gma must not rely
- *   on that (device.h: the caller makes sure no work still uses the range),
- *   and without it a premature free shows up as a sticky fault instead of
- *   being hidden.
+ *   on that (device.h: the caller makes sure no work still uses the range);
+ *   the "pending" check reports a premature free at the call, and without it
+ *   the premature free shows up as a sticky fault instead of being hidden.
  * - The legacy default stream does not implicitly synchronize with other
  *   streams, so code that relies on that is caught too.
+ * - cuMemcpyHtoDAsync reads pageable host memory when the stream reaches the
+ *   copy (the driver stages it at the call): the buffer must stay valid
+ *   until then, stricter than a GPU.
  * - A physical handle can be mapped once at a time; reservations, handles and
  *   mappings belong to one device and live with its primary context; a
  *   stream can wait only on an event of its own device.
