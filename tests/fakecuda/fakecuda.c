@@ -18,17 +18,46 @@
  * allocation, mapping, reservation, handle, event and stream of the device
  * freed) when the last reference goes, with the context staying current but
  * destroyed (CUDA_ERROR_CONTEXT_IS_DESTROYED) as on a GPU; the real error
- * names and strings; cuEventQuery's CUDA_ERROR_NOT_READY; a device fault
- * (a copy touching memory that is no longer device memory) is sticky: every
- * later call on the device returns CUDA_ERROR_ILLEGAL_ADDRESS until reset.
+ * names and strings; cuEventQuery's CUDA_ERROR_NOT_READY; an event recorded
+ * on a stream completes only once the work queued before it on that stream
+ * has run on the stream's thread (the sim's marks; it is complete at record
+ * time only when the stream is idle, i.e. that work has already run); a
+ * device fault (a copy touching memory that is no longer device memory) is
+ * sticky: every later call on the device returns CUDA_ERROR_ILLEGAL_ADDRESS
+ * until reset; cuMemcpyDtoHAsync into pageable host memory (anything not
+ * from cuMemHostAlloc) returns only once the copy completed, into
+ * cuMemHostAlloc memory it is asynchronous; cuEventRecord with an event and
+ * a stream of different devices returns CUDA_ERROR_INVALID_HANDLE, as
+ * documented.
+ *
+ * Stricter than a GPU where a GPU's behaviour is undefined (fakecuda.h,
+ * FAKECUDA_STRICT_*; GMA_FAKECUDA_STRICT or fakecuda_strict switch the
+ * checks, all on by default): the process aborts with a message naming the
+ * entry point and the handle or range when
+ * - a stream or event handle is not live: destroyed by cuStreamDestroy /
+ *   cuEventDestroy or by its primary context's reset, or never created
+ *   ("handles"; a destroyed handle whose value a new stream or event got is
+ *   live again, as on a GPU, and cannot be told apart);
+ * - cuStreamWaitEvent waits on another device's event ("handles": legal in
+ *   CUDA but not simulated, so a test relying on it must not pass on an
+ *   error code);
+ * - cuMemFree or cuMemUnmap gives back device memory that a queued or
+ *   running memset/copy of the fake still touches ("pending": every such
+ *   copy is on fc_inflight from queueing until it ran). Kernels queued with
+ *   fakecuda_launch are opaque and not tracked.
+ * Without a check the call returns CUDA_ERROR_INVALID_HANDLE, or (pending)
+ * succeeds and the copy later sets the sticky fault.
  *
  * Deliberate differences, each documented where it matters:
  * - cuMemFree and cuMemUnmap do not synchronize the device. gma must not rely
- *   on that (device.h: the caller makes sure no work still uses the range),
- *   and without it a premature free shows up as a sticky fault instead of
- *   being hidden.
+ *   on that (device.h: the caller makes sure no work still uses the range);
+ *   the "pending" check reports a premature free at the call, and without it
+ *   the premature free shows up as a sticky fault instead of being hidden.
  * - The legacy default stream does not implicitly synchronize with other
  *   streams, so code that relies on that is caught too.
+ * - cuMemcpyHtoDAsync reads pageable host memory when the stream reaches the
+ *   copy (the driver stages it at the call): the buffer must stay valid
+ *   until then, stricter than a GPU.
  * - A physical handle can be mapped once at a time; reservations, handles and
  *   mappings belong to one device and live with its primary context; a
  *   stream can wait only on an event of its own device.
@@ -45,6 +74,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -128,6 +158,86 @@ static bool fc_enter(int e, CUresult *r) {
   }
   pthread_mutex_unlock(&fault_mu);
   return hit;
+}
+
+/* ---------------------------------------------------------------------------
+ * Strictness: misuse whose outcome on a GPU is undefined stops the process
+ * (fakecuda.h: FAKECUDA_STRICT_*), so a test cannot pass on an error code a
+ * real driver need not return.
+ * ------------------------------------------------------------------------- */
+/* The checks in force; set when the library loads (GMA_FAKECUDA_STRICT) and
+ * by fakecuda_strict. Relaxed: a test changes it between its own calls. */
+static _Atomic unsigned fc_strict_flags = FAKECUDA_STRICT_ALL;
+
+/* Reads GMA_FAKECUDA_STRICT (fakecuda.h). A malformed value is reported and
+ * leaves every check on: a typo must not quietly make the fake forgiving. */
+__attribute__((constructor)) static void fc_strict_from_env(void) {
+  const char *e = getenv("GMA_FAKECUDA_STRICT");
+  if (!e || !*e || strcmp(e, "1") == 0 || strcmp(e, "all") == 0) return;
+  if (strcmp(e, "0") == 0 || strcmp(e, "none") == 0) {
+    atomic_store_explicit(&fc_strict_flags, 0, memory_order_relaxed);
+    return;
+  }
+  unsigned flags = 0;
+  for (const char *p = e; *p;) {
+    size_t n = strcspn(p, ",");
+    if (n == 7 && strncmp(p, "handles", n) == 0) {
+      flags |= FAKECUDA_STRICT_HANDLES;
+    } else if (n == 7 && strncmp(p, "pending", n) == 0) {
+      flags |= FAKECUDA_STRICT_PENDING;
+    } else {
+      fprintf(stderr,
+              "fakecuda: GMA_FAKECUDA_STRICT=%s: expected all, none, or a list of handles and "
+              "pending; every check stays on\n",
+              e);
+      return;
+    }
+    p += n;
+    if (*p) p++;
+  }
+  atomic_store_explicit(&fc_strict_flags, flags, memory_order_relaxed);
+}
+
+static bool fc_strict(unsigned check) {
+  return (atomic_load_explicit(&fc_strict_flags, memory_order_relaxed) & check) != 0;
+}
+
+/* Stops the process on a misuse: the message (entry point first), then why,
+ * then abort(), so the test fails where the misuse happened, with its stack. */
+__attribute__((noreturn, format(printf, 2, 3))) static void fc_misuse(const char *check,
+                                                                       const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fputs("fakecuda: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fprintf(stderr,
+          "\nfakecuda: undefined on a GPU, so the fake driver aborts (check \"%s\"; "
+          "GMA_FAKECUDA_STRICT or fakecuda_strict turn it off for a test that expects the "
+          "error code)\n",
+          check);
+  fflush(stderr);
+  abort();
+}
+
+/* The answer to a stream handle that is not live: abort when strict, else
+ * CUDA_ERROR_INVALID_HANDLE. */
+static CUresult bad_stream(const char *entry, CUstream s) {
+  if (fc_strict(FAKECUDA_STRICT_HANDLES))
+    fc_misuse("handles",
+              "%s: stream %p is not a live stream of any device (destroyed by cuStreamDestroy "
+              "or by its primary context's reset, or never created)",
+              entry, (void *)s);
+  return CUDA_ERROR_INVALID_HANDLE;
+}
+
+static CUresult bad_event(const char *entry, CUevent ev) {
+  if (fc_strict(FAKECUDA_STRICT_HANDLES))
+    fc_misuse("handles",
+              "%s: event %p is not a live event of any device (destroyed by cuEventDestroy or "
+              "by its primary context's reset, or never created)",
+              entry, (void *)ev);
+  return CUDA_ERROR_INVALID_HANDLE;
 }
 
 /* ---------------------------------------------------------------------------
@@ -347,8 +457,9 @@ static bool is_default_stream(CUstream s) {
 
 /* The device of stream s, entered: the current context's for the default
  * streams, else the device whose sim knows the handle (the sim checks handles
- * by address range, never dereferencing them, so any value is safe). */
-static CUresult stream_enter(CUstream s, fc_device_t **out) {
+ * by address range, never dereferencing them, so any value is safe). A
+ * handle no device knows is misuse (bad_stream); entry names the caller. */
+static CUresult stream_enter(const char *entry, CUstream s, fc_device_t **out) {
   if (is_default_stream(s)) return ctx_enter(out);
   for (int i = 0; i < fc.ndev; i++) {
     fc_device_t *d = &fc.dev[i];
@@ -369,20 +480,21 @@ static CUresult stream_enter(CUstream s, fc_device_t **out) {
     }
     pthread_rwlock_unlock(&d->life);
   }
-  return CUDA_ERROR_INVALID_HANDLE;
+  return bad_stream(entry, s);
 }
 
 /* The device of event ev, entered. The table is read twice because life must
  * be taken before mu: a reset in between purges the entry, and then the
- * handle is invalid. */
-static CUresult event_enter(CUevent ev, fc_device_t **out) {
+ * handle is invalid. A handle not in the table is misuse (bad_event). */
+static CUresult event_enter(const char *entry, CUevent ev, fc_device_t **out) {
   pthread_mutex_lock(&fc.mu);
   size_t i = vec_find(&fc.events, (uintptr_t)ev);
   int di = i == SIZE_MAX ? -1 : ((fc_event_entry_t *)vec_at(&fc.events, i))->dev;
   pthread_mutex_unlock(&fc.mu);
-  if (di < 0) return CUDA_ERROR_INVALID_HANDLE;
+  if (di < 0) return bad_event(entry, ev);
   fc_device_t *d = &fc.dev[di];
   CUresult r = dev_enter(d, CUDA_ERROR_INVALID_HANDLE);
+  if (r == CUDA_ERROR_INVALID_HANDLE) return bad_event(entry, ev); /* reset meanwhile */
   if (r != CUDA_SUCCESS) return r;
   pthread_mutex_lock(&fc.mu);
   i = vec_find(&fc.events, (uintptr_t)ev);
@@ -390,22 +502,55 @@ static CUresult event_enter(CUevent ev, fc_device_t **out) {
   pthread_mutex_unlock(&fc.mu);
   if (!same) {
     dev_exit(d);
-    return CUDA_ERROR_INVALID_HANDLE;
+    return bad_event(entry, ev); /* destroyed meanwhile: a race the caller lost */
   }
   *out = d;
   return CUDA_SUCCESS;
 }
 
-/* Checks that stream s may be used with a resource of the entered device d:
- * a default stream needs d's context current, any other must be d's. */
-static CUresult stream_on(fc_device_t *d, CUstream s) {
+/* True when s is a live stream of a device other than d (whose life the
+ * caller holds for reading; another device's life is taken for reading
+ * only, which cannot deadlock with a retain/release, which write-lock only
+ * their own device's). */
+static bool stream_elsewhere(const fc_device_t *d, CUstream s) {
+  for (int i = 0; i < fc.ndev; i++) {
+    fc_device_t *o = &fc.dev[i];
+    if (o == d) continue;
+    pthread_rwlock_rdlock(&o->life);
+    uint64_t id;
+    bool live = o->active && o->sim->ops->stream_id(o->sim, (gma_stream_t)s, &id) == GMA_OK;
+    pthread_rwlock_unlock(&o->life);
+    if (live) return true;
+  }
+  return false;
+}
+
+/* Checks that stream s may be used with an event of the entered device d: a
+ * default stream needs d's context current, any other must be d's. A live
+ * stream of another device gets CUDA_ERROR_INVALID_HANDLE, as the driver
+ * documents for cuEventRecord (event and stream of one context), unless
+ * cross_device_is_legal (cuStreamWaitEvent, where CUDA allows it and the
+ * fake cannot simulate it: misuse of the fake, an abort when strict); a
+ * stream no device knows is misuse (bad_stream). */
+static CUresult stream_on(const char *entry, fc_device_t *d, CUstream s,
+                          bool cross_device_is_legal) {
+  bool other;
   if (is_default_stream(s)) {
     if (tls_ctx.n == 0) return CUDA_ERROR_INVALID_CONTEXT;
-    return ctx_device(tls_ctx.s[tls_ctx.n - 1]) == d ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    other = ctx_device(tls_ctx.s[tls_ctx.n - 1]) != d;
+  } else {
+    uint64_t id;
+    if (d->sim->ops->stream_id(d->sim, (gma_stream_t)s, &id) == GMA_OK) return CUDA_SUCCESS;
+    if (!stream_elsewhere(d, s)) return bad_stream(entry, s);
+    other = true;
   }
-  uint64_t id;
-  gma_status_t st = d->sim->ops->stream_id(d->sim, (gma_stream_t)s, &id);
-  return st == GMA_OK ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+  if (!other) return CUDA_SUCCESS;
+  if (cross_device_is_legal && fc_strict(FAKECUDA_STRICT_HANDLES))
+    fc_misuse("handles",
+              "%s: stream %p and the event belong to different devices; CUDA allows this, the "
+              "fake driver does not simulate it (a test that needs it cannot run on the fake)",
+              entry, (void *)s);
+  return CUDA_ERROR_INVALID_HANDLE;
 }
 
 /* The device-memory check of a copy: [p, p + n) lies in one cuMemAlloc
@@ -876,6 +1021,8 @@ CUresult CUDAAPI cuCtxSynchronize(void) {
 /* ---------------------------------------------------------------------------
  * Linear memory
  * ------------------------------------------------------------------------- */
+static void pending_check(const char *entry, uintptr_t p, uint64_t n, int di);
+
 CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
   FC_BEGIN(cuMemAlloc);
   fc_device_t *d;
@@ -1028,6 +1175,7 @@ CUresult CUDAAPI cuMemFree(CUdeviceptr dptr) {
   uint64_t size = 0;
   if (rec && !rec->map && rec->dev == di) {
     size = rec->size;
+    pending_check("cuMemFree", (uintptr_t)dptr, size, di);
     vec_remove(&fc.ranges, i);
   }
   pthread_mutex_unlock(&fc.mu);
@@ -1100,7 +1248,7 @@ CUresult CUDAAPI cuEventCreate(CUevent *phEvent, unsigned int Flags) {
 CUresult CUDAAPI cuEventDestroy(CUevent hEvent) {
   FC_BEGIN(cuEventDestroy);
   fc_device_t *d;
-  CUresult r = event_enter(hEvent, &d);
+  CUresult r = event_enter("cuEventDestroy", hEvent, &d);
   if (r != CUDA_SUCCESS) return r;
   /* Whoever removes the entry destroys the event, so two racing destroys
    * cannot both reach the sim. */
@@ -1109,7 +1257,7 @@ CUresult CUDAAPI cuEventDestroy(CUevent hEvent) {
   if (i != SIZE_MAX) vec_remove(&fc.events, i);
   pthread_mutex_unlock(&fc.mu);
   if (i == SIZE_MAX) {
-    r = CUDA_ERROR_INVALID_HANDLE;
+    r = bad_event("cuEventDestroy", hEvent); /* destroyed by another thread meanwhile */
   } else {
     r = from_sim(d->sim->ops->event_destroy(d->sim, (gma__event_t)hEvent),
                  CUDA_ERROR_INVALID_HANDLE);
@@ -1120,9 +1268,9 @@ CUresult CUDAAPI cuEventDestroy(CUevent hEvent) {
 
 static CUresult event_record(CUevent hEvent, CUstream hStream) {
   fc_device_t *d;
-  CUresult r = event_enter(hEvent, &d);
+  CUresult r = event_enter("cuEventRecord", hEvent, &d);
   if (r != CUDA_SUCCESS) return r;
-  r = stream_on(d, hStream);
+  r = stream_on("cuEventRecord", d, hStream, false);
   if (r == CUDA_SUCCESS) {
     r = from_sim(d->sim->ops->event_record(d->sim, (gma__event_t)hEvent, (gma_stream_t)hStream),
                  CUDA_ERROR_INVALID_HANDLE);
@@ -1139,7 +1287,7 @@ CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream) {
 CUresult CUDAAPI cuEventQuery(CUevent hEvent) {
   FC_BEGIN(cuEventQuery);
   fc_device_t *d;
-  CUresult r = event_enter(hEvent, &d);
+  CUresult r = event_enter("cuEventQuery", hEvent, &d);
   if (r != CUDA_SUCCESS) return r;
   bool done = false;
   r = from_sim(d->sim->ops->event_query(d->sim, (gma__event_t)hEvent, &done),
@@ -1152,7 +1300,7 @@ CUresult CUDAAPI cuEventQuery(CUevent hEvent) {
 CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) {
   FC_BEGIN(cuEventSynchronize);
   fc_device_t *d;
-  CUresult r = event_enter(hEvent, &d);
+  CUresult r = event_enter("cuEventSynchronize", hEvent, &d);
   if (r != CUDA_SUCCESS) return r;
   r = from_sim(d->sim->ops->event_synchronize(d->sim, (gma__event_t)hEvent),
                CUDA_ERROR_INVALID_HANDLE);
@@ -1162,13 +1310,13 @@ CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) {
 }
 
 /* Only waits on an event of the stream's own device are simulated; the real
- * driver also allows other devices' events. */
+ * driver also allows other devices' events (see stream_on). */
 static CUresult stream_wait_event(CUstream hStream, CUevent hEvent, unsigned int Flags) {
   if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
   fc_device_t *d;
-  CUresult r = event_enter(hEvent, &d);
+  CUresult r = event_enter("cuStreamWaitEvent", hEvent, &d);
   if (r != CUDA_SUCCESS) return r;
-  r = stream_on(d, hStream);
+  r = stream_on("cuStreamWaitEvent", d, hStream, true);
   if (r == CUDA_SUCCESS) {
     r = from_sim(
         d->sim->ops->stream_wait_event(d->sim, (gma_stream_t)hStream, (gma__event_t)hEvent),
@@ -1206,10 +1354,12 @@ CUresult CUDAAPI cuStreamDestroy(CUstream hStream) {
   FC_BEGIN(cuStreamDestroy);
   if (is_default_stream(hStream)) return CUDA_ERROR_INVALID_HANDLE;
   fc_device_t *d;
-  CUresult r = stream_enter(hStream, &d);
+  CUresult r = stream_enter("cuStreamDestroy", hStream, &d);
   if (r != CUDA_SUCCESS) return r;
   r = from_sim(d->sim->ops->stream_destroy(d->sim, (gma_stream_t)hStream),
                CUDA_ERROR_INVALID_HANDLE);
+  /* A destroy racing with another destroy of the same handle lost. */
+  if (r == CUDA_ERROR_INVALID_HANDLE) r = bad_stream("cuStreamDestroy", hStream);
   dev_exit(d);
   return r;
 }
@@ -1217,7 +1367,7 @@ CUresult CUDAAPI cuStreamDestroy(CUstream hStream) {
 static CUresult stream_get_id(CUstream hStream, unsigned long long *streamId) {
   if (!streamId) return CUDA_ERROR_INVALID_VALUE;
   fc_device_t *d;
-  CUresult r = stream_enter(hStream, &d);
+  CUresult r = stream_enter("cuStreamGetId", hStream, &d);
   if (r != CUDA_SUCCESS) return r;
   uint64_t id = 0;
   r = from_sim(d->sim->ops->stream_id(d->sim, (gma_stream_t)hStream, &id),
@@ -1234,7 +1384,7 @@ CUresult CUDAAPI cuStreamGetId(CUstream hStream, unsigned long long *streamId) {
 
 static CUresult stream_synchronize(CUstream hStream) {
   fc_device_t *d;
-  CUresult r = stream_enter(hStream, &d);
+  CUresult r = stream_enter("cuStreamSynchronize", hStream, &d);
   if (r != CUDA_SUCCESS) return r;
   r = from_sim(d->sim->ops->stream_synchronize(d->sim, (gma_stream_t)hStream),
                CUDA_ERROR_INVALID_HANDLE);
@@ -1255,6 +1405,11 @@ CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
  * free of the memory in between cannot pull it away mid-copy: the kernel
  * then finds it gone and sets the device's sticky CUDA_ERROR_ILLEGAL_ADDRESS,
  * as a GPU would fault, instead of crashing the process.
+ *
+ * Every copy is on fc.inflight from the moment it is queued until it has
+ * run, so cuMemFree and cuMemUnmap can tell that memory they are asked to
+ * give back is still to be touched by a stream (pending_check), at the call
+ * that is wrong rather than at a later sticky fault.
  * ------------------------------------------------------------------------- */
 typedef enum fc_copy_kind { FC_MEMSET32, FC_DTOH, FC_HTOD } fc_copy_kind_t;
 
@@ -1265,7 +1420,47 @@ typedef struct fc_copy {
   void *host;
   uint64_t bytes;
   uint32_t value;
+  CUstream stream;                /* for messages only */
+  const char *entry;              /* the entry point that queued it */
+  struct fc_copy *prev, *next;    /* fc.mu: on fc_inflight while queued or running */
 } fc_copy_t;
+
+/* fc.mu: every copy queued and not yet finished, on any stream of any device. */
+static fc_copy_t *fc_inflight;
+
+static void inflight_add(fc_copy_t *k) {
+  k->prev = NULL;
+  k->next = fc_inflight;
+  if (fc_inflight) fc_inflight->prev = k;
+  fc_inflight = k;
+}
+
+static void inflight_remove(fc_copy_t *k) {
+  *(k->prev ? &k->prev->next : &fc_inflight) = k->next;
+  if (k->next) k->next->prev = k->prev;
+}
+
+/* Aborts (when strict) if a queued or running copy touches [p, p + n) on
+ * device di, which entry is about to give back. Caller holds fc.mem_rw for
+ * writing (so no copy is mid-run: a copy on the list has not started) and
+ * fc.mu. */
+static void pending_check(const char *entry, uintptr_t p, uint64_t n, int di) {
+  if (!fc_strict(FAKECUDA_STRICT_PENDING)) return;
+  for (const fc_copy_t *k = fc_inflight; k; k = k->next) {
+    if (k->dev->ctx.ordinal != di || k->bytes == 0) continue;
+    if (k->dptr < p + n && p < k->dptr + k->bytes) {
+      fc_misuse("pending",
+                "%s(0x%llx, %llu bytes) on device %d: a %s of %llu bytes at 0x%llx queued by %s "
+                "on stream %p has not run yet; the memory must not be given back before the "
+                "stream work that uses it completed",
+                entry, (unsigned long long)p, (unsigned long long)n, di,
+                k->kind == FC_MEMSET32 ? "memset" : k->kind == FC_DTOH ? "copy to host"
+                                                                        : "copy to device",
+                (unsigned long long)k->bytes, (unsigned long long)k->dptr, k->entry,
+                (void *)k->stream);
+    }
+  }
+}
 
 static void copy_kernel(void *arg) {
   fc_copy_t *k = arg;
@@ -1300,27 +1495,74 @@ static void copy_kernel(void *arg) {
               (unsigned long long)k->bytes, (unsigned long long)k->dptr);
     }
   }
+  /* Off the list before mem_rw is released: a free that gets mem_rw next
+   * must not see this finished copy as pending. */
+  pthread_mutex_lock(&fc.mu);
+  inflight_remove(k);
+  pthread_mutex_unlock(&fc.mu);
   pthread_rwlock_unlock(&fc.mem_rw);
   free(k);
 }
 
-static CUresult copy_launch(fc_copy_kind_t kind, CUdeviceptr dptr, void *host, uint64_t bytes,
-                            uint32_t value, CUstream hStream) {
+/* True when [p, p + n) lies in one cuMemHostAlloc block; fc.mu held. */
+static bool host_is_pinned(const void *p, uint64_t n) {
+  for (const fc_host_t *h = fc_hosts; h; h = h->next)
+    if ((const char *)p >= (const char *)h->ptr && (const char *)p < (const char *)h->ptr + h->size &&
+        n <= h->size - (size_t)((const char *)p - (const char *)h->ptr))
+      return true;
+  return false;
+}
+
+/* Waits, on the calling thread, until the work queued on hStream so far has
+ * run: a sim event recorded now and synchronized (the sim's own calls, not
+ * the fake's entry points, so no call counter moves). Caller has d entered. */
+static CUresult wait_queued(fc_device_t *d, CUstream hStream) {
+  gma__device_t *sim = d->sim;
+  gma__event_t ev;
+  gma_status_t st = sim->ops->event_create(sim, &ev);
+  if (st == GMA_OK) {
+    st = sim->ops->event_record(sim, ev, (gma_stream_t)hStream);
+    if (st == GMA_OK) st = sim->ops->event_synchronize(sim, ev);
+    sim->ops->event_destroy(sim, ev);
+  }
+  if (st != GMA_OK) st = sim->ops->stream_synchronize(sim, (gma_stream_t)hStream);
+  return from_sim(st, CUDA_ERROR_INVALID_HANDLE);
+}
+
+static CUresult copy_launch(const char *entry, fc_copy_kind_t kind, CUdeviceptr dptr, void *host,
+                            uint64_t bytes, uint32_t value, CUstream hStream) {
   if ((kind != FC_MEMSET32 && !host && bytes) || (kind == FC_MEMSET32 && dptr % 4))
     return CUDA_ERROR_INVALID_VALUE;
   fc_device_t *d;
-  CUresult r = stream_enter(hStream, &d);
+  CUresult r = stream_enter(entry, hStream, &d);
   if (r != CUDA_SUCCESS) return r;
+  fc_copy_t *k = malloc(sizeof *k);
+  bool sync = false;
   pthread_mutex_lock(&fc.mu);
   r = range_check((uintptr_t)dptr, bytes, d->ctx.ordinal);
-  pthread_mutex_unlock(&fc.mu);
-  fc_copy_t *k = r == CUDA_SUCCESS ? malloc(sizeof *k) : NULL;
   if (r == CUDA_SUCCESS && !k) r = CUDA_ERROR_OUT_OF_MEMORY;
-  if (k) {
-    *k = (fc_copy_t){kind, d, (uintptr_t)dptr, host, bytes, value};
+  if (r == CUDA_SUCCESS) {
+    *k = (fc_copy_t){kind, d, (uintptr_t)dptr, host, bytes, value, hStream, entry, NULL, NULL};
+    inflight_add(k);
+    /* A copy into pageable host memory is synchronous, as on a GPU. */
+    sync = kind == FC_DTOH && bytes && !host_is_pinned(host, bytes);
+  }
+  pthread_mutex_unlock(&fc.mu);
+  if (r == CUDA_SUCCESS) {
     r = from_sim(d->sim->ops->sim_launch(d->sim, (gma_stream_t)hStream, copy_kernel, k),
                  CUDA_ERROR_INVALID_HANDLE);
-    if (r != CUDA_SUCCESS) free(k); /* not queued: the sim did not take it */
+    if (r != CUDA_SUCCESS) { /* not queued: the sim did not take it */
+      pthread_mutex_lock(&fc.mu);
+      inflight_remove(k);
+      pthread_mutex_unlock(&fc.mu);
+    } else {
+      k = NULL; /* the kernel frees it */
+    }
+  }
+  free(k);
+  if (r == CUDA_SUCCESS && sync) {
+    r = wait_queued(d, hStream);
+    if (r == CUDA_SUCCESS) r = (CUresult)atomic_load(&d->sticky);
   }
   dev_exit(d);
   return r;
@@ -1330,21 +1572,28 @@ CUresult CUDAAPI cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t
                                   CUstream hStream) {
   FC_BEGIN(cuMemsetD32Async);
   if (N > UINT64_MAX / 4) return CUDA_ERROR_INVALID_VALUE;
-  return copy_launch(FC_MEMSET32, dstDevice, NULL, (uint64_t)N * 4, ui, hStream);
+  return copy_launch("cuMemsetD32Async", FC_MEMSET32, dstDevice, NULL, (uint64_t)N * 4, ui,
+                     hStream);
 }
 
-/* The host buffer must stay valid until the stream reaches the copy, as with
- * pinned memory on a GPU. */
+/* Into memory from cuMemHostAlloc the copy is asynchronous: the host buffer
+ * must stay valid until the stream reaches the copy. Into any other
+ * (pageable) host memory it returns only once the copy has completed, as the
+ * driver does. */
 CUresult CUDAAPI cuMemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
                                    CUstream hStream) {
   FC_BEGIN(cuMemcpyDtoHAsync);
-  return copy_launch(FC_DTOH, srcDevice, dstHost, ByteCount, 0, hStream);
+  return copy_launch("cuMemcpyDtoHAsync", FC_DTOH, srcDevice, dstHost, ByteCount, 0, hStream);
 }
 
+/* Asynchronous whatever the host memory: the source is read when the stream
+ * reaches the copy (the driver stages pageable memory at the call, so the
+ * fake is stricter: the buffer must stay valid until the copy ran). */
 CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount,
                                    CUstream hStream) {
   FC_BEGIN(cuMemcpyHtoDAsync);
-  return copy_launch(FC_HTOD, dstDevice, (void *)srcHost, ByteCount, 0, hStream);
+  return copy_launch("cuMemcpyHtoDAsync", FC_HTOD, dstDevice, (void *)srcHost, ByteCount, 0,
+                     hStream);
 }
 
 /* ---------------------------------------------------------------------------
@@ -1618,6 +1867,7 @@ CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
   } else if (!(gone = malloc(n * sizeof *gone))) {
     r = CUDA_ERROR_OUT_OF_MEMORY;
   } else {
+    pending_check("cuMemUnmap", (uintptr_t)ptr, size, di);
     memcpy(gone, vec_at(&fc.ranges, at), n * sizeof *gone);
     for (size_t k = 0; k < n; k++) vec_remove(&fc.ranges, at);
   }
@@ -1706,16 +1956,16 @@ static CUresult CUDAAPI fc_memset_d32_async_ptsz(CUdeviceptr d, unsigned int v, 
                                                  CUstream s) {
   FC_BEGIN(cuMemsetD32Async);
   if (n > UINT64_MAX / 4) return CUDA_ERROR_INVALID_VALUE;
-  return copy_launch(FC_MEMSET32, d, NULL, (uint64_t)n * 4, v, ptds(s));
+  return copy_launch("cuMemsetD32Async", FC_MEMSET32, d, NULL, (uint64_t)n * 4, v, ptds(s));
 }
 static CUresult CUDAAPI fc_memcpy_dtoh_async_ptsz(void *h, CUdeviceptr d, size_t n, CUstream s) {
   FC_BEGIN(cuMemcpyDtoHAsync);
-  return copy_launch(FC_DTOH, d, h, n, 0, ptds(s));
+  return copy_launch("cuMemcpyDtoHAsync", FC_DTOH, d, h, n, 0, ptds(s));
 }
 static CUresult CUDAAPI fc_memcpy_htod_async_ptsz(CUdeviceptr d, const void *h, size_t n,
                                                   CUstream s) {
   FC_BEGIN(cuMemcpyHtoDAsync);
-  return copy_launch(FC_HTOD, d, (void *)h, n, 0, ptds(s));
+  return copy_launch("cuMemcpyHtoDAsync", FC_HTOD, d, (void *)h, n, 0, ptds(s));
 }
 
 /* ---------------------------------------------------------------------------
@@ -1868,7 +2118,7 @@ FC_API CUresult fakecuda_launch(CUstream stream, void (*fn)(void *), void *arg) 
   if (!fc_ready()) return CUDA_ERROR_NOT_INITIALIZED;
   if (!fn) return CUDA_ERROR_INVALID_VALUE;
   fc_device_t *d;
-  CUresult r = stream_enter(stream, &d);
+  CUresult r = stream_enter("fakecuda_launch", stream, &d);
   if (r != CUDA_SUCCESS) return r;
   r = from_sim(d->sim->ops->sim_launch(d->sim, (gma_stream_t)stream, fn, arg),
                CUDA_ERROR_INVALID_HANDLE);
@@ -1884,6 +2134,11 @@ FC_API unsigned long long fakecuda_used(int device) {
   return used;
 }
 
+FC_API unsigned fakecuda_strict(unsigned flags) {
+  return atomic_exchange_explicit(&fc_strict_flags, flags & FAKECUDA_STRICT_ALL,
+                                  memory_order_relaxed);
+}
+
 /* The controls keep the types fakecuda.h gives tests for dlsym. */
 _Static_assert(__builtin_types_compatible_p(__typeof__(&fakecuda_fail), fakecuda_fail_fn), "");
 _Static_assert(__builtin_types_compatible_p(__typeof__(&fakecuda_clear_faults),
@@ -1891,3 +2146,4 @@ _Static_assert(__builtin_types_compatible_p(__typeof__(&fakecuda_clear_faults),
 _Static_assert(__builtin_types_compatible_p(__typeof__(&fakecuda_calls), fakecuda_calls_fn), "");
 _Static_assert(__builtin_types_compatible_p(__typeof__(&fakecuda_launch), fakecuda_launch_fn), "");
 _Static_assert(__builtin_types_compatible_p(__typeof__(&fakecuda_used), fakecuda_used_fn), "");
+_Static_assert(__builtin_types_compatible_p(__typeof__(&fakecuda_strict), fakecuda_strict_fn), "");

@@ -12,6 +12,15 @@
  *   GMA_FAKECUDA_MEM          memory per GPU, comma-separated sizes with K/M/G
  *                             suffixes, the last repeated (default 8G)
  *   GMA_FAKECUDA_GRANULARITY  VMM granularity (default 2M)
+ *
+ * Environment, read when the library is loaded:
+ *   GMA_FAKECUDA_STRICT       the misuse checks that abort the process (see
+ *                             FAKECUDA_STRICT_* below): unset, "1" or "all":
+ *                             every check (the default); "0" or "none": no
+ *                             check, the misuse gets the error code instead;
+ *                             or a comma-separated list of "handles" and
+ *                             "pending". Anything else is reported on stderr
+ *                             and leaves every check on.
  */
 #ifndef GMA_FAKECUDA_H
 #define GMA_FAKECUDA_H
@@ -31,5 +40,25 @@ typedef unsigned long long (*fakecuda_calls_fn)(const char *entry);
 typedef CUresult (*fakecuda_launch_fn)(CUstream stream, void (*fn)(void *), void *arg);
 /* Bytes of physical memory in use on a fake GPU (cuMemAlloc + cuMemCreate). */
 typedef unsigned long long (*fakecuda_used_fn)(int device);
+
+/* Misuse the fake stops the process for (abort() with a message naming the
+ * entry point and the handle or range), because a real GPU's behaviour is
+ * undefined there or cannot be simulated:
+ *   HANDLES  a stream or event handle that is not live (destroyed by
+ *            cuStreamDestroy / cuEventDestroy or by the reset of its primary
+ *            context, or never created), and cuStreamWaitEvent across
+ *            devices (legal on a GPU, not simulated). Without the check the
+ *            call returns CUDA_ERROR_INVALID_HANDLE.
+ *   PENDING  cuMemFree or cuMemUnmap of device memory that a queued or
+ *            running memset/copy of the fake (cuMemsetD32Async,
+ *            cuMemcpyDtoHAsync, cuMemcpyHtoDAsync) on some stream still
+ *            touches. Without the check the call succeeds and the copy, when
+ *            it runs, sets the sticky CUDA_ERROR_ILLEGAL_ADDRESS. */
+#define FAKECUDA_STRICT_HANDLES 1u
+#define FAKECUDA_STRICT_PENDING 2u
+#define FAKECUDA_STRICT_ALL (FAKECUDA_STRICT_HANDLES | FAKECUDA_STRICT_PENDING)
+/* Sets the checks in force (FAKECUDA_STRICT_* bits) and returns the previous
+ * set; for a test that checks the error return of a misuse on purpose. */
+typedef unsigned (*fakecuda_strict_fn)(unsigned flags);
 
 #endif

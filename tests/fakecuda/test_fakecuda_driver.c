@@ -8,16 +8,30 @@
  * access, unmap of adjacent mappings, release while mapped), the sticky fault
  * of a copy that outlives its memory, and the reset of a primary context
  * when its last reference goes. The fake is the oracle of the GPU tests, so
- * it gets tested before it is trusted. */
+ * it gets tested before it is trusted.
+ *
+ * Strictness (fakecuda.h, FAKECUDA_STRICT_*): an event completes only after
+ * the work queued before it has run (the memory shows it); a copy into
+ * pageable host memory has completed when cuMemcpyDtoHAsync returns, one
+ * into cuMemHostAlloc memory has not; and each misuse the fake aborts on
+ * (a destroyed stream or event, a wait across devices, cuMemFree and
+ * cuMemUnmap under a queued copy) is run in a child process (this program
+ * again, argv[1] naming the misuse) that must die of SIGABRT with a message
+ * naming the entry point, and, with GMA_FAKECUDA_STRICT=none, must get the
+ * error code instead. The parent's own checks of those error codes turn
+ * the checks off around them with fakecuda_strict. */
 #include <cuda.h>
 #include <dlfcn.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "fakecuda.h"
@@ -34,7 +48,8 @@
   X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamGetId) X(cuStreamSynchronize)       \
   X(cuMemGetAllocationGranularity) X(cuMemAddressReserve) X(cuMemAddressFree)        \
   X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess)         \
-  X(cuMemsetD32Async) X(cuMemcpyDtoHAsync) X(cuMemcpyHtoDAsync)
+  X(cuMemsetD32Async) X(cuMemcpyDtoHAsync) X(cuMemcpyHtoDAsync)                    \
+  X(cuMemHostAlloc) X(cuMemFreeHost)
 
 #define DECLARE_(name) static __typeof__(&name) p_##name;
 ENTRIES(DECLARE_)
@@ -49,6 +64,7 @@ static fakecuda_clear_faults_fn fc_clear;
 static fakecuda_calls_fn fc_calls;
 static fakecuda_launch_fn fc_launch;
 static fakecuda_used_fn fc_used;
+static fakecuda_strict_fn fc_strict;
 
 #define CU_OK(call) CU_IS(call, CUDA_SUCCESS)
 #define CU_IS(call, expected)                                                              \
@@ -84,6 +100,7 @@ static void load(void) {
   fc_calls = (fakecuda_calls_fn)sym(h, "fakecuda_calls");
   fc_launch = (fakecuda_launch_fn)sym(h, "fakecuda_launch");
   fc_used = (fakecuda_used_fn)sym(h, "fakecuda_used");
+  fc_strict = (fakecuda_strict_fn)sym(h, "fakecuda_strict");
   CUdriverProcAddressQueryResult st;
 #define LOOKUP_(name)                                                                      \
   CU_OK(get_proc(#name, (void **)&p_##name, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st)); \
@@ -253,7 +270,9 @@ static void test_memory(void) {
   CU_IS(p_cuMemsetD32Async(a + 4, 0, (1 << 20) / 4, s), CUDA_ERROR_INVALID_VALUE);
   CU_IS(p_cuMemsetD32Async(a + 2, 0, 1, s), CUDA_ERROR_INVALID_VALUE);
   CU_IS(p_cuMemcpyDtoHAsync(back, (CUdeviceptr)(uintptr_t)back, 16, s), CUDA_ERROR_INVALID_VALUE);
+  unsigned strict = fc_strict(0); /* a made-up handle: an abort when strict */
   CU_IS(p_cuMemsetD32Async(a, 0, 1, (CUstream)(uintptr_t)0x1000), CUDA_ERROR_INVALID_HANDLE);
+  fc_strict(strict);
   CU_OK(p_cuStreamDestroy(s));
   CU_OK(p_cuMemFree(a));
   CU_OK(p_cuMemFree(b));
@@ -305,8 +324,10 @@ static void test_streams_events(void) {
   CU_OK(p_cuEventSynchronize(ev2));
   CU_OK(p_cuEventQuery(ev));
   CU_OK(p_cuEventDestroy(ev));
+  unsigned strict = fc_strict(0); /* the error codes of misuse (aborts when strict) */
   CU_IS(p_cuEventDestroy(ev), CUDA_ERROR_INVALID_HANDLE);
   CU_IS(p_cuEventQuery(ev), CUDA_ERROR_INVALID_HANDLE);
+  fc_strict(strict);
   CU_OK(p_cuEventDestroy(ev2));
 
   /* Events and streams belong to their device. */
@@ -322,8 +343,10 @@ static void test_streams_events(void) {
 
   CU_IS(p_cuStreamDestroy(NULL), CUDA_ERROR_INVALID_HANDLE);
   CU_OK(p_cuStreamDestroy(s1));
+  strict = fc_strict(0);
   CU_IS(p_cuStreamGetId(s1, &id1), CUDA_ERROR_INVALID_HANDLE);
   CU_IS(p_cuStreamSynchronize(s1), CUDA_ERROR_INVALID_HANDLE);
+  fc_strict(strict);
   CU_OK(p_cuStreamDestroy(s2));
 }
 
@@ -395,10 +418,267 @@ static void test_vmm(void) {
   CU_IS(p_cuMemAddressFree(base, 8 * g), CUDA_ERROR_INVALID_VALUE);
 }
 
+/* ---- strictness ---------------------------------------------------------- */
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+/* An event recorded behind held work stays NOT_READY while the work is
+ * queued, and once it reads complete the work's effect is in memory (device
+ * pointers are host addresses in the fake, so the test can look). */
+static void test_event_after_work(void) {
+  CUstream s;
+  CU_OK(p_cuStreamCreate(&s, 0));
+  const size_t bytes = 1 << 20;
+  CUdeviceptr a;
+  CU_OK(p_cuMemAlloc(&a, bytes));
+  CU_OK(p_cuMemsetD32Async(a, 0, bytes / 4, s));
+  CU_OK(p_cuStreamSynchronize(s));
+  CUevent ev;
+  CU_OK(p_cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+  atomic_int gate = 0;
+  CU_OK(fc_launch(s, gate_kernel, &gate));
+  CU_OK(p_cuMemsetD32Async(a, 0x77777777u, bytes / 4, s));
+  CU_OK(p_cuEventRecord(ev, s));
+  const volatile uint32_t *w = (const volatile uint32_t *)(uintptr_t)a;
+  for (int i = 0; i < 20; i++) {
+    CU_IS(p_cuEventQuery(ev), CUDA_ERROR_NOT_READY);
+    sleep_ms(1);
+  }
+  CHECK(w[0] == 0 && w[bytes / 4 - 1] == 0); /* the memset has not run */
+  atomic_store(&gate, 1);
+  CUresult r;
+  for (int i = 0; i < 10000 && (r = p_cuEventQuery(ev)) == CUDA_ERROR_NOT_READY; i++) sleep_ms(1);
+  CU_OK(r);
+  for (size_t i = 0; i < bytes / 4; i++) CHECK(w[i] == 0x77777777u);
+  /* Recorded on a stream whose work has all run: complete at once. */
+  CU_OK(p_cuStreamSynchronize(s));
+  CU_OK(p_cuEventRecord(ev, s));
+  CU_OK(p_cuEventQuery(ev));
+  CU_OK(p_cuEventDestroy(ev));
+  CU_OK(p_cuStreamDestroy(s));
+  CU_OK(p_cuMemFree(a));
+}
+
+static void *open_gate_later(void *arg) {
+  sleep_ms(50);
+  atomic_store((atomic_int *)arg, 1);
+  return NULL;
+}
+
+/* cuMemcpyDtoHAsync into pageable memory returns after the copy (behind
+ * held work, so only after the gate opened); into cuMemHostAlloc memory it
+ * returns at once and the data arrives in stream order. */
+static void test_copy_to_host(void) {
+  CUstream s;
+  CU_OK(p_cuStreamCreate(&s, 0));
+  const size_t bytes = 1 << 20;
+  CUdeviceptr a;
+  CU_OK(p_cuMemAlloc(&a, bytes));
+  uint32_t *page = calloc(1, bytes);
+  CHECK(page);
+  atomic_int gate = 0;
+  CU_OK(fc_launch(s, gate_kernel, &gate));
+  CU_OK(p_cuMemsetD32Async(a, 0x51515151u, bytes / 4, s));
+  pthread_t t;
+  CHECK(pthread_create(&t, NULL, open_gate_later, &gate) == 0);
+  CU_OK(p_cuMemcpyDtoHAsync(page, a, bytes, s));
+  CHECK(atomic_load(&gate) == 1); /* it waited for the held work */
+  for (size_t i = 0; i < bytes / 4; i++) CHECK(page[i] == 0x51515151u); /* no sync needed */
+  pthread_join(t, NULL);
+
+  uint32_t *pinned = NULL;
+  CU_OK(p_cuMemHostAlloc((void **)&pinned, bytes, 0));
+  memset(pinned, 0, bytes);
+  atomic_int gate2 = 0;
+  CU_OK(fc_launch(s, gate_kernel, &gate2));
+  CU_OK(p_cuMemsetD32Async(a, 0x62626262u, bytes / 4, s));
+  CU_OK(p_cuMemcpyDtoHAsync(pinned, a, bytes, s));
+  sleep_ms(5);
+  CHECK(pinned[0] == 0 && pinned[bytes / 4 - 1] == 0); /* queued, not run */
+  atomic_store(&gate2, 1);
+  CU_OK(p_cuStreamSynchronize(s));
+  for (size_t i = 0; i < bytes / 4; i++) CHECK(pinned[i] == 0x62626262u);
+  CU_OK(p_cuMemFreeHost(pinned));
+  free(page);
+  CU_OK(p_cuStreamDestroy(s));
+  CU_OK(p_cuMemFree(a));
+}
+
+/* The misuse scenarios, each run in a child (main with argv[1]); each
+ * returns the misuse call's result, which a strict fake never lets it see.
+ * child_gate holds the queued work of the pending ones until the child ends. */
+static atomic_int child_gate;
+
+static CUresult misuse_stream_destroyed(void) {
+  CUstream s;
+  CU_OK(p_cuStreamCreate(&s, 0));
+  CU_OK(p_cuStreamDestroy(s));
+  return p_cuStreamSynchronize(s);
+}
+
+static CUresult misuse_event_destroyed(void) {
+  CUevent ev;
+  CU_OK(p_cuEventCreate(&ev, 0));
+  CU_OK(p_cuEventDestroy(ev));
+  return p_cuEventRecord(ev, NULL);
+}
+
+static CUresult misuse_wait_cross_device(void) {
+  CUevent ev1;
+  CU_OK(p_cuCtxPushCurrent(ctx1));
+  CU_OK(p_cuEventCreate(&ev1, 0));
+  CUcontext c;
+  CU_OK(p_cuCtxPopCurrent(&c));
+  CUstream s;
+  CU_OK(p_cuStreamCreate(&s, 0));
+  return p_cuStreamWaitEvent(s, ev1, 0);
+}
+
+static CUresult misuse_free_pending(void) {
+  CUstream s;
+  CU_OK(p_cuStreamCreate(&s, 0));
+  CUdeviceptr a;
+  CU_OK(p_cuMemAlloc(&a, 1 << 20));
+  CU_OK(fc_launch(s, gate_kernel, &child_gate));
+  CU_OK(p_cuMemsetD32Async(a + 4096, 1, 16, s));
+  return p_cuMemFree(a);
+}
+
+static CUresult misuse_unmap_pending(void) {
+  CUmemAllocationProp prop = {0};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  size_t g = 2u << 20;
+  CUdeviceptr base;
+  CU_OK(p_cuMemAddressReserve(&base, 2 * g, 0, 0, 0));
+  CUmemGenericAllocationHandle h;
+  CU_OK(p_cuMemCreate(&h, g, &prop, 0));
+  CU_OK(p_cuMemMap(base + g, g, 0, h, 0));
+  CUmemAccessDesc acc = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  CU_OK(p_cuMemSetAccess(base + g, g, &acc, 1));
+  CUstream s;
+  CU_OK(p_cuStreamCreate(&s, 0));
+  CU_OK(fc_launch(s, gate_kernel, &child_gate));
+  static uint32_t src[64];
+  CU_OK(p_cuMemcpyHtoDAsync(base + 2 * g - sizeof src, src, sizeof src, s));
+  return p_cuMemUnmap(base + g, g);
+}
+
+static const struct misuse {
+  const char *name;
+  CUresult (*run)(void);
+  const char *says;    /* in the abort message */
+  CUresult lenient;    /* the result without the check */
+} misuses[] = {
+    {"stream-destroyed", misuse_stream_destroyed, "cuStreamSynchronize: stream 0x",
+     CUDA_ERROR_INVALID_HANDLE},
+    {"event-destroyed", misuse_event_destroyed, "cuEventRecord: event 0x", CUDA_ERROR_INVALID_HANDLE},
+    {"wait-cross-device", misuse_wait_cross_device, "cuStreamWaitEvent: stream 0x",
+     CUDA_ERROR_INVALID_HANDLE},
+    {"free-pending", misuse_free_pending, "cuMemsetD32Async on stream", CUDA_SUCCESS},
+    {"unmap-pending", misuse_unmap_pending, "cuMemcpyHtoDAsync on stream", CUDA_SUCCESS},
+};
+#define NMISUSES (sizeof misuses / sizeof misuses[0])
+
+/* The child: the driver up with both contexts retained and device 0's
+ * current, then the misuse; reaching the end means it was not stopped. */
+static int child_main(const char *name) {
+  load();
+  CU_OK(p_cuInit(0));
+  CU_OK(p_cuDevicePrimaryCtxRetain(&ctx0, 0));
+  CU_OK(p_cuDevicePrimaryCtxRetain(&ctx1, 1));
+  CU_OK(p_cuCtxSetCurrent(ctx0));
+  for (size_t i = 0; i < NMISUSES; i++) {
+    if (strcmp(misuses[i].name, name) != 0) continue;
+    CUresult r = misuses[i].run();
+    atomic_store(&child_gate, 1);
+    fprintf(stderr, "misuse %s returned %d\n", name, (int)r);
+    return 0;
+  }
+  fprintf(stderr, "unknown misuse %s\n", name);
+  return 2;
+}
+
+/* Runs this program as the child for misuse name, GMA_FAKECUDA_STRICT set
+ * to strict (NULL: unset); returns its wait status, its stderr in out. */
+static int run_child(const char *name, const char *strict, char *out, size_t cap) {
+  extern char **environ;
+  size_t n = 0;
+  while (environ[n]) n++;
+  char **envp = calloc(n + 2, sizeof *envp);
+  CHECK(envp);
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++)
+    if (strncmp(environ[i], "GMA_FAKECUDA_STRICT=", 20) != 0) envp[k++] = environ[i];
+  char var[64];
+  if (strict) {
+    snprintf(var, sizeof var, "GMA_FAKECUDA_STRICT=%s", strict);
+    envp[k++] = var;
+  }
+  char *argv[] = {"test_fakecuda_driver", (char *)name, NULL};
+  int fds[2];
+  CHECK(pipe(fds) == 0);
+  fflush(NULL);
+  pid_t pid = fork();
+  CHECK(pid >= 0);
+  if (pid == 0) {
+    dup2(fds[1], 2);
+    close(fds[0]);
+    close(fds[1]);
+    execve("/proc/self/exe", argv, envp);
+    _exit(127);
+  }
+  close(fds[1]);
+  size_t len = 0;
+  ssize_t got;
+  while ((got = read(fds[0], out + len, cap - 1 - len)) > 0) len += (size_t)got;
+  out[len] = '\0';
+  close(fds[0]);
+  int status = 0;
+  CHECK(waitpid(pid, &status, 0) == pid);
+  free(envp);
+  return status;
+}
+
+static void test_misuse_aborts(void) {
+  static char out[1 << 16];
+  for (size_t i = 0; i < NMISUSES; i++) {
+    const struct misuse *m = &misuses[i];
+    int st = run_child(m->name, NULL, out, sizeof out);
+    if (!WIFSIGNALED(st) || WTERMSIG(st) != SIGABRT || !strstr(out, m->says) ||
+        !strstr(out, "undefined on a GPU")) {
+      fprintf(stderr, "misuse %s was not stopped as expected (status 0x%x); its stderr:\n%s\n",
+              m->name, st, out);
+      exit(1);
+    }
+    printf("misuse %s: aborted: %.*s\n", m->name, (int)strcspn(out, "\n"), out);
+    /* Without the check (GMA_FAKECUDA_STRICT=none, or the other check
+     * only), the call returns. */
+    const char *other = m->lenient == CUDA_SUCCESS ? "handles" : "pending";
+    const char *lenient[] = {"none", other};
+    for (int j = 0; j < 2; j++) {
+      st = run_child(m->name, lenient[j], out, sizeof out);
+      char want[64];
+      snprintf(want, sizeof want, "misuse %s returned %d\n", m->name, (int)m->lenient);
+      if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || !strstr(out, want)) {
+        fprintf(stderr, "misuse %s with GMA_FAKECUDA_STRICT=%s: status 0x%x, stderr:\n%s\n",
+                m->name, lenient[j], st, out);
+        exit(1);
+      }
+    }
+  }
+}
+
 /* A copy queued behind a held kernel, whose memory is freed before it runs:
  * the device faults (sticky), every later call on it says so, and a reset of
  * the primary context clears it. */
 static void test_sticky_fault_and_reset(void) {
+  /* The free under a queued memset and the stream gone with the reset are
+   * the misuse the strict checks abort on; the sticky fault is what the
+   * fake does without them. */
+  unsigned strict = fc_strict(0);
   CUstream s;
   CU_OK(p_cuStreamCreate(&s, 0));
   CUdeviceptr a;
@@ -429,9 +709,11 @@ static void test_sticky_fault_and_reset(void) {
   CHECK(fc_used(0) == 0);
   CU_OK(p_cuDevicePrimaryCtxRelease(1));
   CU_OK(p_cuCtxSetCurrent(NULL));
+  fc_strict(strict);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  if (argc > 1) return child_main(argv[1]);
   load();
   test_before_init();
   test_devices();
@@ -439,6 +721,9 @@ int main(void) {
   test_memory();
   test_streams_events();
   test_vmm();
+  test_event_after_work();
+  test_copy_to_host();
+  test_misuse_aborts();
   test_sticky_fault_and_reset();
   fc_clear();
   printf("fakecuda driver: all checks passed\n");

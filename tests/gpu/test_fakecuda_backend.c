@@ -22,6 +22,14 @@
  *             no new reservation; trimming unmaps chunks (the driver's bytes
  *             drop) but never one under a block whose stream work is still
  *             queued (held with fakecuda_launch; the fake would fault).
+ *   reuse     a block freed on s1 while s1's work on it is held by a kernel
+ *             is not handed to s2 until that work ran (the fake's epoch
+ *             event is NOT_READY until then), and becomes free after.
+ *   forgotten a stream destroyed by the driver without gma_stream_retire;
+ *             gma still calls the driver on its dead handle (cuStreamGetId
+ *             from gma_host_free, cuEventRecord from gma_trim), which the
+ *             strict fake aborts on: this scenario turns the handle check
+ *             off (see scenario_forgotten) and checks gma survives.
  *   devices   GMA_FAKECUDA_DEVICES=2, GMA_FAKECUDA_MEM=1G,4G: count and
  *             selection (the most free memory wins, OOM when none fits),
  *             allocators on device 1 use device 1's memory.
@@ -340,6 +348,98 @@ static void scenario_growable(void) {
   CHECK(fc_calls("cuMemAddressFree") == reserves);
 }
 
+/* ---- reuse ------------------------------------------------------------- */
+static bool overlaps(const void *a, size_t na, const void *b, size_t nb) {
+  uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+  return x < y + nb && y < x + na;
+}
+
+/* A block freed on s1 while s1's work on it is held is not handed to s2
+ * until that work ran: the epoch event recorded behind it stays NOT_READY
+ * in the fake until the held kernel and the memset after it have run. Once
+ * they did, the memory becomes free for every stream. */
+static void scenario_reuse(void) {
+  gma_t *g = drv_cuda_allocator("worker:off,reuse:query");
+  drv_open();
+  drv_bind_thread();
+  gma_stream_t s1, s2;
+  CHECK_OK(gma_stream_create(g, &s1));
+  CHECK_OK(gma_stream_create(g, &s2));
+  const size_t sz = 4 * MiB;
+  void *p;
+  CHECK_OK(gma_alloc(g, sz, s1, &p));
+  atomic_int gate = 0;
+  CHECK(fc_launch(s1, gate_kernel, &gate) == CUDA_SUCCESS);
+  drv_memset32(p, 0x0f0f0f0fu, sz, s1);
+  CHECK_OK(gma_free(g, p));
+  enum { N = 8 };
+  void *q[N];
+  for (int i = 0; i < N; i++) {
+    CHECK_OK(gma_trim(g, UINT64_MAX)); /* polls: closes s1's epoch, queries its event */
+    CHECK_OK(gma_alloc(g, sz, s2, &q[i]));
+    CHECK(!overlaps(q[i], sz, p, sz)); /* s1's memset may still write there */
+    sleep_ms(1);
+  }
+  /* The epoch event completes after the held work ran: p's bytes become
+   * free for any stream, without synchronizing through gma. */
+  uint64_t free0 = stats_of(g).free_bytes;
+  atomic_store(&gate, 1);
+  for (int i = 0; i < 5000 && stats_of(g).free_bytes < free0 + sz; i++) {
+    CHECK_OK(gma_trim(g, UINT64_MAX));
+    sleep_ms(1);
+  }
+  CHECK(stats_of(g).free_bytes >= free0 + sz);
+  for (int i = 0; i < N; i++) CHECK_OK(gma_free(g, q[i]));
+  drv_sync(s1);
+  drv_sync(s2);
+  drain(g);
+  CHECK(fc_used(0) == 0);
+  CHECK_OK(gma_stream_destroy(g, s1));
+  CHECK_OK(gma_stream_destroy(g, s2));
+  CHECK_OK(gma_destroy(g));
+}
+
+/* ---- forgotten --------------------------------------------------------- */
+/* A stream destroyed with cuStreamDestroy without gma_stream_retire (the
+ * README's "If you forget"): gma still names the dead handle to the driver.
+ * The strict fake aborts on that (undefined on a GPU), so this scenario runs
+ * with the handle check off (fakecuda_strict below) to show that gma
+ * survives it as documented; see the report of issue 16: close_epoch
+ * (runtime/streams.c) records on the dead handle from gma_trim, and
+ * order_free (runtime/host.c) calls cuStreamGetId on it from gma_host_free.
+ * GMA_FAKECUDA_FORGOTTEN_STRICT=1 keeps the check on, to see the abort. */
+static void scenario_forgotten(void) {
+  fakecuda_strict_fn strict = (fakecuda_strict_fn)dlsym(dlopen(getenv("GMA_CUDA_DRIVER"),
+                                                               RTLD_NOW | RTLD_LOCAL),
+                                                        "fakecuda_strict");
+  CHECK(strict);
+  const char *keep = getenv("GMA_FAKECUDA_FORGOTTEN_STRICT");
+  if (!(keep && strcmp(keep, "1") == 0)) strict(FAKECUDA_STRICT_PENDING);
+  gma_t *g = drv_cuda_allocator("worker:off");
+  drv_open();
+  drv_bind_thread();
+  void *gp = dlsym(drv.lib, "cuGetProcAddress_v2");
+  CHECK(gp);
+  __typeof__(&cuStreamCreate) create = drv_proc(gp, "cuStreamCreate");
+  __typeof__(&cuStreamDestroy) destroy = drv_proc(gp, "cuStreamDestroy");
+  CUstream s;
+  CHECK(create(&s, 0) == CUDA_SUCCESS);
+  void *p, *h;
+  CHECK_OK(gma_alloc(g, 1 * MiB, (gma_stream_t)s, &p));
+  CHECK_OK(gma_host_alloc(g, 4096, (gma_stream_t)s, &h));
+  drv_memset32(p, 0x0a0a0a0au, 1 * MiB, (gma_stream_t)s);
+  CHECK_OK(gma_free(g, p));
+  drv_sync((gma_stream_t)s);
+  CHECK(destroy(s) == CUDA_SUCCESS); /* no gma_stream_retire: the user forgot */
+  CHECK_OK(gma_host_free(g, h));     /* order_free: cuStreamGetId on the dead handle */
+  gma_trim(g, UINT64_MAX);           /* close_epoch: cuEventRecord on it (when dirty) */
+  void *q;
+  CHECK_OK(gma_alloc(g, 1 * MiB, NULL, &q));
+  CHECK_OK(gma_free(g, q));
+  CHECK_OK(gma_destroy(g));
+  strict(FAKECUDA_STRICT_ALL);
+}
+
 /* ---- devices ----------------------------------------------------------- */
 static void scenario_devices(void) {
   int n = 0, d = -1;
@@ -472,12 +572,16 @@ int main(int argc, char **argv) {
     scenario_events();
   } else if (strcmp(scenario, "growable") == 0) {
     scenario_growable();
+  } else if (strcmp(scenario, "reuse") == 0) {
+    scenario_reuse();
+  } else if (strcmp(scenario, "forgotten") == 0) {
+    scenario_forgotten();
   } else if (strcmp(scenario, "devices") == 0) {
     scenario_devices();
   } else if (strcmp(scenario, "context") == 0) {
     scenario_context();
   } else {
-    fprintf(stderr, "usage: %s errors|events|growable|devices|context\n", argv[0]);
+    fprintf(stderr, "usage: %s errors|events|growable|reuse|forgotten|devices|context\n", argv[0]);
     return 2;
   }
   printf("fakecuda backend %s: ok\n", scenario);
