@@ -426,6 +426,10 @@ gma_status_t gma__bin_alloc(gma__pool_t *p, size_t size, gma_stream_t stream, ui
  * wait-free apart from the ck_stack pop. */
 gma_status_t gma__bin_alloc_cached(gma__pool_t *p, size_t size, gma_stream_t stream,
                                    void **out);
+/* The record the calling thread's stream cache holds for handle in p, or
+ * NULL when it has none that may be used (for tests: what a bin hit would
+ * pop from, without popping). */
+gma__stream_t *gma__stream_cached(gma__pool_t *p, gma_stream_t handle);
 gma_status_t gma__bin_free(gma__pool_t *p, void *ptr);
 uintptr_t gma__stream_key(gma_stream_t handle, uint64_t *owner_tid);
 gma__stream_t *gma__stable_lookup(gma__pool_t *p, uintptr_t key);

@@ -335,32 +335,61 @@ typedef struct tl_stream {
   uintptr_t key;           /* the stream key (gma__stream_key) */
   gma__stream_t *rec;      /* what the key resolved to; rec->id is the stream's device id */
 } tl_stream_t;
+/* Searched from the key's hashed slot on, all of them before a miss: a
+ * direct-mapped table put two of a thread's three streams in one slot in a
+ * third of the runs of fakecuda_backend_hotpath, and each then asked the
+ * device every time. A hit is usually found at the first slot. */
 static GMA__TLS tl_stream_t tl_streams[GMA__TL_STREAMS];
+static GMA__TLS unsigned tl_stream_victim; /* round-robin eviction when all slots are taken */
 
-static tl_stream_t *tl_stream_slot(const gma__pool_t *p, uintptr_t key) {
+static unsigned tl_stream_home(const gma__pool_t *p, uintptr_t key) {
   uint64_t h = ((uint64_t)key ^ (p->serial << 40)) * 0x9E3779B97F4A7C15ull;
-  return &tl_streams[(h >> 32) % GMA__TL_STREAMS];
+  return (unsigned)(h >> 32) % GMA__TL_STREAMS;
 }
 
 /* The calling thread's record for key in p, or NULL (look it up, asking the
  * device). Wait-free: a few loads, no device call. */
 static gma__stream_t *tl_stream_get(gma__pool_t *p, uintptr_t key) {
-  const tl_stream_t *e = tl_stream_slot(p, key);
-  if (e->pool != p || e->pool_serial != p->serial || e->key != key) return NULL;
-  gma__stream_t *s = e->rec;
-  if (gma__load_relaxed(&s->retired)) return NULL;
-  /* The invariant above; retired is read again because a racing retire may
-   * have removed the key since (a misuse: allocating on a stream while
-   * retiring it, but not one to abort on). */
-  GMA__ASSERT(s->key == key &&
-              (gma__stable_lookup(p, key) == s || gma__load_relaxed(&s->retired)));
-  return s;
+  unsigned i = tl_stream_home(p, key);
+  for (unsigned n = 0; n < GMA__TL_STREAMS; n++, i = (i + 1) % GMA__TL_STREAMS) {
+    const tl_stream_t *e = &tl_streams[i];
+    if (e->pool != p || e->pool_serial != p->serial || e->key != key) continue;
+    gma__stream_t *s = e->rec;
+    if (gma__load_relaxed(&s->retired)) return NULL;
+    /* The invariant above; retired is read again because a racing retire
+     * may have removed the key since (a misuse: allocating on a stream while
+     * retiring it, but not one to abort on). */
+    GMA__ASSERT(s->key == key &&
+                (gma__stable_lookup(p, key) == s || gma__load_relaxed(&s->retired)));
+    return s;
+  }
+  return NULL;
 }
 
 /* Records that key in p resolved to s, a live record whose id the device
- * just confirmed. */
+ * just confirmed: in the slot that holds key already (a retired record's),
+ * else the first slot from the key's home that is empty, another pool's
+ * (perhaps a destroyed one) or a retired record's, else a round-robin
+ * victim. */
 static void tl_stream_put(gma__pool_t *p, uintptr_t key, gma__stream_t *s) {
-  *tl_stream_slot(p, key) = (tl_stream_t){p, p->serial, key, s};
+  unsigned home = tl_stream_home(p, key), i = home, free_slot = GMA__TL_STREAMS;
+  for (unsigned n = 0; n < GMA__TL_STREAMS; n++, i = (i + 1) % GMA__TL_STREAMS) {
+    const tl_stream_t *e = &tl_streams[i];
+    bool ours = e->pool == p && e->pool_serial == p->serial;
+    if (ours && e->key == key) {
+      free_slot = i;
+      break;
+    }
+    if (free_slot == GMA__TL_STREAMS && (!ours || gma__load_relaxed(&e->rec->retired)))
+      free_slot = i;
+  }
+  if (free_slot == GMA__TL_STREAMS) free_slot = tl_stream_victim++ % GMA__TL_STREAMS;
+  tl_streams[free_slot] = (tl_stream_t){p, p->serial, key, s};
+}
+
+gma__stream_t *gma__stream_cached(gma__pool_t *p, gma_stream_t handle) {
+  uint64_t owner;
+  return tl_stream_get(p, gma__stream_key(handle, &owner));
 }
 
 /* ---- The bins -----------------------------------------------------------------*/
