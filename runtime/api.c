@@ -211,13 +211,18 @@ static gma_status_t alloc_now(gma_t *g, size_t size, gma_stream_t stream, void *
                           "gma_alloc: %zu bytes is more than this allocator can ever hold "
                           "(memory_limit / device capacity %" PRIu64 " bytes)",
                           size, g->cfg.memory_limit);
-  /* The stream's id tells a recycled handle from the stream it used to name;
-   * asked once, for the bin and, on a miss, the pool. */
+  /* A bin hit through this thread's stream cache: no lock and no device
+   * call (stream_cache.c; it relies on streams being retired before they
+   * are destroyed). */
+  bool binnable = size <= g->pool.bin_max;
+  if (binnable && gma__bin_alloc_cached(&g->pool, size, stream, out) == GMA_OK) return GMA_OK;
+  /* Otherwise the stream's id tells a recycled handle from the stream it
+   * used to name; asked once, for the bin (which caches the record) and, on
+   * a miss, the pool. */
   uint64_t id;
   gma_status_t st = g->dev->ops->stream_id(g->dev, stream, &id);
   if (st != GMA_OK) return st;
-  if (size <= g->pool.bin_max && gma__bin_alloc(&g->pool, size, stream, id, out) == GMA_OK)
-    return GMA_OK;
+  if (binnable && gma__bin_alloc(&g->pool, size, stream, id, out) == GMA_OK) return GMA_OK;
   return gma__pool_alloc_slow(&g->pool, size, stream, id, GMA__ALLOC_WAIT, out);
 }
 

@@ -406,11 +406,18 @@ static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t 
     gma__trace_emit(t, gma__trace_now(), GMA__TR_ASYNC_SUBMIT, 0, total, (uintptr_t)f->stream, 0,
                     f->trace_id, f->sizes ? f->n : 0, 0);
   }
+  /* A bin hit needs no worker: the future is complete at once (and needs no
+   * clock: the submit time and deadline are the worker's). Through this
+   * thread's stream cache it needs no device call either (as gma_alloc). */
+  bool binnable = !worker_only(o) && !f->sizes && f->size <= g->pool.bin_max;
+  if (binnable && gma__bin_alloc_cached(&g->pool, f->size, f->stream, &f->ptr) == GMA_OK) {
+    complete(w, f, GMA_OK);
+    *out = f;
+    return GMA_OK;
+  }
   uint64_t id;
   gma_status_t st = g->dev->ops->stream_id(g->dev, f->stream, &id); /* a clear error now */
-  /* A bin hit needs no worker: the future is complete at once (and needs no
-   * clock: the submit time and deadline are the worker's). */
-  if (st == GMA_OK && !worker_only(o) && !f->sizes && f->size <= g->pool.bin_max &&
+  if (st == GMA_OK && binnable &&
       gma__bin_alloc(&g->pool, f->size, f->stream, id, &f->ptr) == GMA_OK) {
     complete(w, f, GMA_OK);
     *out = f;

@@ -384,8 +384,14 @@ static void release_free_segments(gma__pool_t *p) {
 
 /* ---- Allocation ----------------------------------------------------------------*/
 
+/* Pool serials: never reused in a process (nor across fork(): a child's
+ * counter goes on from the parent's value), so a thread's cached entry of a
+ * destroyed pool never matches a new one made at the same address. */
+static _Atomic uint64_t next_pool_serial = 1;
+
 gma_status_t gma__pool_init(gma__pool_t *p, gma__device_t *dev, const gma_config_t *cfg) {
   memset(p, 0, sizeof *p);
+  p->serial = gma__faa_relaxed(&next_pool_serial, 1);
   if (pthread_mutex_init(&p->lock, NULL) != 0 || pthread_mutex_init(&p->count_lock, NULL) != 0 ||
       pthread_mutex_init(&p->trace_mu, NULL) != 0 || pthread_cond_init(&p->settled, NULL) != 0)
     return gma__set_error(GMA_ERR_INTERNAL, "pthread_mutex_init failed");

@@ -30,6 +30,7 @@
 #define GMA__MIN_SPLIT 512u   /* a split leaves a remainder at least this large */
 #define GMA__EPOCH_EVENTS 16u /* outstanding epoch events per stream */
 #define GMA__TL_SLOTS 8u      /* per-thread cache of (stream -> counters) */
+#define GMA__TL_STREAMS 8u    /* per-thread cache of ((pool, stream key) -> record) */
 #define GMA__MAX_TAGS 256u    /* tag ids fit a uint8_t; 0 is "untagged" */
 #define GMA__DEFERRED_EVENTS 16u /* events kept from destruction while OOM waiters query them */
 #define GMA__OOM_WAIT_EVENTS 64u /* streams whose events one OOM wait round queries */
@@ -211,7 +212,8 @@ typedef struct gma__pool {
   pthread_mutex_t lock;
   pthread_mutex_t count_lock;   /* guards appends to stream->counts */
   gma__device_t *dev;           /* immutable after init */
-  uint64_t serial;              /* immutable: never reused, validates thread caches */
+  uint64_t serial;              /* immutable: never reused (gma__pool_init), validates the
+                                   per-thread stream cache (stream_cache.c) */
   uint64_t small_size;          /* immutable: largest request of the small pool */
   uint64_t segment_size[GMA__NKINDS];
   uint64_t limit;               /* immutable: most bytes to reserve */
@@ -412,9 +414,22 @@ bool gma__segs_is_valid(gma__pool_t *p);
 /* stream_cache.c: the lock-free paths and the stream table. */
 /* Serves size from the stream's bin without a lock; GMA_OK with *out set, or
  * GMA_ERR_OOM meaning "miss: take the slow path" (never reported as such).
- * id is the device's id of the stream (the caller asked once, for both paths). */
+ * id is the device's id of the stream (the caller asked once, for both paths);
+ * a record found with that id goes into the calling thread's stream cache.
+ * Any thread; lock-free. */
 gma_status_t gma__bin_alloc(gma__pool_t *p, size_t size, gma_stream_t stream, uint64_t id,
                            void **out);
+/* The same without the device's id: only through the calling thread's stream
+ * cache (stream_cache.c), so it makes no device call; a miss when the cache
+ * has no live entry for the stream (ask the device, then gma__bin_alloc).
+ * Relies on streams being retired before they are destroyed. Any thread;
+ * wait-free apart from the ck_stack pop. */
+gma_status_t gma__bin_alloc_cached(gma__pool_t *p, size_t size, gma_stream_t stream,
+                                   void **out);
+/* The record the calling thread's stream cache holds for handle in p, or
+ * NULL when it has none that may be used (for tests: what a bin hit would
+ * pop from, without popping). */
+gma__stream_t *gma__stream_cached(gma__pool_t *p, gma_stream_t handle);
 gma_status_t gma__bin_free(gma__pool_t *p, void *ptr);
 uintptr_t gma__stream_key(gma_stream_t handle, uint64_t *owner_tid);
 gma__stream_t *gma__stable_lookup(gma__pool_t *p, uintptr_t key);

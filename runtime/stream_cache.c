@@ -1,16 +1,17 @@
 /* Owns the lock-free hot path: the stream table (handle -> record, read
- * without a lock), the per-stream bins (alloc pops, free pushes), and the
- * per-(stream, thread) counters the hot path writes.
+ * without a lock), the per-thread cache in front of it, the per-stream bins
+ * (alloc pops, free pushes), and the per-(stream, thread) counters the hot
+ * path writes.
  *
- * A bin hit costs: one stream-table probe, one device stream-id read (so a
- * recycled handle value is never mistaken for the old stream), one ck_stack
- * pop, and counter stores that take no locked instruction. A free costs one
- * page-map walk, one CAS on the block's state (which is what catches a double
- * free), one ck_stack push and the same counter stores. Anything unusual
- * (record_stream users, a retired stream, a full bin, a test switch) returns
- * "miss" and the caller takes the locked slow path in pool.c. It also owns
- * the process-wide list of pools that an exiting thread walks to retire its
- * per-thread default streams. */
+ * A bin hit costs: one probe of the calling thread's stream cache (no device
+ * call: see "Per-thread stream cache" below), one ck_stack pop, and counter
+ * stores that take no locked instruction. A free costs one page-map walk,
+ * one CAS on the block's state (which is what catches a double free), one
+ * ck_stack push and the same counter stores; it needs no stream lookup (the
+ * block names its record). Anything unusual (record_stream users, a retired
+ * stream, a full bin, a test switch) returns "miss" and the caller takes the
+ * locked slow path in pool.c. It also owns the process-wide list of pools
+ * that an exiting thread walks to retire its per-thread default streams. */
 #include <pthread.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -292,13 +293,108 @@ gma__tcount_t *gma__tcount(gma__pool_t *p, gma__stream_t *s) {
   return c;
 }
 
+/* ---- Per-thread stream cache -------------------------------------------------
+ * Telling a recycled handle value from the stream it used to name takes a
+ * device call (cuStreamGetId, plus a context push and pop for the default
+ * handles on CUDA). Issue 16: a bin hit must make none. So each thread keeps
+ * a few (pool, stream key) -> record entries, filled after a lookup that did
+ * ask the device (gma__bin_alloc), and a bin hit through an entry asks
+ * nothing. What that relies on is the documented rule: a stream is retired
+ * (gma_stream_retire, or gma_stream_destroy through gma) before it is
+ * destroyed, so a handle value is never given to a new stream while a
+ * record of the old one is live. A thread's next bin miss still asks the
+ * device, which catches a stream destroyed behind gma's back there.
+ *
+ * Invariant (checked by tl_stream_get in debug builds): an entry e is used
+ * only when e->pool == p and e->pool_serial == p->serial and e->rec->retired
+ * is false; then
+ *     gma__stable_lookup(p, e->key) == e->rec   and   e->rec->key == e->key,
+ * and e->rec->id is the device's id of the stream the handle names (by the
+ * rule above). Why each part holds:
+ *   - pool serials are never reused (gma__pool_init), so an allocator
+ *     destroyed and re-created at the same address, or one made in a child
+ *     after fork() next to inherited ones (which fail GMA__CHECK before they
+ *     get here), never matches an old entry; and e->rec is dereferenced only
+ *     after the match, when it is still allocated: records are freed only by
+ *     the pool's teardown;
+ *   - only gma__stream_retire takes a key out of the stream table (and it
+ *     sets retired first, for good), so a record that is not retired still
+ *     owns its key. Retiring a stream thus invalidates exactly its entries,
+ *     in every thread, with no per-allocator generation to bump: the flag
+ *     every lock-free path already checks is the generation.
+ * Memory order: the cache is thread-local (plain fields). retired is read
+ * relaxed, as gma__bin_alloc always has: a thread that allocates on a handle
+ * after another thread retired (and destroyed, and re-created) its stream
+ * learned the new handle through some synchronization, which orders the
+ * retire's store before this load. The record's fields read here (key, id,
+ * bins) were published before the key (stable_insert's release) and this
+ * thread acquired them in the lookup that filled the entry. */
+typedef struct tl_stream {
+  const gma__pool_t *pool; /* the pool that filled it (compared, never read); NULL: empty */
+  uint64_t pool_serial;    /* that pool's serial */
+  uintptr_t key;           /* the stream key (gma__stream_key) */
+  gma__stream_t *rec;      /* what the key resolved to; rec->id is the stream's device id */
+} tl_stream_t;
+/* Searched from the key's hashed slot on, all of them before a miss: a
+ * direct-mapped table put two of a thread's three streams in one slot in a
+ * third of the runs of fakecuda_backend_hotpath, and each then asked the
+ * device every time. A hit is usually found at the first slot. */
+static GMA__TLS tl_stream_t tl_streams[GMA__TL_STREAMS];
+static GMA__TLS unsigned tl_stream_victim; /* round-robin eviction when all slots are taken */
+
+static unsigned tl_stream_home(const gma__pool_t *p, uintptr_t key) {
+  uint64_t h = ((uint64_t)key ^ (p->serial << 40)) * 0x9E3779B97F4A7C15ull;
+  return (unsigned)(h >> 32) % GMA__TL_STREAMS;
+}
+
+/* The calling thread's record for key in p, or NULL (look it up, asking the
+ * device). Wait-free: a few loads, no device call. */
+static gma__stream_t *tl_stream_get(gma__pool_t *p, uintptr_t key) {
+  unsigned i = tl_stream_home(p, key);
+  for (unsigned n = 0; n < GMA__TL_STREAMS; n++, i = (i + 1) % GMA__TL_STREAMS) {
+    const tl_stream_t *e = &tl_streams[i];
+    if (e->pool != p || e->pool_serial != p->serial || e->key != key) continue;
+    gma__stream_t *s = e->rec;
+    if (gma__load_relaxed(&s->retired)) return NULL;
+    /* The invariant above; retired is read again because a racing retire
+     * may have removed the key since (a misuse: allocating on a stream while
+     * retiring it, but not one to abort on). */
+    GMA__ASSERT(s->key == key &&
+                (gma__stable_lookup(p, key) == s || gma__load_relaxed(&s->retired)));
+    return s;
+  }
+  return NULL;
+}
+
+/* Records that key in p resolved to s, a live record whose id the device
+ * just confirmed: in the slot that holds key already (a retired record's),
+ * else the first slot from the key's home that is empty, another pool's
+ * (perhaps a destroyed one) or a retired record's, else a round-robin
+ * victim. */
+static void tl_stream_put(gma__pool_t *p, uintptr_t key, gma__stream_t *s) {
+  unsigned home = tl_stream_home(p, key), i = home, free_slot = GMA__TL_STREAMS;
+  for (unsigned n = 0; n < GMA__TL_STREAMS; n++, i = (i + 1) % GMA__TL_STREAMS) {
+    const tl_stream_t *e = &tl_streams[i];
+    bool ours = e->pool == p && e->pool_serial == p->serial;
+    if (ours && e->key == key) {
+      free_slot = i;
+      break;
+    }
+    if (free_slot == GMA__TL_STREAMS && (!ours || gma__load_relaxed(&e->rec->retired)))
+      free_slot = i;
+  }
+  if (free_slot == GMA__TL_STREAMS) free_slot = tl_stream_victim++ % GMA__TL_STREAMS;
+  tl_streams[free_slot] = (tl_stream_t){p, p->serial, key, s};
+}
+
+gma__stream_t *gma__stream_cached(gma__pool_t *p, gma_stream_t handle) {
+  uint64_t owner;
+  return tl_stream_get(p, gma__stream_key(handle, &owner));
+}
+
 /* ---- The bins -----------------------------------------------------------------*/
 
-gma_status_t gma__bin_alloc(gma__pool_t *p, size_t size, gma_stream_t stream, uint64_t id,
-                           void **out) {
-  uint64_t owner;
-  gma__stream_t *s = gma__stable_lookup(p, gma__stream_key(stream, &owner));
-  if (!s || gma__load_relaxed(&s->retired) || id != s->id) return MISS;
+static gma_status_t bin_pop(gma__pool_t *p, gma__stream_t *s, size_t size, void **out) {
   gma__bin_t *bin = &s->bins[gma__class_of(size)];
   ck_stack_entry_t *e = ck_stack_pop_mpmc(&bin->stack);
   if (!e) return MISS;
@@ -318,6 +414,25 @@ gma_status_t gma__bin_alloc(gma__pool_t *p, size_t size, gma_stream_t stream, ui
   gma__counter_add_owner(&c->bin_out, b->size);
   *out = (void *)b->addr;
   return GMA_OK;
+}
+
+gma_status_t gma__bin_alloc_cached(gma__pool_t *p, size_t size, gma_stream_t stream,
+                                   void **out) {
+  uint64_t owner;
+  gma__stream_t *s = tl_stream_get(p, gma__stream_key(stream, &owner));
+  return s ? bin_pop(p, s, size, out) : MISS;
+}
+
+gma_status_t gma__bin_alloc(gma__pool_t *p, size_t size, gma_stream_t stream, uint64_t id,
+                           void **out) {
+  uint64_t owner;
+  uintptr_t key = gma__stream_key(stream, &owner);
+  gma__stream_t *s = gma__stable_lookup(p, key);
+  if (!s || gma__load_relaxed(&s->retired) || id != s->id) return MISS;
+  /* id was read from the device before this lookup: s is the record of the
+   * stream the handle names now, and stays so until it is retired. */
+  tl_stream_put(p, key, s);
+  return bin_pop(p, s, size, out);
 }
 
 gma_status_t gma__bin_free(gma__pool_t *p, void *ptr) {

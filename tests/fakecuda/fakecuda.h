@@ -33,7 +33,8 @@
 typedef int (*fakecuda_fail_fn)(const char *entry, unsigned long long nth, CUresult result);
 /* Disarms every fault. */
 typedef void (*fakecuda_clear_faults_fn)(void);
-/* Calls of entry so far (successful or failed); 0 for an unknown entry. */
+/* Calls of entry so far (successful or failed); 0 for an unknown entry; "*"
+ * sums every entry point (cuGetProcAddress included). */
 typedef unsigned long long (*fakecuda_calls_fn)(const char *entry);
 /* Queues fn(arg) on stream in stream order, like a kernel. CUDA_SUCCESS, or an
  * error for an invalid stream / no current context. */

@@ -35,7 +35,19 @@
  *             allocators on device 1 use device 1's memory.
  *   context   context hygiene: after every gma call the calling thread's
  *             current context is what it was: none, device 0's, or another
- *             device's context pushed by the caller. */
+ *             device's context pushed by the caller.
+ *   hotpath   a bin hit makes no driver call (issue 16): after warming the
+ *             bins of a created stream, the NULL stream and the per-thread
+ *             stream, 1000 alloc+free pairs on each (and on a second size
+ *             class) make 0 calls of any entry point, on a thread with no
+ *             current context, where a stream-id probe of the default
+ *             handles costs a context push and pop as well. And the
+ *             per-thread stream cache behind it is invalidated by a retire:
+ *             after gma_stream_destroy and a new stream that gets the same
+ *             handle value, and after gma_stream_retire of a live stream,
+ *             the next allocation asks the driver for the stream's id again
+ *             and starts a new record; the one after that is a bin hit with
+ *             0 calls again. */
 #include <cuda.h>
 #include <dlfcn.h>
 #include <pthread.h>
@@ -563,6 +575,103 @@ static void scenario_context(void) {
   CHECK(fc_used(0) == 0 && fc_used(1) == 0);
 }
 
+/* ---- hotpath ----------------------------------------------------------- */
+static gma_stream_stats_t sstats(gma_t *g, gma_stream_t s) {
+  gma_stream_stats_t ss = GMA_STREAM_STATS_INIT;
+  CHECK_OK(gma_stream_stats(g, s, &ss)); /* asks the driver: never inside a counted window */
+  return ss;
+}
+
+/* One alloc+free pair of size on s. */
+static void pair(gma_t *g, size_t size, gma_stream_t s) {
+  void *p = NULL;
+  CHECK_OK(gma_alloc(g, size, s, &p));
+  CHECK(p != NULL);
+  CHECK_OK(gma_free(g, p));
+}
+
+static void scenario_hotpath(void) {
+  /* The worker on, as by default, with its timer out of the way: a tick
+   * asks the driver for memory info, which is not the hot path's doing. */
+  gma_t *g = drv_cuda_allocator("trim_interval_ms:3600000");
+  /* No drv_bind_thread: this thread has no current context, so probing
+   * the NULL and per-thread handles would push and pop one. */
+  gma_stream_t s;
+  CHECK_OK(gma_stream_create(g, &s));
+  gma_stream_t streams[] = {s, NULL, GMA_STREAM_PER_THREAD};
+  const char *names[] = {"created", "NULL", "per-thread"};
+  const size_t small = 4 << 10, mid = 96 << 10;
+  for (int i = 0; i < 3; i++)
+    for (int k = 0; k < 2; k++) { /* the first makes the record, the second fills the cache */
+      pair(g, small, streams[i]);
+      pair(g, mid, streams[i]);
+    }
+  gma_stream_stats_t before[3];
+  for (int i = 0; i < 3; i++) before[i] = sstats(g, streams[i]);
+  const int pairs = 1000;
+  unsigned long long calls0 = fc_calls("*"), ids0 = fc_calls("cuStreamGetId");
+  for (int n = 0; n < pairs; n++)
+    for (int i = 0; i < 3; i++) pair(g, small, streams[i]);
+  for (int n = 0; n < pairs; n++) pair(g, mid, s);
+  unsigned long long calls = fc_calls("*") - calls0, ids = fc_calls("cuStreamGetId") - ids0;
+  printf("hotpath: %d bin-hit pairs on 3 streams and %d of a second size: %llu driver calls "
+         "(%llu cuStreamGetId)\n", 3 * pairs, pairs, calls, ids);
+  for (int i = 0; i < 3; i++) { /* they were bin hits */
+    gma_stream_stats_t after = sstats(g, streams[i]);
+    uint64_t want = (uint64_t)pairs * (i == 0 ? 2 : 1);
+    if (after.hits - before[i].hits != want || after.misses != before[i].misses)
+      fprintf(stderr, "%s stream: %llu hits, %llu misses in the loop (want %llu, 0)\n", names[i],
+              (unsigned long long)(after.hits - before[i].hits),
+              (unsigned long long)(after.misses - before[i].misses), (unsigned long long)want);
+    CHECK(after.hits - before[i].hits == want && after.misses == before[i].misses);
+  }
+  CHECK(calls == 0);
+
+  /* Destroyed through gma (retired first), and the handle value recycled:
+   * the cached record must not serve the new stream. */
+  CHECK_OK(gma_stream_destroy(g, s));
+  gma_stream_t s2;
+  CHECK_OK(gma_stream_create(g, &s2));
+  printf("hotpath: the new stream %s the destroyed one's handle value\n",
+         s2 == s ? "got" : "did not get");
+  ids0 = fc_calls("cuStreamGetId");
+  pair(g, small, s2); /* a cache miss: asks for the id, makes a new record */
+  CHECK(fc_calls("cuStreamGetId") - ids0 >= 1);
+  gma_stream_stats_t fresh = sstats(g, s2);
+  CHECK(fresh.allocs == 1 && fresh.hits == 0 && fresh.misses == 1 && fresh.frees == 1);
+  pair(g, small, s2); /* fills the cache for the new record */
+  calls0 = fc_calls("*");
+  for (int n = 0; n < 10; n++) pair(g, small, s2);
+  CHECK(fc_calls("*") == calls0);
+  fresh = sstats(g, s2);
+  CHECK(fresh.allocs == 12 && fresh.hits == 11 && fresh.misses == 1);
+
+  /* Retired but still alive (the same stream, the same handle): forgotten,
+   * so the next allocation looks it up again and starts a new record. */
+  CHECK_OK(gma_stream_retire(g, s2));
+  ids0 = fc_calls("cuStreamGetId");
+  pair(g, small, s2);
+  CHECK(fc_calls("cuStreamGetId") - ids0 >= 1);
+  fresh = sstats(g, s2);
+  CHECK(fresh.allocs == 1 && fresh.hits == 0 && fresh.misses == 1);
+  pair(g, small, s2);
+  calls0 = fc_calls("*");
+  pair(g, small, s2);
+  CHECK(fc_calls("*") == calls0);
+
+  /* The per-thread stream retired from its own thread: the same. */
+  CHECK_OK(gma_stream_retire(g, GMA_STREAM_PER_THREAD));
+  ids0 = fc_calls("cuStreamGetId");
+  pair(g, small, GMA_STREAM_PER_THREAD);
+  CHECK(fc_calls("cuStreamGetId") - ids0 >= 1);
+  fresh = sstats(g, GMA_STREAM_PER_THREAD);
+  CHECK(fresh.allocs == 1 && fresh.hits == 0 && fresh.misses == 1);
+
+  CHECK_OK(gma_stream_destroy(g, s2));
+  CHECK_OK(gma_destroy(g));
+  CHECK(fc_used(0) == 0);
+}
+
 int main(int argc, char **argv) {
   const char *scenario = argc > 1 ? argv[1] : "";
   controls();
@@ -580,8 +689,11 @@ int main(int argc, char **argv) {
     scenario_devices();
   } else if (strcmp(scenario, "context") == 0) {
     scenario_context();
+  } else if (strcmp(scenario, "hotpath") == 0) {
+    scenario_hotpath();
   } else {
-    fprintf(stderr, "usage: %s errors|events|growable|reuse|forgotten|devices|context\n", argv[0]);
+    fprintf(stderr, "usage: %s errors|events|growable|reuse|forgotten|devices|context|hotpath\n",
+            argv[0]);
     return 2;
   }
   printf("fakecuda backend %s: ok\n", scenario);
