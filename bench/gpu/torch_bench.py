@@ -38,6 +38,8 @@ import tempfile
 import threading
 import time
 
+import torchkit
+
 KiB = 1 << 10
 MiB = 1 << 20
 MASK64 = (1 << 64) - 1
@@ -290,16 +292,8 @@ def worker(args):
 # ---- the parent: checks, subprocesses, JSON ---------------------------------------------
 
 
-def write_json(path, obj):
-    with open(path, "w") as f:
-        json.dump(obj, f, indent=1)
-        f.write("\n")
-
-
 def skip(args, reason):
-    print("torch_bench: skipped: %s" % reason)
-    write_json(args.json, {"benchmark": "torch-bench", "skipped": reason})
-    return 0
+    return torchkit.skip("torch_bench", "torch-bench", args.json, reason)
 
 
 def main():
@@ -331,16 +325,10 @@ def main():
         worker(args)
         return 0
 
-    try:
-        import torch
-    except Exception as e:  # ImportError, or a broken install
-        return skip(args, "PyTorch is not installed (import torch: %s)" % e)
-    if not torch.cuda.is_available():
-        return skip(args, "torch %s sees no CUDA device (torch.cuda.is_available() is False)"
-                    % torch.__version__)
-    if args.device >= torch.cuda.device_count():
-        return skip(args, "--device %d, but torch sees %d device(s)"
-                    % (args.device, torch.cuda.device_count()))
+    why = torchkit.cuda_unavailable(args.device)
+    if why:
+        return skip(args, why)
+    import torch  # cuda_unavailable imported it already
 
     wanted = [a for a in args.allocators.split(",") if a]
     for a in wanted:
@@ -437,7 +425,7 @@ def main():
     if not per_alloc:
         result["skipped"] = "no allocator could be measured: " + "; ".join(
             "%s: %s" % (a, e["reason"]) for a, e in allocators.items())
-    write_json(args.json, result)
+    torchkit.write_json(args.json, result)
 
     print("\n%-34s %12s %12s %12s" % ("torch_bench (median ns per pair)", *[a[:12] for a in ALLOCATORS]))
     for sc in scenarios:

@@ -52,6 +52,8 @@ import sys
 import tempfile
 import time
 
+import torchkit
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 MiB = 1 << 20
@@ -174,17 +176,8 @@ def worker(args):
 # ---- the parent: checks, subprocesses, comparison -----------------------------------------
 
 
-def write_json(path, obj):
-    if path:
-        with open(path, "w") as f:
-            json.dump(obj, f, indent=1)
-            f.write("\n")
-
-
 def skip(args, reason):
-    print("torch_train: skipped: %s" % reason)
-    write_json(args.json, {"benchmark": "torch-train", "skipped": reason})
-    return 0
+    return torchkit.skip("torch_train", "torch-train", args.json, reason)
 
 
 def mib(n):
@@ -239,16 +232,10 @@ def main():
         worker(args)
         return 0
 
-    try:
-        import torch
-    except Exception as e:  # ImportError, or a broken install
-        return skip(args, "PyTorch is not installed (import torch: %s)" % e)
-    if not torch.cuda.is_available():
-        return skip(args, "torch %s sees no CUDA device (torch.cuda.is_available() is False)"
-                    % getattr(torch, "__version__", "?"))
-    if args.device >= torch.cuda.device_count():
-        return skip(args, "--device %d, but torch sees %d device(s)"
-                    % (args.device, torch.cuda.device_count()))
+    why = torchkit.cuda_unavailable(args.device)
+    if why:
+        return skip(args, why)
+    import torch  # cuda_unavailable imported it already
 
     wanted = [r for r in args.runs.split(",") if r]
     for r in wanted:
@@ -330,7 +317,7 @@ def main():
             print("torch_train: the losses differ beyond the tolerance: largest relative "
                   "difference %.3g > %.0e" % (rel, args.tolerance))
             status = 1
-    write_json(args.json, result)
+    torchkit.write_json(args.json, result)
     table = markdown(result)
     if args.markdown:
         with open(args.markdown, "w") as f:
