@@ -245,6 +245,17 @@ GMA_API gma_status_t gma_create(const gma_config_t *config, gma_t **out);
  * anything and without any CUDA call; live allocations are not reported.
  * What another parent thread was changing when fork() ran is leaked. */
 GMA_API gma_status_t gma_destroy(gma_t *g);
+/* For exit handlers: stops using g without waiting for the device. Stops
+ * the worker thread and finishes a trace file (its status is returned:
+ * GMA_OK, or the trace's write error); then every later call on g fails with
+ * GMA_ERR_INVALID_ARGUMENT. Unlike gma_destroy it does not synchronize the
+ * device (which never returns while, say, a collective waits for a peer
+ * that exited), reports no leaks and frees nothing: device memory, even
+ * what device work still uses, stays allocated until the process exits and
+ * the driver takes it back. Calls racing with it are not allowed. NULL is a
+ * no-op; on an allocator inherited across fork() it does what gma_destroy
+ * does there. */
+GMA_API gma_status_t gma_abandon(gma_t *g);
 /* Which device backend g runs on: "sim" or "cuda". Any thread; wait-free. */
 GMA_API const char *gma_device_name(const gma_t *g);
 

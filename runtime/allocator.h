@@ -20,6 +20,7 @@
 #define GMA__MAGIC_LIVE 0x6c6976655f616d67ull /* "gma_live" */
 #define GMA__MAGIC_DEAD 0x646165645f616d67ull /* "gma_dead" */
 #define GMA__MAGIC_FORKED 0x6b726f665f616d67ull /* "gma_fork" */
+#define GMA__MAGIC_ABANDONED 0x646e62615f616d67ull /* "gma_abnd": gma_abandon, at exit */
 
 struct gma {
   uint64_t magic;
@@ -42,6 +43,10 @@ static inline gma_status_t gma__check(const gma_t *g, const char *fn) {
     return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
                           "%s: the allocator was destroyed (gma_destroy); its handle must not be "
                           "used any more", fn);
+  if (g->magic == GMA__MAGIC_ABANDONED)
+    return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
+                          "%s: the allocator was abandoned (gma_abandon, for process exit); its "
+                          "handle must not be used any more", fn);
   if (g->magic == GMA__MAGIC_FORKED)
     return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
                           "%s: this allocator was created by the parent process before fork(); "

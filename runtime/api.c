@@ -112,6 +112,19 @@ gma_status_t gma_create(const gma_config_t *config, gma_t **out) {
   return GMA_OK;
 }
 
+gma_status_t gma_abandon(gma_t *g) {
+  if (!g) return GMA_OK;
+  if (g->magic == GMA__MAGIC_FORKED) return gma__fork_destroy(g);
+  GMA__CHECK(g, "gma_abandon");
+  gma__fork_unregister(g);
+  gma__worker_stop(&g->worker); /* no tick may touch the device after this */
+  gma_status_t st = gma_trace_stop(g); /* the file is complete */
+  /* Everything else stays: the device, its memory and every record, so
+   * device work still running keeps valid memory until the process exits. */
+  g->magic = GMA__MAGIC_ABANDONED;
+  return st;
+}
+
 /* Destroyed allocators' structs, kept so a stale handle fails cleanly (see
  * allocator.h): the last DEAD_KEPT of them; older ones are freed, so a
  * program that creates and destroys allocators in a loop stays bounded

@@ -102,8 +102,9 @@ GMA_TORCH_API void gma_torch_shutdown(void);
 /* Creates device's allocator: GMA_CONF from the environment, then
  * device_ordinal = device (so a device_id in GMA_CONF does not send every
  * device's memory to one GPU), ignore_env so GMA_CONF is not applied twice.
- * device:auto stays the default: CUDA on a GPU machine, simulated elsewhere.
- * Caller holds create_lock. */
+ * The device is CUDA unless GMA_CONF names one (device:sim, for tests): with
+ * device:auto a machine whose driver does not load would hand PyTorch
+ * simulated host addresses as CUDA memory. Caller holds create_lock. */
 static gma_t *create_locked(int device) {
   gma_config_t cfg = GMA_CONFIG_INIT;
   const char *env = getenv("GMA_CONF");
@@ -114,6 +115,7 @@ static gma_t *create_locked(int device) {
     set_gma_msg(st, what);
     return NULL;
   }
+  if (cfg.device == GMA_DEVICE_AUTO) cfg.device = GMA_DEVICE_CUDA;
   cfg.device_ordinal = device;
   cfg.ignore_env = 1;
   gma_t *g = NULL;
@@ -190,7 +192,7 @@ GMA_TORCH_API void *gma_torch_alloc(ssize_t size, int device, cudaStream_t strea
 /* Frees through device's allocator; gma_free is ordered on the stream the
  * block was allocated on, which is the stream PyTorch passes back. A pointer
  * the device's allocator does not know is looked for in the others before it
- * is reported. After shutdown, a no-op: gma_destroy gave the memory back. */
+ * is reported. After shutdown, a no-op: the process's exit gives the memory back. */
 GMA_TORCH_API void gma_torch_free(void *ptr, ssize_t size, int device, cudaStream_t stream) {
   (void)size;
   (void)stream;
@@ -326,11 +328,14 @@ static long inflight_sum(void) {
   return n;
 }
 
-/* Destroys every allocator (flushing traces; live tensors are reported by
- * gma_destroy as a leak and freed). Registered with atexit; may be called
- * earlier, after which allocations fail and frees do nothing. Idempotent. If
- * calls stay in flight for 2 s (a thread stuck inside gma), the allocators are
- * left to the operating system rather than destroyed under that call. */
+/* Abandons every allocator (gma_abandon: the worker stops and a trace file is
+ * finished, but nothing waits for the device, which could hang at exit on a
+ * collective whose peer is gone, and tensors alive at exit are not reported
+ * as leaks: the process's exit gives their memory back). Registered with
+ * atexit; may be called earlier, after which allocations fail, frees do
+ * nothing and the memory stays reserved until exit. Idempotent. If calls stay
+ * in flight for 2 s (a thread stuck inside gma), the allocators are left as
+ * they are rather than abandoned under that call. */
 GMA_TORCH_API void gma_torch_shutdown(void) {
   if (atomic_exchange(&closed, true)) return; /* seq_cst: see the comment on inflight */
   /* Not under create_lock: a call in flight may be waiting for it to create
@@ -346,7 +351,7 @@ GMA_TORCH_API void gma_torch_shutdown(void) {
   pthread_mutex_lock(&create_lock);
   for (int d = 0; d < GMA_TORCH_MAX_DEVICES; d++) {
     gma_t *g = atomic_exchange(&allocators[d], NULL);
-    if (g) gma_destroy(g);
+    if (g) gma_abandon(g);
   }
   pthread_mutex_unlock(&create_lock);
 }

@@ -9,7 +9,10 @@ plug-in's shutdown making later calls harmless. Run by CTest with
 GMA_LIBRARY, GMA_TORCH_LIBRARY and GMA_CONF=device:sim."""
 import ctypes
 import os
+import subprocess
+import sys
 import threading
+import time
 import unittest
 
 from common import KiB, MiB, c_stderr, run
@@ -171,14 +174,39 @@ class Plugin(unittest.TestCase):
         with self.assertRaises(gma.InvalidPointer):
             gt.record_stream(p, None, device=0)  # freed: not live
 
+    def test_device_is_cuda_unless_named(self):
+        # GMA_CONF without a device: the plug-in asks for CUDA, so a machine
+        # whose driver does not load gets NULL and a line saying so, never
+        # simulated host memory passed off as CUDA memory.
+        code = ("import os, sys; sys.path.insert(0, %r); import gma.torch as gt; "
+                "P = gt.plugin(); print('ptr', P.gma_torch_alloc(4096, 0, None))"
+                % os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                               "..", "python"))
+        env = dict(os.environ, GMA_CONF="sim_capacity:256M",
+                   GMA_CUDA_DRIVER="/nonexistent/libcuda.so.1")
+        r = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("ptr None", r.stdout)
+        self.assertIn("gma_torch: creating the allocator of device 0 failed", r.stderr)
+        self.assertIn("GMA_ERR_NO_DEVICE", r.stderr)
+
     def test_z_shutdown(self):
         p = alloc(1 * MiB)  # a tensor still alive at exit
+        a = gt.allocator(0)
+        s = a.stream_create()
+        gate, started = threading.Event(), threading.Event()
+        a.sim_launch(s, lambda: (started.set(), gate.wait(10)))  # work that never ends
+        self.assertTrue(started.wait(5))
         with c_stderr() as err:
-            P.gma_torch_shutdown()  # what the atexit handler runs
+            t0 = time.monotonic()
+            P.gma_torch_shutdown()  # what the atexit handler runs: gma_abandon
+            self.assertLess(time.monotonic() - t0, 2.0)  # nothing waits for the work
             P.gma_torch_shutdown()
             free(p, 1 * MiB)  # a late free: harmless, silent
             self.assertIsNone(alloc(4096))  # a late allocation fails
-        self.assertIn("1 live allocation", err[0])  # gma_destroy's leak report
+        gate.set()
+        self.assertNotIn("leak", err[0])  # tensors alive at exit are not leaks
         self.assertIn("shutdown", err[0].splitlines()[-1])
         with self.assertRaises(gma.Cancelled):
             gt.stats(0)
