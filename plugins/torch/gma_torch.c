@@ -153,6 +153,27 @@ static gma_t *allocator_of(int device, bool create) {
   return g;
 }
 
+/* ---- fork() --------------------------------------------------------------------- *
+ * A child of fork() has only the forking thread. libgma marks the allocators
+ * it inherits as unusable (runtime/fork.c), so the child drops them and makes
+ * its own on first use (on the simulated device that works; CUDA itself is
+ * not fork-safe, and then creation fails with the driver's message). Around
+ * the fork create_lock is held, so no other parent thread holds it in the
+ * child, and the in-flight counts of parent threads, which do not exist in
+ * the child, are cleared (its exit handler would wait for them). The dropped
+ * copies are left to the child's exit: they hold host memory only. */
+static void fork_prepare(void) { pthread_mutex_lock(&create_lock); }
+static void fork_parent(void) { pthread_mutex_unlock(&create_lock); }
+static void fork_child(void) {
+  for (int d = 0; d < GMA_TORCH_MAX_DEVICES; d++)
+    atomic_store_explicit(&allocators[d], NULL, memory_order_relaxed);
+  for (int i = 0; i < STRIPES; i++) atomic_store(&inflight[i].n, 0);
+  pthread_mutex_unlock(&create_lock);
+}
+__attribute__((constructor)) static void register_fork_handlers(void) {
+  pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
 /* ---- What CUDAPluggableAllocator loads ----------------------------------------- */
 
 /* PyTorch asks for size 0 (empty tensors): NULL without an error. A failure

@@ -191,6 +191,33 @@ class Plugin(unittest.TestCase):
         self.assertIn("gma_torch: creating the allocator of device 0 failed", r.stderr)
         self.assertIn("GMA_ERR_NO_DEVICE", r.stderr)
 
+    def test_fork_child_gets_its_own_allocator(self):
+        p = alloc(1 * MiB)  # the parent's allocator exists
+        self.assertTrue(p)
+        hold = threading.Event()
+        # Another parent thread inside the plug-in around the fork must not
+        # leave the child a held lock or an in-flight count.
+        t = threading.Thread(target=lambda: [free(alloc(4096)) for _ in range(2000)]
+                             if not hold.is_set() else None)
+        t.start()
+        pid = os.fork()
+        if pid == 0:  # the child: only this thread
+            ok = 0
+            try:
+                q = alloc(64 * KiB)
+                ok = 1 if q else 0
+                free(q, 64 * KiB)
+                P.gma_torch_shutdown()  # what its exit handler runs: must not wait
+            finally:
+                os._exit(0 if ok else 3)
+        t0 = time.monotonic()
+        _, status = os.waitpid(pid, 0)
+        t.join()
+        self.assertTrue(os.WIFEXITED(status))
+        self.assertEqual(os.WEXITSTATUS(status), 0)
+        self.assertLess(time.monotonic() - t0, 1.5)  # shutdown waited for no one
+        free(p, 1 * MiB)  # the parent's allocator is untouched
+
     def test_z_shutdown(self):
         p = alloc(1 * MiB)  # a tensor still alive at exit
         a = gt.allocator(0)
