@@ -172,6 +172,10 @@ typedef struct gma_config {
    * the host for device work that still uses freed memory, then retries. */
   uint64_t oom_wait_ms;          /* "oom_wait_ms": the most it waits (0 = as long as such
                                     work is outstanding; else 1..86400000) */
+  /* What a NULL stream means: the legacy default stream (0, the default),
+   * or, for programs built with nvcc --default-stream per-thread, the calling
+   * thread's own default stream (1: every NULL is GMA_STREAM_PER_THREAD). */
+  int per_thread_default_stream; /* "default_stream": legacy | per_thread (legacy) */
 } gma_config_t;
 
 /* release_threshold = GMA_RELEASE_ALL (GMA_CONF "release_threshold:0"): every

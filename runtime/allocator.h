@@ -55,6 +55,14 @@ static inline gma_status_t gma__check(const gma_t *g, const char *fn) {
   return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "%s: %p is not an allocator gma_create made",
                         fn, (const void *)g);
 }
+/* The stream a caller's handle names: under default_stream:per_thread a NULL
+ * stream is the calling thread's default stream, GMA_STREAM_PER_THREAD (for
+ * programs built with nvcc --default-stream per-thread). Every entry point
+ * taking a stream maps it first, after checking g. */
+static inline gma_stream_t gma__stream_arg(const gma_t *g, gma_stream_t stream) {
+  return stream == NULL && g->cfg.per_thread_default_stream ? GMA_STREAM_PER_THREAD : stream;
+}
+
 /* Adds count blocks of size bytes (each rounded up to 512) to *total, the
  * bytes a request of several blocks needs; false, *total unchanged, when a
  * size is 0 or above limit or the total would pass limit. Each size is

@@ -195,6 +195,7 @@ static uint64_t block_size(gma_t *g, void *ptr) {
 
 gma_status_t gma_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out) {
   GMA__CHECK(g, "gma_alloc");
+  stream = gma__stream_arg(g, stream);
   CHECK_ARG(out, "gma_alloc: out is NULL");
   gma_status_t st = alloc_now(g, size, stream, out);
   if (st == GMA_ERR_OOM && g->cfg.fallback_host) st = alloc_fallback(g, size, stream, out);
@@ -274,6 +275,7 @@ static gma_status_t free_now(gma_t *g, void *ptr) {
 
 gma_status_t gma_record_stream(gma_t *g, void *ptr, gma_stream_t stream) {
   GMA__CHECK(g, "gma_record_stream");
+  stream = gma__stream_arg(g, stream);
   CHECK_ARG(ptr, "gma_record_stream: ptr is NULL");
   gma_status_t st = gma__pool_record_stream(&g->pool, ptr, stream);
   if (st == GMA_ERR_INVALID_POINTER && g->cfg.fallback_host &&
@@ -292,6 +294,7 @@ gma_status_t gma_empty_cache(gma_t *g) {
 
 gma_status_t gma_host_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out) {
   GMA__CHECK(g, "gma_host_alloc");
+  stream = gma__stream_arg(g, stream);
   CHECK_ARG(out, "gma_host_alloc: out is NULL");
   *out = NULL;
   return gma__host_alloc(&g->host, size, stream, false, out);
@@ -311,6 +314,7 @@ gma_status_t gma_trim(gma_t *g, uint64_t keep_bytes) {
 gma_status_t gma_alloc_batch(gma_t *g, size_t n, const size_t *sizes, gma_stream_t stream,
                              void **ptrs) {
   GMA__CHECK(g, "gma_alloc_batch");
+  stream = gma__stream_arg(g, stream);
   CHECK_ARG(n > 0 && sizes && ptrs, "gma_alloc_batch: n is 0, or sizes or ptrs is NULL");
   uint64_t total = 0;
   for (size_t i = 0; i < n; i++) {
@@ -357,6 +361,7 @@ gma_status_t gma_set_pressure_callback(gma_t *g, gma_pressure_callback_t cb, voi
 gma_status_t gma_reserve(gma_t *g, gma_stream_t stream, size_t n, const size_t *sizes,
                          const size_t *counts) {
   GMA__CHECK(g, "gma_reserve");
+  stream = gma__stream_arg(g, stream);
   CHECK_ARG(n == 0 || (sizes && counts), "gma_reserve: sizes or counts is NULL");
   /* Every size and the sums checked without wrapping before anything is
    * allocated (issue 13: counts {SIZE_MAX, 2} summed to 1 and the blocks
@@ -427,6 +432,7 @@ gma_status_t gma_stream_destroy(gma_t *g, gma_stream_t stream) {
 
 gma_status_t gma_stream_retire(gma_t *g, gma_stream_t stream) {
   GMA__CHECK(g, "gma_stream_retire");
+  stream = gma__stream_arg(g, stream);
   /* Host blocks are not marked here: the stream still exists, so their frees
    * record on it (covering any later copy); if it is then destroyed outside
    * gma, a free finds the handle changed and waits for the device. */
@@ -435,6 +441,7 @@ gma_status_t gma_stream_retire(gma_t *g, gma_stream_t stream) {
 
 gma_status_t gma_stream_stats(gma_t *g, gma_stream_t stream, gma_stream_stats_t *out) {
   GMA__CHECK(g, "gma_stream_stats");
+  stream = gma__stream_arg(g, stream);
   CHECK_ARG(out, "gma_stream_stats: out is NULL");
   CHECK_ARG(out->size >= sizeof(size_t) && out->size <= sizeof(gma_stream_stats_t),
             "gma_stream_stats: out->size is %zu; initialize with GMA_STREAM_STATS_INIT",
@@ -444,11 +451,13 @@ gma_status_t gma_stream_stats(gma_t *g, gma_stream_t stream, gma_stream_stats_t 
 
 gma_status_t gma_stream_synchronize(gma_t *g, gma_stream_t stream) {
   GMA__CHECK(g, "gma_stream_synchronize");
+  stream = gma__stream_arg(g, stream);
   return gma__pool_stream_synchronize(&g->pool, stream);
 }
 
 gma_status_t gma_sim_launch(gma_t *g, gma_stream_t stream, gma_sim_kernel_fn fn, void *arg) {
   GMA__CHECK(g, "gma_sim_launch");
+  stream = gma__stream_arg(g, stream);
   CHECK_ARG(fn, "gma_sim_launch: fn is NULL");
   if (!g->dev->ops->sim_launch)
     return gma__set_error(GMA_ERR_UNSUPPORTED, "gma_sim_launch: the %s device cannot run "

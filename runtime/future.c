@@ -479,6 +479,12 @@ static gma_status_t check_async(gma_t *g, gma_stream_t stream, const gma_async_o
                           "%s: GMA_STREAM_PER_THREAD names a different stream on gma's worker "
                           "thread; pass an explicit stream",
                           fn);
+  if (gma__stream_arg(g, stream) == GMA_STREAM_PER_THREAD)
+    return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
+                          "%s: under default_stream:per_thread a NULL stream is the calling "
+                          "thread's default stream, a different one on gma's worker thread; "
+                          "pass an explicit stream",
+                          fn);
   if (!g->worker.started)
     return gma__set_error(GMA_ERR_UNSUPPORTED, "%s: the worker is off (worker:off)", fn);
   return GMA_OK;

@@ -84,6 +84,7 @@ class Config(ctypes.Structure):
         ("fallback_host", c_int),
         ("host_release_threshold", u64),
         ("oom_wait_ms", u64),
+        ("per_thread_default_stream", c_int),
     ]
 
 

@@ -237,6 +237,7 @@ static void test_record_on_recycled_stream(void) {
 
 typedef struct ptds_shared {
   gma_t *g;
+  gma_stream_t s; /* GMA_STREAM_PER_THREAD, or NULL under default_stream:per_thread */
   size_t len;
   atomic_int phase; /* 1: thread 1 freed its held block; 2: thread 2 is done */
   atomic_int gate, corruptions, violations;
@@ -251,9 +252,9 @@ static void wait_phase(atomic_int *phase, int want) {
 static void *ptds_thread1(void *arg) {
   ptds_shared_t *sh = arg;
   gma_t *g = sh->g;
-  CHECK_OK(gma_alloc(g, sh->len, GMA_STREAM_PER_THREAD, &sh->y1));
+  CHECK_OK(gma_alloc(g, sh->len, sh->s, &sh->y1));
   held_t h = {{sh->y1, sh->len, 0x11, &sh->gate, 0, &sh->corruptions, 0}, 0};
-  CHECK_OK(gma_sim_launch(g, GMA_STREAM_PER_THREAD, held_run, &h));
+  CHECK_OK(gma_sim_launch(g, sh->s, held_run, &h));
   pattern_kernel_wait_started(&h.k);
   CHECK_OK(gma_free(g, sh->y1)); /* cached on thread 1's stream, still held */
   atomic_store(&sh->phase, 1);
@@ -261,7 +262,7 @@ static void *ptds_thread1(void *arg) {
   CHECK(!atomic_load(&h.done));
   atomic_store(&sh->gate, 1);
   /* This thread stays alive until its stream is drained: h lives on its stack. */
-  CHECK_OK(gma_stream_synchronize(g, GMA_STREAM_PER_THREAD));
+  CHECK_OK(gma_stream_synchronize(g, sh->s));
   CHECK(atomic_load(&h.done));
   return NULL;
 }
@@ -274,27 +275,31 @@ static void *ptds_thread2(void *arg) {
   void *ys[NLIVE];
   pattern_kernel_t k[NLIVE];
   for (int i = 0; i < NLIVE; i++) {
-    CHECK_OK(gma_alloc(g, sh->len, GMA_STREAM_PER_THREAD, &ys[i]));
+    CHECK_OK(gma_alloc(g, sh->len, sh->s, &ys[i]));
     if (overlaps(ys[i], sh->len, sh->y1, sh->len)) atomic_fetch_add(&sh->violations, 1);
     k[i] = (pattern_kernel_t){ys[i], sh->len, (uint8_t)(0x20 + i), NULL, 0, &sh->corruptions, 0};
-    CHECK_OK(gma_sim_launch(g, GMA_STREAM_PER_THREAD, pattern_kernel_run, &k[i]));
+    CHECK_OK(gma_sim_launch(g, sh->s, pattern_kernel_run, &k[i]));
   }
   for (int i = 0; i < 200; i++) {
     void *y;
-    CHECK_OK(gma_alloc(g, sh->len, GMA_STREAM_PER_THREAD, &y));
+    CHECK_OK(gma_alloc(g, sh->len, sh->s, &y));
     if (overlaps(y, sh->len, sh->y1, sh->len)) atomic_fetch_add(&sh->violations, 1);
     CHECK_OK(gma_free(g, y));
   }
-  CHECK_OK(gma_stream_synchronize(g, GMA_STREAM_PER_THREAD));
+  CHECK_OK(gma_stream_synchronize(g, sh->s));
   for (int i = 0; i < NLIVE; i++) CHECK_OK(gma_free(g, ys[i]));
-  CHECK_OK(gma_stream_synchronize(g, GMA_STREAM_PER_THREAD));
+  CHECK_OK(gma_stream_synchronize(g, sh->s));
   atomic_store(&sh->phase, 2);
   return NULL;
 }
 
-static void test_per_thread_stream(void) {
+/* conf NULL: the threads name GMA_STREAM_PER_THREAD; else they pass NULL
+ * under default_stream:per_thread, which must mean the same. */
+static void test_per_thread_stream(const char *conf) {
   static ptds_shared_t sh;
-  sh.g = sim_allocator(NULL);
+  memset(&sh, 0, sizeof sh);
+  sh.g = sim_allocator(conf);
+  sh.s = conf ? NULL : GMA_STREAM_PER_THREAD;
   sh.len = 128 * KiB;
   pthread_t t1, t2;
   CHECK(pthread_create(&t1, NULL, ptds_thread1, &sh) == 0);
@@ -306,8 +311,14 @@ static void test_per_thread_stream(void) {
   gma_stats_t s = stats_of(sh.g);
   CHECK(s.num_allocs == 1 + 6 + 200 && s.num_frees == s.num_allocs);
   CHECK(s.hits_bin + s.hits_stream + s.hits_pool + s.hits_device == s.num_allocs);
+  if (conf) { /* async requests cannot name the caller's default stream */
+    gma_future_t *f = NULL;
+    CHECK_ST(gma_alloc_async(sh.g, 4096, NULL, NULL, &f), GMA_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(gma_last_error(), "default_stream:per_thread") != NULL && f == NULL);
+  }
   CHECK_OK(gma_destroy(sh.g));
-  printf("(b) per-thread default streams kept apart: thread 2 never got thread 1's held block\n");
+  printf("(b) per-thread default streams kept apart (%s): thread 2 never got thread 1's held "
+         "block\n", conf ? "NULL under default_stream:per_thread" : "GMA_STREAM_PER_THREAD");
 }
 
 /* ---- (c) gma_stream_retire ------------------------------------------------- */
@@ -670,7 +681,8 @@ int main(void) {
   test_handle_recycling();
   test_free_after_recycling();
   test_record_on_recycled_stream();
-  test_per_thread_stream();
+  test_per_thread_stream(NULL);
+  test_per_thread_stream("default_stream:per_thread");
   test_retire();
   test_stream_stats();
   test_reuse_policies();
