@@ -21,9 +21,9 @@
 #include <time.h>
 
 #include "device/device.h"
+#define BENCH_NAME "gma-bench-alloc"
 #include "benchkit.h"
 #include "gma.h"
-
 
 #define MAX_STREAMS 4
 
@@ -54,14 +54,6 @@ typedef struct result {
   double ratio; /* direct median / pool median */
   gma_stats_t stats;
 } result_t;
-
-static void die(const char *what, gma_status_t st) {
-  fprintf(stderr, "gma-bench-alloc: %s: %s (%s)\n", what, gma_status_name(st), gma_last_error());
-  exit(1);
-}
-
-
-
 
 /* Median and nearest-rank p99 of n values (sorts a copy). */
 static void summarize(side_t *s, int n) {

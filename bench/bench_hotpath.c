@@ -42,6 +42,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#define BENCH_NAME "gma-bench-hotpath"
 #include "benchkit.h"
 #include "gma.h"
 
@@ -70,8 +71,6 @@ static inline uint64_t tick_begin(void) {
 #define tick_end tick_begin
 #endif
 
-
-
 typedef struct options {
   int samples;       /* timed pairs per side, scenarios 1 and 2 */
   int duration_ms;   /* one scaling measurement */
@@ -83,17 +82,6 @@ typedef struct options {
 
 static double ns_per_tick = 1.0;
 static uint32_t tick_step = UINT32_MAX; /* smallest gap between distinct samples, in ticks */
-
-static void die(const char *what, gma_status_t st) {
-  fprintf(stderr, "gma-bench-hotpath: %s: %s (%s)\n", what, gma_status_name(st), gma_last_error());
-  exit(1);
-}
-#define OK(call)                          \
-  do {                                    \
-    gma_status_t st_ = (call);            \
-    if (st_ != GMA_OK) die(#call, st_);   \
-  } while (0)
-
 
 #include "rng.h" /* rnd(): xorshift64* */
 

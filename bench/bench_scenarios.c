@@ -48,6 +48,7 @@
 #include <string.h>
 #include <time.h>
 
+#define BENCH_NAME "gma-bench-scenarios"
 #include "benchkit.h"
 #include "gma.h"
 
@@ -75,16 +76,6 @@ typedef struct options {
 static options_t opt = {.runs = 5, .json = "bench_scenarios.json", .scenario = NULL, .extra = ""};
 static FILE *js;   /* the JSON document, written to opt.json at the end */
 static atomic_long corruptions, order_timeouts;
-
-static void die(const char *what, gma_status_t st) {
-  fprintf(stderr, "gma-bench-scenarios: %s: %s (%s)\n", what, gma_status_name(st), gma_last_error());
-  exit(1);
-}
-#define OK(call)                        \
-  do {                                  \
-    gma_status_t st_ = (call);          \
-    if (st_ != GMA_OK) die(#call, st_); \
-  } while (0)
 
 static void sleep_us(long us) {
   struct timespec ts = {us / 1000000, (us % 1000000) * 1000};

@@ -1,6 +1,8 @@
 /* Small helpers every benchmark shares: the clock, the seeded size generator
- * (so "mixed" means the same sizes in every benchmark), sort comparators, and
- * the build description printed in each table header. */
+ * (so "mixed" means the same sizes in every benchmark), sort comparators, the
+ * build description printed in each table header, and (for a benchmark that
+ * defines BENCH_NAME, its program name, before including this) die and OK,
+ * which end the run on a failed gma call. */
 #ifndef GMA_BENCHKIT_H
 #define GMA_BENCHKIT_H
 
@@ -42,5 +44,23 @@ static inline int cmp_u64(const void *a, const void *b) {
   uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
   return (x > y) - (x < y);
 }
+
+#ifdef BENCH_NAME
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "gma.h"
+
+/* Ends the benchmark: what failed, the status and gma's message. */
+static inline void die(const char *what, gma_status_t st) {
+  fprintf(stderr, BENCH_NAME ": %s: %s (%s)\n", what, gma_status_name(st), gma_last_error());
+  exit(1);
+}
+#define OK(call)                        \
+  do {                                  \
+    gma_status_t st_ = (call);          \
+    if (st_ != GMA_OK) die(#call, st_); \
+  } while (0)
+#endif
 
 #endif /* GMA_BENCHKIT_H */

@@ -39,13 +39,13 @@
 #include "pool.h"
 #include "rng.h"
 #include "simkit.h"
+#include "stress_kernel.h"
 
 #define KiB ((size_t)1 << 10)
 #define MiB ((size_t)1 << 20)
 
 enum {
   MAX_BATCH = 6,
-  GRID = 256,        /* kernels touch one word per GRID bytes */
   KERNEL_ONE_IN = 2, /* blocks of the current request that get a pattern kernel */
   CROSS_ONE_IN = 8,  /* of those, also used on a second stream */
   MAX_HOLD_US = 60
@@ -114,37 +114,7 @@ static void live_remove(shared_t *sh, void *p) {
   pthread_mutex_unlock(&sh->mu);
 }
 
-/* ---- kernels (see stress_streams.c) ---------------------------------------------- */
-
-typedef struct pattern_arg {
-  shared_t *sh;
-  int si;
-  uintptr_t base;
-  size_t len;
-  uint64_t pattern;
-  long hold_us;
-} pattern_arg_t;
-
-static uint64_t word_value(uint64_t pattern, size_t off) { return pattern ^ (off * 0x9e3779b97f4a7c15ull); }
-
-static void pattern_kernel(void *argp) {
-  pattern_arg_t *a = argp;
-  for (size_t off = 0; off + 8 <= a->len; off += GRID)
-    __atomic_store_n((uint64_t *)(a->base + off), word_value(a->pattern, off), __ATOMIC_RELAXED);
-  if (a->hold_us) sleep_us(a->hold_us);
-  uint64_t bad = 0;
-  for (size_t off = 0; off + 8 <= a->len; off += GRID)
-    if (__atomic_load_n((uint64_t *)(a->base + off), __ATOMIC_RELAXED) != word_value(a->pattern, off))
-      bad++;
-  if (bad) {
-    atomic_fetch_add(&a->sh->corruptions, 1);
-    fprintf(stderr, "corruption: %" PRIu64 " sampled words of [%#" PRIxPTR ", +%zu) changed\n",
-            bad, a->base, a->len);
-  }
-  atomic_fetch_add(&a->sh->kernels_run, 1);
-  atomic_fetch_sub(&a->sh->backlog[a->si], 1);
-  free(a);
-}
+/* ---- kernels (the pattern kernel: stress_kernel.h) ------------------------------ */
 
 typedef struct xflag {
   atomic_int set;
@@ -161,12 +131,13 @@ static void flag_wait_kernel(void *argp) {
 }
 
 static void launch_pattern(shared_t *sh, int si, void *p, size_t len, long hold_us, uint64_t *rng) {
-  pattern_arg_t *a = malloc(sizeof *a);
+  stress_pattern_t *a = malloc(sizeof *a);
   CHECK(a != NULL);
-  *a = (pattern_arg_t){sh, si, (uintptr_t)p, len, mix64(rnd(rng) ^ sh->seed), hold_us};
+  *a = (stress_pattern_t){&sh->corruptions, &sh->kernels_run, &sh->backlog[si], (uintptr_t)p,
+                          len, mix64(rnd(rng) ^ sh->seed), hold_us};
   atomic_fetch_add(&sh->backlog[si], 1);
   atomic_fetch_add(&sh->kernels_queued, 1);
-  gma_status_t st = gma_sim_launch(sh->g, sh->streams[si], pattern_kernel, a);
+  gma_status_t st = gma_sim_launch(sh->g, sh->streams[si], stress_pattern_kernel, a);
   note(sh, st, "gma_sim_launch");
   if (st != GMA_OK) {
     atomic_fetch_sub(&sh->backlog[si], 1);

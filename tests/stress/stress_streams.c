@@ -52,6 +52,7 @@
 
 #include "pool.h"
 #include "simkit.h"
+#include "stress_kernel.h"
 
 #define KiB ((size_t)1 << 10)
 #define MiB ((size_t)1 << 20)
@@ -67,7 +68,6 @@ enum {
    * cost little device time. */
   CROSS_HOLD_MIN_US = 100,
   CROSS_HOLD_MAX_US = 500,
-  GRID = 256,         /* kernels touch one word per GRID bytes (see the top) */
   NPOPULAR = 12,      /* sizes that recur, as tensor shapes do in a training step */
   MAX_BACKLOG = 32,   /* pattern kernels queued and unfinished per stream, at most */
   SPIN_LIMIT_US = 10 * 1000 * 1000 /* a flag-wait kernel gives up after 10 s */
@@ -178,40 +178,6 @@ static void checker_remove(shared_t *sh, uint64_t id) {
 
 /* ---- kernels ------------------------------------------------------------------ */
 
-/* Fill the sampled words with a pattern unique to this kernel, hold, verify.
- * Relaxed atomic words: under a planted bug two kernels touch the same words
- * on purpose, and the pattern check (not TSan) is the detector. */
-typedef struct pattern_arg {
-  shared_t *sh;
-  int si; /* the stream it runs on */
-  uintptr_t base;
-  size_t len;
-  uint64_t pattern;
-  long hold_us;
-} pattern_arg_t;
-
-static uint64_t word_value(uint64_t pattern, size_t off) { return pattern ^ (off * 0x9e3779b97f4a7c15ull); }
-
-static void pattern_kernel(void *argp) {
-  pattern_arg_t *a = argp;
-  for (size_t off = 0; off + 8 <= a->len; off += GRID)
-    __atomic_store_n((uint64_t *)(a->base + off), word_value(a->pattern, off), __ATOMIC_RELAXED);
-  if (a->hold_us) sleep_us(a->hold_us);
-  uint64_t bad = 0;
-  for (size_t off = 0; off + 8 <= a->len; off += GRID)
-    if (__atomic_load_n((uint64_t *)(a->base + off), __ATOMIC_RELAXED) !=
-        word_value(a->pattern, off))
-      bad++;
-  if (bad) {
-    atomic_fetch_add(&a->sh->corruptions, 1);
-    fprintf(stderr, "corruption: %" PRIu64 " of %zu sampled words of [%#" PRIxPTR
-                    ", +%zu) changed while a kernel held them\n",
-            bad, (a->len + GRID - 1) / GRID, a->base, a->len);
-  }
-  atomic_fetch_add(&a->sh->kernels_run, 1);
-  atomic_fetch_sub(&a->sh->backlog[a->si], 1);
-  free(a);
-}
 
 /* The flag of one cross-stream use. The setter's store is its last access;
  * the waiter frees the flag once it has seen it (or leaks it on a timeout,
@@ -240,12 +206,12 @@ static void flag_wait_kernel(void *argp) {
 }
 
 static void launch_pattern(shared_t *sh, int si, void *p, size_t len, long hold_us) {
-  pattern_arg_t *a = malloc(sizeof *a);
+  stress_pattern_t *a = malloc(sizeof *a);
   CHECK(a != NULL);
-  *a = (pattern_arg_t){sh, si, (uintptr_t)p, len,
-                       mix64(atomic_fetch_add(&sh->next_kernel, 1) ^ sh->seed), hold_us};
+  *a = (stress_pattern_t){&sh->corruptions, &sh->kernels_run, &sh->backlog[si], (uintptr_t)p,
+                          len, mix64(atomic_fetch_add(&sh->next_kernel, 1) ^ sh->seed), hold_us};
   atomic_fetch_add(&sh->backlog[si], 1);
-  gma_status_t st = gma_sim_launch(sh->g, sh->streams[si], pattern_kernel, a);
+  gma_status_t st = gma_sim_launch(sh->g, sh->streams[si], stress_pattern_kernel, a);
   note(sh, st, "gma_sim_launch(pattern)");
   if (st == GMA_OK) {
     atomic_fetch_add(&sh->kernels_queued, 1);
