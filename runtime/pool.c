@@ -653,7 +653,7 @@ static gma_status_t find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uin
    * hole that small serves few large requests, and growing would reserve a
    * whole small segment (a chunk, growable) beside it. (The block stays in
    * its large segment: freed, it goes back to the large trees.) */
-  if (kind == GMA__SMALL && gma__pool_room(p) < p->limit / (getenv("XNEAR") ? atoi(getenv("XNEAR")) : 1000000)) {
+  if (kind == GMA__SMALL) {
     b = treap_best_fit(p->free_tree[GMA__LARGE], size);
     if (b && b->size - size < p->segment_size[GMA__SMALL]) {
       *level = &p->c.hits_pool;
