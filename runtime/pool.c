@@ -625,9 +625,21 @@ static gma_status_t grow(gma__pool_t *p, int kind, uint64_t size, gma__block_t *
   return st;
 }
 
+/* Lock held. The small pool would grow: a FREE block of the large pool
+ * serves a small request instead when what it leaves is less than a small
+ * segment. A hole that small serves few large requests, and growing would
+ * reserve a whole small segment (a chunk, growable) beside it. (The block
+ * stays in its large segment: freed, it goes back to the large trees.) */
+static gma__block_t *small_in_large_hole(gma__pool_t *p, int kind, uint64_t size) {
+  if (kind != GMA__SMALL) return NULL;
+  gma__block_t *b = treap_best_fit(p->free_tree[GMA__LARGE], size);
+  return b && b->size - size < p->segment_size[GMA__SMALL] ? b : NULL;
+}
+
 /* Lock held. A block of at least size bytes for s: the stream's cache or the
- * free pool (after settling pending blocks, then after a poll), a device-side
- * wait under reuse:wait, or a new segment. *level says which hit counter it
+ * free pool (after settling pending blocks, then after observing completed
+ * epochs, then after a poll that drains the bins), a device-side wait under
+ * reuse:wait, a small hole of the large pool, or a new segment. *level says which hit counter it
  * is; nothing is counted here. GMA_ERR_OOM leaves the message to the caller. */
 static gma_status_t find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uint64_t size,
                                  gma__block_t **out, uint64_t **level, bool may_grow) {
@@ -637,29 +649,30 @@ static gma_status_t find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uin
    * training loop to the next. */
   if (p->pending_head) gma__streams_settle_pending(p);
   gma__block_t *b = find_fit(p, s, kind, size);
+  /* Cheapest first: what completed device work freed, the bins left alone
+   * (they serve the hot path); then, while the pool holds less than half the
+   * device, a small request in a small hole of the large pool; only then
+   * every stream's bins drained, before the pool grows. A training loop's
+   * small misses would otherwise drain the bins at every step. Above half,
+   * memory comes first: the drain puts binned small blocks (any stream's,
+   * once their work completed) back in the small pool before a small
+   * request eats into a hole that a large request may need. */
+  if (!b && p->c.reserved.current < p->limit / 2) {
+    gma__streams_observe(p);
+    b = find_fit(p, s, kind, size);
+    if (!b) b = small_in_large_hole(p, kind, size);
+  }
   if (!b) {
     gma__streams_poll(p, false);
     b = find_fit(p, s, kind, size);
   }
   if (!b && p->reuse == GMA_REUSE_WAIT) b = gma__streams_wait_fit(p, s, kind, size);
+  if (!b) b = small_in_large_hole(p, kind, size);
   if (b) {
     /* Another stream's block (reached through a device wait) counts as pool. */
     *level = state_of(b) == GMA__CACHED && b->stream == s ? &p->c.hits_stream : &p->c.hits_pool;
     *out = b;
     return GMA_OK;
-  }
-  /* The small pool would grow: a FREE block of the large pool serves the
-   * request instead when what it leaves is less than a small segment. A
-   * hole that small serves few large requests, and growing would reserve a
-   * whole small segment (a chunk, growable) beside it. (The block stays in
-   * its large segment: freed, it goes back to the large trees.) */
-  if (kind == GMA__SMALL) {
-    b = treap_best_fit(p->free_tree[GMA__LARGE], size);
-    if (b && b->size - size < p->segment_size[GMA__SMALL]) {
-      *level = &p->c.hits_pool;
-      *out = b;
-      return GMA_OK;
-    }
   }
   *level = &p->c.hits_device;
   if (!may_grow) return GMA_ERR_OOM; /* the caller has another plan; no message */

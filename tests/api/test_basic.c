@@ -3,7 +3,8 @@
  * stream and on created streams, alignment, rounding to 512 bytes, that block
  * memory is usable for its whole size, and that a block freed on a stream is
  * reused on that stream without a new device allocation, and that a small
- * request takes a small hole of the large pool before the small pool grows. */
+ * request takes a small hole of the large pool before the small pool grows,
+ * draining no stream's bins while the pool holds less than half the device. */
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -293,6 +294,52 @@ static void test_small_fills_large_holes(void) {
   CHECK_OK(gma_destroy(g));
 }
 
+/* While the pool holds less than half its limit, a small miss that a small
+ * hole of the large pool serves leaves every stream's bins alone: another
+ * stream's binned block is still a bin hit afterwards (a training loop's
+ * small misses would otherwise empty the bins at every step). Above half,
+ * memory comes first: the bins are drained into the pool before the hole is
+ * taken, so the binned block is no longer in its bin. */
+static void small_miss_bins(uint64_t limit, int want_bin_hit) {
+  gma_config_t cfg = GMA_CONFIG_INIT;
+  cfg.device = GMA_DEVICE_SIM;
+  cfg.ignore_env = 1;
+  cfg.memory_limit = limit;
+  gma_t *g = NULL;
+  CHECK_OK(gma_create(&cfg, &g));
+  const size_t MiB = (size_t)1 << 20;
+  gma_stream_t sa, sb;
+  CHECK_OK(gma_stream_create(g, &sa));
+  CHECK_OK(gma_stream_create(g, &sb));
+  void *a, *b, *c, *x, *y, *x2;
+  CHECK_OK(gma_alloc(g, 9 * MiB, sa, &a)); /* one 20 MiB segment, 0.5 MiB left */
+  CHECK_OK(gma_alloc(g, 9 * MiB, sa, &b));
+  CHECK_OK(gma_alloc(g, 3 * MiB / 2, sa, &c));
+  CHECK_OK(gma_alloc(g, 4096, sa, &x)); /* from the 0.5 MiB hole */
+  CHECK_OK(gma_free(g, x));             /* into sa's bin */
+  gma_stats_t st = GMA_STATS_INIT;
+  CHECK_OK(gma_stats(g, &st));
+  uint64_t bin_hits = st.hits_bin;
+  CHECK_OK(gma_alloc(g, 256 * 1024, sb, &y)); /* a miss: the rest of the hole */
+  CHECK_OK(gma_alloc(g, 4096, sa, &x2));
+  CHECK_OK(gma_stats(g, &st));
+  CHECK(st.num_device_allocs == 1); /* neither small request grew the pool */
+  CHECK((st.hits_bin == bin_hits + 1) == want_bin_hit);
+  CHECK_OK(gma_free(g, x2));
+  CHECK_OK(gma_free(g, y));
+  CHECK_OK(gma_free(g, a));
+  CHECK_OK(gma_free(g, b));
+  CHECK_OK(gma_free(g, c));
+  CHECK_OK(gma_stream_destroy(g, sa));
+  CHECK_OK(gma_stream_destroy(g, sb));
+  CHECK_OK(gma_destroy(g));
+}
+
+static void test_small_miss_keeps_bins(void) {
+  small_miss_bins((uint64_t)1 << 30, 1); /* 20 MiB of 1 GiB: roomy */
+  small_miss_bins((uint64_t)32 << 20, 0); /* 20 MiB of 32 MiB: above half */
+}
+
 int main(void) {
   /* Before any gma call failed on this thread, the last error is empty. */
   CHECK(gma_last_error() != NULL && gma_last_error()[0] == '\0');
@@ -307,6 +354,7 @@ int main(void) {
   test_sim_launch();
   test_empty_cache();
   test_small_fills_large_holes();
+  test_small_miss_keeps_bins();
   /* Nothing above failed, so the thread's last error is still empty. */
   CHECK(gma_last_error()[0] == '\0');
   printf("test_basic: ok (gma %s)\n", gma_version());
