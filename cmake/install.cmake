@@ -75,21 +75,31 @@ install(FILES
   COMPONENT development)
 
 # --- pkg-config -------------------------------------------------------------------
-# Static linking needs ck, the threads flag and libdl after libgma.a. ck comes
-# through Requires.private when this build found it with pkg-config (ck.pc then
-# exists on this machine); otherwise as -lck in Libs.private, so a missing ck.pc
-# does not make pkg-config reject gma.pc.
-set(gma_pc_requires_private "")
+# include/gma.h includes no ck header, and gma calls no libck function (it uses
+# ck's inline header functions: `nm -u libgma.a` lists no ck_ symbol), so a
+# program using gma needs none of ck's flags. gma.pc therefore does not name
+# ck.pc at all: pkg-config (pkgconf 1.8) resolves Requires.private for
+# --cflags too, so naming it there made `pkg-config --cflags gma` fail without
+# ck.pc and pass on ck.pc's Cflags (Debian's has -D__x86_64__). Static linking
+# gets -lck (with -L where ck is not in a default directory) in Libs.private,
+# next to the threads flag and libdl, so that libgma.a keeps linking if a
+# later gma calls into libck.
 set(gma_pc_libs_private "")
 if(gma_ck_target STREQUAL "PkgConfig::CK")
-  set(gma_pc_requires_private "ck >= 0.7.1")
+  set(gma_ck_libdirs ${CK_LIBRARY_DIRS})
+  set(gma_ck_libnames ${CK_LIBRARIES})
 else()
-  get_filename_component(gma_ck_libdir "${CK_LIBRARY}" DIRECTORY)
-  if(NOT gma_ck_libdir IN_LIST CMAKE_C_IMPLICIT_LINK_DIRECTORIES)
-    string(APPEND gma_pc_libs_private " -L${gma_ck_libdir}")
-  endif()
-  string(APPEND gma_pc_libs_private " -lck")
+  get_filename_component(gma_ck_libdirs "${CK_LIBRARY}" DIRECTORY)
+  set(gma_ck_libnames ck)
 endif()
+foreach(d ${gma_ck_libdirs})
+  if(NOT d IN_LIST CMAKE_C_IMPLICIT_LINK_DIRECTORIES)
+    string(APPEND gma_pc_libs_private " -L${d}")
+  endif()
+endforeach()
+foreach(l ${gma_ck_libnames})
+  string(APPEND gma_pc_libs_private " -l${l}")
+endforeach()
 if(CMAKE_THREAD_LIBS_INIT)
   string(APPEND gma_pc_libs_private " ${CMAKE_THREAD_LIBS_INIT}")
 endif()

@@ -2,8 +2,11 @@
 # gma's main job: build a Release gma, replay real workloads and a synthetic
 # one on it, and show what gma does with them, in numbers and pictures.
 #
-#  1. imports the PyTorch memory snapshots in ../shared/traces (or
-#     $GMA_TRACES_DIR) with tools/gma-import-torch;
+#  1. takes the five real workloads shipped in traces/ (PyTorch memory
+#     snapshots already converted to gma's trace CSV, gzip-compressed;
+#     traces/README.md) and decompresses them into build/release/traces/,
+#     and imports the PyTorch snapshots (*.pickle) in $GMA_TRACES_DIR, if set,
+#     with tools/gma-import-torch (tools/traces.sh does both);
 #  2. replays them, and the synthetic 1F1B pipeline workload, with
 #     tools/gma-replay under two configurations side by side (default and
 #     growable segments) on the SIMULATED device (no GPU needed), next to the
@@ -28,20 +31,16 @@ cmake --build "$out" -j "$jobs" >/dev/null
 echo "gma $(sed -n 's/#define GMA_VERSION_STRING "\(.*\)"/\1/p' include/gma/version.h): replays and" \
      "benchmarks on the SIMULATED device (no GPU needed); GPU benchmarks follow when a GPU is present"
 
-traces_dir=${GMA_TRACES_DIR:-../shared/traces}
 mkdir -p "$out/traces" "$out/replay" "$out/pictures"
+echo
+# The shipped workloads, plus GMA_TRACES_DIR's snapshots: one CSV path a line.
+bash tools/traces.sh "$out/traces" 2>&1 >"$out/traces/list.txt"   # its messages on our stdout
 inputs=()
-if compgen -G "$traces_dir/*.pickle" >/dev/null; then
-  echo
-  echo "=== importing the PyTorch snapshots in $traces_dir"
-  for f in "$traces_dir"/*.pickle; do
-    name=$(basename "$f" .pickle)
-    tools/gma-import-torch --quiet -o "$out/traces/$name.csv" "$f"
-    inputs+=("$out/traces/$name.csv")
-    echo "  $name -> $out/traces/$name.csv"
-  done
-else
-  echo "no PyTorch snapshots in $traces_dir (set GMA_TRACES_DIR): replaying the synthetic workload only"
+while IFS= read -r f; do
+  [ -n "$f" ] && inputs+=("$f")
+done <"$out/traces/list.txt"
+if [ ${#inputs[@]} -eq 0 ]; then
+  echo "no traces found (traces/*.csv.gz is missing): replaying the synthetic workload only"
 fi
 
 echo

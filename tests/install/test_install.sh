@@ -4,7 +4,9 @@
 # prefix four ways and runs each:
 #   CMake find_package(gma CONFIG) + gma::gma          (RPATH, NEEDED libgma.so.0)
 #   CMake find_package(gma CONFIG) + gma::gma_static   (no libgma in NEEDED)
-#   cc $(pkg-config --cflags --libs gma)               (LD_LIBRARY_PATH)
+#   cc $(pkg-config --cflags --libs gma)               (LD_LIBRARY_PATH; the same flags
+#                                                       with no ck.pc on the search
+#                                                       path, and no -D from ck.pc)
 #   cc $(pkg-config --static --cflags --libs gma), libgma.a
 # Exit 0 when all pass, 1 on a failure, 77 (skip) when no C compiler, or when
 # pkg-config or readelf is missing (after running every check that can run).
@@ -176,6 +178,24 @@ else
   case " $pc_cflags " in *" -I$prefix/$includedir "*) ;; *) fail "--cflags lacks -I$prefix/$includedir" ;; esac
   case " $pc_libs " in *" -L$lib "*"-lgma "*) ;; *) fail "--libs lacks -L$lib -lgma" ;; esac
   case " $pc_static_libs " in *" -lck "*) ;; *) fail "--static --libs lacks -lck" ;; esac
+  # gma.h needs nothing of ck, so none of ck.pc's flags (Debian's has
+  # -D__x86_64__) may reach a user's compiler, and gma.pc must not name ck.pc:
+  # pkg-config (pkgconf) resolves Requires.private for --cflags too, and
+  # fails without the named .pc file.
+  case " $pc_cflags " in *" -D"*) fail "--cflags passes a definition on: '$pc_cflags'" ;; esac
+  if grep -n '^Requires' "$lib/pkgconfig/gma.pc"; then
+    fail "gma.pc names other .pc files (above); users would need them"
+  fi
+  # With gma.pc alone on the search path (no ck.pc), the flags are the same:
+  # the shared consumer below is built with them.
+  pc_alone() { env -u PKG_CONFIG_PATH PKG_CONFIG_LIBDIR="$lib/pkgconfig" "$pkg_config" "$@"; }
+  pc_alone_flags=$(pc_alone --cflags --libs gma 2>&1) ||
+    fail "pkg-config --cflags --libs gma fails without ck.pc on the search path: $pc_alone_flags"
+  [ "$pc_alone_flags" = "$("$pkg_config" --cflags --libs gma)" ] ||
+    fail "without ck.pc, pkg-config --cflags --libs gma says '$pc_alone_flags', not '$("$pkg_config" --cflags --libs gma)'"
+  pc_alone_static=$(pc_alone --static --libs gma 2>&1) ||
+    fail "pkg-config --static --libs gma fails without ck.pc on the search path: $pc_alone_static"
+  case " $pc_alone_static " in *" -lck "*) ;; *) fail "without ck.pc, --static --libs lacks -lck: $pc_alone_static" ;; esac
   cc_flags="-std=c11 -Wall -Wextra -Werror $san_flags"
 
   # shellcheck disable=SC2086 # the flags are meant to split

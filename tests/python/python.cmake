@@ -51,3 +51,16 @@ foreach(t binding sizes torch_plugin adapters cupy torch)
     SKIP_RETURN_CODE 77
     ENVIRONMENT "${gma_py_env}")
 endforeach()
+
+# `pip install ./python` (python/pyproject.toml, the in-tree standard-library
+# backend) into a temporary --target, offline; the installed package imported
+# from elsewhere finds libgma through GMA_LIBRARY, LD_LIBRARY_PATH and next to
+# the package, and allocates on the simulated device. Skips (77) without pip.
+add_test(NAME python_pip_install
+         COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_pip_install.py
+                 ${PROJECT_SOURCE_DIR} $<TARGET_FILE:gma>)
+set_tests_properties(python_pip_install PROPERTIES
+  LABELS python
+  TIMEOUT 180
+  SKIP_RETURN_CODE 77
+  ENVIRONMENT "PYTHONDONTWRITEBYTECODE=1")

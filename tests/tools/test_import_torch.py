@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
 """Tests tools/gma-import-torch: refusal of pickles that name globals, bad
-inputs, exact CSV rows for small hand-made snapshots, and the five recorded
-PyTorch snapshots in shared/traces against the peaks their README lists.
+inputs (each told apart: empty, not a pickle and what it looks like,
+truncated, damaged, formats it cannot read), exact CSV rows for small
+hand-made snapshots (PyTorch 2.1+ and 2.0 formats), the five workloads
+shipped in traces/ against the peaks their README lists, and, when the
+recorded PyTorch snapshots are in TRACES_DIR (shared/traces), their import
+against the same peaks and, byte for byte, against the shipped CSVs.
 
-Usage: test_import_torch.py TOOL TRACES_DIR
+Usage: test_import_torch.py TOOL TRACES_DIR [SHIPPED_DIR]
 Exit 0 when every part passed, 1 when one failed, 77 when every part was
 skipped (only the shared traces part can be).
 """
 
 import collections
+import gzip
 import json
 import os
 import pickle
@@ -19,19 +24,21 @@ import time
 
 TOOL = None
 TRACES = None
+SHIPPED = None
 FAILS = []
 HEADER = "Thread,Time,Action,Pointer,Size,Stream,Block,Id,Count,Status"
 MIB = 1 << 20
 GIB = float(1 << 30)
 
-# From shared/traces/README.md: events, peak allocated (requested, incl.
-# pre-live), PyTorch peak reserved, both in GiB.
+# From shared/traces/README.md (and traces/README.md): events, peak allocated
+# (requested, incl. pre-live), PyTorch peak reserved, both in GiB; then the
+# rows of the converted CSV (traces/README.md).
 SHARED = [
-    ("cnn_latent_eor.pickle", 5803, 0.10, 0.12),
-    ("opt125m_zo_finetune.pickle", 23105, 1.66, 1.77),
-    ("transformer_ctx128_forward.pickle", 8227, 16.39, 16.65),
-    ("transformer_ctx512_forward_mixed.pickle", 6765, 37.12, 37.73),
-    ("llama_finetune_notebook.pickle", 10307, 5.47, 6.03),
+    ("cnn_latent_eor.pickle", 5803, 0.10, 0.12, 3900),
+    ("opt125m_zo_finetune.pickle", 23105, 1.66, 1.77, 15556),
+    ("transformer_ctx128_forward.pickle", 8227, 16.39, 16.65, 6084),
+    ("transformer_ctx512_forward_mixed.pickle", 6765, 37.12, 37.73, 5677),
+    ("llama_finetune_notebook.pickle", 10307, 5.47, 6.03, 7605),
 ]
 
 
@@ -111,11 +118,65 @@ def part_refusal(tmp):
 
     good = pickle.dumps({"segments": [], "device_traces": [[
         {"action": "alloc", "addr": 4096, "size": 100, "stream": 0, "time_us": 5}]]})
+    damaged = bytearray(good)
+    damaged[good.index(b"alloc"):good.index(b"alloc") + 5] = b"\xff" * 5
+    seg20 = {"device": 0, "address": 0x100000, "total_size": 1024, "stream": 0}
     bad_inputs = [
-        ("text.pickle", b"Thread,Time,Action\nthis is not a pickle\n", "is not a pickle"),
-        ("empty.pickle", b"", "is not a pickle or is truncated"),
-        ("truncated.pickle", good[:len(good) // 2], "is not a pickle or is truncated"),
+        # Not a pickle: each says what it looks like.
+        ("text.pickle", b"Thread,Time,Action\nthis is not a pickle\n",
+         "text.pickle is not a pickle: it looks like a gma trace CSV (first line "
+         "'Thread,Time,Action'): it is already converted; replay it with tools/gma-replay"),
+        ("csv.pickle", b"a,b,c\n1,2,3\n",
+         "is not a pickle: it looks like a CSV file (first line 'a,b,c')"),
+        ("json.pickle", b'{"segments": [], "device_traces": []}\n',
+         "is not a pickle: it looks like JSON (first line '{\"segments\": []"),
+        ("html.pickle", b"<!DOCTYPE html>\n<html><body>GitHub</body></html>\n",
+         "is not a pickle: it looks like HTML or XML"),
+        ("prose.pickle", b"hello, this is a note\nsecond line\n",
+         "is not a pickle: it looks like a text file (first line 'hello, this is a note')"),
+        ("words.pickle", b"just some words\n", "is not a pickle: it looks like a text file "
+         "(first line 'just some words')"),
+        ("gz.pickle", gzip.compress(good), "is not a pickle: it is gzip-compressed data"),
+        ("zip.pickle", b"PK\x03\x04" + bytes(40), "is not a pickle: it is a zip archive "
+         "(torch.save writes these"),
+        ("binary.pickle", bytes(range(1, 40)), "is not a pickle: it is binary data without a "
+         "pickle header (first bytes 01 02 03"),
+        ("empty.pickle", b"", "empty.pickle is empty (0 bytes), not a pickle"),
+        # A pickle, cut short or damaged.
+        ("truncated.pickle", good[:len(good) // 2],
+         "truncated.pickle is a truncated pickle: it starts as one (protocol %d) but its "
+         "%d bytes end before the data does" % (good[1], len(good) // 2)),
+        ("truncated2.pickle", good[:3], "is a truncated pickle"),
+        ("truncated0.pickle", pickle.dumps({"a": 1}, protocol=0)[:-3],
+         "is a truncated pickle: it starts as an old text pickle (protocol 0 or 1)"),
+        ("damaged.pickle", bytes(damaged), "is a damaged pickle: it starts as one (protocol"),
+        # Pickles, but of something it cannot read.
         ("list.pickle", pickle.dumps([1, 2, 3]), "not a memory snapshot"),
+        ("segments.pickle", pickle.dumps([dict(seg20, blocks=[{"size": 1024,
+                                                               "state": "inactive"}])]),
+         "is a list of segments (what torch.cuda.memory_snapshot() returns, and PyTorch "
+         "1.x's snapshot format) with no allocation history"),
+        ("noaddress.pickle", pickle.dumps({"device_traces": [[]], "segments": [
+            {"device": 0, "total_size": 1024, "blocks": [{"size": 1024, "state": "inactive"}]}]}),
+         "segment 0's blocks have no 'address' and neither has the segment: an unsupported "
+         "snapshot format (PyTorch 2.0 gives the segment's address, PyTorch 2.1 and later "
+         "every block's)"),
+        ("mixedblocks.pickle", pickle.dumps({"device_traces": [[]], "segments": [dict(
+            seg20, blocks=[{"size": 512, "state": "inactive", "address": 0x100000},
+                           {"size": 512, "state": "inactive"}])]}),
+         "segment 0 has 1 blocks with an 'address' and 1 without"),
+        ("mixedsegs.pickle", pickle.dumps({"device_traces": [[]], "segments": [
+            dict(seg20, blocks=[{"size": 1024, "state": "inactive", "address": 0x100000}]),
+            dict(seg20, address=0x200000, blocks=[{"size": 1024, "state": "inactive"}])]}),
+         "mixes segments whose blocks carry their address (PyTorch 2.1 and later) with "
+         "segments whose blocks do not (PyTorch 2.0)"),
+        ("overrun.pickle", pickle.dumps({"device_traces": [[]], "segments": [dict(
+            seg20, blocks=[{"size": 1024, "state": "inactive"},
+                           {"size": 512, "state": "inactive"}])]}),
+         "its blocks add up to 1536 bytes, more than its total_size 1024"),
+        ("nosize.pickle", pickle.dumps({"device_traces": [[]], "segments": [dict(
+            seg20, blocks=[{"state": "inactive", "address": 0x100000}])]}),
+         "segment 0 has a block without an integer 'size'"),
         ("notrace.pickle", pickle.dumps({"segments": []}), "has no 'device_traces'"),
         ("noaddr.pickle", pickle.dumps({"segments": [], "device_traces": [[
             {"action": "alloc", "size": 1, "stream": 0}]]}), "has no 'addr' field"),
@@ -129,7 +190,8 @@ def part_refusal(tmp):
         rc, out, err = run([path, "-o", os.path.join(d, "bad.csv")], cwd=d)
         check(rc == 2, "%s: exit %d, want 2" % (name, rc))
         check(err.startswith("gma-import-torch: ") and err.count("\n") == 1
-              and "Traceback" not in err and want in err, "%s: stderr %r" % (name, err))
+              and "Traceback" not in err and want in err,
+              "%s: stderr %r, want it to contain %r" % (name, err, want))
     rc, out, err = run([os.path.join(d, "missing.pickle")], cwd=d)
     check(rc == 2 and "cannot read" in err and err.count("\n") == 1,
           "missing file: exit %d, stderr %r" % (rc, err))
@@ -253,9 +315,68 @@ def part_small(tmp):
         for k, v in want.items():
             check(dev.get(k) == v, "one: summary %s is %r, want %r" % (k, dev.get(k), v))
         check(len(s["devices"]) == 1, "one: %d devices in the JSON" % len(s["devices"]))
+        check(dev.get("snapshot_format", "").startswith("PyTorch 2.1 or later"),
+              "one: snapshot_format %r" % dev.get("snapshot_format"))
         for line in ("peak allocated          0.00 GiB", "PyTorch peak reserved   0.01 GiB",
                      "ignored         user_defined 1"):
             check(line in stdout, "one: summary lacks %r:\n%s" % (line, stdout))
+
+    # PyTorch 2.0 format: blocks have no address; each one's is the segment's
+    # plus the sizes of the blocks before it (they tile the segment in address
+    # order). Requested sizes come from requested_size, else the newest
+    # history entry's real_size, else the block's size. 2.0 traces have no
+    # time_us (the event index is the time) and an oom event carries
+    # device_free instead of addr. Segment 0x5000000 (2 MiB): an allocated
+    # block with history (seeded, 1000), a free one the trace allocates at its
+    # derived address 0x5000400, one pending free without history (seeded,
+    # 512), the rest free. Segment 0x6000000 (1 MiB): an allocated block with
+    # requested_size (seeded, 4000). Reserved at start: 3 MiB.
+    def blk20(size, state, real=None, requested=None):
+        b = {"size": size, "state": state}
+        if real is not None:
+            b["history"] = [{"addr": 0, "real_size": real, "frames": []},
+                            {"addr": 0, "real_size": 1, "frames": []}]
+        if requested is not None:
+            b["requested_size"] = requested
+        return b
+    snap = {"segments": [
+                {"device": 0, "address": 0x5000000, "total_size": 2 * MIB, "stream": 0,
+                 "segment_type": "large", "allocated_size": 1024, "active_size": 1536,
+                 "blocks": [blk20(1024, "active_allocated", real=1000),
+                            blk20(512, "inactive"),
+                            blk20(512, "active_pending_free"),
+                            blk20(2 * MIB - 2048, "inactive")]},
+                {"device": 0, "address": 0x6000000, "total_size": 1 * MIB, "stream": 0,
+                 "segment_type": "large", "allocated_size": 4096, "active_size": 4096,
+                 "blocks": [blk20(4096, "active_allocated", requested=4000),
+                            blk20(1 * MIB - 4096, "inactive")]}],
+            "device_traces": [[
+                ev("alloc", 0x5000400, 100),
+                ev("free_requested", 0x5000400, 100),
+                ev("free_completed", 0x5000400, 100),
+                ev("oom", None, 5000000, device_free=100),
+            ]]}
+    path = write_pickle(os.path.join(d, "torch20.pickle"), pickle.dumps(snap, protocol=2))
+    out = os.path.join(d, "torch20.csv")
+    s, stdout = convert(path, out)
+    if s:
+        expect_rows(out, [
+            "0,0.000000000,segment_alloc,0x0,3145728,0x0,0,0,0,",
+            "0,0.000000000,allocate,0x5000000,1000,0x0,0,0,0,",
+            "0,0.000000000,allocate,0x5000600,512,0x0,0,0,0,",
+            "0,0.000000000,allocate,0x6000000,4000,0x0,0,0,0,",
+            "0,0.000000000,allocate,0x5000400,100,0x0,0,0,0,",
+            "0,0.000001000,free,0x5000400,100,0x0,0,0,0,",
+            "0,0.000003000,oom,0x0,5000000,0x0,0,0,0,",
+        ])
+        dev = s["devices"][0]
+        check(dev["snapshot_format"].startswith("PyTorch 2.0 (block addresses derived"),
+              "torch20: snapshot_format %r" % dev["snapshot_format"])
+        check(dev["seeded_live_at_dump"] == 3 and dev["seeded_bytes"] == 5512
+              and dev["reserved_at_start_bytes"] == 3 * MIB and not dev["inconsistencies"],
+              "torch20: summary %r" % dev)
+        check("format          PyTorch 2.0" in stdout, "torch20: summary lacks the format:\n"
+              + stdout)
 
     # Older format: no time_us, so the event index is the time in microseconds.
     snap = {"segments": [seg(0, 0x10000, 2 * MIB, [blk(0x10000, 2 * MIB, "inactive", 0)])],
@@ -365,15 +486,16 @@ def part_small(tmp):
     return True
 
 
-def verify_csv(name, path, summ):
+def csv_peaks(name, rows):
     """Recompute the peaks from the rows and check that they replay: every
-    free names a live pointer, no allocate names one, time never decreases."""
+    free names a live pointer, no allocate names one, time never decreases.
+    Returns (peak allocated, peak reserved, rows by action)."""
     alloc = peak_alloc = res = peak_res = 0
     live = {}
     last_t = 0.0
     bad = collections.Counter()
     actions = collections.Counter()
-    for row in read_rows(path):
+    for row in rows:
         f = row.split(",")
         if len(f) != 10:
             bad["fields"] += 1
@@ -403,16 +525,66 @@ def verify_csv(name, path, summ):
         elif action != "oom":
             bad["action " + action] += 1
     check(not bad, "%s: CSV problems %r" % (name, dict(bad)))
+    return peak_alloc, peak_res, dict(actions)
+
+
+def verify_csv(name, path, summ):
+    """The rows replay, and their peaks and counts are the summary's."""
+    peak_alloc, peak_res, actions = csv_peaks(name, read_rows(path))
     check(peak_alloc == summ["peak_allocated_bytes"], "%s: CSV peak allocated %d, summary %d"
           % (name, peak_alloc, summ["peak_allocated_bytes"]))
     check(peak_res == summ["peak_reserved_bytes"], "%s: CSV peak reserved %d, summary %d"
           % (name, peak_res, summ["peak_reserved_bytes"]))
-    check(dict(actions) == summ["rows_written"], "%s: CSV rows %r, summary %r"
-          % (name, dict(actions), summ["rows_written"]))
+    check(actions == summ["rows_written"], "%s: CSV rows %r, summary %r"
+          % (name, actions, summ["rows_written"]))
+
+
+def shipped_bytes(name):
+    """traces/NAME.csv.gz decompressed, or None (a failed check) when missing."""
+    path = os.path.join(SHIPPED, name.replace(".pickle", ".csv.gz"))
+    if not check(os.path.exists(path), "%s is missing" % path):
+        return None
+    with gzip.open(path) as f:
+        return f.read()
+
+
+def part_shipped(tmp):
+    print("part 3: the workloads shipped in %s, against traces/README.md's figures" % SHIPPED)
+    if SHIPPED is None:
+        print("  skipped: no SHIPPED_DIR argument")
+        return False
+    got = sorted(f for f in os.listdir(SHIPPED) if f.endswith(".csv.gz"))
+    want = sorted(n.replace(".pickle", ".csv.gz") for n, *_ in SHARED)
+    check(got == want, "%s holds %r, want %r" % (SHIPPED, got, want))
+    with open(os.path.join(SHIPPED, "README.md")) as f:
+        readme = f.read()
+    print("  %-40s %6s %16s %16s" % ("file", "rows", "peak alloc GiB", "peak reserved"))
+    for name, events, want_alloc, want_res, want_rows in SHARED:
+        data = shipped_bytes(name)
+        if data is None:
+            continue
+        lines = data.decode().splitlines()
+        check(lines[0] == HEADER, "%s: header %r" % (name, lines[0]))
+        peak_alloc, peak_res, actions = csv_peaks(name, lines[1:])
+        got_alloc, got_res = peak_alloc / GIB, peak_res / GIB
+        print("  %-40s %6d %7.2f (%5.2f) %7.2f (%5.2f)"
+              % (name, len(lines) - 1, got_alloc, want_alloc, got_res, want_res))
+        check(len(lines) - 1 == want_rows, "%s: %d rows, want %d" % (name, len(lines) - 1, want_rows))
+        check(abs(got_alloc - want_alloc) <= 0.01, "%s: peak allocated %.3f GiB, README %.2f"
+              % (name, got_alloc, want_alloc))
+        check(abs(got_res - want_res) <= 0.01, "%s: PyTorch peak reserved %.3f GiB, README %.2f"
+              % (name, got_res, want_res))
+        row = "| %s | " % name.replace(".pickle", ".csv.gz")
+        check(row in readme and "| {:,} | {:,} | {:.2f} GiB | {:.2f} GiB |".format(
+            events, want_rows, want_alloc, want_res) in readme.split(row, 1)[-1].split("\n")[0],
+            "traces/README.md's row for %s does not give %d events, %d rows, %.2f and %.2f GiB"
+            % (name, events, want_rows, want_alloc, want_res))
+    return True
 
 
 def part_shared(tmp):
-    print("part 3: the shared PyTorch traces in %s" % TRACES)
+    print("part 4: the shared PyTorch traces in %s: their peaks, the shipped CSVs "
+          "byte for byte, and the PyTorch 2.0 format" % TRACES)
     if not os.path.isdir(TRACES):
         print("  skipped: %s is not a directory (GMA_TRACES_DIR)" % TRACES)
         return False
@@ -420,7 +592,7 @@ def part_shared(tmp):
     os.mkdir(d)
     print("  %-40s %7s %6s %10s %16s %16s %6s" % ("file", "events", "rows", "seeded GiB",
           "peak alloc GiB", "peak reserved", "sec"))
-    for name, events, want_alloc, want_res in SHARED:
+    for name, events, want_alloc, want_res, _ in SHARED:
         path = os.path.join(TRACES, name)
         if not check(os.path.exists(path), "%s is missing from %s" % (name, TRACES)):
             continue
@@ -448,18 +620,48 @@ def part_shared(tmp):
                                                        dev["ignored_actions"]))
         check(secs < 10, "%s: took %.1f s" % (name, secs))
         verify_csv(name, out, dev)
+        if SHIPPED is not None:
+            with open(out, "rb") as f:
+                check(f.read() == shipped_bytes(name),
+                      "%s: the import differs from the shipped %s.gz (re-import and "
+                      "recompress them: traces/README.md)"
+                      % (name, name.replace(".pickle", ".csv")))
+
+    # The same snapshot in PyTorch 2.0's format (no block addresses, requested
+    # sizes in history, no time_us in the segments) gives the same rows.
+    name = "cnn_latent_eor.pickle"
+    path = os.path.join(TRACES, name)
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            snap = pickle.load(f)  # plain data: the part above refused no global in it
+        for sg in snap["segments"]:
+            for b in sg["blocks"]:
+                del b["address"]
+                b["history"] = [{"addr": 0, "real_size": b.pop("requested_size"),
+                                 "frames": b.pop("frames", [])}]
+        p20 = write_pickle(os.path.join(d, "cnn_torch20.pickle"), pickle.dumps(snap, protocol=2))
+        s20, _ = convert(p20, os.path.join(d, "cnn_torch20.csv"), ["--quiet"])
+        if s20:
+            check(s20["devices"][0]["snapshot_format"].startswith("PyTorch 2.0"),
+                  "cnn 2.0: format %r" % s20["devices"][0]["snapshot_format"])
+            with open(os.path.join(d, "cnn_torch20.csv"), "rb") as f20, \
+                    open(os.path.join(d, "cnn_latent_eor.csv"), "rb") as f21:
+                check(f20.read() == f21.read(),
+                      "cnn_latent_eor in the PyTorch 2.0 format gives other rows")
     return True
 
 
 def main():
-    global TOOL, TRACES
-    if len(sys.argv) != 3:
-        sys.stderr.write("usage: test_import_torch.py TOOL TRACES_DIR\n")
+    global TOOL, TRACES, SHIPPED
+    if len(sys.argv) not in (3, 4):
+        sys.stderr.write("usage: test_import_torch.py TOOL TRACES_DIR [SHIPPED_DIR]\n")
         return 2
     TOOL, TRACES = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    SHIPPED = os.path.abspath(sys.argv[3]) if len(sys.argv) == 4 else None
     ran = 0
+    parts = (part_refusal, part_small, part_shipped, part_shared)
     with tempfile.TemporaryDirectory(prefix="gma-import-test-") as tmp:
-        for part in (part_refusal, part_small, part_shared):
+        for part in parts:
             ran += 1 if part(tmp) else 0
     if FAILS:
         print("%d check(s) failed" % len(FAILS))
@@ -467,7 +669,7 @@ def main():
     if ran == 0:
         print("every part skipped")
         return 77
-    print("all passed (%d of 3 parts ran)" % ran)
+    print("all passed (%d of %d parts ran)" % (ran, len(parts)))
     return 0
 
 

@@ -1,7 +1,9 @@
 # Tests of the Python tools in tools/ (label "tools"). They need only a
-# Python 3 interpreter, no GPU and no build output; the recorded PyTorch
-# snapshots they convert live outside the repository, in GMA_TRACES_DIR
-# (that part of the test is skipped, saying why, when the directory is missing).
+# Python 3 interpreter, no GPU and no build output. The five real workloads
+# ship in traces/ as gma trace CSV (gzip); the PyTorch snapshots they were
+# converted from live outside the repository, in GMA_TRACES_DIR: the part of
+# tools_import_torch that re-imports them and compares the result with the
+# shipped files byte for byte is skipped, saying why, when it is missing.
 set(GMA_TRACES_DIR "${PROJECT_SOURCE_DIR}/../shared/traces" CACHE PATH
     "Directory of the PyTorch memory snapshots the tools tests convert")
 
@@ -13,11 +15,20 @@ endif()
 
 add_test(NAME tools_import_torch
          COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_import_torch.py
-                 ${PROJECT_SOURCE_DIR}/tools/gma-import-torch ${GMA_TRACES_DIR})
+                 ${PROJECT_SOURCE_DIR}/tools/gma-import-torch ${GMA_TRACES_DIR}
+                 ${PROJECT_SOURCE_DIR}/traces)
 set_tests_properties(tools_import_torch PROPERTIES
   LABELS tools
   TIMEOUT 120
   SKIP_RETURN_CODE 77)
+
+# tools/traces.sh (how tools/main.sh finds its traces) run from a copy of
+# the repository with no ../shared beside it: the shipped traces, byte for
+# byte, and what GMA_TRACES_DIR adds.
+add_test(NAME tools_main_traces
+         COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_main_traces.py
+                 ${PROJECT_SOURCE_DIR})
+set_tests_properties(tools_main_traces PROPERTIES LABELS tools TIMEOUT 120)
 
 add_test(NAME tools_torch_policy_model
          COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_torch_policy_model.py
