@@ -442,9 +442,9 @@ GMA_API gma_status_t gma_set_pressure_callback(gma_t *g, gma_pressure_callback_t
  * the closing event cannot be recorded, it waits for the stream instead (or
  * keeps the stream's cached memory reserved until gma_destroy if that wait
  * fails too, and says so). Live device allocations made on
- * the stream stay valid and may be freed later; their reuse waits for the
- * work queued before the retire, so queue no more work on the stream that
- * uses them (that is what retiring means). A stream gma has no record of
+ * the stream, and pinned host blocks used on it, stay valid and may be freed
+ * later; their reuse waits for the work queued before the retire, so queue
+ * no more work on the stream that uses them (that is what retiring means). A stream gma has no record of
  * (never used with gma, or already retired) is GMA_OK and nothing happens;
  * gma makes no device call with such a handle. A thread's per-thread
  * default stream is retired by gma when the thread exits. Any thread. */

@@ -433,9 +433,11 @@ gma_status_t gma_stream_destroy(gma_t *g, gma_stream_t stream) {
 gma_status_t gma_stream_retire(gma_t *g, gma_stream_t stream) {
   GMA__CHECK(g, "gma_stream_retire");
   stream = gma__stream_arg(g, stream);
-  /* Host blocks are not marked here: the stream still exists, so their frees
-   * record on it (covering any later copy); if it is then destroyed outside
-   * gma, a free finds the handle changed and waits for the device. */
+  /* Host blocks used on the stream get their events now, while the handle
+   * is alive: the caller may destroy it next, and a later free must not name
+   * it (asking the driver about a destroyed handle is undefined). As for
+   * device blocks, retiring means no more work on the stream uses them. */
+  gma__host_stream_gone(&g->host, stream);
   return gma__pool_stream_retire(&g->pool, stream);
 }
 

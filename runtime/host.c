@@ -118,15 +118,20 @@ static gma_status_t record_or_wait(gma__host_t *h, gma__huse_t *u) {
 }
 
 /* mu held: orders the free of a block after the work queued on u's stream so
- * far. A stream that went was dealt with then (gma__host_stream_gone); a
- * handle that names another stream now (destroyed without gma, or another
- * thread's per-thread stream) cannot be recorded on: wait for the whole
- * device instead. */
+ * far. A stream that went was dealt with then (gma__host_stream_gone). Any
+ * other handle is alive by the rule (retire before destroy), so the event
+ * goes on it without asking the driver first: asking about a handle that may
+ * be destroyed is itself undefined on CUDA. The one handle that can name
+ * another stream now is GMA_STREAM_PER_THREAD, valid on every thread but
+ * naming each thread's own stream: when the freeing thread's is not the one
+ * the block was used on, wait for the whole device instead. */
 static gma_status_t order_free(gma__host_t *h, gma__huse_t *u) {
   if (u->gone) return GMA_OK;
   const gma__device_ops_t *o = h->dev->ops;
   uint64_t id = 0;
-  if (o->stream_id(h->dev, u->stream, &id) == GMA_OK && id == u->id) return record_or_wait(h, u);
+  if (u->stream != GMA_STREAM_PER_THREAD ||
+      (o->stream_id(h->dev, u->stream, &id) == GMA_OK && id == u->id))
+    return record_or_wait(h, u);
   gma_status_t st = o->device_synchronize(h->dev);
   if (st == GMA_OK && u->ev) {
     o->event_destroy(h->dev, u->ev);
@@ -310,7 +315,25 @@ static void mark_gone(gma__host_t *h, gma__huse_t *u) {
   u->gone = 1;
 }
 
+/* mu held: whether a live block names the handle value (not gone). */
+static bool handle_in_use(gma__host_t *h, gma_stream_t stream) {
+  for (size_t i = 0; i < h->nbuckets; i++)
+    for (gma__hblock_t *b = h->buckets[i]; b; b = b->hnext) {
+      if (b->state != GMA__HOST_LIVE) continue;
+      if (!b->own.gone && b->own.stream == stream) return true;
+      for (uint32_t k = 0; k < b->nxuse; k++)
+        if (!b->xuse[k].gone && b->xuse[k].stream == stream) return true;
+    }
+  return false;
+}
+
 void gma__host_stream_gone(gma__host_t *h, gma_stream_t stream) {
+  /* No device call for a handle no live host block names: it may be one the
+   * caller destroyed already (retired twice), and gma promises no call then. */
+  pthread_mutex_lock(&h->mu);
+  bool used = handle_in_use(h, stream);
+  pthread_mutex_unlock(&h->mu);
+  if (!used) return;
   uint64_t id;
   if (h->dev->ops->stream_id(h->dev, stream, &id) != GMA_OK) return; /* frees wait for the device */
   pthread_mutex_lock(&h->mu);

@@ -1783,8 +1783,13 @@ static void op_host_kernel(rd_t *r) {
   if (!F.nhost) return;
   mhost_t *m = &F.host[b % (unsigned)F.nhost];
   /* Only on the stream it was allocated on: a re-created slot may have the
-   * same handle value but is another stream, not ordered after the old one. */
-  if (!slot_live(m->si) || F.st[m->si].incarnation != m->incarnation) return;
+   * same handle value but is another stream, not ordered after the old one.
+   * And not after a retire: retiring orders the block's free after the work
+   * queued so far (its event is recorded then, so that a free after the
+   * stream's destroy names no dead handle), as for device blocks. */
+  if (!slot_live(m->si) || F.st[m->si].incarnation != m->incarnation ||
+      F.st[m->si].gen != m->gen)
+    return;
   int mode = (arg & 0x40) ? K_CHECK_ONLY : K_HOLD_ONE;
   m->pat = launch_pattern(m->si, m->h, m->p, m->size, mode, mode == K_CHECK_ONLY ? m->pat : 0, arg,
                           m->id);
