@@ -658,6 +658,19 @@ GMA_API gma_status_t gma_stream_destroy(gma_t *g, gma_stream_t stream);
  * event: synchronize through gma rather than the driver where you can. */
 GMA_API gma_status_t gma_stream_synchronize(gma_t *g, gma_stream_t stream);
 
+/* Makes the work queued on waiter after this call wait until all the work
+ * queued on waitee before the call has finished, without blocking the host:
+ * the device orders the two streams, as PyTorch's Stream.wait_stream does
+ * (CUDA: an event recorded on waitee and cuStreamWaitEvent on waiter; the
+ * simulated device: waiter's thread waits for that point of waitee's queue).
+ * Work queued on waitee later is not waited for. GMA_ERR_INVALID_ARGUMENT if
+ * g is NULL or destroyed, if waiter and waitee are the same stream (NULL and
+ * GMA_STREAM_LEGACY are one stream), if either is not a live stream of g's
+ * device (never created, or destroyed), or if either was retired
+ * (gma_stream_retire, gma_stream_destroy) and not used with gma since: a
+ * retired stream takes no more work. Any thread. */
+GMA_API gma_status_t gma_stream_wait_stream(gma_t *g, gma_stream_t waiter, gma_stream_t waitee);
+
 typedef void (*gma_sim_kernel_fn)(void *arg);
 /* Queues fn(arg) on a simulated stream: it runs on that stream's own thread
  * after all earlier work on the stream (and earlier waits on events) finished,

@@ -321,6 +321,22 @@ gma_status_t gma__stream_retire(gma__pool_t *p, gma__stream_t *s, bool orphan) {
   return st;
 }
 
+bool gma__stream_was_retired(gma__pool_t *p, gma_stream_t handle, uint64_t id) {
+  /* The default streams always exist; a per-thread stream's id may even be
+   * an exited thread's (the simulated device gives its stream to a new
+   * thread), whose record was retired at that thread's exit. */
+  if ((uintptr_t)handle <= 2) return false;
+  bool retired = false;
+  pthread_mutex_lock(&p->lock);
+  gma__stream_t *live = gma__stream_find(p, handle);
+  if (!live || live->id != id) /* used again since the retire: a live record */
+    for (int l = 0; l < 2 && !retired; l++)
+      for (gma__stream_t *s = l ? p->graveyard : p->stream_list; s && !retired; s = s->next_all)
+        retired = s->id == id && gma__load_relaxed(&s->retired);
+  pthread_mutex_unlock(&p->lock);
+  return retired;
+}
+
 void gma__stream_rescue(gma__pool_t *p, gma__stream_t *s) {
   gma__stream_drain_bins(p, s); /* clamps the blocks' epochs to free_epoch */
   observe_epochs(p, s);

@@ -139,9 +139,12 @@ static void fallback_record_stream(void) {
                           .corruptions = &corruptions};
     CHECK_OK(gma_sim_launch(g, s2, pattern_kernel_run, &k)); /* s2 uses it, held */
     pattern_kernel_wait_started(&k);
-    CHECK_OK(gma_record_stream(g, fb, s2));
-    CHECK_OK(gma_record_stream(g, fb, s2)); /* twice: one entry */
-    CHECK_OK(gma_record_stream(g, fb, s1)); /* its own stream: nothing to add */
+    /* Round 1 names the block by a pointer inside it (issue 17: any pointer
+     * into a live allocation records the whole allocation). */
+    void *name = round ? (char *)fb + 4096 : fb;
+    CHECK_OK(gma_record_stream(g, name, s2));
+    CHECK_OK(gma_record_stream(g, name, s2)); /* twice: one entry */
+    CHECK_OK(gma_record_stream(g, name, s1)); /* its own stream: nothing to add */
     if (round == 1) /* s2 goes before the free (the kernel still runs): gma records */
       CHECK_OK(gma_stream_destroy(g, s2)); /* an event on it first, and the free waits for it */
     CHECK_OK(gma_free(g, fb));
@@ -178,7 +181,8 @@ static void fallback_record_stream(void) {
   }
   /* Errors: not a live allocation. */
   CHECK_ST(gma_record_stream(g, fb, s2), GMA_ERR_INVALID_POINTER); /* freed */
-  CHECK_ST(gma_record_stream(g, (char *)dev + 4096, s2), GMA_ERR_INVALID_POINTER);
+  CHECK_ST(gma_record_stream(g, (char *)fb + 4096, s2), GMA_ERR_INVALID_POINTER); /* inside it */
+  CHECK_OK(gma_record_stream(g, (char *)dev + 4096, s2)); /* inside a live one: the whole */
   CHECK_OK(gma_free(g, dev));
   CHECK_OK(gma_stream_synchronize(g, s1));
   CHECK_OK(gma_empty_cache(g));

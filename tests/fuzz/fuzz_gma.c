@@ -1096,8 +1096,12 @@ static void op_misuse(rd_t *r, int t) {
       st = gma_free(F.g, (void *)p);
       what = "interior free";
       EXPECT_ST(st, GMA_ERR_INVALID_POINTER, "gma_free of an interior pointer");
-      st = gma_record_stream(F.g, (void *)p, handle_of(pick_stream(a)));
-      EXPECT_ST(st, GMA_ERR_INVALID_POINTER, "gma_record_stream of an interior pointer");
+      /* record_stream names the whole allocation from any pointer inside it
+       * (issue 17), as op_record does from its start. */
+      int ui = pick_stream(a);
+      st = gma_record_stream(F.g, (void *)p, handle_of(ui));
+      EXPECT_ST(st, GMA_OK, "gma_record_stream of an interior pointer");
+      if (b->kind == GMA_MEMORY_DEVICE) F.st[ui].has_record = 1;
       break;
     }
     case 2: /* foreign: static memory, then a small integer */
