@@ -284,7 +284,7 @@ gma_status_t gma__host_free(gma__host_t *h, void *ptr, bool fallback) {
     return gma__set_error(GMA_ERR_DEVICE, "%s(%p): could not order the free after the work of "
                           "stream %p (%s); the block stays allocated, free it again",
                           fallback ? "gma_free" : "gma_host_free", ptr, failed->stream,
-                          gma_last_error());
+                          gma__error_detail(gma_last_error()));
   }
   h->live_bytes -= b->size;
   gma__stat_sub(&h->allocated, b->size);

@@ -288,7 +288,7 @@ gma_status_t gma__stream_retire(gma__pool_t *p, gma__stream_t *s, bool orphan) {
     if (!close_epoch(p, s)) {
       /* Still an error (the device failed), but see close_by_sync. */
       char why[400];
-      snprintf(why, sizeof why, "%s", gma_last_error());
+      snprintf(why, sizeof why, "%s", gma__error_detail(gma_last_error()));
       bool synced = close_by_sync(p, s);
       if (synced)
         st = gma__set_error(GMA_ERR_DEVICE, "gma_stream_retire(%p): could not record the closing "
@@ -298,7 +298,7 @@ gma_status_t gma__stream_retire(gma__pool_t *p, gma__stream_t *s, bool orphan) {
         st = gma__set_error(GMA_ERR_DEVICE, "gma_stream_retire(%p): could not record the closing "
                             "event (%s), nor wait for the stream (%s); the stream's cached "
                             "memory stays reserved until gma_destroy", s->handle, why,
-                            gma_last_error());
+                            gma__error_detail(gma_last_error()));
       orphan = !synced;
     }
   }
