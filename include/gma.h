@@ -488,8 +488,10 @@ typedef struct gma_stats {
   uint64_t num_epoch_events;    /* events recorded to close stream epochs */
   uint64_t num_batches;         /* gma_alloc_batch calls that succeeded */
   uint64_t num_batches_split;   /* of those, placed block by block (no contiguous room) */
-  uint64_t bytes_trimmed;       /* bytes given back to the device by trimming: gma_trim,
-                                   gma_empty_cache and the worker's timed trims */
+  uint64_t bytes_trimmed;       /* bytes given back to the device by every trim, not only
+                                   gma_trim / gma_empty_cache: the worker's timed trims
+                                   (idle, above release_threshold, pressure) count too, and
+                                   with expandable_segments chunks the OOM retry unmaps */
   uint64_t trims_explicit;      /* gma_trim / gma_empty_cache calls that released memory */
   uint64_t trims_timed;         /* timed trims that released cache above release_threshold,
                                    or (auto) memory outside the working set under pressure */
