@@ -322,13 +322,24 @@ gma_status_t gma_record_stream(gma_t *g, void *ptr, gma_stream_t stream) {
    * PyTorch's record_stream names a tensor's whole storage (a view's data
    * pointer is often inside it). */
   uintptr_t base = live_base(&g->pool, (uintptr_t)ptr);
-  gma_status_t st = gma__pool_record_stream(&g->pool, base ? (void *)base : ptr, stream);
-  void *hbase = NULL;
-  if (st == GMA_ERR_INVALID_POINTER && g->cfg.fallback_host &&
-      gma__host_contains(&g->host, ptr, &hbase) == GMA_MEMORY_FALLBACK)
-    st = gma__host_record_stream(&g->host, hbase, stream); /* the host pool orders it */
+  void *named = base ? (void *)base : ptr; /* the allocation's start, for the trace too */
+  gma_status_t st = gma__pool_record_stream(&g->pool, named, stream);
+  if (st == GMA_ERR_INVALID_POINTER) {
+    void *hbase = NULL;
+    int kind = gma__host_contains(&g->host, ptr, &hbase);
+    if (kind == GMA_MEMORY_FALLBACK) { /* CPU-fallback memory: the host pool orders it */
+      named = hbase;
+      st = gma__host_record_stream(&g->host, hbase, stream);
+    } else if (kind == GMA_MEMORY_HOST_PINNED) {
+      st = gma__set_error(GMA_ERR_INVALID_POINTER,
+                          "gma_record_stream(%p): the pointer is pinned host memory from "
+                          "gma_host_alloc, whose free is ordered on the stream it was allocated "
+                          "on; gma_record_stream applies to gma_alloc's memory",
+                          ptr);
+    }
+  }
   if (st == GMA_OK)
-    GMA__TRACE(&g->pool, GMA__TR_RECORD_STREAM, (uintptr_t)ptr, 0, stream, 0, 0, 0, 0);
+    GMA__TRACE(&g->pool, GMA__TR_RECORD_STREAM, (uintptr_t)named, 0, stream, 0, 0, 0, 0);
   return st;
 }
 

@@ -276,6 +276,8 @@ static void wrong_free_says_which(void) {
   CHECK(!strstr(gma_last_error(), "not allocated by this allocator"));
   CHECK_ST(gma_free(g, (char *)h + 100), GMA_ERR_INVALID_POINTER);
   CHECK(strstr(gma_last_error(), "gma_host_free"));
+  CHECK_ST(gma_record_stream(g, h, NULL), GMA_ERR_INVALID_POINTER); /* not for pinned memory */
+  CHECK(strstr(gma_last_error(), "pinned host memory"));
   /* Device memory to gma_host_free, at its start and inside it. */
   CHECK_ST(gma_host_free(g, d), GMA_ERR_INVALID_POINTER);
   CHECK(strstr(gma_last_error(), "device memory") &&
