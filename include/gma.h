@@ -43,8 +43,8 @@ extern "C" {
     "out of device memory after releasing every cached block that was safe to release; "     \
     "free memory, lower the request, or raise memory_limit")                                  \
   X(GMA_ERR_INVALID_POINTER, -4,                                                              \
-    "the pointer was not returned by this allocator (foreign or interior pointer); pass "     \
-    "exactly the pointer gma_alloc gave you")                                                 \
+    "the pointer was not returned by this allocator (foreign or interior pointer, or the "    \
+    "other kind of memory); pass exactly the pointer gma_alloc gave you to gma_free")         \
   X(GMA_ERR_DOUBLE_FREE, -5,                                                                  \
     "the pointer is not live: it was already freed; free each allocation once")               \
   X(GMA_ERR_CONFIG, -6,                                                                       \
@@ -191,10 +191,14 @@ typedef struct gma_config {
 #define GMA_CONFIG_INIT {.size = sizeof(gma_config_t)}
 #endif
 
-/* Applies "key:value,key:value" to *config, as GMA_CONF does. Sizes accept K, M,
- * G, T suffixes (powers of 1024). Unknown keys and bad values give
- * GMA_ERR_CONFIG with the offending key in gma_last_error(); *config is then
- * left unchanged. Any thread, on distinct configs. */
+/* Applies "key:value,key:value" to *config, as GMA_CONF does. Sizes are digits
+ * with an optional K, M, G or T (powers of 1024) and then an optional B or iB.
+ * The resulting config is checked whole, as gma_create would (zero fields are
+ * the defaults): ranges, ring_size a power of 2, segment sizes against
+ * small_size and memory_limit; only checks that need the device are left to
+ * gma_create. Unknown keys and bad values give GMA_ERR_CONFIG with the
+ * offending key in gma_last_error(); *config is then left unchanged. Any
+ * thread, on distinct configs. */
 GMA_API gma_status_t gma_config_parse(gma_config_t *config, const char *text);
 
 /* ---------------------------------------------------------------------------
@@ -282,13 +286,17 @@ GMA_API gma_status_t gma_alloc_tagged(gma_t *g, size_t size, gma_stream_t stream
 /* Frees ptr, ordered on the stream it was allocated on: work already queued on
  * that stream may still use it, and gma reuses the memory elsewhere only once
  * that work (and the work of every stream named in gma_record_stream) is done.
- * A foreign pointer gives GMA_ERR_INVALID_POINTER, a second free
- * GMA_ERR_DOUBLE_FREE; neither changes anything. Any thread. */
+ * A foreign or interior pointer gives GMA_ERR_INVALID_POINTER (pinned host
+ * memory from gma_host_alloc too: the message says to use gma_host_free), a
+ * second free GMA_ERR_DOUBLE_FREE; neither changes anything. Any thread. */
 GMA_API gma_status_t gma_free(gma_t *g, void *ptr);
-/* Declares that work on stream (other than the allocation's own) uses ptr, so
- * its free waits for that work too (CPU-fallback allocations included). Call
- * it after queueing the work and before gma_free; if it fails, synchronize
- * stream before freeing ptr. Any thread. */
+/* Declares that work on stream (other than the allocation's own) uses the
+ * allocation ptr points into, so its free waits for that work too
+ * (CPU-fallback allocations included). ptr may be the allocation's start or
+ * any address inside it (PyTorch records a tensor's whole storage; a view's
+ * data pointer may lie inside); GMA_ERR_INVALID_POINTER if it lies in no live
+ * allocation. Call it after queueing the work and before gma_free; if it
+ * fails, synchronize stream before freeing ptr. Any thread. */
 GMA_API gma_status_t gma_record_stream(gma_t *g, void *ptr, gma_stream_t stream);
 /* Returns to the device every segment with no live allocation whose device work
  * is known to be done. Never waits for the device. Any thread. */
@@ -488,8 +496,10 @@ typedef struct gma_stats {
   uint64_t num_epoch_events;    /* events recorded to close stream epochs */
   uint64_t num_batches;         /* gma_alloc_batch calls that succeeded */
   uint64_t num_batches_split;   /* of those, placed block by block (no contiguous room) */
-  uint64_t bytes_trimmed;       /* bytes given back to the device by trimming: gma_trim,
-                                   gma_empty_cache and the worker's timed trims */
+  uint64_t bytes_trimmed;       /* bytes given back to the device by every trim, not only
+                                   gma_trim / gma_empty_cache: the worker's timed trims
+                                   (idle, above release_threshold, pressure) count too, and
+                                   with expandable_segments chunks the OOM retry unmaps */
   uint64_t trims_explicit;      /* gma_trim / gma_empty_cache calls that released memory */
   uint64_t trims_timed;         /* timed trims that released cache above release_threshold,
                                    or (auto) memory outside the working set under pressure */
@@ -592,6 +602,8 @@ GMA_API gma_status_t gma_pointer_info(gma_t *g, const void *ptr, gma_pointer_inf
  * memory comes from cuMemHostAlloc (portable, device-mapped); on the
  * simulated device it is ordinary host memory. Any thread. */
 GMA_API gma_status_t gma_host_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out);
+/* GMA_ERR_INVALID_POINTER for memory gma_host_alloc did not return; for device
+ * or CPU-fallback memory of g the message says to use gma_free. */
 GMA_API gma_status_t gma_host_free(gma_t *g, void *ptr);
 
 /* ---------------------------------------------------------------------------
@@ -657,6 +669,19 @@ GMA_API gma_status_t gma_stream_destroy(gma_t *g, gma_stream_t stream);
  * reusable by every stream at once, without waiting for gma to observe an
  * event: synchronize through gma rather than the driver where you can. */
 GMA_API gma_status_t gma_stream_synchronize(gma_t *g, gma_stream_t stream);
+
+/* Makes the work queued on waiter after this call wait until all the work
+ * queued on waitee before the call has finished, without blocking the host:
+ * the device orders the two streams, as PyTorch's Stream.wait_stream does
+ * (CUDA: an event recorded on waitee and cuStreamWaitEvent on waiter; the
+ * simulated device: waiter's thread waits for that point of waitee's queue).
+ * Work queued on waitee later is not waited for. GMA_ERR_INVALID_ARGUMENT if
+ * g is NULL or destroyed, if waiter and waitee are the same stream (NULL and
+ * GMA_STREAM_LEGACY are one stream), if either is not a live stream of g's
+ * device (never created, or destroyed), or if either was retired
+ * (gma_stream_retire, gma_stream_destroy) and not used with gma since: a
+ * retired stream takes no more work. Any thread. */
+GMA_API gma_status_t gma_stream_wait_stream(gma_t *g, gma_stream_t waiter, gma_stream_t waitee);
 
 typedef void (*gma_sim_kernel_fn)(void *arg);
 /* Queues fn(arg) on a simulated stream: it runs on that stream's own thread

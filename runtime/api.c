@@ -22,7 +22,7 @@ static void note_fallback(void) {
   static _Atomic bool said;
   if (atomic_exchange(&said, true)) return;
   fprintf(stderr, "gma: no CUDA device (%s); device:auto uses the simulated device\n",
-          gma_last_error());
+          gma__error_detail(gma_last_error()));
 }
 
 static gma_status_t open_device(const gma_config_t *cfg, gma__device_t **out) {
@@ -210,10 +210,11 @@ gma_status_t gma_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out) {
  * retrying; serve from pinned host memory the device can reach. */
 static gma_status_t alloc_fallback(gma_t *g, size_t size, gma_stream_t stream, void **out) {
   char why[512];
-  snprintf(why, sizeof why, "%s", gma_last_error());
+  snprintf(why, sizeof why, "%s", gma__error_detail(gma_last_error()));
   gma_status_t st = gma__host_alloc(&g->host, size, stream, true, out);
   if (st == GMA_OK) return GMA_OK;
-  return gma__set_error(GMA_ERR_OOM, "%s; the CPU fallback failed too: %s", why, gma_last_error());
+  return gma__set_error(GMA_ERR_OOM, "%s; the CPU fallback (fallback:host) failed too: %s", why,
+                        gma__error_detail(gma_last_error()));
 }
 
 static gma_status_t alloc_now(gma_t *g, size_t size, gma_stream_t stream, void **out) {
@@ -261,28 +262,84 @@ gma_status_t gma_free(gma_t *g, void *ptr) {
   return st;
 }
 
+/* Says what a pointer that is not device memory of g is, when it is host
+ * memory of g: gma_free was given pinned host memory (issue 17: the message
+ * said it was not gma's at all), or a pointer inside a CPU fallback's
+ * allocation. Keeps the pool's message otherwise. */
+static gma_status_t not_device_memory(gma_t *g, void *ptr, gma_status_t st) {
+  void *base = NULL;
+  int kind = gma__host_contains(&g->host, ptr, &base);
+  if (kind == GMA_MEMORY_HOST_PINNED)
+    return gma__set_error(GMA_ERR_INVALID_POINTER,
+                          "gma_free(%p): the pointer is pinned host memory from gma_host_alloc, "
+                          "not device memory; free it with gma_host_free",
+                          ptr);
+  if (kind == GMA_MEMORY_FALLBACK) /* not its start: gma__host_free took that */
+    return gma__set_error(GMA_ERR_INVALID_POINTER,
+                          "gma_free(%p): interior pointer, %zu bytes into the allocation at %p "
+                          "(served from pinned host memory by fallback:host); pass the pointer "
+                          "gma_alloc returned",
+                          ptr, (size_t)((char *)ptr - (char *)base), base);
+  return st;
+}
+
 static gma_status_t free_now(gma_t *g, void *ptr) {
   gma_status_t st = gma__bin_free(&g->pool, ptr);
   if (st != GMA_OK) st = gma__pool_free_slow(&g->pool, ptr);
-  /* Not device memory of ours: a CPU fallback's host memory, perhaps. */
+  /* Not device memory of ours: a CPU fallback's host memory, perhaps, or
+   * pinned host memory given to the wrong free. */
   if (st == GMA_ERR_INVALID_POINTER && gma__host_owns_fallback(&g->host, ptr))
     st = gma__host_free(&g->host, ptr, true);
+  else if (st == GMA_ERR_INVALID_POINTER)
+    st = not_device_memory(g, ptr, st);
   /* An async request waits for memory: let the worker try again. */
   if (st == GMA_OK && atomic_load_explicit(&g->worker.memory_wanted, memory_order_relaxed))
     gma__worker_kick(&g->worker);
   return st;
 }
 
+/* The start of the live device allocation addr lies in, or 0. A pointer at
+ * a block's start is found in the page map without the lock; one inside a
+ * block takes the pool lock and walks the blocks of its segment (the page
+ * map knows only where blocks start). */
+static uintptr_t live_base(gma__pool_t *p, uintptr_t addr) {
+  gma__block_t *b = gma__pagemap_get(&p->pagemap, addr);
+  if (b && b->addr == addr) return addr; /* a block starts here: the pool judges its state */
+  uintptr_t base = 0;
+  pthread_mutex_lock(&p->lock);
+  gma__segment_t *seg = gma__seg_find(p, addr);
+  for (b = seg ? seg->first : NULL; b && addr >= b->addr + b->size;) b = b->next;
+  if (b && gma__load_relaxed(&b->state) == GMA__LIVE) base = b->addr;
+  pthread_mutex_unlock(&p->lock);
+  return base;
+}
+
 gma_status_t gma_record_stream(gma_t *g, void *ptr, gma_stream_t stream) {
   GMA__CHECK(g, "gma_record_stream");
   stream = gma__stream_arg(g, stream);
   CHECK_ARG(ptr, "gma_record_stream: ptr is NULL");
-  gma_status_t st = gma__pool_record_stream(&g->pool, ptr, stream);
-  if (st == GMA_ERR_INVALID_POINTER && g->cfg.fallback_host &&
-      gma__host_owns_fallback(&g->host, ptr)) /* CPU-fallback memory: the host pool orders it */
-    st = gma__host_record_stream(&g->host, ptr, stream);
+  /* Anywhere inside a live allocation names the whole allocation, as
+   * PyTorch's record_stream names a tensor's whole storage (a view's data
+   * pointer is often inside it). */
+  uintptr_t base = live_base(&g->pool, (uintptr_t)ptr);
+  void *named = base ? (void *)base : ptr; /* the allocation's start, for the trace too */
+  gma_status_t st = gma__pool_record_stream(&g->pool, named, stream);
+  if (st == GMA_ERR_INVALID_POINTER) {
+    void *hbase = NULL;
+    int kind = gma__host_contains(&g->host, ptr, &hbase);
+    if (kind == GMA_MEMORY_FALLBACK) { /* CPU-fallback memory: the host pool orders it */
+      named = hbase;
+      st = gma__host_record_stream(&g->host, hbase, stream);
+    } else if (kind == GMA_MEMORY_HOST_PINNED) {
+      st = gma__set_error(GMA_ERR_INVALID_POINTER,
+                          "gma_record_stream(%p): the pointer is pinned host memory from "
+                          "gma_host_alloc, whose free is ordered on the stream it was allocated "
+                          "on; gma_record_stream applies to gma_alloc's memory",
+                          ptr);
+    }
+  }
   if (st == GMA_OK)
-    GMA__TRACE(&g->pool, GMA__TR_RECORD_STREAM, (uintptr_t)ptr, 0, stream, 0, 0, 0, 0);
+    GMA__TRACE(&g->pool, GMA__TR_RECORD_STREAM, (uintptr_t)named, 0, stream, 0, 0, 0, 0);
   return st;
 }
 
@@ -303,7 +360,19 @@ gma_status_t gma_host_alloc(gma_t *g, size_t size, gma_stream_t stream, void **o
 gma_status_t gma_host_free(gma_t *g, void *ptr) {
   GMA__CHECK(g, "gma_host_free");
   if (!ptr) return GMA_OK;
-  return gma__host_free(&g->host, ptr, false);
+  gma_status_t st = gma__host_free(&g->host, ptr, false);
+  if (st == GMA_ERR_INVALID_POINTER) { /* device memory given to the wrong free? */
+    gma__pool_t *p = &g->pool;
+    pthread_mutex_lock(&p->lock);
+    bool device = gma__seg_find(p, (uintptr_t)ptr) != NULL;
+    pthread_mutex_unlock(&p->lock);
+    if (device)
+      st = gma__set_error(GMA_ERR_INVALID_POINTER,
+                          "gma_host_free(%p): the pointer is device memory of this allocator "
+                          "(from gma_alloc), not pinned host memory; free it with gma_free",
+                          ptr);
+  }
+  return st;
 }
 
 gma_status_t gma_trim(gma_t *g, uint64_t keep_bytes) {
@@ -390,7 +459,7 @@ gma_status_t gma_reserve(gma_t *g, gma_stream_t stream, size_t n, const size_t *
     for (size_t k = 0; k < counts[i] && st == GMA_OK; k++)
       if ((st = gma_alloc(g, sizes[i], stream, &held[got])) == GMA_OK) got++;
   char detail[1024] = "";
-  if (st != GMA_OK) snprintf(detail, sizeof detail, "%s", gma_last_error());
+  if (st != GMA_OK) snprintf(detail, sizeof detail, "%s", gma__error_detail(gma_last_error()));
   for (size_t i = got; i-- > 0;) gma_free(g, held[i]);
   free(held);
   if (st != GMA_OK) return gma__set_error(st, "gma_reserve: %s; nothing was kept", detail);
@@ -455,6 +524,32 @@ gma_status_t gma_stream_synchronize(gma_t *g, gma_stream_t stream) {
   GMA__CHECK(g, "gma_stream_synchronize");
   stream = gma__stream_arg(g, stream);
   return gma__pool_stream_synchronize(&g->pool, stream);
+}
+
+gma_status_t gma_stream_wait_stream(gma_t *g, gma_stream_t waiter, gma_stream_t waitee) {
+  GMA__CHECK(g, "gma_stream_wait_stream");
+  gma_stream_t s[2] = {gma__stream_arg(g, waiter), gma__stream_arg(g, waitee)};
+  static const char *const role[2] = {"waiter", "waitee"};
+  /* The device's ids tell whether two handles name one stream (NULL and
+   * GMA_STREAM_LEGACY do) and find a retired stream even after its handle
+   * was recycled; asking for them also checks that both streams are live. */
+  uint64_t id[2];
+  for (int i = 0; i < 2; i++) {
+    gma_status_t st = g->dev->ops->stream_id(g->dev, s[i], &id[i]);
+    if (st != GMA_OK)
+      return gma__set_error(st, "gma_stream_wait_stream: the %s %s", role[i],
+                            gma__error_detail(gma_last_error()));
+  }
+  CHECK_ARG(id[0] != id[1],
+            "gma_stream_wait_stream: waiter %p and waitee %p are the same stream; work on one "
+            "stream runs in order already",
+            s[0], s[1]);
+  for (int i = 0; i < 2; i++)
+    CHECK_ARG(!gma__stream_was_retired(&g->pool, s[i], id[i]),
+              "gma_stream_wait_stream: the %s, stream %p, was retired (gma_stream_retire or "
+              "gma_stream_destroy) and must take no more work",
+              role[i], s[i]);
+  return g->dev->ops->stream_wait_stream(g->dev, s[0], s[1]);
 }
 
 gma_status_t gma_sim_launch(gma_t *g, gma_stream_t stream, gma_sim_kernel_fn fn, void *arg) {

@@ -89,37 +89,61 @@ static void set_field(gma_config_t *c, const key_spec_t *k, uint64_t v) {
     *(uint64_t *)at = v;
 }
 
-/* Parses a decimal count, or a size with an optional K/M/G/T suffix (powers of
- * 1024, optionally followed by "B" or "iB"). */
+/* Parses a decimal count, or a size in exactly the README's forms: decimal
+ * digits, then optionally K, M, G or T (powers of 1024, either case), then
+ * optionally B or iB after that letter (either case): 512, 64K, 2m, 1GB,
+ * 1GiB. Nothing else: no sign, fraction, hex, exponent, space inside, bare
+ * "B" or other unit (issue 17: "512B" used to pass as 512 bytes). */
 static bool parse_number(const char *s, size_t len, bool size, uint64_t *out) {
-  char buf[64];
-  if (len == 0 || len >= sizeof buf) return false;
-  memcpy(buf, s, len);
-  buf[len] = '\0';
-  if (!isdigit((unsigned char)buf[0])) return false;
-  errno = 0;
-  char *end;
-  unsigned long long v = strtoull(buf, &end, 10);
-  if (errno) return false;
+  size_t i = 0;
+  uint64_t v = 0;
+  while (i < len && s[i] >= '0' && s[i] <= '9') {
+    unsigned d = (unsigned)(s[i++] - '0');
+    if (v > (UINT64_MAX - d) / 10) return false; /* beyond 64 bits */
+    v = v * 10 + d;
+  }
+  if (i == 0) return false; /* no digits, or a sign, a space, a dot first */
   uint64_t mult = 1;
-  if (size && *end) {
-    switch (toupper((unsigned char)*end)) {
-      case 'K': mult = KiB; break;
-      case 'M': mult = MiB; break;
-      case 'G': mult = GiB; break;
-      case 'T': mult = TiB; break;
-      case 'B': mult = 1; end--; break;
+  if (size && i < len) {
+    switch (s[i]) {
+      case 'K': case 'k': mult = KiB; break;
+      case 'M': case 'm': mult = MiB; break;
+      case 'G': case 'g': mult = GiB; break;
+      case 'T': case 't': mult = TiB; break;
       default: return false;
     }
-    end++;
-    if (strcasecmp(end, "") != 0 && strcasecmp(end, "B") != 0 && strcasecmp(end, "iB") != 0)
+    i++;
+    size_t rest = len - i;
+    if (!(rest == 0 || (rest == 1 && strncasecmp(s + i, "B", 1) == 0) ||
+          (rest == 2 && strncasecmp(s + i, "iB", 2) == 0)))
       return false;
-  } else if (*end) {
-    return false;
+    i = len;
   }
+  if (i != len) return false;
   if (v > UINT64_MAX / mult) return false;
-  *out = (uint64_t)v * mult;
+  *out = v * mult;
   return true;
+}
+
+/* What a size value may look like, for messages refusing one. */
+#define SIZE_FORMS                                                                     \
+  "a size: decimal digits, optionally followed by K, M, G or T (powers of 1024, either " \
+  "case) and then optionally B or iB, e.g. 512, 64K, 2M, 1G, 1GB, 1GiB; no space "    \
+  "inside, no sign, fraction or other unit"
+
+/* v as the README writes sizes: "64K", "1024T", or plain bytes. */
+static const char *size_text(uint64_t v, char *buf, size_t len) {
+  static const struct {
+    uint64_t unit;
+    char suffix;
+  } units[] = {{TiB, 'T'}, {GiB, 'G'}, {MiB, 'M'}, {KiB, 'K'}};
+  for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+    if (v && v % units[i].unit == 0) {
+      snprintf(buf, len, "%" PRIu64 "%c", v / units[i].unit, units[i].suffix);
+      return buf;
+    }
+  snprintf(buf, len, "%" PRIu64, v);
+  return buf;
 }
 
 /* A value a key accepts: in its range, or a size's 0 (the default), or a
@@ -156,6 +180,7 @@ static void trim(const char **s, size_t *len) {
 
 static void list_keys(char *buf, size_t len) {
   size_t at = 0;
+  buf[0] = '\0';
   for (size_t i = 0; i < NKEYS && at < len; i++) {
     int n = snprintf(buf + at, len - at, "%s%s", i ? ", " : "", keys[i].key);
     if (n < 0) break;
@@ -163,22 +188,127 @@ static void list_keys(char *buf, size_t len) {
   }
 }
 
-/* Keys whose values contradict each other. Zero fields are defaults, which
- * gma_create fits to the limit (a default segment larger than memory_limit
- * is shrunk to it); only explicit values can conflict. */
-static gma_status_t check_pairs(const gma_config_t *c, const char *where) {
-  if (!c->memory_limit) return GMA_OK;
-  if (c->small_segment_size > c->memory_limit || c->large_segment_size > c->memory_limit)
+/* The names a named key takes, in value order; NULL for numeric keys. */
+static const char *const *names_of(const key_spec_t *k, uint64_t *n) {
+  switch (k->kind) {
+    case KIND_DEVICE: *n = 3; return device_names;
+    case KIND_REUSE: *n = 3; return reuse_names;
+    case KIND_ONOFF: *n = 2; return onoff_names;
+    case KIND_BOOL: *n = 2; return bool_names;
+    case KIND_FALLBACK: *n = 2; return fallback_names;
+    case KIND_DEFSTREAM: *n = 2; return defstream_names;
+    default: *n = 0; return NULL;
+  }
+}
+
+/* Refuses key k's value v, which in_range rejected. parsed: v came from a
+ * string (the message names the key as gma_config_parse does), else from
+ * the struct, and where says which one. */
+static gma_status_t range_error(const char *where, bool parsed, const key_spec_t *k, uint64_t v) {
+  char what[160], range[160] = "";
+  uint64_t n;
+  const char *const *names = names_of(k, &n);
+  if (names) { /* only a struct filled in C can hold a number here */
+    for (uint64_t i = 0, at = 0; i < n && at < sizeof range; i++)
+      at += (size_t)snprintf(range + at, sizeof range - at, "%s%s (%" PRIu64 ")",
+                             i ? ", " : "one of ", names[i], i);
+    snprintf(what, sizeof what, "%" PRId64, (int64_t)v);
+  } else if (k->kind == KIND_SIZE || k->kind == KIND_THRESHOLD) {
+    char vb[32], lo[32], hi[32];
+    size_text(v, vb, sizeof vb);
+    if (strchr("KMGT", vb[strlen(vb) - 1]))
+      snprintf(what, sizeof what, "%s (%" PRIu64 " bytes)", vb, v);
+    else
+      snprintf(what, sizeof what, "%" PRIu64 " bytes", v);
+    snprintf(range, sizeof range, "%s..%s%s", size_text(k->min, lo, sizeof lo),
+             size_text(k->max, hi, sizeof hi),
+             k->kind == KIND_THRESHOLD ? ", auto or 0 (keep nothing)" : ", or 0 for the default");
+  } else {
+    if (k->offset == FIELD(device_ordinal))
+      snprintf(what, sizeof what, "%" PRId64, (int64_t)v);
+    else
+      snprintf(what, sizeof what, "%" PRIu64, v);
+    snprintf(range, sizeof range, "%" PRIu64 "..%" PRIu64, k->min, k->max);
+  }
+  if (parsed)
+    return gma__set_error(GMA_ERR_CONFIG, "%skey '%s': %s is out of range; it takes %s", where,
+                          k->key, what, range);
+  return gma__set_error(GMA_ERR_CONFIG, "%s%s is %s, out of range; it takes %s", where, k->key,
+                        what, range);
+}
+
+/* The defaults of zero fields (the README's table). */
+static void apply_defaults(gma_config_t *c) {
+  if (!c->small_size) c->small_size = 1 * MiB;
+  if (!c->small_segment_size) c->small_segment_size = 2 * MiB;
+  if (!c->large_segment_size) c->large_segment_size = 20 * MiB;
+  if (!c->sim_capacity) c->sim_capacity = 80 * GiB;
+  if (!c->bin_max) c->bin_max = 1 * MiB; /* why not more: README, "The hot path" */
+  if (!c->bin_depth) c->bin_depth = 64;
+  if (!c->trim_interval_ms) c->trim_interval_ms = 1000;
+  /* release_threshold 0 stays 0: "auto" (the worker keeps the working set). */
+  if (!c->idle_ms) c->idle_ms = 10000;
+  if (!c->ring_size) c->ring_size = 1024;
+  if (!c->future_timeout_ms) c->future_timeout_ms = 1000;
+  if (!c->host_release_threshold) c->host_release_threshold = 64 * MiB;
+}
+
+/* Every check on configuration values that does not depend on the device:
+ * each key's range, and the rules that tie keys together. One place for both
+ * gma_config_parse (a string is refused at once, not at gma_create) and
+ * gma_create (a struct filled in by hand in C). Zero fields are defaults and
+ * are checked as such: small_size:4M alone is refused, because the default
+ * small_segment (2M) would be smaller. where prefixes each message. What
+ * needs the device (expandable_segments against its granularity, a CUDA
+ * device_id that does not exist) is checked at gma_create. */
+static gma_status_t config_check(const gma_config_t *in, const char *where) {
+  gma_config_t c = *in;
+  /* Explicit values that contradict each other. Zero fields are defaults,
+   * which gma_create fits to the limit (a default segment larger than
+   * memory_limit is shrunk to it); only explicit values can conflict. */
+  if (c.memory_limit &&
+      (c.small_segment_size > c.memory_limit || c.large_segment_size > c.memory_limit)) {
+    bool small = c.small_segment_size > c.memory_limit;
+    char sb[32], lb[32];
     return gma__set_error(GMA_ERR_CONFIG,
-                          "%s%s (%" PRIu64 ") is larger than memory_limit (%" PRIu64 "): no such "
-                          "segment could ever be made; lower it, or leave it unset (the default "
-                          "shrinks to the limit)",
-                          where,
-                          c->small_segment_size > c->memory_limit ? "small_segment"
-                                                                  : "large_segment",
-                          c->small_segment_size > c->memory_limit ? c->small_segment_size
-                                                                  : c->large_segment_size,
-                          c->memory_limit);
+                          "%s%s (%s) is larger than memory_limit (%s): no such segment could "
+                          "ever be made; lower it, or leave it unset (the default shrinks to "
+                          "the limit)",
+                          where, small ? "small_segment" : "large_segment",
+                          size_text(small ? c.small_segment_size : c.large_segment_size, sb,
+                                    sizeof sb),
+                          size_text(c.memory_limit, lb, sizeof lb));
+  }
+  if (memchr(c.trace_path, '\0', sizeof c.trace_path) == NULL)
+    return gma__set_error(GMA_ERR_CONFIG, "%strace: the path is not NUL-terminated", where);
+  bool small_segment_default = !c.small_segment_size;
+  apply_defaults(&c);
+  for (size_t i = 0; i < NKEYS; i++) {
+    if (keys[i].kind == KIND_PATH) continue;
+    uint64_t v = get_field(&c, &keys[i]);
+    if (!in_range(&keys[i], v)) return range_error(where, false, &keys[i], v);
+  }
+  char a[32], b[32];
+  uint64_t small_size = (c.small_size + 511) / 512 * 512; /* as the pool rounds it */
+  if (c.small_segment_size % 512)
+    return gma__set_error(GMA_ERR_CONFIG, "%ssmall_segment is %" PRIu64 " bytes; it must be a "
+                          "multiple of 512", where, c.small_segment_size);
+  if (c.small_segment_size < small_size)
+    return gma__set_error(GMA_ERR_CONFIG,
+                          "%ssmall_segment (%s%s) is smaller than small_size (%s): a small "
+                          "request must fit one small segment; %s",
+                          where, size_text(c.small_segment_size, a, sizeof a),
+                          small_segment_default ? ", the default" : "",
+                          size_text(small_size, b, sizeof b),
+                          small_segment_default ? "set small_segment too, at least as large"
+                                                : "raise small_segment or lower small_size");
+  if (c.large_segment_size % (2 * MiB))
+    return gma__set_error(GMA_ERR_CONFIG, "%slarge_segment is %s; it must be a multiple of 2M",
+                          where, size_text(c.large_segment_size, a, sizeof a));
+  if (c.ring_size & (c.ring_size - 1))
+    return gma__set_error(GMA_ERR_CONFIG,
+                          "%sring_size is %" PRIu64 "; it must be a power of 2 (such as 1024)",
+                          where, c.ring_size);
   return GMA_OK;
 }
 
@@ -208,7 +338,7 @@ gma_status_t gma_config_parse(gma_config_t *config, const char *text) {
     for (size_t i = 0; i < NKEYS; i++)
       if (strlen(keys[i].key) == klen && strncmp(keys[i].key, key, klen) == 0) k = &keys[i];
     if (!k) {
-      char known[512];
+      char known[768];
       list_keys(known, sizeof known);
       return gma__set_error(GMA_ERR_CONFIG, "unknown key '%.*s'; known keys: %s", (int)klen, key,
                             known);
@@ -258,7 +388,7 @@ gma_status_t gma_config_parse(gma_config_t *config, const char *text) {
         break;
       case KIND_SIZE:
         ok = parse_number(val, vlen, true, &v);
-        expected = "a size such as 512, 64K, 2M, 1G";
+        expected = SIZE_FORMS;
         break;
       case KIND_THRESHOLD:
         /* "auto" is the default (0 in the struct); "0" keeps nothing. */
@@ -268,24 +398,23 @@ gma_status_t gma_config_parse(gma_config_t *config, const char *text) {
           ok = parse_number(val, vlen, true, &v);
           if (ok && v == 0) v = GMA_RELEASE_ALL;
         }
-        expected = "auto, 0 (keep nothing) or a size such as 64M";
+        expected = "auto, 0 (keep nothing) or " SIZE_FORMS;
         break;
       default:
         ok = parse_number(val, vlen, false, &v);
-        expected = "a non-negative integer";
+        expected = "a whole number in decimal digits, no suffix";
         break;
     }
     if (!ok)
-      return gma__set_error(GMA_ERR_CONFIG, "key '%s': bad value '%.*s' (expected %s)", k->key,
+      return gma__set_error(GMA_ERR_CONFIG, "key '%s': bad value '%.*s'; expected %s", k->key,
                             (int)vlen, val, expected);
     /* For sizes, 0 asks for the default, as it does in gma_config_t. */
-    if (!in_range(k, v))
-      return gma__set_error(GMA_ERR_CONFIG,
-                            "key '%s': %" PRIu64 " is out of range [%" PRIu64 ", %" PRIu64 "]",
-                            k->key, v, k->min, k->max);
+    if (!in_range(k, v)) return range_error("", true, k, v);
     set_field(&work, k, v);
   }
-  gma_status_t st = check_pairs(&work, "");
+  /* The whole config, as gma_create will see it: the string is refused now
+   * rather than the allocator later (issue 17: ring_size:1000 passed here). */
+  gma_status_t st = config_check(&work, "");
   if (st != GMA_OK) return st;
   *config = work;
   return GMA_OK;
@@ -303,55 +432,24 @@ gma_status_t gma__config_resolve(const gma_config_t *in, gma_config_t *out) {
     memcpy(&c, in, in->size);
   }
   c.size = sizeof c;
-  gma_status_t pst = check_pairs(&c, "gma_create: ");
-  if (pst != GMA_OK) return pst;
+  /* The struct as the program filled it, then GMA_CONF over it (which
+   * gma_config_parse checks as a whole), each error saying which it was. */
+  gma_status_t st = config_check(&c, "gma_create: gma_config_t: ");
+  if (st != GMA_OK) return st;
   if (!c.ignore_env) {
     const char *env = getenv("GMA_CONF");
-    if (env && *env) {
-      gma_status_t st = gma_config_parse(&c, env);
-      if (st != GMA_OK) {
-        char detail[768];
-        snprintf(detail, sizeof detail, "%s", gma_last_error());
-        return gma__set_error(st, "in GMA_CONF=\"%s\": %s", env, detail);
-      }
-    }
+    if (env && *env && (st = gma_config_parse(&c, env)) != GMA_OK)
+      return gma__set_error(st, "in GMA_CONF=\"%s\": %s", env,
+                            gma__error_detail(gma_last_error()));
   }
-  if (!c.small_size) c.small_size = 1 * MiB;
-  if (!c.small_segment_size) c.small_segment_size = 2 * MiB;
-  if (!c.large_segment_size) c.large_segment_size = 20 * MiB;
-  if (!c.sim_capacity) c.sim_capacity = 80 * GiB;
-  if (!c.bin_max) c.bin_max = 1 * MiB; /* why not more: README, "The hot path" */
-  if (!c.bin_depth) c.bin_depth = 64;
-  if (!c.trim_interval_ms) c.trim_interval_ms = 1000;
-  /* release_threshold 0 stays 0: "auto" (the worker keeps the working set). */
-  if (!c.idle_ms) c.idle_ms = 10000;
-  if (!c.ring_size) c.ring_size = 1024;
-  if (!c.future_timeout_ms) c.future_timeout_ms = 1000;
-  if (!c.host_release_threshold) c.host_release_threshold = 64 * MiB;
-  /* Range checks again: the struct may have been filled without the parser. */
-  for (size_t i = 0; i < NKEYS; i++) {
-    if (keys[i].kind == KIND_PATH) continue;
-    uint64_t v = get_field(&c, &keys[i]);
-    bool defaulted_zero = v == 0 && (keys[i].offset == FIELD(memory_limit));
-    if (!defaulted_zero && !in_range(&keys[i], v))
-      return gma__set_error(GMA_ERR_CONFIG,
-                            "%s = %" PRIu64 " is out of range [%" PRIu64 ", %" PRIu64 "]",
-                            keys[i].key, v, keys[i].min, keys[i].max);
-  }
+  apply_defaults(&c);
   c.small_size = (c.small_size + 511) / 512 * 512;
-  if (c.small_segment_size < c.small_size || c.small_segment_size % 512)
-    return gma__set_error(GMA_ERR_CONFIG,
-                          "small_segment (%" PRIu64 ") must be a multiple of 512 and at least "
-                          "small_size (%" PRIu64 ")",
-                          c.small_segment_size, c.small_size);
-  if (memchr(c.trace_path, '\0', sizeof c.trace_path) == NULL)
-    return gma__set_error(GMA_ERR_CONFIG, "trace: the path is not NUL-terminated");
-  if (c.ring_size & (c.ring_size - 1))
-    return gma__set_error(GMA_ERR_CONFIG, "ring_size (%" PRIu64 ") must be a power of 2",
-                          c.ring_size);
-  if (c.large_segment_size % (2 * MiB))
-    return gma__set_error(GMA_ERR_CONFIG, "large_segment (%" PRIu64 ") must be a multiple of 2M",
-                          c.large_segment_size);
   *out = c;
   return GMA_OK;
+}
+
+/* For tests and tools: the keys gma_config_parse accepts, in table order. */
+size_t gma__config_keys(const char **out, size_t cap) {
+  for (size_t i = 0; i < NKEYS && i < cap; i++) out[i] = keys[i].key;
+  return NKEYS;
 }

@@ -36,22 +36,34 @@ const char *gma_last_error(void) { return last_error; }
 
 const char *gma_version(void) { return GMA_VERSION_STRING; }
 
-/* Formats into a scratch buffer first: a message may quote the previous one
- * (gma_last_error() as an argument), which must not be overwritten while it
- * is being read. */
-const char *gma__error_detail(const char *msg) {
-  const char *colon = strncmp(msg, "GMA_", 4) == 0 ? strstr(msg, ": ") : NULL;
-  return colon ? colon + 2 : msg;
+/* The length of a leading "GMA_...: " status name in msg (0 if none): only
+ * names of the status map count, so a message that merely starts with "GMA_"
+ * (a GMA_CONF quote) keeps its text. */
+static size_t status_prefix_len(const char *msg) {
+  if (strncmp(msg, "GMA_", 4) != 0) return 0;
+#define GMA_STATUS_PREFIX_(name, value, text)                                  \
+  if (strncmp(msg, #name ": ", sizeof #name + 1) == 0) return sizeof #name + 1;
+  GMA_STATUS_MAP(GMA_STATUS_PREFIX_)
+#undef GMA_STATUS_PREFIX_
+  return 0;
 }
 
+const char *gma__error_detail(const char *msg) { return msg + status_prefix_len(msg); }
+
+/* Formats into a scratch buffer first: a message may quote the previous one
+ * (gma_last_error() as an argument), which must not be overwritten while it
+ * is being read. A message is "STATUS_NAME: what happened", with one status
+ * name: a quoted message should be passed through gma__error_detail, and a
+ * whole message passed on as it is ("%s", gma_last_error()) does not get a
+ * second name in front. */
 gma_status_t gma__set_error(gma_status_t status, const char *fmt, ...) {
-  char msg[sizeof last_error];
-  int n = snprintf(msg, sizeof msg, "%s: ", gma_status_name(status));
-  if (n < 0 || (size_t)n >= sizeof msg) return status;
+  char body[sizeof last_error];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg + n, sizeof msg - (size_t)n, fmt, ap);
+  vsnprintf(body, sizeof body, fmt, ap);
   va_end(ap);
+  char msg[sizeof last_error];
+  snprintf(msg, sizeof msg, "%s: %s", gma_status_name(status), gma__error_detail(body));
   memcpy(last_error, msg, sizeof msg);
   return status;
 }

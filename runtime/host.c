@@ -253,7 +253,18 @@ gma_status_t gma__host_free(gma__host_t *h, void *ptr, bool fallback) {
   pthread_mutex_lock(&h->mu);
   gma__hblock_t *b = find(h, (uintptr_t)ptr);
   gma_status_t st = GMA_OK;
-  if (!b || b->fallback != fallback) {
+  if (b && b->fallback && !fallback) {
+    st = gma__set_error(GMA_ERR_INVALID_POINTER,
+                        "gma_host_free(%p): the pointer came from gma_alloc (device memory ran "
+                        "out and fallback:host served it from pinned host memory); free it "
+                        "with gma_free",
+                        ptr);
+  } else if (b && !b->fallback && fallback) {
+    st = gma__set_error(GMA_ERR_INVALID_POINTER,
+                        "gma_free(%p): the pointer is pinned host memory from gma_host_alloc; "
+                        "free it with gma_host_free",
+                        ptr);
+  } else if (!b) {
     st = gma__set_error(GMA_ERR_INVALID_POINTER,
                         "%s(%p): not memory gma_host_alloc returned; pass exactly its pointer",
                         fallback ? "gma_free" : "gma_host_free", ptr);
@@ -278,7 +289,7 @@ gma_status_t gma__host_free(gma__host_t *h, void *ptr, bool fallback) {
     return gma__set_error(GMA_ERR_DEVICE, "%s(%p): could not order the free after the work of "
                           "stream %p (%s); the block stays allocated, free it again",
                           fallback ? "gma_free" : "gma_host_free", ptr, failed->stream,
-                          gma_last_error());
+                          gma__error_detail(gma_last_error()));
   }
   h->live_bytes -= b->size;
   gma__stat_sub(&h->allocated, b->size);
@@ -373,6 +384,21 @@ gma_status_t gma__host_record_stream(gma__host_t *h, void *ptr, gma_stream_t str
   if (!known) b->xuse[b->nxuse++] = (gma__huse_t){.stream = stream, .id = id};
   pthread_mutex_unlock(&h->mu);
   return GMA_OK;
+}
+
+int gma__host_contains(gma__host_t *h, const void *ptr, void **base) {
+  uintptr_t a = (uintptr_t)ptr;
+  int kind = 0;
+  pthread_mutex_lock(&h->mu);
+  for (size_t i = 0; i < h->nbuckets && !kind; i++)
+    for (gma__hblock_t *b = h->buckets[i]; b && !kind; b = b->hnext) {
+      uintptr_t k = key_of(b);
+      if (a < k || a >= k + b->size) continue;
+      kind = b->fallback ? GMA_MEMORY_FALLBACK : GMA_MEMORY_HOST_PINNED;
+      *base = (void *)k;
+    }
+  pthread_mutex_unlock(&h->mu);
+  return kind;
 }
 
 bool gma__host_owns_fallback(gma__host_t *h, void *ptr) {

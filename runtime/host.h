@@ -88,7 +88,13 @@ gma_status_t gma__host_free(gma__host_t *h, void *ptr, bool fallback);
  * work queued on stream by then. GMA_ERR_INVALID_POINTER if ptr is not
  * (exactly) a live fallback allocation. */
 gma_status_t gma__host_record_stream(gma__host_t *h, void *ptr, gma_stream_t stream);
-/* Is ptr (exactly) a live fallback allocation? Any thread. */
+/* Which of h's blocks (live or freed) ptr lies in, at its start or inside,
+ * for error messages: GMA_MEMORY_HOST_PINNED (gma_host_alloc) or
+ * GMA_MEMORY_FALLBACK (gma_alloc under fallback:host), with the block's
+ * address in *base; 0 if none. A linear search: error paths only. Any
+ * thread. */
+int gma__host_contains(gma__host_t *h, const void *ptr, void **base);
+/* Is ptr (exactly) a fallback allocation of h (live or freed)? Any thread. */
 bool gma__host_owns_fallback(gma__host_t *h, void *ptr);
 /* Moves completed PENDING blocks to FREE, then gives FREE blocks back to the
  * device (the oldest first) until at most keep bytes stay free. */

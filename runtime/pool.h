@@ -492,6 +492,11 @@ void gma__streams_fini(gma__pool_t *p);
 /* A lock-free free pushed into a bin of s and then saw s retired: the
  * retire may have drained before the push, so drain again (lock held). */
 void gma__stream_rescue(gma__pool_t *p, gma__stream_t *s);
+/* Whether the stream handle names, with device id id, was retired through
+ * gma and has had no new record since (gma_stream_wait_stream refuses it).
+ * Never true for the default streams. Takes the pool lock; walks the retired
+ * records (error checks of stream calls only, never the hot path). */
+bool gma__stream_was_retired(gma__pool_t *p, gma_stream_t handle, uint64_t id);
 /* gma_stream_synchronize's two halves (lock held in each): begin closes the
  * open epoch of s without an event and returns it; end, once the device
  * synchronized s, marks every epoch up to it complete and moves what that

@@ -288,7 +288,7 @@ gma_status_t gma__stream_retire(gma__pool_t *p, gma__stream_t *s, bool orphan) {
     if (!close_epoch(p, s)) {
       /* Still an error (the device failed), but see close_by_sync. */
       char why[400];
-      snprintf(why, sizeof why, "%s", gma_last_error());
+      snprintf(why, sizeof why, "%s", gma__error_detail(gma_last_error()));
       bool synced = close_by_sync(p, s);
       if (synced)
         st = gma__set_error(GMA_ERR_DEVICE, "gma_stream_retire(%p): could not record the closing "
@@ -298,7 +298,7 @@ gma_status_t gma__stream_retire(gma__pool_t *p, gma__stream_t *s, bool orphan) {
         st = gma__set_error(GMA_ERR_DEVICE, "gma_stream_retire(%p): could not record the closing "
                             "event (%s), nor wait for the stream (%s); the stream's cached "
                             "memory stays reserved until gma_destroy", s->handle, why,
-                            gma_last_error());
+                            gma__error_detail(gma_last_error()));
       orphan = !synced;
     }
   }
@@ -319,6 +319,22 @@ gma_status_t gma__stream_retire(gma__pool_t *p, gma__stream_t *s, bool orphan) {
   gma__pending_poll(p);
   if (++p->retired_listed >= p->sweep_at) gma__streams_sweep_retired(p);
   return st;
+}
+
+bool gma__stream_was_retired(gma__pool_t *p, gma_stream_t handle, uint64_t id) {
+  /* The default streams always exist; a per-thread stream's id may even be
+   * an exited thread's (the simulated device gives its stream to a new
+   * thread), whose record was retired at that thread's exit. */
+  if ((uintptr_t)handle <= 2) return false;
+  bool retired = false;
+  pthread_mutex_lock(&p->lock);
+  gma__stream_t *live = gma__stream_find(p, handle);
+  if (!live || live->id != id) /* used again since the retire: a live record */
+    for (int l = 0; l < 2 && !retired; l++)
+      for (gma__stream_t *s = l ? p->graveyard : p->stream_list; s && !retired; s = s->next_all)
+        retired = s->id == id && gma__load_relaxed(&s->retired);
+  pthread_mutex_unlock(&p->lock);
+  return retired;
 }
 
 void gma__stream_rescue(gma__pool_t *p, gma__stream_t *s) {

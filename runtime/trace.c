@@ -189,7 +189,7 @@ void gma__trace_emit(gma__trace_t *t, uint64_t t_ns, gma__trace_action_t action,
 
 gma_status_t gma__trace_open(const char *path, gma__trace_t **out) {
   gma__trace_t *t = calloc(1, sizeof *t);
-  if (!t) return gma__set_error(GMA_ERR_OOM, "trace: host memory");
+  if (!t) return gma__set_error(GMA_ERR_OOM, "no host memory for a trace");
   t->cap = TRACE_BUF_RECORDS;
   t->buf = malloc(t->cap * sizeof *t->buf);
   t->spare = malloc(t->cap * sizeof *t->spare);
@@ -197,9 +197,9 @@ gma_status_t gma__trace_open(const char *path, gma__trace_t **out) {
   if (!t->f) {
     int err = errno;
     gma_status_t st = t->buf && t->spare
-                          ? gma__set_error(GMA_ERR_CONFIG, "trace: cannot create '%s': %s", path,
+                          ? gma__set_error(GMA_ERR_CONFIG, "cannot create '%s' for the trace: %s", path,
                                            strerror(err))
-                          : gma__set_error(GMA_ERR_OOM, "trace: host memory for buffers");
+                          : gma__set_error(GMA_ERR_OOM, "no host memory for the trace's buffers");
     free(t->buf);
     free(t->spare);
     free(t);
@@ -229,7 +229,7 @@ gma_status_t gma__trace_close(gma__trace_t *t) {
     ok = fclose(t->f) == 0 && ok;
     t->f = NULL;
     if (!ok || t->dropped)
-      st = gma__set_error(GMA_ERR_DEVICE, "trace: writing the trace file failed (%s); %" PRIu64
+      st = gma__set_error(GMA_ERR_DEVICE, "writing the trace file failed (%s); %" PRIu64
                           " events lost", strerror(errno), t->dropped + (ok ? 0 : n));
   }
   pthread_mutex_unlock(&t->write_mu);

@@ -291,7 +291,7 @@ gma_status_t gma__worker_start(gma__worker_t *w, gma_t *g, gma__pool_t *p,
   w->timeout_ns = cfg->future_timeout_ms * 1000000u;
   if (cfg->worker_off) return GMA_OK;
   w->ring_buf = calloc(cfg->ring_size, sizeof *w->ring_buf);
-  if (!w->ring_buf) return gma__set_error(GMA_ERR_OOM, "worker: host memory for the ring");
+  if (!w->ring_buf) return gma__set_error(GMA_ERR_OOM, "no host memory for the async request ring (ring_size)");
   ck_ring_init(&w->ring, (unsigned)cfg->ring_size);
   pthread_condattr_t attr;
   pthread_condattr_init(&attr);
@@ -302,7 +302,7 @@ gma_status_t gma__worker_start(gma__worker_t *w, gma_t *g, gma__pool_t *p,
   pthread_condattr_destroy(&attr);
   if (!ok || pthread_create(&w->thread, NULL, worker_main, w) != 0) {
     free(w->ring_buf);
-    return gma__set_error(GMA_ERR_INTERNAL, "worker: cannot start the worker thread");
+    return gma__set_error(GMA_ERR_INTERNAL, "cannot start gma's worker thread");
   }
   w->started = true;
   return GMA_OK;

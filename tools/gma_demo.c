@@ -5,7 +5,9 @@
  * a framework would: a data stream loads each input batch, the compute stream
  * runs the forward pass (activations of mixed sizes, short-lived workspaces)
  * and the backward pass (gradients, activations freed in reverse), and a
- * communication stream "all-reduces" each gradient. Buffers used on a stream
+ * communication stream "all-reduces" each gradient. A consumer stream waits
+ * for its producer on the device with gma_stream_wait_stream (compute for
+ * the loaded batch, comm for each gradient), and buffers used on a stream
  * other than their own are declared with gma_record_stream before they are
  * freed, so gma will not reuse them while that stream may still touch them.
  * Kernels are host functions run in stream order by the simulated device.
@@ -143,6 +145,8 @@ int main(void) {
     size_t batch_bytes = 6 * MiB + (size_t)(it % 3) * 256 * KiB;
     void *input = alloc(g, batch_bytes, s[DATA]);
     launch(g, s[DATA], input, batch_bytes, 300);
+    /* Compute reads the batch: its work from here on waits for the load. */
+    TRY(gma_stream_wait_stream(g, s[COMPUTE], s[DATA]));
     TRY(gma_record_stream(g, input, s[COMPUTE]));
     record_streams++;
 
@@ -168,10 +172,10 @@ int main(void) {
       void *grad = alloc(g, grad_size[l], s[COMPUTE]);
       launch(g, s[COMPUTE], grad, grad_size[l], 150);
       TRY(gma_free(g, act[l]));
-      /* The all-reduce only reads the gradient here (0 bytes written): the
-       * public API has no events to order it after the compute kernel, and
-       * two unordered kernels writing one buffer would race. */
-      launch(g, s[COMM], grad, 0, 100);
+      /* The all-reduce rewrites the gradient in place, after the kernel
+       * that computed it: comm waits for compute's work so far. */
+      TRY(gma_stream_wait_stream(g, s[COMM], s[COMPUTE]));
+      launch(g, s[COMM], grad, grad_size[l], 100);
       TRY(gma_record_stream(g, grad, s[COMM]));
       record_streams++;
       TRY(gma_free(g, grad));

@@ -259,7 +259,11 @@ class Allocator:
         if env:
             st = parse(ctypes.byref(cfg), env.encode())
             if st:
-                raise _error(st, "gma_config_parse", "in GMA_CONF=%r: %s" % (env, last_error()))
+                detail = last_error()
+                name = status_name(st) + ": "
+                if detail.startswith(name):  # one status name in the message, not two
+                    detail = detail[len(name):]
+                raise _error(st, "gma_config_parse", "in GMA_CONF=%r: %s" % (env, detail))
         if conf:
             _check(parse(ctypes.byref(cfg), conf.encode()), "gma_config_parse")
         cfg.ignore_env = 1
@@ -451,6 +455,13 @@ class Allocator:
         """gma_stream_synchronize: waits for the work queued on stream."""
         _check(_fn("gma_stream_synchronize")(self._h("gma_stream_synchronize"),
                                              _stream(stream)), "gma_stream_synchronize")
+
+    def stream_wait_stream(self, waiter, waitee):
+        """gma_stream_wait_stream: work queued on waiter from now on waits until
+        the work queued on waitee so far has finished (the device orders them;
+        the host does not wait), like torch.cuda.Stream.wait_stream."""
+        _check(_fn("gma_stream_wait_stream")(self._h("gma_stream_wait_stream"), _stream(waiter),
+                                             _stream(waitee)), "gma_stream_wait_stream")
 
     def stream_retire(self, stream):
         """gma_stream_retire: call before destroying a stream gma has seen."""

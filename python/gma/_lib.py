@@ -252,6 +252,7 @@ PROTOTYPES = {
     "gma_stream_create": (st, [vp, P(vp)]),
     "gma_stream_destroy": (st, [vp, vp]),
     "gma_stream_synchronize": (st, [vp, vp]),
+    "gma_stream_wait_stream": (st, [vp, vp, vp]),
     "gma_sim_launch": (st, [vp, vp, vp, vp]),
 }
 

@@ -147,8 +147,9 @@ def record_stream(tensor, stream, device=None):
     """Tells gma that tensor (or a pointer, an int) is also used on stream
     (a torch.cuda.Stream or a handle), so its free waits for that work.
     Tensor.record_stream does not reach a plug-in: call this instead, after
-    queueing the work on stream. For a tensor, use the pointer PyTorch got
-    from gma: tensor.untyped_storage().data_ptr()."""
+    queueing the work on stream. A tensor names its whole storage; an int may
+    point anywhere inside an allocation (a view's tensor.data_ptr() too): gma
+    records the whole allocation it lies in."""
     if isinstance(tensor, int):
         ptr = tensor
         if device is None:

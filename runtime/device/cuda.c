@@ -148,7 +148,7 @@ static gma_status_t cu_fail(CUresult r, const char *call) {
   const char *name = NULL, *text = NULL;
   if (drv.cuGetErrorName) drv.cuGetErrorName(r, &name);
   if (drv.cuGetErrorString) drv.cuGetErrorString(r, &text);
-  return gma__set_error(status_of(r), "cuda: %s failed: %s (%s, code %d)", call,
+  return gma__set_error(status_of(r), "the CUDA driver call %s failed: %s (%s, code %d)", call,
                         text ? text : "unknown error", name ? name : "CUDA_ERROR_?", (int)r);
 }
 
@@ -213,8 +213,8 @@ static gma_status_t cuda_mem_alloc(gma__device_t *d, uint64_t size, uintptr_t *o
   CU_CALL(cuda_of(d), "cuMemAlloc", drv.cuMemAlloc(&p, (size_t)size));
   if (p % 512) { /* the boundary promises 512; the driver documents "suitably aligned" */
     CU_CALL(cuda_of(d), "cuMemFree", drv.cuMemFree(p));
-    return gma__set_error(GMA_ERR_DEVICE, "cuda: cuMemAlloc returned 0x%llx, not 512-byte "
-                          "aligned", (unsigned long long)p);
+    return gma__set_error(GMA_ERR_DEVICE, "the CUDA driver's cuMemAlloc returned 0x%llx, not "
+                          "512-byte aligned", (unsigned long long)p);
   }
   *out = (uintptr_t)p;
   return GMA_OK;
@@ -280,6 +280,33 @@ static gma_status_t cuda_stream_wait_event(gma__device_t *d, gma_stream_t stream
   return GMA_OK;
 }
 
+/* An event recorded on waitee, then cuStreamWaitEvent on waiter, as
+ * PyTorch's Stream.wait_stream does. The event is created for the call and
+ * destroyed at once: the wait has captured the record, and the driver frees
+ * a destroyed event only when its work completes. */
+static gma_status_t cuda_stream_wait_stream(gma__device_t *d, gma_stream_t waiter,
+                                            gma_stream_t waitee) {
+  cuda_device_t *dev = cuda_of(d);
+  CUevent e = NULL;
+  CU_CALL(dev, "cuEventCreate", drv.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  bool pushed = false;
+  const char *what = "cuCtxPushCurrent";
+  CUresult r = ctx_enter(dev, &pushed); /* for the default-stream handles */
+  if (r == CUDA_SUCCESS) {
+    what = "cuEventRecord";
+    r = drv.cuEventRecord(e, (CUstream)waitee);
+  }
+  if (r == CUDA_SUCCESS) {
+    what = "cuStreamWaitEvent";
+    r = drv.cuStreamWaitEvent((CUstream)waiter, e, 0);
+  }
+  ctx_leave(pushed);
+  CUresult dr = drv.cuEventDestroy(e);
+  if (r != CUDA_SUCCESS) return cu_fail(r, what);
+  if (dr != CUDA_SUCCESS) return cu_fail(dr, "cuEventDestroy");
+  return GMA_OK;
+}
+
 /* Non-blocking: like the simulated device's streams (and PyTorch's), they do
  * not synchronize with the legacy default stream. */
 static gma_status_t cuda_stream_create(gma__device_t *d, gma_stream_t *out) {
@@ -330,7 +357,7 @@ static gma_status_t cuda_vm_granularity(gma__device_t *d, uint64_t *bytes) {
   cuda_device_t *dev = cuda_of(d);
   if (!dev->vmm)
     return gma__set_error(GMA_ERR_UNSUPPORTED,
-                          "cuda: device %d does not support virtual memory management, which "
+                          "CUDA device %d does not support virtual memory management, which "
                           "expandable_segments:true needs; use expandable_segments:false",
                           dev->ordinal);
   CUmemAllocationProp prop = chunk_prop(dev);
@@ -456,6 +483,7 @@ static const gma__device_ops_t cuda_ops = {
     .event_query = cuda_event_query,
     .event_synchronize = cuda_event_synchronize,
     .stream_wait_event = cuda_stream_wait_event,
+    .stream_wait_stream = cuda_stream_wait_stream,
     .stream_create = cuda_stream_create,
     .stream_destroy = cuda_stream_destroy,
     .stream_id = cuda_stream_id,
@@ -483,7 +511,7 @@ static gma_status_t open_ordinal(int ordinal, CUdevice *out) {
   if ((r = drv.cuDeviceGetCount(&n)) != CUDA_SUCCESS) return cu_fail(r, "cuDeviceGetCount");
   if (ordinal < 0 || ordinal >= n)
     return gma__set_error(GMA_ERR_NO_DEVICE,
-                          "cuda: device_id %d does not exist; the driver reports %d device%s",
+                          "device_id %d does not exist: the CUDA driver reports %d device%s",
                           ordinal, n, n == 1 ? "" : "s");
   if ((r = drv.cuDeviceGet(out, ordinal)) != CUDA_SUCCESS) return cu_fail(r, "cuDeviceGet");
   return GMA_OK;
@@ -494,7 +522,7 @@ gma_status_t gma__cuda_create(const gma_config_t *config, gma__device_t **out) {
   gma_status_t st = open_ordinal(config->device_ordinal, &cudev);
   if (st != GMA_OK) return st;
   cuda_device_t *dev = calloc(1, sizeof *dev);
-  if (!dev) return gma__set_error(GMA_ERR_OOM, "cuda: host memory for the device");
+  if (!dev) return gma__set_error(GMA_ERR_OOM, "no host memory for the CUDA device's record");
   dev->base.ops = &cuda_ops;
   dev->base.name = "cuda";
   dev->ordinal = config->device_ordinal;

@@ -43,6 +43,12 @@ typedef struct gma__device_ops {
   /* Work queued on stream after this call starts only once ev's recorded work
    * has finished; the host does not block. */
   gma_status_t (*stream_wait_event)(gma__device_t *dev, gma_stream_t stream, gma__event_t ev);
+  /* Work queued on waiter after this call starts only once the work queued
+   * on waitee before the call has finished; the host does not block
+   * (gma_stream_wait_stream). GMA_ERR_INVALID_ARGUMENT when the two are one
+   * stream. */
+  gma_status_t (*stream_wait_stream)(gma__device_t *dev, gma_stream_t waiter,
+                                     gma_stream_t waitee);
 
   /* Streams. NULL (and 0x1) is the default stream and always exists; 0x2 is
    * the calling thread's per-thread default stream. destroy returns at once,
@@ -130,6 +136,7 @@ gma_status_t gma__sim_create(const gma_config_t *config, gma__device_t **out);
   X(EVENT_CREATE, event_create) X(EVENT_DESTROY, event_destroy)                               \
   X(EVENT_RECORD, event_record) X(EVENT_QUERY, event_query)                                   \
   X(EVENT_SYNCHRONIZE, event_synchronize) X(STREAM_WAIT_EVENT, stream_wait_event)             \
+  X(STREAM_WAIT_STREAM, stream_wait_stream)                                                   \
   X(STREAM_CREATE, stream_create) X(STREAM_DESTROY, stream_destroy) X(STREAM_ID, stream_id)  \
   X(STREAM_SYNCHRONIZE, stream_synchronize) X(DEVICE_SYNCHRONIZE, device_synchronize)         \
   X(VM_GRANULARITY, vm_granularity) X(VM_RESERVE, vm_reserve) X(VM_RELEASE, vm_release)       \

@@ -352,7 +352,7 @@ static bool fault_fires(_Atomic uint64_t *calls, uint64_t n, uint64_t *ticket) {
 static gma_status_t event_fault(sim_device_t *dev, const char *what) {
   uint64_t t;
   if (!fault_fires(&dev->event_calls, dev->fail_event, &t)) return GMA_OK;
-  return gma__set_error(GMA_ERR_DEVICE, "sim: injected failure of event call #%llu (%s)",
+  return gma__set_error(GMA_ERR_DEVICE, "injected failure of event call #%llu (%s) on the simulated device",
                         (unsigned long long)t, what);
 }
 
@@ -372,7 +372,7 @@ static gma_status_t site_fault(sim_device_t *dev, gma__sim_site_t site) {
   if (!fault_fires(&dev->site_calls[site], n, &t)) return GMA_OK;
   gma_status_t st = (gma_status_t)atomic_load_explicit(&dev->site_status[site],
                                                         memory_order_relaxed);
-  return gma__set_error(st, "sim: injected failure of %s call #%llu (%s)", site_names[site],
+  return gma__set_error(st, "injected failure of %s call #%llu on the simulated device (%s)", site_names[site],
                         (unsigned long long)t,
                         st == GMA_ERR_OOM ? "out of device memory" : "device error");
 }
@@ -415,15 +415,15 @@ static gma_status_t sim_mem_alloc(gma__device_t *d, uint64_t size, uintptr_t *ou
   sim_sleep(dev->alloc_ns);
   uint64_t t;
   if (fault_fires(&dev->alloc_calls, dev->fail_alloc, &t)) {
-    return gma__set_error(GMA_ERR_DEVICE, "sim: injected failure of device allocation #%llu",
+    return gma__set_error(GMA_ERR_DEVICE, "injected failure of device allocation #%llu on the simulated device",
                           (unsigned long long)t);
   }
   gma_status_t fst = site_fault(dev, GMA__SIM_MEM_ALLOC);
   if (fst != GMA_OK) return fst;
-  if (!out) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "sim: mem_alloc: out is NULL");
-  if (size == 0) return gma__set_error(GMA_ERR_INVALID_SIZE, "sim: mem_alloc of 0 bytes");
+  if (!out) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "the simulated device was asked to allocate without an address to return");
+  if (size == 0) return gma__set_error(GMA_ERR_INVALID_SIZE, "the simulated device cannot allocate 0 bytes");
   sim_alloc_t *a = malloc(sizeof *a);
-  if (!a) return gma__set_error(GMA_ERR_DEVICE, "sim: out of host memory for allocation record");
+  if (!a) return gma__set_error(GMA_ERR_DEVICE, "the simulated device ran out of host memory for an allocation record");
   /* Capacity is reserved before mmap and given back on failure, so two
    * concurrent allocations can never both fit into the same free bytes. */
   pthread_mutex_lock(&dev->mem_mu);
@@ -437,8 +437,8 @@ static gma_status_t sim_mem_alloc(gma__device_t *d, uint64_t size, uintptr_t *ou
   if (!fits) {
     free(a);
     return gma__set_error(GMA_ERR_OOM,
-                          "sim: device out of memory: requested %llu bytes, %llu of %llu bytes "
-                          "in use (%llu free)",
+                          "the simulated device is out of memory: requested %llu bytes, %llu of %llu "
+                          "bytes in use (%llu free)",
                           (unsigned long long)size, (unsigned long long)used,
                           (unsigned long long)dev->capacity,
                           (unsigned long long)(dev->capacity - used));
@@ -461,7 +461,7 @@ static gma_status_t sim_mem_alloc(gma__device_t *d, uint64_t size, uintptr_t *ou
   pthread_mutex_unlock(&dev->mem_mu);
   if (p == MAP_FAILED) {
     free(a);
-    return gma__set_error(GMA_ERR_OOM, "sim: host mmap of %llu bytes failed: %s",
+    return gma__set_error(GMA_ERR_OOM, "the simulated device could not map %llu bytes of host memory: %s",
                           (unsigned long long)size, strerror(err));
   }
   *out = (uintptr_t)p;
@@ -481,7 +481,8 @@ static gma_status_t sim_mem_free(gma__device_t *d, uintptr_t addr, uint64_t size
   if (a && a->vm) {
     pthread_mutex_unlock(&dev->mem_mu);
     return gma__set_error(GMA_ERR_DEVICE,
-                          "sim: mem_free of 0x%llx: it was mapped by vm_map; use vm_unmap",
+                          "the simulated device cannot free 0x%llx as an allocation: it is a mapping of a "
+                          "growable segment",
                           (unsigned long long)addr);
   }
   uint64_t real = a ? a->size : 0;
@@ -493,13 +494,14 @@ static gma_status_t sim_mem_free(gma__device_t *d, uintptr_t addr, uint64_t size
   pthread_mutex_unlock(&dev->mem_mu);
   if (!a) {
     return gma__set_error(GMA_ERR_DEVICE,
-                          "sim: mem_free of 0x%llx (%llu bytes): not a live device allocation",
+                          "the simulated device cannot free 0x%llx (%llu bytes): not a live device "
+                          "allocation",
                           (unsigned long long)addr, (unsigned long long)size);
   }
   if (real != size) {
     return gma__set_error(GMA_ERR_DEVICE,
-                          "sim: mem_free of 0x%llx with size %llu, but it was allocated with "
-                          "%llu bytes; nothing freed",
+                          "the simulated device cannot free 0x%llx with size %llu: it was allocated "
+                          "with %llu bytes; nothing freed",
                           (unsigned long long)addr, (unsigned long long)size,
                           (unsigned long long)real);
   }
@@ -531,7 +533,7 @@ static gma_status_t sim_vm_granularity(gma__device_t *d, uint64_t *bytes) {
   sim_device_t *dev = sim_of(d);
   gma_status_t fst = site_fault(dev, GMA__SIM_VM_GRANULARITY);
   if (fst != GMA_OK) return fst;
-  if (!bytes) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "sim: vm_granularity: NULL");
+  if (!bytes) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "the simulated device was asked for its granularity without a place for it");
   *bytes = SIM_VM_GRANULARITY;
   return GMA_OK;
 }
@@ -543,11 +545,11 @@ static gma_status_t sim_vm_reserve(gma__device_t *d, uint64_t size, uintptr_t *o
   sim_device_t *dev = sim_of(d);
   gma_status_t fst = site_fault(dev, GMA__SIM_VM_RESERVE);
   if (fst != GMA_OK) return fst;
-  if (!out) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "sim: vm_reserve: out is NULL");
+  if (!out) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "the simulated device was asked to reserve without an address to return");
   if (size == 0 || !vm_aligned(size) || size > (1ull << 46))
     return gma__set_error(GMA_ERR_INVALID_SIZE,
-                          "sim: vm_reserve of %llu bytes: not a nonzero multiple of the "
-                          "granularity (%llu) below 64 TiB",
+                          "the simulated device cannot reserve %llu bytes of address space: not a "
+                          "nonzero multiple of the granularity (%llu) below 64 TiB",
                           (unsigned long long)size, SIM_VM_GRANULARITY);
   sim_reserve_t *r = calloc(1, sizeof *r);
   uint8_t *mapped = calloc((size_t)(size / SIM_VM_GRANULARITY), 1);
@@ -558,7 +560,7 @@ static gma_status_t sim_vm_reserve(gma__device_t *d, uint64_t size, uintptr_t *o
   if (p == MAP_FAILED) {
     free(r);
     free(mapped);
-    return gma__set_error(GMA_ERR_OOM, "sim: cannot reserve %llu bytes of address space",
+    return gma__set_error(GMA_ERR_OOM, "the simulated device cannot reserve %llu bytes of address space",
                           (unsigned long long)size);
   }
   /* Keep the aligned part; give the slop on either side back. */
@@ -598,7 +600,7 @@ static gma_status_t sim_vm_release(gma__device_t *d, uintptr_t addr, uint64_t si
   pthread_mutex_unlock(&dev->mem_mu);
   if (!ok)
     return gma__set_error(GMA_ERR_DEVICE,
-                          "sim: vm_release of 0x%llx (%llu bytes): %s", (unsigned long long)addr,
+                          "the simulated device cannot release the range 0x%llx (%llu bytes): %s", (unsigned long long)addr,
                           (unsigned long long)size,
                           !r ? "not a reservation"
                              : r->size != size ? "size differs from the reservation's"
@@ -616,17 +618,18 @@ static gma_status_t sim_vm_map(gma__device_t *d, uintptr_t addr, uint64_t size, 
   sim_sleep(dev->alloc_ns);
   uint64_t t;
   if (fault_fires(&dev->alloc_calls, dev->fail_alloc, &t))
-    return gma__set_error(GMA_ERR_DEVICE, "sim: injected failure of device allocation #%llu "
-                                          "(vm_map)", (unsigned long long)t);
+    return gma__set_error(GMA_ERR_DEVICE, "injected failure of device allocation #%llu "
+                                          "(vm_map) on the simulated device", (unsigned long long)t);
   gma_status_t fst = site_fault(dev, GMA__SIM_VM_MAP);
   if (fst != GMA_OK) return fst;
-  if (!handle) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "sim: vm_map: handle is NULL");
+  if (!handle) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "the simulated device was asked to map memory without a place for its handle");
   if (size == 0 || !vm_aligned(size) || !vm_aligned(addr))
     return gma__set_error(GMA_ERR_INVALID_SIZE,
-                          "sim: vm_map of %llu bytes at 0x%llx: not granularity-aligned",
+                          "the simulated device cannot map %llu bytes at 0x%llx: not aligned to its "
+                          "granularity",
                           (unsigned long long)size, (unsigned long long)addr);
   sim_alloc_t *a = calloc(1, sizeof *a);
-  if (!a) return gma__set_error(GMA_ERR_DEVICE, "sim: out of host memory for a mapping record");
+  if (!a) return gma__set_error(GMA_ERR_DEVICE, "the simulated device ran out of host memory for a mapping record");
   pthread_mutex_lock(&dev->mem_mu);
   sim_reserve_t *r = reserve_of(dev, addr, size);
   uint64_t g0 = r ? (addr - r->link.key) / SIM_VM_GRANULARITY : 0, n = size / SIM_VM_GRANULARITY;
@@ -656,15 +659,15 @@ static gma_status_t sim_vm_map(gma__device_t *d, uintptr_t addr, uint64_t size, 
   if (!free_range) {
     free(a);
     return gma__set_error(GMA_ERR_DEVICE,
-                          "sim: vm_map of 0x%llx (%llu bytes): %s", (unsigned long long)addr,
+                          "the simulated device cannot map 0x%llx (%llu bytes): %s", (unsigned long long)addr,
                           (unsigned long long)size,
                           r ? "part of the range is already mapped" : "not inside a reservation");
   }
   if (!fits) {
     free(a);
     return gma__set_error(GMA_ERR_OOM,
-                          "sim: device out of memory: mapping %llu bytes, %llu of %llu bytes in "
-                          "use",
+                          "the simulated device is out of memory: mapping %llu bytes, %llu of %llu "
+                          "bytes in use",
                           (unsigned long long)size, (unsigned long long)used,
                           (unsigned long long)dev->capacity);
   }
@@ -697,7 +700,8 @@ static gma_status_t sim_vm_unmap(gma__device_t *d, uintptr_t addr, uint64_t size
   pthread_mutex_unlock(&dev->mem_mu);
   if (!ok)
     return gma__set_error(GMA_ERR_DEVICE,
-                          "sim: vm_unmap of 0x%llx (%llu bytes): not exactly one vm_map mapping",
+                          "the simulated device cannot unmap 0x%llx (%llu bytes): not exactly one "
+                          "earlier mapping",
                           (unsigned long long)addr, (unsigned long long)size);
   free(a);
   return GMA_OK;
@@ -721,7 +725,7 @@ static gma_status_t sim_host_alloc(gma__device_t *d, uint64_t size, void **host,
                 : MAP_FAILED;
   if (p == MAP_FAILED) {
     free(a);
-    return gma__set_error(GMA_ERR_OOM, "sim: no host memory for %llu pinned bytes",
+    return gma__set_error(GMA_ERR_OOM, "the simulated device has no host memory for %llu pinned bytes",
                           (unsigned long long)size);
   }
   a->link.key = (uintptr_t)p;
@@ -750,7 +754,7 @@ static gma_status_t sim_host_free(gma__device_t *d, void *host, uint64_t size) {
   }
   pthread_mutex_unlock(&dev->mem_mu);
   if (!ok)
-    return gma__set_error(GMA_ERR_DEVICE, "sim: host_free of %p (%llu bytes): %s", host,
+    return gma__set_error(GMA_ERR_DEVICE, "the simulated device cannot free pinned memory %p (%llu bytes): %s", host,
                           (unsigned long long)size,
                           a ? "size differs from the allocation's; nothing freed"
                             : "not a live host allocation");
@@ -770,10 +774,11 @@ static void mark_unref(sim_mark_t *m) {
 
 /* Finds a live event; caller holds ev_mu. Unknown handles are looked up, never
  * dereferenced, so a stale handle gives an error instead of a crash. */
-static sim_event_t *event_find(sim_device_t *dev, gma__event_t h, const char *what) {
+static sim_event_t *event_find(sim_device_t *dev, gma__event_t h) {
   sim_event_t *ev = (sim_event_t *)table_find(&dev->events, (uintptr_t)h);
   if (!ev) {
-    gma__set_error(GMA_ERR_INVALID_ARGUMENT, "sim: %s: event %p is not a live event", what, h);
+    gma__set_error(GMA_ERR_INVALID_ARGUMENT, "event %p is not a live event of the simulated device",
+                   h);
   }
   return ev;
 }
@@ -784,9 +789,9 @@ static gma_status_t sim_event_create(gma__device_t *d, gma__event_t *out) {
   gma_status_t st = event_fault(dev, "event_create");
   if (st == GMA_OK) st = site_fault(dev, GMA__SIM_EVENT_CREATE);
   if (st != GMA_OK) return st;
-  if (!out) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "sim: event_create: out is NULL");
+  if (!out) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "the simulated device was asked for an event without a place for it");
   sim_event_t *ev = calloc(1, sizeof *ev);
-  if (!ev) return gma__set_error(GMA_ERR_DEVICE, "sim: out of host memory for an event");
+  if (!ev) return gma__set_error(GMA_ERR_DEVICE, "the simulated device ran out of host memory for an event");
   ev->link.key = (uintptr_t)ev;
   pthread_mutex_lock(&dev->ev_mu);
   table_insert(&dev->events, &ev->link);
@@ -801,7 +806,7 @@ static gma_status_t sim_event_destroy(gma__device_t *d, gma__event_t h) {
   gma_status_t fst = site_fault(dev, GMA__SIM_EVENT_DESTROY);
   if (fst != GMA_OK) return fst;
   pthread_mutex_lock(&dev->ev_mu);
-  sim_event_t *ev = event_find(dev, h, "event_destroy");
+  sim_event_t *ev = event_find(dev, h);
   if (ev) {
     table_remove(&dev->events, ev->link.key);
     mark_unref(ev->last);
@@ -817,10 +822,10 @@ static gma_status_t sim_event_query(gma__device_t *d, gma__event_t h, bool *done
   gma_status_t st = event_fault(dev, "event_query");
   if (st == GMA_OK) st = site_fault(dev, GMA__SIM_EVENT_QUERY);
   if (st != GMA_OK) return st;
-  if (!done) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "sim: event_query: done is NULL");
+  if (!done) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "the simulated device was asked to query an event without a place for the answer");
   sim_sleep(dev->event_ns);
   pthread_mutex_lock(&dev->ev_mu);
-  sim_event_t *ev = event_find(dev, h, "event_query");
+  sim_event_t *ev = event_find(dev, h);
   if (ev) *done = !ev->last || ev->last->done;
   pthread_mutex_unlock(&dev->ev_mu);
   return ev ? GMA_OK : GMA_ERR_INVALID_ARGUMENT;
@@ -834,7 +839,7 @@ static gma_status_t sim_event_synchronize(gma__device_t *d, gma__event_t h) {
   if (st == GMA_OK) st = site_fault(dev, GMA__SIM_EVENT_SYNCHRONIZE);
   if (st != GMA_OK) return st;
   pthread_mutex_lock(&dev->ev_mu);
-  sim_event_t *ev = event_find(dev, h, "event_synchronize");
+  sim_event_t *ev = event_find(dev, h);
   sim_mark_t *m = ev ? ev->last : NULL;
   if (m) {
     /* Holding the mark, not the event, lets a concurrent event_destroy or
@@ -1051,7 +1056,7 @@ static sim_slot_t *slot_take(sim_device_t *dev) {
  * work the old thread queued, which stream order handles) and keeps the
  * number of these streams bounded by the threads alive at once. A stream
  * found here lives until the device is destroyed. Any thread. */
-static gma_status_t ptds_get(sim_device_t *dev, const char *what, sim_stream_t **out) {
+static gma_status_t ptds_get(sim_device_t *dev, sim_stream_t **out) {
   sim_ptds_entry_t *e = &ptds_cache[dev->serial % SIM_PTDS_CACHE];
   if (e->serial == dev->serial) {
     *out = e->stream;
@@ -1066,7 +1071,8 @@ static gma_status_t ptds_get(sim_device_t *dev, const char *what, sim_stream_t *
      * the key between the find above and the insert below. */
     s = stream_new(dev);
     if (!s) {
-      return gma__set_error(GMA_ERR_DEVICE, "sim: %s: cannot start the per-thread stream", what);
+      return gma__set_error(GMA_ERR_DEVICE, "the simulated device cannot start this thread's per-thread default "
+                            "stream");
     }
     s->link.key = tid;
     pthread_mutex_lock(&dev->streams_mu);
@@ -1083,13 +1089,12 @@ static gma_status_t ptds_get(sim_device_t *dev, const char *what, sim_stream_t *
  * thread's own default stream. A user handle is checked against the slot
  * chunks, never dereferenced blindly, so a stale or made-up handle gives an
  * error instead of a crash. Any thread. */
-static gma_status_t stream_get(sim_device_t *dev, gma_stream_t h, const char *what,
-                               sim_stream_t **out) {
+static gma_status_t stream_get(sim_device_t *dev, gma_stream_t h, sim_stream_t **out) {
   sim_stream_t *s = NULL;
   if (h == NULL || h == SIM_LEGACY_STREAM) {
     s = dev->legacy;
   } else if (h == SIM_PER_THREAD_STREAM) {
-    gma_status_t st = ptds_get(dev, what, &s);
+    gma_status_t st = ptds_get(dev, &s);
     if (st != GMA_OK) return st;
   }
   pthread_mutex_lock(&dev->streams_mu);
@@ -1102,9 +1107,9 @@ static gma_status_t stream_get(sim_device_t *dev, gma_stream_t h, const char *wh
   *out = s;
   if (s) return GMA_OK;
   return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
-                        "sim: %s: stream %p is not a live stream of this device (never created "
-                        "here, or already destroyed)",
-                        what, h);
+                        "stream %p is not a live stream of the simulated device (never created "
+                        "on it, or already destroyed)",
+                        h);
 }
 
 /* Drops a reference taken by stream_get. Any thread. */
@@ -1122,10 +1127,10 @@ static void stream_put(sim_device_t *dev, sim_stream_t *s) {
  * complete event) is not queued at all. A stream destroyed between the lookup
  * and s->mu refuses the op, so nothing is queued behind its thread's exit.
  * Any thread. */
-static gma_status_t stream_push(sim_device_t *dev, gma_stream_t h, const char *what, sim_op_t *op,
+static gma_status_t stream_push(sim_device_t *dev, gma_stream_t h, sim_op_t *op,
                                 gma__event_t evh) {
   sim_stream_t *s;
-  gma_status_t st = stream_get(dev, h, what, &s);
+  gma_status_t st = stream_get(dev, h, &s);
   if (st != GMA_OK) {
     free(op);
     return st;
@@ -1134,10 +1139,10 @@ static gma_status_t stream_push(sim_device_t *dev, gma_stream_t h, const char *w
   bool idle = !s->head && !s->busy;
   if (s->stop) {
     st = gma__set_error(GMA_ERR_INVALID_ARGUMENT,
-                        "sim: %s: stream %p was destroyed during the call", what, h);
+                        "stream %p was destroyed while the call was queueing work on it", h);
   } else if (op->kind != SIM_OP_KERNEL) {
     pthread_mutex_lock(&dev->ev_mu);
-    sim_event_t *ev = event_find(dev, evh, what);
+    sim_event_t *ev = event_find(dev, evh);
     if (!ev) {
       st = GMA_ERR_INVALID_ARGUMENT;
     } else if (op->kind == SIM_OP_RECORD) {
@@ -1147,7 +1152,7 @@ static gma_status_t stream_push(sim_device_t *dev, gma_stream_t h, const char *w
        * by the op. */
       sim_mark_t *m = idle ? NULL : calloc(1, sizeof *m);
       if (!idle && !m) {
-        st = gma__set_error(GMA_ERR_DEVICE, "sim: %s: out of host memory", what);
+        st = gma__set_error(GMA_ERR_DEVICE, "the simulated device ran out of host memory for an event record");
       } else {
         if (m) m->refs = 2;
         mark_unref(ev->last);
@@ -1176,7 +1181,7 @@ static gma_status_t stream_push(sim_device_t *dev, gma_stream_t h, const char *w
 /* Any thread. */
 static sim_op_t *op_new(sim_op_kind_t kind) {
   sim_op_t *op = calloc(1, sizeof *op);
-  if (!op) gma__set_error(GMA_ERR_DEVICE, "sim: out of host memory for a queued operation");
+  if (!op) gma__set_error(GMA_ERR_DEVICE, "the simulated device ran out of host memory for a queued operation");
   if (op) op->kind = kind;
   return op;
 }
@@ -1189,7 +1194,7 @@ static gma_status_t sim_event_record(gma__device_t *d, gma__event_t ev, gma_stre
   if (st != GMA_OK) return st;
   sim_sleep(dev->event_ns);
   sim_op_t *op = op_new(SIM_OP_RECORD);
-  return op ? stream_push(dev, stream, "event_record", op, ev) : GMA_ERR_DEVICE;
+  return op ? stream_push(dev, stream, op, ev) : GMA_ERR_DEVICE;
 }
 
 /* Any thread; the host never blocks, only the stream's thread does. */
@@ -1199,7 +1204,87 @@ static gma_status_t sim_stream_wait_event(gma__device_t *d, gma_stream_t stream,
   if (st == GMA_OK) st = site_fault(dev, GMA__SIM_STREAM_WAIT_EVENT);
   if (st != GMA_OK) return st;
   sim_op_t *op = op_new(SIM_OP_WAIT);
-  return op ? stream_push(dev, stream, "stream_wait_event", op, ev) : GMA_ERR_DEVICE;
+  return op ? stream_push(dev, stream, op, ev) : GMA_ERR_DEVICE;
+}
+
+/* Any thread; the host never blocks, only the waiter's thread does. A
+ * RECORD of a fresh mark (held by no event) is queued on waitee, then a WAIT
+ * for that mark on waiter: the ops an event record and a stream wait queue,
+ * so op_run's no-cycle argument (the RECORD is queued before its WAIT) and
+ * sim_forget hold for them unchanged. An idle waitee has nothing to wait
+ * for: nothing is queued, but both streams are checked. */
+static gma_status_t sim_stream_wait_stream(gma__device_t *d, gma_stream_t waiter,
+                                           gma_stream_t waitee) {
+  sim_device_t *dev = sim_of(d);
+  gma_status_t st = event_fault(dev, "stream_wait_stream");
+  if (st == GMA_OK) st = site_fault(dev, GMA__SIM_STREAM_WAIT_STREAM);
+  if (st != GMA_OK) return st;
+  sim_sleep(dev->event_ns);
+  sim_stream_t *w, *e;
+  if ((st = stream_get(dev, waiter, &w)) != GMA_OK) return st;
+  if ((st = stream_get(dev, waitee, &e)) != GMA_OK) {
+    stream_put(dev, w);
+    return st;
+  }
+  sim_op_t *rec = NULL, *wait = NULL;
+  sim_mark_t *m = NULL;
+  if (w == e) {
+    st = gma__set_error(GMA_ERR_INVALID_ARGUMENT,
+                        "streams %p and %p are the same stream of the simulated device; its "
+                        "work runs in order already", waiter, waitee);
+  } else if (!(rec = op_new(SIM_OP_RECORD)) || !(wait = op_new(SIM_OP_WAIT))) {
+    st = GMA_ERR_DEVICE;
+  }
+  if (st == GMA_OK) {
+    pthread_mutex_lock(&e->mu);
+    if (e->stop) {
+      st = gma__set_error(GMA_ERR_INVALID_ARGUMENT,
+                          "stream %p was destroyed while the call was queueing work on it",
+                          waitee);
+    } else if (e->head || e->busy) {
+      m = calloc(1, sizeof *m);
+      if (!m) {
+        st = gma__set_error(GMA_ERR_DEVICE,
+                            "the simulated device ran out of host memory for a stream wait");
+      } else {
+        m->refs = 2; /* the RECORD's and the WAIT's (fresh: nobody else sees it yet) */
+        rec->mark = m;
+        rec->next = NULL;
+        *(e->tail ? &e->tail->next : &e->head) = rec;
+        e->tail = rec;
+        rec = NULL;
+        pthread_cond_signal(&e->work_cv);
+      }
+    }
+    pthread_mutex_unlock(&e->mu);
+  }
+  if (m) {
+    pthread_mutex_lock(&w->mu);
+    if (w->stop) {
+      st = gma__set_error(GMA_ERR_INVALID_ARGUMENT,
+                          "stream %p was destroyed while the call was queueing work on it",
+                          waiter);
+    } else {
+      wait->mark = m; /* the WAIT's reference */
+      wait->next = NULL;
+      *(w->tail ? &w->tail->next : &w->head) = wait;
+      w->tail = wait;
+      wait = NULL;
+      m = NULL;
+      pthread_cond_signal(&w->work_cv);
+    }
+    pthread_mutex_unlock(&w->mu);
+  }
+  if (m) { /* the waiter refused the WAIT: drop its reference */
+    pthread_mutex_lock(&dev->ev_mu);
+    mark_unref(m);
+    pthread_mutex_unlock(&dev->ev_mu);
+  }
+  free(rec);
+  free(wait);
+  stream_put(dev, e);
+  stream_put(dev, w);
+  return st;
 }
 
 /* Any thread. */
@@ -1208,12 +1293,12 @@ static gma_status_t sim_launch(gma__device_t *d, gma_stream_t stream, gma_sim_ke
   sim_device_t *dev = sim_of(d);
   gma_status_t fst = site_fault(dev, GMA__SIM_SIM_LAUNCH);
   if (fst != GMA_OK) return fst;
-  if (!fn) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "sim: sim_launch: fn is NULL");
+  if (!fn) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "the simulated device was asked to launch a kernel without a function");
   sim_op_t *op = op_new(SIM_OP_KERNEL);
   if (!op) return GMA_ERR_DEVICE;
   op->fn = fn;
   op->arg = arg;
-  return stream_push(dev, stream, "sim_launch", op, NULL);
+  return stream_push(dev, stream, op, NULL);
 }
 
 /* Any thread. The handle is a slot's address: the most recently destroyed
@@ -1222,9 +1307,9 @@ static gma_status_t sim_stream_create(gma__device_t *d, gma_stream_t *out) {
   sim_device_t *dev = sim_of(d);
   gma_status_t fst = site_fault(dev, GMA__SIM_STREAM_CREATE);
   if (fst != GMA_OK) return fst;
-  if (!out) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "sim: stream_create: out is NULL");
+  if (!out) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "the simulated device was asked for a stream without a place for it");
   sim_stream_t *s = stream_new(dev);
-  if (!s) return gma__set_error(GMA_ERR_DEVICE, "sim: stream_create: cannot start a stream thread");
+  if (!s) return gma__set_error(GMA_ERR_DEVICE, "the simulated device cannot start a thread for a new stream");
   pthread_mutex_lock(&dev->streams_mu);
   sim_slot_t *slot = slot_take(dev);
   if (slot) {
@@ -1237,7 +1322,7 @@ static gma_status_t sim_stream_create(gma__device_t *d, gma_stream_t *out) {
   pthread_mutex_unlock(&dev->streams_mu);
   if (!slot) {
     stream_stop(s); /* nobody else can reach s; its thread frees it */
-    return gma__set_error(GMA_ERR_DEVICE, "sim: stream_create: out of host memory for a slot");
+    return gma__set_error(GMA_ERR_DEVICE, "the simulated device ran out of host memory for a new stream");
   }
   *out = slot;
   return GMA_OK;
@@ -1252,7 +1337,7 @@ static gma_status_t sim_stream_destroy(gma__device_t *d, gma_stream_t h) {
   if (fst != GMA_OK) return fst;
   if (h == NULL || h == SIM_LEGACY_STREAM || h == SIM_PER_THREAD_STREAM) {
     return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
-                          "sim: stream_destroy: %p is a default stream, which cannot be destroyed",
+                          "stream %p is a default stream, which cannot be destroyed",
                           h);
   }
   pthread_mutex_lock(&dev->streams_mu);
@@ -1270,7 +1355,8 @@ static gma_status_t sim_stream_destroy(gma__device_t *d, gma_stream_t h) {
   pthread_mutex_unlock(&dev->streams_mu);
   if (!s) {
     return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
-                          "sim: stream_destroy: stream %p is not a live stream of this device", h);
+                          "stream %p is not a live stream of the simulated device (never created "
+                          "on it, or already destroyed)", h);
   }
   /* s is still alive: its thread exits only after this stop. */
   stream_stop(s);
@@ -1284,7 +1370,7 @@ static gma_status_t sim_stream_id(gma__device_t *d, gma_stream_t h, uint64_t *id
   sim_device_t *dev = sim_of(d);
   gma_status_t fst = site_fault(dev, GMA__SIM_STREAM_ID);
   if (fst != GMA_OK) return fst;
-  if (!id) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "sim: stream_id: id is NULL");
+  if (!id) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "the simulated device was asked for a stream id without a place for it");
   if (h == NULL || h == SIM_LEGACY_STREAM) {
     *id = dev->legacy_id;
     return GMA_OK;
@@ -1296,7 +1382,7 @@ static gma_status_t sim_stream_id(gma__device_t *d, gma_stream_t h, uint64_t *id
       return GMA_OK;
     }
     sim_stream_t *s;
-    gma_status_t st = ptds_get(dev, "stream_id", &s);
+    gma_status_t st = ptds_get(dev, &s);
     if (st == GMA_OK) *id = s->id;
     return st;
   }
@@ -1305,8 +1391,8 @@ static gma_status_t sim_stream_id(gma__device_t *d, gma_stream_t h, uint64_t *id
   uint64_t v = slot ? atomic_load_explicit(&slot->id, memory_order_acquire) : 0;
   if (v == 0) {
     return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
-                          "sim: stream_id: stream %p is not a live stream of this device (never "
-                          "created here, or already destroyed)",
+                          "stream %p is not a live stream of the simulated device (never created "
+                          "on it, or already destroyed)",
                           h);
   }
   *id = v;
@@ -1319,7 +1405,7 @@ static gma_status_t sim_stream_synchronize(gma__device_t *d, gma_stream_t h) {
   gma_status_t fst = site_fault(dev, GMA__SIM_STREAM_SYNCHRONIZE);
   if (fst != GMA_OK) return fst;
   sim_stream_t *s;
-  gma_status_t st = stream_get(dev, h, "stream_synchronize", &s);
+  gma_status_t st = stream_get(dev, h, &s);
   if (st != GMA_OK) return st;
   stream_wait_idle(s);
   stream_put(dev, s);
@@ -1339,7 +1425,7 @@ static gma_status_t sim_device_synchronize(gma__device_t *d) {
   sim_stream_t **all = malloc((dev->threads + 1) * sizeof *all);
   if (!all) {
     pthread_mutex_unlock(&dev->streams_mu);
-    return gma__set_error(GMA_ERR_DEVICE, "sim: device_synchronize: out of host memory");
+    return gma__set_error(GMA_ERR_DEVICE, "the simulated device ran out of host memory to synchronize");
   }
   for (sim_stream_t *s = dev->all; s; s = s->all_next) {
     s->refs++;
@@ -1483,6 +1569,7 @@ static const gma__device_ops_t sim_ops = {
     .event_query = sim_event_query,
     .event_synchronize = sim_event_synchronize,
     .stream_wait_event = sim_stream_wait_event,
+    .stream_wait_stream = sim_stream_wait_stream,
     .stream_create = sim_stream_create,
     .stream_destroy = sim_stream_destroy,
     .stream_id = sim_stream_id,
@@ -1501,11 +1588,11 @@ static const gma__device_ops_t sim_ops = {
 };
 
 gma_status_t gma__sim_create(const gma_config_t *config, gma__device_t **out) {
-  if (!out) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "sim: create: out is NULL");
+  if (!out) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "the simulated device was created without a place for it");
   gma_config_t defaults = GMA_CONFIG_INIT;
   const gma_config_t *c = config ? config : &defaults;
   sim_device_t *dev = calloc(1, sizeof *dev);
-  if (!dev) return gma__set_error(GMA_ERR_DEVICE, "sim: out of host memory for the device");
+  if (!dev) return gma__set_error(GMA_ERR_DEVICE, "no host memory for the simulated device");
   dev->base.ops = &sim_ops;
   dev->base.name = "sim";
   dev->capacity = c->sim_capacity ? c->sim_capacity : SIM_DEFAULT_CAPACITY;
@@ -1537,7 +1624,7 @@ gma_status_t gma__sim_create(const gma_config_t *config, gma__device_t **out) {
   if (ok) dev->legacy = stream_new(dev);
   if (!ok || !dev->legacy) {
     sim_destroy(&dev->base);
-    return gma__set_error(GMA_ERR_DEVICE, "sim: cannot create the device (host memory or threads)");
+    return gma__set_error(GMA_ERR_DEVICE, "the simulated device cannot be created (host memory or threads ran out)");
   }
   dev->legacy_id = dev->legacy->id;
   *out = &dev->base;

@@ -156,6 +156,140 @@ static void test_parse_errors(void) {
   }
 }
 
+/* Sizes take exactly the README's forms (issue 17): digits, then optionally
+ * K, M, G or T in either case, then optionally B or iB; whitespace around
+ * the value is trimmed. Anything else is refused with a message listing the
+ * forms, the config unchanged. */
+static void test_size_forms(void) {
+  static const struct {
+    const char *value;
+    uint64_t bytes;
+  } good[] = {
+      {"512", 512},           {"64K", 64 * KiB},      {"64k", 64 * KiB},
+      {"2M", 2 * MiB},        {"2m", 2 * MiB},        {"1G", GiB},
+      {"1g", GiB},            {"1T", TiB},            {"1GB", GiB},
+      {"1gb", GiB},           {"1Gb", GiB},           {"1GiB", GiB},
+      {"1gib", GiB},          {"512MB", 512 * MiB},   {"512MiB", 512 * MiB},
+      {" 512M", 512 * MiB},   {"512M ", 512 * MiB},   {"\t512M\n", 512 * MiB},
+      {"0", 0},               {"0512", 512},
+  };
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+    char text[64];
+    snprintf(text, sizeof text, "bin_max:%s", good[i].value);
+    gma_config_t c = fresh();
+    gma_status_t st = gma_config_parse(&c, text);
+    if (good[i].bytes > 1 * GiB || (good[i].bytes && good[i].bytes < 512)) { /* bin_max's range */
+      CHECK_ST(st, GMA_ERR_CONFIG);
+      CHECK(strstr(gma_last_error(), "out of range"));
+      snprintf(text, sizeof text, "sim_capacity:%s", good[i].value);
+      c = fresh();
+      st = gma_config_parse(&c, text);
+      if (st != GMA_OK || c.sim_capacity != good[i].bytes) {
+        fprintf(stderr, "\"%s\": %s (%s)\n", text, gma_status_name(st), gma_last_error());
+        exit(1);
+      }
+      continue;
+    }
+    if (st != GMA_OK || c.bin_max != good[i].bytes) {
+      fprintf(stderr, "\"%s\": %s, %llu bytes (%s)\n", text, gma_status_name(st),
+              (unsigned long long)c.bin_max, gma_last_error());
+      exit(1);
+    }
+  }
+  static const char *const bad[] = {
+      "512B", "512b",  "1.5G",      "+1G",   "-1G", "1e9", "0x100000", "512 M", "1 G",
+      "1GiBB", "1Gi",  "1KB2",      "1 MB",  "MB",  "K",   "1KK",      "1P",    "1GBi",
+      "1iB",   "one",  "１G" /* a full-width digit */,
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char text[64];
+    snprintf(text, sizeof text, "memory_limit:%s", bad[i]);
+    gma_config_t c = fresh();
+    gma_config_t before = c;
+    gma_status_t st = gma_config_parse(&c, text);
+    const char *m = gma_last_error();
+    if (st != GMA_ERR_CONFIG || !strstr(m, "memory_limit") || !strstr(m, "K, M, G or T") ||
+        !strstr(m, "B or iB") || !strstr(m, "1GiB") || memcmp(&before, &c, sizeof c) != 0) {
+      fprintf(stderr, "\"%s\": %s, message \"%s\"\n", text, gma_status_name(st), m);
+      exit(1);
+    }
+  }
+  /* Counts take no suffix; the message says so. */
+  gma_config_t c = fresh();
+  CHECK_ST(gma_config_parse(&c, "bin_depth:1K"), GMA_ERR_CONFIG);
+  CHECK(strstr(gma_last_error(), "bin_depth") && strstr(gma_last_error(), "no suffix"));
+  /* Out of range, said in the units the README uses. */
+  CHECK_ST(gma_config_parse(&c, "memory_limit:512K"), GMA_ERR_CONFIG);
+  CHECK(strstr(gma_last_error(), "512K (524288 bytes)") && strstr(gma_last_error(), "1M..1024T"));
+}
+
+/* Everything gma_create checks on configuration values that does not depend
+ * on the device is checked by gma_config_parse (issue 17: ring_size:1000
+ * passed it and failed only at gma_create), against the config as gma_create
+ * will see it (zero fields are the defaults); a struct filled in by hand
+ * meets the same checks at gma_create. */
+static void test_checked_when_parsed(void) {
+  static const struct {
+    const char *text;
+    const char *says[2]; /* in gma_last_error() */
+  } cases[] = {
+      {"ring_size:1000", {"ring_size", "power of 2"}},
+      {"large_segment:3M", {"large_segment", "multiple of 2M"}},
+      {"small_segment:1000", {"small_segment", "multiple of 512"}},
+      {"small_size:4M", {"small_segment (2M, the default)", "small_size (4M)"}},
+      {"small_size:2M,small_segment:1M", {"small_segment (1M)", "small_size (2M)"}},
+      {"memory_limit:4M,large_segment:8M", {"large_segment", "memory_limit"}},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    gma_config_t c = fresh();
+    gma_config_t before = c;
+    gma_status_t st = gma_config_parse(&c, cases[i].text);
+    const char *m = gma_last_error();
+    if (st != GMA_ERR_CONFIG || !strstr(m, cases[i].says[0]) || !strstr(m, cases[i].says[1]) ||
+        memcmp(&before, &c, sizeof c) != 0) {
+      fprintf(stderr, "\"%s\": %s, message \"%s\"\n", cases[i].text, gma_status_name(st), m);
+      exit(1);
+    }
+  }
+  /* In range at both ends; a rule met across two strings. */
+  gma_config_t c = fresh();
+  CHECK_OK(gma_config_parse(&c, "ring_size:2"));
+  CHECK_OK(gma_config_parse(&c, "ring_size:1048576,small_size:2M"));
+  CHECK_OK(gma_config_parse(&c, "small_segment:8M"));
+  CHECK_OK(gma_config_parse(&c, "small_size:4M")); /* small_segment is 8M now */
+
+  /* The same values in a struct filled in C: gma_create refuses them, saying
+   * the struct is where they came from. */
+  gma_config_t s[8];
+  const char *key[8];
+  int n = 0;
+  s[n] = fresh(), s[n].ring_size = 1000, key[n++] = "ring_size";
+  s[n] = fresh(), s[n].large_segment_size = 3 * MiB, key[n++] = "large_segment";
+  s[n] = fresh(), s[n].small_size = 4 * MiB, key[n++] = "small_segment";
+  s[n] = fresh(), s[n].memory_limit = 4 * MiB, s[n].small_segment_size = 8 * MiB,
+  key[n++] = "small_segment";
+  s[n] = fresh(), s[n].device = (gma_device_kind_t)7, key[n++] = "device";
+  s[n] = fresh(), s[n].reuse = (gma_reuse_t)9, key[n++] = "reuse";
+  s[n] = fresh(), s[n].device_ordinal = -1, key[n++] = "device_id";
+  s[n] = fresh(), s[n].bin_depth = 100000, key[n++] = "bin_depth";
+  for (int i = 0; i < n; i++) {
+    s[i].ignore_env = 1;
+    gma_t *g = NULL;
+    gma_status_t st = gma_create(&s[i], &g);
+    const char *m = gma_last_error();
+    if (st != GMA_ERR_CONFIG || g || !strstr(m, key[i]) || !strstr(m, "gma_create: gma_config_t")) {
+      fprintf(stderr, "struct case %d (%s): %s, message \"%s\"\n", i, key[i],
+              gma_status_name(st), m);
+      exit(1);
+    }
+  }
+  CHECK(strstr(gma_last_error(), "1..65536"));
+  gma_t *g = NULL;
+  s[4].device = (gma_device_kind_t)7;
+  CHECK_ST(gma_create(&s[4], &g), GMA_ERR_CONFIG);
+  CHECK(strstr(gma_last_error(), "auto (0), sim (1), cuda (2)"));
+}
+
 /* Creates an allocator on the simulated device with GMA_CONF as given (NULL:
  * unset). */
 static gma_status_t create_with_env(const char *env, gma_config_t *c, gma_t **g) {
@@ -224,7 +358,9 @@ static void test_env(void) {
   const char *bad[][2] = {{"bogus:1", "bogus"},
                           {"memory_limit", "memory_limit"},
                           {"memory_limit:lots", "memory_limit"},
-                          {"sim_capacity:64M,device:tpu", "device"}};
+                          {"sim_capacity:64M,device:tpu", "device"},
+                          {"ring_size:1000", "ring_size"},
+                          {"small_size:4M", "small_segment"}};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     gma_status_t st = create_with_env(bad[i][0], &c, &g);
     if (st != GMA_ERR_CONFIG || strstr(gma_last_error(), bad[i][1]) == NULL) {
@@ -277,7 +413,9 @@ static void test_env(void) {
 int main(void) {
   test_parse_every_key();
   test_size_suffixes();
+  test_size_forms();
   test_parse_errors();
+  test_checked_when_parsed();
   test_env();
   printf("test_config: ok\n");
   return 0;

@@ -344,13 +344,17 @@ static void test_record_stream_errors(void) {
   CHECK_FAILS(g, gma_record_stream(g, &on_stack, s), GMA_ERR_INVALID_POINTER);
   void *p = NULL;
   CHECK_OK(gma_alloc(g, 4096, NULL, &p));
-  CHECK_FAILS(g, gma_record_stream(g, (char *)p + 512, s), GMA_ERR_INVALID_POINTER);
+  /* Any pointer inside a live allocation names the whole allocation. */
+  CHECK_OK(gma_record_stream(g, (char *)p + 512, s));
+  CHECK_OK(gma_record_stream(g, (char *)p + 4095, s));
+  CHECK_FAILS(g, gma_record_stream(g, (char *)p + 8192, s), GMA_ERR_INVALID_POINTER); /* past it */
   CHECK_OK(gma_record_stream(g, p, s));
   /* Recording the allocation's own stream, or the same stream twice, is harmless. */
   CHECK_OK(gma_record_stream(g, p, NULL));
   CHECK_OK(gma_record_stream(g, p, s));
   CHECK_OK(gma_free(g, p));
   CHECK_FAILS(g, gma_record_stream(g, p, s), GMA_ERR_INVALID_POINTER);
+  CHECK_FAILS(g, gma_record_stream(g, (char *)p + 512, s), GMA_ERR_INVALID_POINTER); /* freed */
   CHECK_FAILS(g, gma_record_stream(NULL, p, s), GMA_ERR_INVALID_ARGUMENT);
   CHECK_OK(gma_stream_synchronize(g, s));
   CHECK_OK(gma_stream_destroy(g, s));

@@ -139,9 +139,12 @@ static void fallback_record_stream(void) {
                           .corruptions = &corruptions};
     CHECK_OK(gma_sim_launch(g, s2, pattern_kernel_run, &k)); /* s2 uses it, held */
     pattern_kernel_wait_started(&k);
-    CHECK_OK(gma_record_stream(g, fb, s2));
-    CHECK_OK(gma_record_stream(g, fb, s2)); /* twice: one entry */
-    CHECK_OK(gma_record_stream(g, fb, s1)); /* its own stream: nothing to add */
+    /* Round 1 names the block by a pointer inside it (issue 17: any pointer
+     * into a live allocation records the whole allocation). */
+    void *name = round ? (char *)fb + 4096 : fb;
+    CHECK_OK(gma_record_stream(g, name, s2));
+    CHECK_OK(gma_record_stream(g, name, s2)); /* twice: one entry */
+    CHECK_OK(gma_record_stream(g, name, s1)); /* its own stream: nothing to add */
     if (round == 1) /* s2 goes before the free (the kernel still runs): gma records */
       CHECK_OK(gma_stream_destroy(g, s2)); /* an event on it first, and the free waits for it */
     CHECK_OK(gma_free(g, fb));
@@ -178,7 +181,8 @@ static void fallback_record_stream(void) {
   }
   /* Errors: not a live allocation. */
   CHECK_ST(gma_record_stream(g, fb, s2), GMA_ERR_INVALID_POINTER); /* freed */
-  CHECK_ST(gma_record_stream(g, (char *)dev + 4096, s2), GMA_ERR_INVALID_POINTER);
+  CHECK_ST(gma_record_stream(g, (char *)fb + 4096, s2), GMA_ERR_INVALID_POINTER); /* inside it */
+  CHECK_OK(gma_record_stream(g, (char *)dev + 4096, s2)); /* inside a live one: the whole */
   CHECK_OK(gma_free(g, dev));
   CHECK_OK(gma_stream_synchronize(g, s1));
   CHECK_OK(gma_empty_cache(g));
@@ -254,7 +258,56 @@ static void tags_everywhere(void) {
   CHECK(strstr(gma_last_error(), "untagged: 1 (65536 bytes)") != NULL);
 }
 
+/* Each free given the other kind of memory says which free to use (issue
+ * 17: gma_free of pinned host memory said the pointer was not gma's at all),
+ * changes nothing, and the right free still works. */
+static void wrong_free_says_which(void) {
+  gma_t *g = sim_allocator("worker:off,sim_capacity:16M,fallback:host");
+  void *h = NULL, *d = NULL, *fb = NULL;
+  CHECK_OK(gma_host_alloc(g, 5000, NULL, &h));
+  CHECK_OK(gma_alloc(g, 12 * MiB, NULL, &d)); /* fills the device */
+  CHECK_OK(gma_alloc(g, 8 * MiB, NULL, &fb)); /* served by the CPU fallback */
+  CHECK(info_of(g, fb).kind == GMA_MEMORY_FALLBACK);
+  gma_stats_t before = stats_of(g);
+  /* Pinned host memory to gma_free, at its start and inside it. */
+  CHECK_ST(gma_free(g, h), GMA_ERR_INVALID_POINTER);
+  CHECK(strstr(gma_last_error(), "pinned host memory from gma_host_alloc") &&
+        strstr(gma_last_error(), "free it with gma_host_free"));
+  CHECK(!strstr(gma_last_error(), "not allocated by this allocator"));
+  CHECK_ST(gma_free(g, (char *)h + 100), GMA_ERR_INVALID_POINTER);
+  CHECK(strstr(gma_last_error(), "gma_host_free"));
+  CHECK_ST(gma_record_stream(g, h, NULL), GMA_ERR_INVALID_POINTER); /* not for pinned memory */
+  CHECK(strstr(gma_last_error(), "pinned host memory"));
+  /* Device memory to gma_host_free, at its start and inside it. */
+  CHECK_ST(gma_host_free(g, d), GMA_ERR_INVALID_POINTER);
+  CHECK(strstr(gma_last_error(), "device memory") &&
+        strstr(gma_last_error(), "free it with gma_free"));
+  CHECK_ST(gma_host_free(g, (char *)d + 4096), GMA_ERR_INVALID_POINTER);
+  CHECK(strstr(gma_last_error(), "free it with gma_free"));
+  /* gma_alloc's CPU-fallback memory to gma_host_free; inside it to gma_free. */
+  CHECK_ST(gma_host_free(g, fb), GMA_ERR_INVALID_POINTER);
+  CHECK(strstr(gma_last_error(), "fallback:host") && strstr(gma_last_error(), "gma_free"));
+  CHECK_ST(gma_free(g, (char *)fb + 4096), GMA_ERR_INVALID_POINTER);
+  CHECK(strstr(gma_last_error(), "interior pointer") &&
+        strstr(gma_last_error(), "fallback:host"));
+  /* Memory of neither kind keeps the plain message. */
+  int local;
+  CHECK_ST(gma_free(g, &local), GMA_ERR_INVALID_POINTER);
+  CHECK(strstr(gma_last_error(), "not allocated by this allocator"));
+  CHECK_ST(gma_host_free(g, &local), GMA_ERR_INVALID_POINTER);
+  CHECK(strstr(gma_last_error(), "not memory gma_host_alloc returned"));
+  gma_stats_t after = stats_of(g);
+  CHECK(after.num_frees == before.num_frees && after.num_host_frees == before.num_host_frees &&
+        after.allocated.current == before.allocated.current &&
+        after.host_allocated.current == before.host_allocated.current);
+  CHECK_OK(gma_host_free(g, h));
+  CHECK_OK(gma_free(g, fb));
+  CHECK_OK(gma_free(g, d));
+  CHECK_OK(gma_destroy(g));
+}
+
 int main(void) {
+  wrong_free_says_which();
   host_reuse_waits_for_the_copy();
   worker_trims_host_cache();
   fallback_to_host();

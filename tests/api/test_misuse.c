@@ -100,14 +100,21 @@ static void bad_pointers_and_config(void) {
   CHECK_ST(gma_alloc(g, SIZE_MAX, NULL, &p), GMA_ERR_INVALID_SIZE);
   CHECK(f == NULL && stats_of(g).allocated.current == 0);
   CHECK_OK(gma_destroy(g));
+  /* Configuration is checked whole when it is parsed (issue 17: ring_size:3
+   * used to pass gma_config_parse and fail only at gma_create), and the same
+   * checks refuse a struct filled in by hand at gma_create. */
   gma_config_t c = GMA_CONFIG_INIT;
   CHECK_ST(gma_config_parse(&c, "bin_depth:0"), GMA_ERR_CONFIG);
-  CHECK_OK(gma_config_parse(&c, "ring_size:3")); /* in range; the power of 2 is checked at create */
+  CHECK_ST(gma_config_parse(&c, "ring_size:3"), GMA_ERR_CONFIG);
+  CHECK(strstr(gma_last_error(), "ring_size") && strstr(gma_last_error(), "power of 2"));
+  CHECK(c.ring_size == 0); /* unchanged */
   c.ignore_env = 1;
   c.device = GMA_DEVICE_SIM;
+  c.ring_size = 3; /* the same value set in C */
   gma_t *bad = NULL;
-  CHECK_ST(gma_create(&c, &bad), GMA_ERR_CONFIG); /* ring_size must be a power of 2 */
-  CHECK(bad == NULL && strstr(gma_last_error(), "ring_size") != NULL);
+  CHECK_ST(gma_create(&c, &bad), GMA_ERR_CONFIG);
+  CHECK(bad == NULL && strstr(gma_last_error(), "ring_size") != NULL &&
+        strstr(gma_last_error(), "power of 2") != NULL);
 }
 
 static void ages_and_live_report(void) {

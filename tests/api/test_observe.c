@@ -165,6 +165,25 @@ static void trace(void) {
   unlink(path);
   unlink(path2);
 
+  /* gma_record_stream of a pointer inside an allocation is traced with the
+   * allocation's start, which is what a replay knows it by. */
+  g = sim_allocator("worker:off");
+  gma_stream_t s;
+  CHECK_OK(gma_stream_create(g, &s));
+  CHECK_OK(gma_trace_start(g, path));
+  CHECK_OK(gma_alloc(g, 4096, NULL, &a));
+  CHECK_OK(gma_record_stream(g, (char *)a + 1000, s));
+  CHECK_OK(gma_free(g, a));
+  CHECK_OK(gma_trace_stop(g));
+  t1 = slurp(path);
+  snprintf(row, sizeof row, ",record_stream,%p,0,%p,", a, s);
+  CHECK(strstr(t1, row) != NULL);
+  free(t1);
+  unlink(path);
+  CHECK_OK(gma_stream_synchronize(g, s));
+  CHECK_OK(gma_stream_destroy(g, s));
+  CHECK_OK(gma_destroy(g));
+
   /* The config key: trace:PATH starts recording at gma_create. */
   char conf[200];
   snprintf(conf, sizeof conf, "worker:off,trace:%s", path);

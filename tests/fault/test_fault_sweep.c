@@ -4,7 +4,7 @@
  *
  * Sites (GMA__SIM_SITES in runtime/device/device.h; sim.c injects them):
  * mem_alloc, mem_free, mem_info, event_create, event_destroy, event_record,
- * event_query, event_synchronize, stream_wait_event, stream_create,
+ * event_query, event_synchronize, stream_wait_event, stream_wait_stream, stream_create,
  * stream_destroy, stream_id, stream_synchronize, device_synchronize,
  * vm_granularity, vm_reserve, vm_release, vm_map, vm_unmap, host_alloc,
  * host_free, sim_launch. gma__sim_fault(dev, site, n, status) makes the nth
@@ -417,6 +417,8 @@ static void workload(run_t *r, bool free_at_end) {
   r->named[2] = s3;
   void *z = alloc(r, 2 * MiB, s3);
   kernel(r, s3, z, 2 * MiB, false);
+  if (s3 != s1) /* s1's later work waits for s3's kernel (nothing depends on it) */
+    step(r, "gma_stream_wait_stream", gma_stream_wait_stream(g, s1, s3), GMA_OK);
   release(r, z);
   stream_del(r, s3);
   release(r, y);

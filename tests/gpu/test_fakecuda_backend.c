@@ -47,7 +47,16 @@
  *             handle value, and after gma_stream_retire of a live stream,
  *             the next allocation asks the driver for the stream's id again
  *             and starts a new record; the one after that is a bin hit with
- *             0 calls again. */
+ *             0 calls again.
+ *   waitstream gma_stream_wait_stream: one cuEventCreate, cuEventRecord on
+ *             the waitee, cuStreamWaitEvent on the waiter and cuEventDestroy
+ *             per call; a kernel queued on the waiter after the call runs
+ *             only after the waitee's held kernel, and not after work queued
+ *             on the waitee later; the default streams from a thread with no
+ *             current context; a failing cuEventRecord or cuStreamWaitEvent is
+ *             GMA_ERR_DEVICE naming the entry point, and the call's event is
+ *             destroyed all the same; one stream twice is refused before any
+ *             driver call that queues work. */
 #include <cuda.h>
 #include <dlfcn.h>
 #include <pthread.h>
@@ -411,6 +420,98 @@ static void scenario_reuse(void) {
   CHECK_OK(gma_destroy(g));
 }
 
+/* ---- waitstream -------------------------------------------------------- */
+typedef struct tagged {
+  atomic_int *log, *n;
+  int tag;
+} tagged_t;
+
+static void tag_kernel(void *arg) {
+  tagged_t *t = arg;
+  t->log[atomic_fetch_add(t->n, 1)] = t->tag;
+}
+
+static unsigned long long wait_calls[4];
+static const char *const wait_entries[4] = {"cuEventCreate", "cuEventRecord", "cuStreamWaitEvent",
+                                            "cuEventDestroy"};
+static void wait_calls_mark(void) {
+  for (int i = 0; i < 4; i++) wait_calls[i] = fc_calls(wait_entries[i]);
+}
+/* Each of the four entry points was called n more times since the mark. */
+static void wait_calls_check(unsigned long long n) {
+  for (int i = 0; i < 4; i++)
+    if (fc_calls(wait_entries[i]) - wait_calls[i] != n) {
+      fprintf(stderr, "%s: %llu calls, expected %llu\n", wait_entries[i],
+              fc_calls(wait_entries[i]) - wait_calls[i], n);
+      exit(1);
+    }
+}
+
+static void *wait_from_unbound_thread(void *arg) {
+  gma_t *g = arg;
+  CHECK(drv_current() == NULL); /* no context: gma pushes its own for the default stream */
+  CHECK_OK(gma_stream_wait_stream(g, NULL, GMA_STREAM_PER_THREAD));
+  CHECK(drv_current() == NULL);
+  return NULL;
+}
+
+static void scenario_waitstream(void) {
+  gma_t *g = drv_cuda_allocator("worker:off");
+  drv_open();
+  drv_bind_thread();
+  gma_stream_t s1, s2;
+  CHECK_OK(gma_stream_create(g, &s1));
+  CHECK_OK(gma_stream_create(g, &s2));
+  atomic_int gate = 0, gate2 = 0, log[8], n = 0;
+  tagged_t first = {log, &n, 1}, consumer = {log, &n, 2}, later = {log, &n, 3};
+  CHECK(fc_launch(s1, gate_kernel, &gate) == CUDA_SUCCESS);
+  CHECK(fc_launch(s1, tag_kernel, &first) == CUDA_SUCCESS);
+  wait_calls_mark();
+  CHECK_OK(gma_stream_wait_stream(g, s2, s1));
+  wait_calls_check(1);
+  CHECK(fc_launch(s1, gate_kernel, &gate2) == CUDA_SUCCESS); /* after the call */
+  CHECK(fc_launch(s1, tag_kernel, &later) == CUDA_SUCCESS);
+  CHECK(fc_launch(s2, tag_kernel, &consumer) == CUDA_SUCCESS);
+  sleep_ms(20);
+  CHECK(atomic_load(&n) == 0); /* s2 waits on the device, the host went on */
+  atomic_store(&gate, 1);
+  drv_sync(s2); /* while gate2 still holds s1 */
+  CHECK(atomic_load(&n) == 2 && log[0] == 1 && log[1] == 2);
+  atomic_store(&gate2, 1);
+  drv_sync(s1);
+  CHECK(atomic_load(&n) == 3 && log[2] == 3);
+  /* The default streams, also from a thread without a current context. */
+  CHECK_OK(gma_stream_wait_stream(g, NULL, s1));
+  CHECK_OK(gma_stream_wait_stream(g, s2, GMA_STREAM_LEGACY));
+  pthread_t t;
+  CHECK(pthread_create(&t, NULL, wait_from_unbound_thread, g) == 0);
+  CHECK(pthread_join(t, NULL) == 0);
+  /* Driver failures: the entry point is named, the event is not leaked. */
+  fail("cuStreamWaitEvent", 1, CUDA_ERROR_UNKNOWN);
+  wait_calls_mark();
+  CHECK_ST(gma_stream_wait_stream(g, s2, s1), GMA_ERR_DEVICE);
+  CHECK(has("cuStreamWaitEvent") && has("CUDA_ERROR_UNKNOWN") && has("CUDA driver"));
+  wait_calls_check(1);
+  fc_clear();
+  fail("cuEventRecord", 1, CUDA_ERROR_INVALID_HANDLE);
+  unsigned long long destroys = fc_calls("cuEventDestroy"), waits = fc_calls("cuStreamWaitEvent");
+  CHECK_ST(gma_stream_wait_stream(g, s2, s1), GMA_ERR_DEVICE);
+  CHECK(has("cuEventRecord") && has("CUDA_ERROR_INVALID_HANDLE"));
+  CHECK(fc_calls("cuEventDestroy") == destroys + 1 && fc_calls("cuStreamWaitEvent") == waits);
+  fc_clear();
+  /* One stream twice: refused with no event made. */
+  wait_calls_mark();
+  CHECK_ST(gma_stream_wait_stream(g, s1, s1), GMA_ERR_INVALID_ARGUMENT);
+  CHECK_ST(gma_stream_wait_stream(g, NULL, GMA_STREAM_LEGACY), GMA_ERR_INVALID_ARGUMENT);
+  CHECK(has("same stream"));
+  wait_calls_check(0);
+  CHECK_OK(gma_stream_wait_stream(g, s2, s1)); /* and the allocator goes on */
+  drv_sync(s2);
+  CHECK_OK(gma_stream_destroy(g, s1));
+  CHECK_OK(gma_stream_destroy(g, s2));
+  CHECK_OK(gma_destroy(g));
+}
+
 /* ---- retired ----------------------------------------------------------- */
 /* The rule (README "Streams"): retire a stream before destroying it yourself.
  * Then gma never names the dead handle to the driver, which the strict fake
@@ -705,8 +806,11 @@ int main(int argc, char **argv) {
     scenario_context();
   } else if (strcmp(scenario, "hotpath") == 0) {
     scenario_hotpath();
+  } else if (strcmp(scenario, "waitstream") == 0) {
+    scenario_waitstream();
   } else {
-    fprintf(stderr, "usage: %s errors|events|growable|reuse|retired|devices|context|hotpath\n",
+    fprintf(stderr, "usage: %s errors|events|growable|reuse|retired|devices|context|hotpath|"
+            "waitstream\n",
             argv[0]);
     return 2;
   }

@@ -3,8 +3,8 @@
  * micro-batch's output buffer before it waits for the current one, so the
  * worker serves that request while the current batch "computes" (a fill of
  * the output with the stage's pattern on the stage's stream). A stage's
- * output goes to the next stage with its stream ordered after the fill (an
- * event); the next stage reads a sample of it on its own stream, declares
+ * output goes to the next stage with its stream ordered after the fill
+ * (gma_stream_wait_stream: an event and cuStreamWaitEvent); the next stage reads a sample of it on its own stream, declares
  * that use with gma_record_stream and frees it at once. The last stage
  * samples its own output. Every sample must hold the pattern its producer
  * wrote: a buffer handed out again while a previous owner's fill or a
@@ -151,7 +151,7 @@ static void *stage_main(void *arg) {
     }
     drv_memset32(out, pattern(k, m), bytes, s); /* the "compute" */
     if (k + 1 < STAGES) {
-      drv_order(streams[k + 1], s);
+      CHECK_OK(gma_stream_wait_stream(g, streams[k + 1], s)); /* the consumer after the fill */
       q_push(&queues[k], (msg_t){out, bytes, m});
     } else {
       sample(st, out, bytes, pattern(k, m), m);

@@ -164,12 +164,16 @@ class Basics(unittest.TestCase):
         self.assertIn("no_such_key", cm.exception.detail)
         with self.assertRaises(gma.ConfigError):
             gma.Allocator("device:sim,bin_depth:0")
+        with self.assertRaises(gma.ConfigError) as cm:  # refused when parsed
+            gma.Allocator("device:sim,ring_size:1000")
+        self.assertEqual(cm.exception.function, "gma_config_parse")
         old = os.environ.get("GMA_CONF")
         os.environ["GMA_CONF"] = "device:sim,bogus:1"
         try:
             with self.assertRaises(gma.ConfigError) as cm:
                 gma.Allocator()
             self.assertIn("GMA_CONF", cm.exception.detail)
+            self.assertEqual(str(cm.exception).count("GMA_ERR_CONFIG"), 1)  # one status name
             # use_env=False ignores the environment; conf wins over it otherwise.
             gma.Allocator(SIM, use_env=False).close()
         finally:
@@ -252,6 +256,36 @@ class Streams(unittest.TestCase):
                 a.stream_stats(s)  # retired: gma forgot it
             with self.assertRaises(TypeError):
                 a.alloc(512, stream="not a stream")
+
+    def test_stream_wait_stream(self):
+        with gma.Allocator(SIM) as a:
+            s1, s2 = a.stream_create(), a.stream_create()
+            seen = []
+            gate = threading.Event()
+
+            def producer():  # on s1: finishes only when the gate opens
+                gate.wait(10)
+                seen.append("produced")
+
+            def consumer():  # on s2: after the producer, because s2 waits for s1
+                seen.append("consumed")
+
+            a.sim_launch(s1, producer)
+            a.stream_wait_stream(s2, s1)
+            a.sim_launch(s2, consumer)
+            time.sleep(0.05)
+            self.assertEqual(seen, [])  # the consumer waits on the device, not the host
+            gate.set()
+            a.stream_synchronize(s2)
+            self.assertEqual(seen, ["produced", "consumed"])
+            with self.assertRaises(gma.InvalidArgument) as cm:
+                a.stream_wait_stream(s1, s1)
+            self.assertIn("same stream", cm.exception.detail)
+            a.stream_destroy(s1)
+            with self.assertRaises(gma.InvalidArgument) as cm:
+                a.stream_wait_stream(s2, s1)  # destroyed
+            self.assertIn("not a live stream", cm.exception.detail)
+            a.stream_destroy(s2)
 
     def test_record_stream_gates_the_free(self):
         with gma.Allocator("device:sim,bins:off") as a:

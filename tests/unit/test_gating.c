@@ -12,8 +12,10 @@ typedef struct outcome {
 
 /* X is allocated on A, used by a held kernel on B (record_stream), freed on A;
  * then A allocates again and writes. Gating must keep X away from A until B's
- * kernel finished. */
-static outcome_t record_stream_scenario(unsigned test_flags) {
+ * kernel finished. record_stream names X by X + offset: any pointer inside a
+ * live allocation records the whole allocation (issue 17; PyTorch records a
+ * view's storage, whose data pointer may lie inside the block). */
+static outcome_t record_stream_scenario(unsigned test_flags, size_t offset) {
   gma_t *g = sim_allocator(NULL);
   gma__pool_of(g)->test_flags = test_flags;
   gma_stream_t a, b;
@@ -27,7 +29,7 @@ static outcome_t record_stream_scenario(unsigned test_flags) {
   pattern_kernel_t kb = {x, len, 0xB0, &gate, 0, &corruptions, 0};
   CHECK_OK(gma_sim_launch(g, b, pattern_kernel_run, &kb));
   pattern_kernel_wait_started(&kb);
-  CHECK_OK(gma_record_stream(g, x, b));
+  CHECK_OK(gma_record_stream(g, (char *)x + offset, b));
   CHECK_OK(gma_free(g, x));
 
   CHECK_OK(gma_alloc(g, len, a, &y));
@@ -144,12 +146,18 @@ static void settled_block_returns_to_owner(void) {
 }
 
 int main(void) {
-  outcome_t ok = record_stream_scenario(0);
-  CHECK(ok.corruptions == 0 && !ok.reused_same_address);
-  outcome_t bug = record_stream_scenario(GMA__TEST_NO_RECORD_GATING);
-  CHECK(bug.reused_same_address && bug.corruptions > 0);
-  printf("record_stream gating: clean with gating; %d corruption(s) caught without it\n",
-         bug.corruptions);
+  /* The start, a 512-aligned interior address (no block starts there) and
+   * an unaligned one near the end of the 64 KiB block. */
+  static const size_t offsets[] = {0, 4096, (64 << 10) - 3};
+  outcome_t ok, bug;
+  for (size_t i = 0; i < sizeof offsets / sizeof offsets[0]; i++) {
+    ok = record_stream_scenario(0, offsets[i]);
+    CHECK(ok.corruptions == 0 && !ok.reused_same_address);
+    bug = record_stream_scenario(GMA__TEST_NO_RECORD_GATING, offsets[i]);
+    CHECK(bug.reused_same_address && bug.corruptions > 0);
+    printf("record_stream gating (pointer at +%zu): clean with gating; %d corruption(s) caught "
+           "without it\n", offsets[i], bug.corruptions);
+  }
 
   ok = epoch_scenario(0);
   CHECK(ok.corruptions == 0 && !ok.reused_same_address);
