@@ -298,15 +298,19 @@ static gma_status_t free_now(gma_t *g, void *ptr) {
   return st;
 }
 
-/* The start of the live device allocation addr lies in, or 0. A pointer at
- * a block's start is found in the page map without the lock; one inside a
- * block takes the pool lock and walks the blocks of its segment (the page
- * map knows only where blocks start). */
+/* The start of the live device allocation addr lies in, or 0. Under the
+ * pool lock: a block record's addr changes only under it (the worker may be
+ * coalescing this very record). A pointer at a block's start is found in the
+ * page map; one inside a block walks the blocks of its segment (the page map
+ * knows only where blocks start). */
 static uintptr_t live_base(gma__pool_t *p, uintptr_t addr) {
-  gma__block_t *b = gma__pagemap_get(&p->pagemap, addr);
-  if (b && b->addr == addr) return addr; /* a block starts here: the pool judges its state */
   uintptr_t base = 0;
   pthread_mutex_lock(&p->lock);
+  gma__block_t *b = gma__pagemap_get(&p->pagemap, addr);
+  if (b && b->addr == addr) { /* a block starts here: the pool judges its state */
+    pthread_mutex_unlock(&p->lock);
+    return addr;
+  }
   gma__segment_t *seg = gma__seg_find(p, addr);
   for (b = seg ? seg->first : NULL; b && addr >= b->addr + b->size;) b = b->next;
   if (b && gma__load_relaxed(&b->state) == GMA__LIVE) base = b->addr;
