@@ -107,7 +107,9 @@ static bool names(const gma__huse_t *u, gma_stream_t stream, uint64_t id) {
  * (nothing left to wait for). */
 static gma_status_t record_or_wait(gma__host_t *h, gma__huse_t *u) {
   const gma__device_ops_t *o = h->dev->ops;
-  gma_status_t st = u->ev ? GMA_OK : o->event_create(h->dev, &u->ev);
+  gma_status_t st = u->ev                ? GMA_OK
+                    : o->event_create_for ? o->event_create_for(h->dev, u->stream, &u->ev)
+                                          : o->event_create(h->dev, &u->ev);
   if (st == GMA_OK && o->event_record(h->dev, u->ev, u->stream) == GMA_OK) return GMA_OK;
   st = o->stream_synchronize(h->dev, u->stream);
   if (st == GMA_OK && u->ev) {

@@ -149,6 +149,8 @@ typedef struct gma__stream {
   uint64_t id;               /* the device's unique stream id */
   uint64_t serial;           /* never reused: validates per-thread caches */
   uint64_t owner_tid;        /* per-thread default stream: its thread, else 0 */
+  bool foreign;              /* immutable: of another context than the device's (CUDA):
+                                its events are its own, made for it, never pooled */
   _Atomic uint64_t epoch;    /* atomic: the open epoch, read by the lock-free free */
   _Atomic bool dirty;        /* atomic: something was freed in the open epoch */
   _Atomic bool retired;      /* atomic: retired or orphaned; lock-free paths stay away */

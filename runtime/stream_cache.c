@@ -231,6 +231,11 @@ static gma__stream_t *stream_new(gma__pool_t *p, gma_stream_t handle, uintptr_t 
   s->handle = handle;
   s->key = key;
   s->owner_tid = owner;
+  /* A stream of another context takes only events made in it. If the
+   * driver cannot say, assume so: a needless own event costs a create,
+   * a pooled one on a foreign stream would fail every record. */
+  if (p->dev->ops->stream_foreign && p->dev->ops->stream_foreign(p->dev, handle, &s->foreign) != GMA_OK)
+    s->foreign = true;
   s->id = id;
   s->serial = gma__faa_relaxed(&next_serial, 1);
   atomic_init(&s->epoch, 1); /* epochs start at 1: safe_epoch 0 means "none yet" */

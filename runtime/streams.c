@@ -12,29 +12,43 @@
 #include "pool.h"
 #include "tsan.h"
 
-static gma__event_t event_get(gma__pool_t *p) {
-  if (p->nspare) return p->spare_events[--p->nspare];
+/* An event to record on s: from the spare pool, or made for s when s is of
+ * another context (foreign) and takes only its own. */
+static gma__event_t event_get(gma__pool_t *p, const gma__stream_t *s) {
+  if (!s->foreign && p->nspare) return p->spare_events[--p->nspare];
   gma__event_t ev = NULL;
-  if (p->dev->ops->event_create(p->dev, &ev) != GMA_OK) {
+  gma_status_t st = s->foreign ? p->dev->ops->event_create_for(p->dev, s->handle, &ev)
+                               : p->dev->ops->event_create(p->dev, &ev);
+  if (st != GMA_OK) {
     p->c.device_errors++;
     return NULL;
   }
   return ev;
 }
 
-static void event_put(gma__pool_t *p, gma__event_t ev) {
+/* Destroys an event gma no longer needs. An OOM waiter may be querying it
+ * without the lock (gma__streams_wait_begin pinned the events it copied):
+ * then destroy it only once the waiters are done, and if even that list is
+ * full, leak the event rather than destroy a handle in use. */
+static void event_discard(gma__pool_t *p, gma__event_t ev) {
+  if (!p->event_pins)
+    p->dev->ops->event_destroy(p->dev, ev);
+  else if (p->ndeferred < GMA__DEFERRED_EVENTS)
+    p->deferred[p->ndeferred++] = ev;
+}
+
+/* Gives back an event of s: to the spare pool, unless s's events are its own
+ * (foreign) or there is no host memory to keep it. */
+static void event_put(gma__pool_t *p, const gma__stream_t *s, gma__event_t ev) {
+  if (s->foreign) {
+    event_discard(p, ev);
+    return;
+  }
   if (p->nspare == p->spare_cap) {
     size_t cap = p->spare_cap ? p->spare_cap * 2 : 16;
     gma__event_t *a = realloc(p->spare_events, cap * sizeof *a);
     if (!a) {
-      /* No host memory to keep it. An OOM waiter may be querying it without
-       * the lock (gma__streams_wait_begin pinned the events it copied):
-       * then destroy it only once the waiters are done, and if even that
-       * list is full, leak the event rather than destroy a handle in use. */
-      if (!p->event_pins)
-        p->dev->ops->event_destroy(p->dev, ev);
-      else if (p->ndeferred < GMA__DEFERRED_EVENTS)
-        p->deferred[p->ndeferred++] = ev;
+      event_discard(p, ev);
       return;
     }
     p->spare_events = a;
@@ -83,7 +97,7 @@ static void observe_epochs(gma__pool_t *p, gma__stream_t *s) {
     if (!done) return;
     /* A synchronize through gma may have advanced it further already. */
     if (s->ev_epoch[s->ev_head] > s->safe_epoch) s->safe_epoch = s->ev_epoch[s->ev_head];
-    event_put(p, s->ev[s->ev_head]);
+    event_put(p, s, s->ev[s->ev_head]);
     s->ev_head = (s->ev_head + 1) % GMA__EPOCH_EVENTS;
     s->ev_count--;
   }
@@ -103,7 +117,7 @@ static bool close_epoch(gma__pool_t *p, gma__stream_t *s) {
   if (s->ev_count == GMA__EPOCH_EVENTS) observe_epochs(p, s);
   bool reuse_newest = s->ev_count == GMA__EPOCH_EVENTS;
   unsigned slot = (s->ev_head + s->ev_count - (reuse_newest ? 1 : 0)) % GMA__EPOCH_EVENTS;
-  gma__event_t ev = reuse_newest ? s->ev[slot] : event_get(p);
+  gma__event_t ev = reuse_newest ? s->ev[slot] : event_get(p, s);
   if (!ev) return false;
   gma__store_relaxed(&s->dirty, false);
   uint64_t closing = gma__faa_relaxed(&s->epoch, 1);
@@ -112,7 +126,7 @@ static bool close_epoch(gma__pool_t *p, gma__stream_t *s) {
      * an event; the next close covers them, since it covers all earlier work. */
     p->c.device_errors++;
     gma__store_relaxed(&s->dirty, true);
-    if (!reuse_newest) event_put(p, ev);
+    if (!reuse_newest) event_put(p, s, ev);
     return false;
   }
   s->ev[slot] = ev;
@@ -272,7 +286,7 @@ static bool close_by_sync(gma__pool_t *p, gma__stream_t *s) {
   uint64_t closing = gma__faa_relaxed(&s->epoch, 1);
   if (p->dev->ops->stream_synchronize(p->dev, s->handle) != GMA_OK) return false;
   for (; s->ev_count; s->ev_count--) { /* recorded before the wait: complete */
-    event_put(p, s->ev[s->ev_head]);
+    event_put(p, s, s->ev[s->ev_head]);
     s->ev_head = (s->ev_head + 1) % GMA__EPOCH_EVENTS;
   }
   s->safe_epoch = closing;

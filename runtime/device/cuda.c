@@ -246,6 +246,44 @@ static gma_status_t cuda_event_create(gma__device_t *d, gma__event_t *out) {
   return GMA_OK;
 }
 
+/* The context stream belongs to: the device's primary context for the
+ * special handles, which gma always names with it current (CU_STREAM_CALL). */
+static CUresult stream_ctx(const cuda_device_t *dev, gma_stream_t stream, CUcontext *ctx) {
+  if ((uintptr_t)stream <= 2) {
+    *ctx = dev->ctx;
+    return CUDA_SUCCESS;
+  }
+  return drv.cuStreamGetCtx((CUstream)stream, ctx);
+}
+
+static gma_status_t cuda_stream_foreign(gma__device_t *d, gma_stream_t stream, bool *foreign) {
+  CUcontext c = NULL;
+  CUresult r = stream_ctx(cuda_of(d), stream, &c);
+  if (r != CUDA_SUCCESS) return cu_fail(r, "cuStreamGetCtx");
+  *foreign = c != cuda_of(d)->ctx;
+  return GMA_OK;
+}
+
+/* An event made with the stream's own context current (pushed for the one
+ * call when it is not the primary context). */
+static gma_status_t cuda_event_create_for(gma__device_t *d, gma_stream_t stream,
+                                          gma__event_t *out) {
+  cuda_device_t *dev = cuda_of(d);
+  CUcontext c = NULL;
+  CUresult r = stream_ctx(dev, stream, &c);
+  if (r != CUDA_SUCCESS) return cu_fail(r, "cuStreamGetCtx");
+  if (c == dev->ctx) return cuda_event_create(d, out);
+  r = drv.cuCtxPushCurrent(c);
+  if (r != CUDA_SUCCESS) return cu_fail(r, "cuCtxPushCurrent");
+  CUevent e = NULL;
+  r = drv.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING);
+  CUcontext popped;
+  drv.cuCtxPopCurrent(&popped);
+  if (r != CUDA_SUCCESS) return cu_fail(r, "cuEventCreate");
+  *out = e;
+  return GMA_OK;
+}
+
 static gma_status_t cuda_event_destroy(gma__device_t *d, gma__event_t ev) {
   (void)d; /* an event knows its context */
   CUresult r = drv.cuEventDestroy((CUevent)ev);
@@ -287,8 +325,10 @@ static gma_status_t cuda_stream_wait_event(gma__device_t *d, gma_stream_t stream
 static gma_status_t cuda_stream_wait_stream(gma__device_t *d, gma_stream_t waiter,
                                             gma_stream_t waitee) {
   cuda_device_t *dev = cuda_of(d);
-  CUevent e = NULL;
-  CU_CALL(dev, "cuEventCreate", drv.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  gma__event_t made = NULL;
+  gma_status_t st = cuda_event_create_for(d, waitee, &made); /* in the waitee's context */
+  if (st != GMA_OK) return st;
+  CUevent e = (CUevent)made;
   bool pushed = false;
   const char *what = "cuCtxPushCurrent";
   CUresult r = ctx_enter(dev, &pushed); /* for the default-stream handles */
@@ -478,6 +518,8 @@ static const gma__device_ops_t cuda_ops = {
     .mem_free = cuda_mem_free,
     .mem_info = cuda_mem_info,
     .event_create = cuda_event_create,
+    .event_create_for = cuda_event_create_for,
+    .stream_foreign = cuda_stream_foreign,
     .event_destroy = cuda_event_destroy,
     .event_record = cuda_event_record,
     .event_query = cuda_event_query,

@@ -30,6 +30,7 @@
   X(cuStreamCreate)                  \
   X(cuStreamDestroy)                 \
   X(cuStreamGetId)                   \
+  X(cuStreamGetCtx)                  \
   X(cuStreamSynchronize)             \
   X(cuMemGetAllocationGranularity)   \
   X(cuMemAddressReserve)             \

@@ -35,6 +35,14 @@ typedef struct gma__device_ops {
    * sets *done when that work has finished (never blocks); synchronize blocks
    * until it has. Recording again re-arms the event. */
   gma_status_t (*event_create)(gma__device_t *dev, gma__event_t *out);
+  /* An event that can be recorded on stream, made in the stream's context
+   * (CUDA: an event and a stream of different contexts do not mix; a stream
+   * of a context other than the device's primary one, cuCtxCreate or a green
+   * context, takes only events made in its own). stream_foreign sets
+   * *foreign when event_create's events cannot be recorded on stream. Both
+   * NULL on a backend with one context (then every event fits every stream). */
+  gma_status_t (*event_create_for)(gma__device_t *dev, gma_stream_t stream, gma__event_t *out);
+  gma_status_t (*stream_foreign)(gma__device_t *dev, gma_stream_t stream, bool *foreign);
   gma_status_t (*event_destroy)(gma__device_t *dev, gma__event_t ev);
   gma_status_t (*event_record)(gma__device_t *dev, gma__event_t ev, gma_stream_t stream);
   gma_status_t (*event_query)(gma__device_t *dev, gma__event_t ev, bool *done);

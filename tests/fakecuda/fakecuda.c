@@ -109,6 +109,8 @@ _Static_assert(sizeof(uintptr_t) == sizeof(CUmemGenericAllocationHandle), "handl
  * ------------------------------------------------------------------------- */
 #define FC_EXTRA_ENTRIES(X) \
   X(cuCtxSetCurrent)        \
+  X(cuCtxCreate)            \
+  X(cuCtxDestroy)           \
   X(cuMemsetD32Async)       \
   X(cuMemcpyDtoHAsync)      \
   X(cuMemcpyHtoDAsync)
@@ -303,9 +305,15 @@ static void vec_remove(fc_vec_t *v, size_t i) {
 /* ---------------------------------------------------------------------------
  * State
  * ------------------------------------------------------------------------- */
-/* A primary context: the one CUcontext object of a device. */
+/* A context: each device's primary context (in fc_device_t), or one made by
+ * cuCtxCreate (malloc'd, in fc.created until cuCtxDestroy). A created
+ * context shares its device's simulated memory and holds a reference on the
+ * primary context, so the device stays active while it lives; streams and
+ * events remember the context they were made in (fc.stream_ctx, the event
+ * table), and an event recorded on a stream of another context is misuse. */
 struct CUctx_st {
-  int ordinal; /* immutable after cuInit */
+  int ordinal;  /* immutable after cuInit (primary) or creation */
+  bool created; /* made by cuCtxCreate */
 };
 
 typedef struct fc_device {
@@ -361,7 +369,16 @@ typedef struct fc_handle_entry {
 typedef struct fc_event_entry {
   uintptr_t ev; /* key: the sim's event handle */
   int dev;
+  CUcontext ctx; /* the context current at cuEventCreate */
 } fc_event_entry_t;
+
+/* A stream made while a created context was current (primary: no entry). */
+typedef struct fc_stream_ctx {
+  uintptr_t stream; /* key */
+  CUcontext ctx;
+} fc_stream_ctx_t;
+
+#define FC_MAX_CREATED 64
 
 static struct {
   pthread_mutex_t init_mu; /* serializes cuInit */
@@ -379,6 +396,8 @@ static struct {
   fc_vec_t resv;     /* mu: fc_resv_t by address */
   fc_vec_t handles;  /* mu: fc_handle_entry_t by id */
   fc_vec_t events;   /* mu: fc_event_entry_t by event */
+  fc_vec_t stream_ctx; /* mu: fc_stream_ctx_t by stream, streams of created contexts */
+  CUcontext created[FC_MAX_CREATED]; /* mu: live contexts of cuCtxCreate */
   uintptr_t next_handle; /* mu */
 } fc = {
     .init_mu = PTHREAD_MUTEX_INITIALIZER,
@@ -387,6 +406,7 @@ static struct {
     .resv = {NULL, 0, 0, sizeof(fc_resv_t)},
     .handles = {NULL, 0, 0, sizeof(fc_handle_entry_t)},
     .events = {NULL, 0, 0, sizeof(fc_event_entry_t)},
+    .stream_ctx = {NULL, 0, 0, sizeof(fc_stream_ctx_t)},
     .next_handle = 0x100001,
 };
 
@@ -425,10 +445,41 @@ static CUresult from_sim(gma_status_t st, CUresult invalid) {
   }
 }
 
+static bool is_default_stream(CUstream s);
+
 static fc_device_t *ctx_device(CUcontext ctx) {
+  if (!ctx) return NULL;
   for (int i = 0; i < fc.ndev; i++)
     if (ctx == &fc.dev[i].ctx) return &fc.dev[i];
-  return NULL;
+  pthread_mutex_lock(&fc.mu);
+  fc_device_t *d = NULL;
+  for (int i = 0; i < FC_MAX_CREATED && !d; i++)
+    if (fc.created[i] == ctx) d = &fc.dev[ctx->ordinal];
+  pthread_mutex_unlock(&fc.mu);
+  return d;
+}
+
+/* The context current on this thread (NULL: none). */
+static CUcontext ctx_current(void) { return tls_ctx.n ? tls_ctx.s[tls_ctx.n - 1] : NULL; }
+
+/* The context stream s was made in: the current one for the default
+ * streams, else its entry in fc.stream_ctx, else its device's primary. */
+static CUcontext stream_ctx_of(CUstream s, const fc_device_t *d) {
+  if (is_default_stream(s)) return ctx_current();
+  pthread_mutex_lock(&fc.mu);
+  size_t i = vec_find(&fc.stream_ctx, (uintptr_t)s);
+  CUcontext c = i == SIZE_MAX ? NULL : ((fc_stream_ctx_t *)vec_at(&fc.stream_ctx, i))->ctx;
+  pthread_mutex_unlock(&fc.mu);
+  return c ? c : (CUcontext)&d->ctx;
+}
+
+/* The context event ev was made in (fc.mu not held). */
+static CUcontext event_ctx_of(CUevent ev, const fc_device_t *d) {
+  pthread_mutex_lock(&fc.mu);
+  size_t i = vec_find(&fc.events, (uintptr_t)ev);
+  CUcontext c = i == SIZE_MAX ? NULL : ((fc_event_entry_t *)vec_at(&fc.events, i))->ctx;
+  pthread_mutex_unlock(&fc.mu);
+  return c ? c : (CUcontext)&d->ctx;
 }
 
 /* Takes d->life for reading and checks the device can be used; on success the
@@ -1007,6 +1058,59 @@ CUresult CUDAAPI cuCtxPopCurrent(CUcontext *pctx) {
   return CUDA_SUCCESS;
 }
 
+/* A context of its own on dev (the CUDA 12.5+ signature cuda.h names
+ * cuCtxCreate); made current, as the driver does. It holds a reference on
+ * the device's primary context, which keeps the simulated device alive. */
+CUresult CUDAAPI cuCtxCreate(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags,
+                             CUdevice dev) {
+  FC_BEGIN(cuCtxCreate);
+  if (!pctx || params || dev < 0 || dev >= fc.ndev) return CUDA_ERROR_INVALID_VALUE;
+  (void)flags;
+  if (tls_ctx.n == FC_CTX_STACK) return CUDA_ERROR_OUT_OF_MEMORY;
+  CUcontext primary;
+  CUresult r = cuDevicePrimaryCtxRetain(&primary, dev);
+  if (r != CUDA_SUCCESS) return r;
+  CUcontext c = calloc(1, sizeof *c);
+  int slot = -1;
+  pthread_mutex_lock(&fc.mu);
+  for (int i = 0; c && i < FC_MAX_CREATED && slot < 0; i++)
+    if (!fc.created[i]) slot = i;
+  if (slot >= 0) {
+    c->ordinal = dev;
+    c->created = true;
+    fc.created[slot] = c;
+  }
+  pthread_mutex_unlock(&fc.mu);
+  if (slot < 0) {
+    free(c);
+    cuDevicePrimaryCtxRelease(dev);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  tls_ctx.s[tls_ctx.n++] = c;
+  *pctx = c;
+  return CUDA_SUCCESS;
+}
+
+/* Destroys a context of cuCtxCreate: popped if current on this thread, its
+ * reference on the primary context released. Streams made in it must be
+ * destroyed first (the fake does not track them further). */
+CUresult CUDAAPI cuCtxDestroy(CUcontext ctx) {
+  FC_BEGIN(cuCtxDestroy);
+  int slot = -1;
+  pthread_mutex_lock(&fc.mu);
+  for (int i = 0; ctx && i < FC_MAX_CREATED && slot < 0; i++)
+    if (fc.created[i] == ctx) slot = i;
+  if (slot >= 0) fc.created[slot] = NULL;
+  for (size_t i = fc.stream_ctx.n; slot >= 0 && i-- > 0;) /* its streams name it no more */
+    if (((fc_stream_ctx_t *)vec_at(&fc.stream_ctx, i))->ctx == ctx) vec_remove(&fc.stream_ctx, i);
+  pthread_mutex_unlock(&fc.mu);
+  if (slot < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  if (tls_ctx.n && tls_ctx.s[tls_ctx.n - 1] == ctx) tls_ctx.n--;
+  int dev = ctx->ordinal;
+  free(ctx);
+  return cuDevicePrimaryCtxRelease(dev);
+}
+
 CUresult CUDAAPI cuCtxSynchronize(void) {
   FC_BEGIN(cuCtxSynchronize);
   fc_device_t *d;
@@ -1230,7 +1334,8 @@ CUresult CUDAAPI cuEventCreate(CUevent *phEvent, unsigned int Flags) {
   gma__event_t ev;
   r = from_sim(d->sim->ops->event_create(d->sim, &ev), CUDA_ERROR_INVALID_VALUE);
   if (r == CUDA_SUCCESS) {
-    fc_event_entry_t e = {(uintptr_t)ev, d->ctx.ordinal};
+    CUcontext cur = ctx_current();
+    fc_event_entry_t e = {(uintptr_t)ev, d->ctx.ordinal, cur && cur->created ? cur : NULL};
     pthread_mutex_lock(&fc.mu);
     bool ok = vec_insert(&fc.events, &e);
     pthread_mutex_unlock(&fc.mu);
@@ -1271,6 +1376,17 @@ static CUresult event_record(CUevent hEvent, CUstream hStream) {
   CUresult r = event_enter("cuEventRecord", hEvent, &d);
   if (r != CUDA_SUCCESS) return r;
   r = stream_on("cuEventRecord", d, hStream, false);
+  /* The driver documents CUDA_ERROR_INVALID_HANDLE for an event and a stream
+   * of different contexts; on a GPU that leaves the work unordered, so the
+   * strict fake treats it as the misuse it is. */
+  if (r == CUDA_SUCCESS && stream_ctx_of(hStream, d) != event_ctx_of(hEvent, d)) {
+    if (fc_strict(FAKECUDA_STRICT_HANDLES))
+      fc_misuse("handles",
+                "cuEventRecord: event %p and stream %p belong to different contexts (make the "
+                "event in the stream's context: cuStreamGetCtx)",
+                (void *)hEvent, (void *)hStream);
+    r = CUDA_ERROR_INVALID_HANDLE;
+  }
   if (r == CUDA_SUCCESS) {
     r = from_sim(d->sim->ops->event_record(d->sim, (gma__event_t)hEvent, (gma_stream_t)hStream),
                  CUDA_ERROR_INVALID_HANDLE);
@@ -1345,6 +1461,17 @@ CUresult CUDAAPI cuStreamCreate(CUstream *phStream, unsigned int Flags) {
   }
   gma_stream_t s;
   r = from_sim(d->sim->ops->stream_create(d->sim, &s), CUDA_ERROR_INVALID_VALUE);
+  CUcontext cur = ctx_current();
+  if (r == CUDA_SUCCESS && cur->created) {
+    fc_stream_ctx_t e = {(uintptr_t)s, cur};
+    pthread_mutex_lock(&fc.mu);
+    bool ok = vec_insert(&fc.stream_ctx, &e);
+    pthread_mutex_unlock(&fc.mu);
+    if (!ok) {
+      d->sim->ops->stream_destroy(d->sim, s);
+      r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+  }
   if (r == CUDA_SUCCESS) *phStream = (CUstream)s;
   dev_exit(d);
   return r;
@@ -1358,6 +1485,12 @@ CUresult CUDAAPI cuStreamDestroy(CUstream hStream) {
   if (r != CUDA_SUCCESS) return r;
   r = from_sim(d->sim->ops->stream_destroy(d->sim, (gma_stream_t)hStream),
                CUDA_ERROR_INVALID_HANDLE);
+  if (r == CUDA_SUCCESS) {
+    pthread_mutex_lock(&fc.mu);
+    size_t i = vec_find(&fc.stream_ctx, (uintptr_t)hStream);
+    if (i != SIZE_MAX) vec_remove(&fc.stream_ctx, i);
+    pthread_mutex_unlock(&fc.mu);
+  }
   /* A destroy racing with another destroy of the same handle lost. */
   if (r == CUDA_ERROR_INVALID_HANDLE) r = bad_stream("cuStreamDestroy", hStream);
   dev_exit(d);
@@ -1380,6 +1513,17 @@ static CUresult stream_get_id(CUstream hStream, unsigned long long *streamId) {
 CUresult CUDAAPI cuStreamGetId(CUstream hStream, unsigned long long *streamId) {
   FC_BEGIN(cuStreamGetId);
   return stream_get_id(hStream, streamId);
+}
+
+CUresult CUDAAPI cuStreamGetCtx(CUstream hStream, CUcontext *pctx) {
+  FC_BEGIN(cuStreamGetCtx);
+  if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+  fc_device_t *d;
+  CUresult r = stream_enter("cuStreamGetCtx", hStream, &d);
+  if (r != CUDA_SUCCESS) return r;
+  *pctx = stream_ctx_of(hStream, d);
+  dev_exit(d);
+  return CUDA_SUCCESS;
 }
 
 static CUresult stream_synchronize(CUstream hStream) {
@@ -1992,6 +2136,9 @@ static int entry_min_version(int e) {
   switch (e) {
     case FC_cuGetProcAddress: return 11030;
     case FC_cuStreamGetId: return 12000;
+    case FC_cuCtxCreate: return 12050; /* the _v4 signature */
+    case FC_cuStreamGetCtx: return 9020;
+    case FC_cuCtxDestroy: return 4000;
     case FC_cuDevicePrimaryCtxRelease: return 11000;
     case FC_cuMemGetAllocationGranularity:
     case FC_cuMemAddressReserve:

@@ -48,6 +48,10 @@
  *             the next allocation asks the driver for the stream's id again
  *             and starts a new record; the one after that is a bin hit with
  *             0 calls again.
+ *   contexts  a stream of a context made with cuCtxCreate: the events gma
+ *             records on it (epochs, a pinned host block, wait_stream) are
+ *             made in its context (the strict fake aborts on a mismatch), and
+ *             a block freed there behind a held kernel is not reused early.
  *   waitstream gma_stream_wait_stream: one cuEventCreate, cuEventRecord on
  *             the waitee, cuStreamWaitEvent on the waiter and cuEventDestroy
  *             per call; a kernel queued on the waiter after the call runs
@@ -512,6 +516,68 @@ static void scenario_waitstream(void) {
   CHECK_OK(gma_destroy(g));
 }
 
+/* ---- contexts ---------------------------------------------------------- */
+/* A stream of a context other than the primary one (cuCtxCreate; green
+ * contexts are the same case on a GPU): gma's epoch events, a pinned host
+ * block's event and gma_stream_wait_stream's event are made in the stream's
+ * context, which the strict fake checks on every cuEventRecord (an event of
+ * the primary context recorded there aborts). The epochs still gate reuse:
+ * a block freed on the stream while a held kernel runs there is not handed
+ * to the default stream until the kernel ran. */
+static void *proc_at(void *gp, const char *name, int version) {
+  typedef CUresult (*get_proc_t)(const char *, void **, int, cuuint64_t,
+                                 CUdriverProcAddressQueryResult *);
+  void *fn = NULL;
+  CUdriverProcAddressQueryResult st;
+  CHECK(((get_proc_t)gp)(name, &fn, version, 0, &st) == CUDA_SUCCESS && fn);
+  return fn;
+}
+
+static void scenario_contexts(void) {
+  gma_t *g = drv_cuda_allocator("worker:off");
+  drv_open();
+  drv_bind_thread();
+  void *gp = dlsym(drv.lib, "cuGetProcAddress_v2");
+  CHECK(gp);
+  __typeof__(&cuCtxCreate) ctx_create = proc_at(gp, "cuCtxCreate", 13000);
+  __typeof__(&cuCtxDestroy) ctx_destroy = proc_at(gp, "cuCtxDestroy", 13000);
+  __typeof__(&cuCtxPopCurrent) ctx_pop = proc_at(gp, "cuCtxPopCurrent", 13000);
+  __typeof__(&cuStreamCreate) create = proc_at(gp, "cuStreamCreate", 13000);
+  __typeof__(&cuStreamDestroy) destroy = proc_at(gp, "cuStreamDestroy", 13000);
+  CUcontext mine, popped;
+  CHECK(ctx_create(&mine, NULL, 0, 0) == CUDA_SUCCESS); /* current now */
+  CUstream cs;
+  CHECK(create(&cs, 0) == CUDA_SUCCESS);
+  CHECK(ctx_pop(&popped) == CUDA_SUCCESS && popped == mine); /* back to the primary */
+  gma_stream_t s = (gma_stream_t)cs;
+  for (int round = 0; round < 3; round++) {
+    void *p, *h;
+    CHECK_OK(gma_alloc(g, 1 * MiB, s, &p));
+    CHECK_OK(gma_host_alloc(g, 4096, s, &h));
+    atomic_int gate = 0;
+    CHECK(fc_launch(cs, gate_kernel, &gate) == CUDA_SUCCESS);
+    drv_memset32(p, 0x0c0c0c0cu, 1 * MiB, s);
+    CHECK_OK(gma_free(g, p));
+    CHECK_OK(gma_host_free(g, h)); /* its event: made in the stream's context */
+    CHECK_OK(gma_stream_wait_stream(g, NULL, s)); /* the waitee's context makes the event */
+    for (int i = 0; i < 20; i++) { /* polls record epoch events on s */
+      void *q;
+      CHECK_OK(gma_trim(g, UINT64_MAX));
+      CHECK_OK(gma_alloc(g, 1 * MiB, NULL, &q));
+      CHECK(q != p); /* s's work on p is still held */
+      CHECK_OK(gma_free(g, q));
+    }
+    atomic_store(&gate, 1);
+    CHECK_OK(gma_stream_synchronize(g, s));
+    CHECK_OK(gma_stream_synchronize(g, NULL));
+  }
+  CHECK_OK(gma_stream_retire(g, s));
+  CHECK(destroy(cs) == CUDA_SUCCESS);
+  CHECK(ctx_destroy(mine) == CUDA_SUCCESS);
+  drain(g);
+  CHECK_OK(gma_destroy(g));
+}
+
 /* ---- retired ----------------------------------------------------------- */
 /* The rule (README "Streams"): retire a stream before destroying it yourself.
  * Then gma never names the dead handle to the driver, which the strict fake
@@ -808,9 +874,11 @@ int main(int argc, char **argv) {
     scenario_hotpath();
   } else if (strcmp(scenario, "waitstream") == 0) {
     scenario_waitstream();
+  } else if (strcmp(scenario, "contexts") == 0) {
+    scenario_contexts();
   } else {
     fprintf(stderr, "usage: %s errors|events|growable|reuse|retired|devices|context|hotpath|"
-            "waitstream\n",
+            "waitstream|contexts\n",
             argv[0]);
     return 2;
   }
