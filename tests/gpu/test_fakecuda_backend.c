@@ -516,6 +516,15 @@ static void scenario_waitstream(void) {
   CHECK_OK(gma_destroy(g));
 }
 
+/* Opens the driver for this thread's direct calls; its cuGetProcAddress_v2. */
+static void *drv_get_proc(void) {
+  drv_open();
+  drv_bind_thread();
+  void *gp = dlsym(drv.lib, "cuGetProcAddress_v2");
+  CHECK(gp);
+  return gp;
+}
+
 /* ---- contexts ---------------------------------------------------------- */
 /* A stream of a context other than the primary one (cuCtxCreate; green
  * contexts are the same case on a GPU): gma's epoch events, a pinned host
@@ -535,10 +544,7 @@ static void *proc_at(void *gp, const char *name, int version) {
 
 static void scenario_contexts(void) {
   gma_t *g = drv_cuda_allocator("worker:off");
-  drv_open();
-  drv_bind_thread();
-  void *gp = dlsym(drv.lib, "cuGetProcAddress_v2");
-  CHECK(gp);
+  void *gp = drv_get_proc();
   __typeof__(&cuCtxCreate) ctx_create = proc_at(gp, "cuCtxCreate", 13000);
   __typeof__(&cuCtxDestroy) ctx_destroy = proc_at(gp, "cuCtxDestroy", 13000);
   __typeof__(&cuCtxPopCurrent) ctx_pop = proc_at(gp, "cuCtxPopCurrent", 13000);
@@ -602,10 +608,7 @@ static void *pt_host_alloc(void *arg) {
 
 static void scenario_retired(void) {
   gma_t *g = drv_cuda_allocator("worker:off");
-  drv_open();
-  drv_bind_thread();
-  void *gp = dlsym(drv.lib, "cuGetProcAddress_v2");
-  CHECK(gp);
+  void *gp = drv_get_proc();
   __typeof__(&cuStreamCreate) create = drv_proc(gp, "cuStreamCreate");
   __typeof__(&cuStreamDestroy) destroy = drv_proc(gp, "cuStreamDestroy");
   for (int round = 0; round < 3; round++) { /* handle values may be recycled */
