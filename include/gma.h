@@ -499,7 +499,7 @@ typedef struct gma_stats {
   uint64_t bytes_trimmed;       /* bytes given back to the device by every trim, not only
                                    gma_trim / gma_empty_cache: the worker's timed trims
                                    (idle, above release_threshold, pressure) count too, and
-                                   with expandable_segments chunks the OOM retry unmaps */
+                                   what the OOM retry gives back (segments, chunks) */
   uint64_t trims_explicit;      /* gma_trim / gma_empty_cache calls that released memory */
   uint64_t trims_timed;         /* timed trims that released cache above release_threshold,
                                    or (auto) memory outside the working set under pressure */

@@ -377,6 +377,7 @@ static void release_free_segments(gma__pool_t *p) {
     p->src->ops->give_back(p->src, &x);
     p->src->ops->settle(p->src, &x);
     p->c.device_frees += x.calls;
+    p->c.bytes_trimmed += x.done; /* as growable chunks given back here count */
     if (x.done < x.size) /* keep what the device would not take back */
       seg_adopt(p, x.kind, x.addr, x.size, NULL);
   }
