@@ -159,6 +159,8 @@ typedef struct cuda_device {
   CUdevice cudev;
   CUcontext ctx; /* the device's primary context, retained */
   bool vmm;      /* virtual memory management supported */
+  bool vmm_rdma; /* growable chunks can be GPUDirect RDMA capable (for NICs, NCCL) */
+  bool vmm_posix_fd; /* growable chunks can be exported as POSIX file descriptors (IPC) */
 } cuda_device_t;
 
 static cuda_device_t *cuda_of(gma__device_t *d) { return (cuda_device_t *)d; }
@@ -390,6 +392,12 @@ static CUmemAllocationProp chunk_prop(const cuda_device_t *dev) {
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = dev->ordinal;
+  /* As PyTorch's expandable segments: a chunk a NIC can read (GPUDirect
+   * RDMA, for NCCL over InfiniBand) and one that can be shared with another
+   * process, where the device supports it. */
+  prop.allocFlags.gpuDirectRDMACapable = dev->vmm_rdma ? 1 : 0;
+  prop.requestedHandleTypes =
+      dev->vmm_posix_fd ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
   return prop;
 }
 
@@ -578,6 +586,13 @@ gma_status_t gma__cuda_create(const gma_config_t *config, gma__device_t **out) {
   r = drv.cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
                                cudev);
   dev->vmm = r == CUDA_SUCCESS && vmm;
+  int rdma = 0, fd = 0;
+  r = drv.cuDeviceGetAttribute(&rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+                               cudev);
+  dev->vmm_rdma = r == CUDA_SUCCESS && rdma;
+  r = drv.cuDeviceGetAttribute(&fd, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                               cudev);
+  dev->vmm_posix_fd = r == CUDA_SUCCESS && fd;
   *out = &dev->base;
   return GMA_OK;
 }

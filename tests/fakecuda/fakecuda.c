@@ -389,6 +389,9 @@ static struct {
   uint64_t gran; /* immutable after cuInit: VMM granularity */
   uint64_t sim_gran; /* immutable after cuInit: the sim's granularity (divides gran) */
   bool vmm;      /* immutable after cuInit: the sim has vm ops */
+  bool vmm_rdma, vmm_posix_fd; /* immutable after cuInit: GMA_FAKECUDA_VMM_FEATURES */
+  /* mu: what the last successful cuMemCreate asked for (fakecuda_last_create) */
+  unsigned last_create_flags;
   fc_device_t dev[FC_MAX_DEVICES];
   pthread_rwlock_t mem_rw; /* writer-preferring: copy kernels never starve a free */
   pthread_mutex_t mu;
@@ -763,6 +766,16 @@ static bool read_env(void) {
     }
     fc.dev[i].capacity = mem;
   }
+  fc.vmm_rdma = fc.vmm_posix_fd = true; /* as an H100 with a current driver */
+  e = getenv("GMA_FAKECUDA_VMM_FEATURES");
+  if (e && *e) {
+    if (strcmp(e, "none") == 0) {
+      fc.vmm_rdma = fc.vmm_posix_fd = false;
+    } else if (strcmp(e, "all") != 0) {
+      fprintf(stderr, "fakecuda: GMA_FAKECUDA_VMM_FEATURES=%s: expected all or none\n", e);
+      return false;
+    }
+  }
   fc.gran = FC_DEFAULT_GRANULARITY;
   e = getenv("GMA_FAKECUDA_GRANULARITY");
   if (e && *e && !parse_size(e, e + strlen(e), &fc.gran)) {
@@ -874,7 +887,8 @@ CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevi
     case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = 0x18 + dev; break;
     case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: v = 0; break;
     case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: v = fc.vmm; break;
-    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: v = fc.vmm_posix_fd; break;
+    case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: v = fc.vmm_rdma; break;
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: v = 0; break;
     default: return CUDA_ERROR_INVALID_VALUE;
   }
@@ -1744,12 +1758,18 @@ CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dstDevice, const void *srcHost, s
  * Virtual memory management
  * ------------------------------------------------------------------------- */
 /* Checks an allocation property; *dev gets its device. */
+/* A handle type or the RDMA flag the device does not support is refused,
+ * as the driver refuses it. */
 static CUresult prop_check(const CUmemAllocationProp *prop, int *dev) {
   if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
       prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
       (prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE &&
        prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
     return CUDA_ERROR_INVALID_VALUE;
+  if ((prop->requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR &&
+       !fc.vmm_posix_fd) ||
+      (prop->allocFlags.gpuDirectRDMACapable && !fc.vmm_rdma))
+    return CUDA_ERROR_NOT_SUPPORTED;
   if (prop->location.id < 0 || prop->location.id >= fc.ndev) return CUDA_ERROR_INVALID_DEVICE;
   *dev = prop->location.id;
   return CUDA_SUCCESS;
@@ -1880,6 +1900,11 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
       d->used += size;
       *handle = e.id;
       h = NULL;
+      fc.last_create_flags =
+          (prop->allocFlags.gpuDirectRDMACapable ? FAKECUDA_CREATE_RDMA : 0u) |
+          (prop->requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+               ? FAKECUDA_CREATE_POSIX_FD
+               : 0u);
     } else {
       r = CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -2287,6 +2312,13 @@ FC_API unsigned long long fakecuda_used(int device) {
   return used;
 }
 
+FC_API unsigned fakecuda_last_create(void) {
+  pthread_mutex_lock(&fc.mu);
+  unsigned flags = fc.last_create_flags;
+  pthread_mutex_unlock(&fc.mu);
+  return flags;
+}
+
 FC_API unsigned fakecuda_strict(unsigned flags) {
   return atomic_exchange_explicit(&fc_strict_flags, flags & FAKECUDA_STRICT_ALL,
                                   memory_order_relaxed);
@@ -2300,3 +2332,5 @@ _Static_assert(__builtin_types_compatible_p(__typeof__(&fakecuda_calls), fakecud
 _Static_assert(__builtin_types_compatible_p(__typeof__(&fakecuda_launch), fakecuda_launch_fn), "");
 _Static_assert(__builtin_types_compatible_p(__typeof__(&fakecuda_used), fakecuda_used_fn), "");
 _Static_assert(__builtin_types_compatible_p(__typeof__(&fakecuda_strict), fakecuda_strict_fn), "");
+_Static_assert(__builtin_types_compatible_p(__typeof__(&fakecuda_last_create),
+                                            fakecuda_last_create_fn), "");

@@ -12,6 +12,11 @@
  *   GMA_FAKECUDA_MEM          memory per GPU, comma-separated sizes with K/M/G
  *                             suffixes, the last repeated (default 8G)
  *   GMA_FAKECUDA_GRANULARITY  VMM granularity (default 2M)
+ *   GMA_FAKECUDA_VMM_FEATURES all (default) or none: whether the devices
+ *                             support GPUDirect RDMA with VMM memory and POSIX
+ *                             file descriptor handles (their attributes; a
+ *                             cuMemCreate asking for an unsupported one gets
+ *                             CUDA_ERROR_NOT_SUPPORTED)
  *
  * Environment, read when the library is loaded:
  *   GMA_FAKECUDA_STRICT       the misuse checks that abort the process (see
@@ -61,5 +66,10 @@ typedef unsigned long long (*fakecuda_used_fn)(int device);
 /* Sets the checks in force (FAKECUDA_STRICT_* bits) and returns the previous
  * set; for a test that checks the error return of a misuse on purpose. */
 typedef unsigned (*fakecuda_strict_fn)(unsigned flags);
+
+/* What the last successful cuMemCreate asked for: FAKECUDA_CREATE_* bits. */
+#define FAKECUDA_CREATE_RDMA 1u     /* allocFlags.gpuDirectRDMACapable */
+#define FAKECUDA_CREATE_POSIX_FD 2u /* requestedHandleTypes POSIX file descriptor */
+typedef unsigned (*fakecuda_last_create_fn)(void);
 
 #endif

@@ -52,6 +52,10 @@ if(TARGET gma_fakecuda)
     gma_test(NAME fakecuda_backend_${scenario} EXE fakecuda_backend_errors LABELS fakecuda
       ARGS ${scenario} ENV ${gma_fake_env})
   endforeach()
+  # Growable chunks on a device without GPUDirect RDMA or POSIX fd handles:
+  # gma asks for neither (the fake refuses what the device lacks).
+  gma_test(NAME fakecuda_backend_growable_plain EXE fakecuda_backend_errors LABELS fakecuda
+    ARGS growable ENV ${gma_fake_env} GMA_FAKECUDA_VMM_FEATURES=none)
   # Two devices of 1 GiB and 4 GiB.
   foreach(scenario devices context)
     gma_test(NAME fakecuda_backend_${scenario} EXE fakecuda_backend_errors LABELS fakecuda

@@ -21,7 +21,9 @@
  *             coalesce, so an allocation spanning them needs no new chunk and
  *             no new reservation; trimming unmaps chunks (the driver's bytes
  *             drop) but never one under a block whose stream work is still
- *             queued (held with fakecuda_launch; the fake would fault).
+ *             queued (held with fakecuda_launch; the fake would fault);
+ *             chunks ask for GPUDirect RDMA and POSIX fd handles exactly when
+ *             the device supports them (growable_plain: a device without).
  *   reuse     a block freed on s1 while s1's work on it is held by a kernel
  *             is not handed to s2 until that work ran (the fake's epoch
  *             event is NOT_READY until then), and becomes free after.
@@ -83,6 +85,7 @@ static fakecuda_clear_faults_fn fc_clear;
 static fakecuda_calls_fn fc_calls;
 static fakecuda_launch_fn fc_launch;
 static fakecuda_used_fn fc_used;
+static fakecuda_last_create_fn fc_last_create;
 
 /* The fake's controls, without initializing the driver. */
 static void controls(void) {
@@ -95,7 +98,8 @@ static void controls(void) {
   fc_calls = (fakecuda_calls_fn)dlsym(h, "fakecuda_calls");
   fc_launch = (fakecuda_launch_fn)dlsym(h, "fakecuda_launch");
   fc_used = (fakecuda_used_fn)dlsym(h, "fakecuda_used");
-  CHECK(fc_fail && fc_clear && fc_calls && fc_launch && fc_used);
+  fc_last_create = (fakecuda_last_create_fn)dlsym(h, "fakecuda_last_create");
+  CHECK(fc_fail && fc_clear && fc_calls && fc_launch && fc_used && fc_last_create);
 }
 
 static void fail(const char *entry, unsigned long long nth, CUresult r) {
@@ -292,6 +296,11 @@ static void scenario_growable(void) {
   gma_stats_t st = stats_of(g);
   CHECK(st.reserved.current > 0 && st.reserved.current % gran == 0);
   CHECK(fc_used(0) == st.reserved.current);
+  /* Chunks are RDMA capable and exportable where the device supports it
+   * (GMA_FAKECUDA_VMM_FEATURES=none: a device that supports neither). */
+  const char *features = getenv("GMA_FAKECUDA_VMM_FEATURES");
+  bool plain = features && strcmp(features, "none") == 0;
+  CHECK(fc_last_create() == (plain ? 0u : FAKECUDA_CREATE_RDMA | FAKECUDA_CREATE_POSIX_FD));
   uint64_t before = st.reserved.current;
   CHECK_OK(gma_alloc(g, 3 * MiB, s, &mid));
   st = stats_of(g);
