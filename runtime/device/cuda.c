@@ -435,7 +435,21 @@ static gma_status_t cuda_vm_map(gma__device_t *d, uintptr_t addr, uint64_t size,
   cuda_device_t *dev = cuda_of(d);
   CUmemAllocationProp prop = chunk_prop(dev);
   CUmemGenericAllocationHandle h = 0;
-  CU_CALL(dev, "cuMemCreate", drv.cuMemCreate(&h, (size_t)size, &prop, 0));
+  bool pushed_c;
+  CUresult rc = ctx_enter(dev, &pushed_c);
+  if (rc != CUDA_SUCCESS) return cu_fail(rc, "cuCtxPushCurrent");
+  rc = drv.cuMemCreate(&h, (size_t)size, &prop, 0);
+  /* A device may report a feature a container or driver setting then
+   * refuses: a plain chunk serves gma as well (only export and RDMA need
+   * the extras). Out of memory is no such refusal. */
+  if (rc != CUDA_SUCCESS && rc != CUDA_ERROR_OUT_OF_MEMORY &&
+      (prop.allocFlags.gpuDirectRDMACapable || prop.requestedHandleTypes)) {
+    prop.allocFlags.gpuDirectRDMACapable = 0;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    rc = drv.cuMemCreate(&h, (size_t)size, &prop, 0);
+  }
+  ctx_leave(pushed_c);
+  if (rc != CUDA_SUCCESS) return cu_fail(rc, "cuMemCreate");
   bool pushed;
   const char *what = "cuMemMap";
   CUresult r = ctx_enter(dev, &pushed);

@@ -376,6 +376,18 @@ static void scenario_growable(void) {
   drain(g);
   CHECK(fc_used(0) == 0);
   CHECK(fc_calls("cuMemAddressReserve") == reserves);
+
+  /* A feature the device reports but then refuses: the chunk is made plain
+   * (one more cuMemCreate); out of memory is not retried that way. */
+  if (!plain) {
+    unsigned long long made = fc_calls("cuMemCreate");
+    CHECK(fc_fail("cuMemCreate", 1, CUDA_ERROR_NOT_PERMITTED) == 0);
+    void *z;
+    CHECK_OK(gma_alloc(g, 40 * MiB, s, &z));
+    CHECK(fc_calls("cuMemCreate") == made + 2 && fc_last_create() == 0);
+    CHECK_OK(gma_free(g, z));
+    fc_clear();
+  }
   CHECK_OK(gma_stream_destroy(g, s));
   CHECK_OK(gma_stream_destroy(g, s2));
   CHECK_OK(gma_destroy(g));
