@@ -113,7 +113,8 @@ _Static_assert(sizeof(uintptr_t) == sizeof(CUmemGenericAllocationHandle), "handl
   X(cuCtxDestroy)           \
   X(cuMemsetD32Async)       \
   X(cuMemcpyDtoHAsync)      \
-  X(cuMemcpyHtoDAsync)
+  X(cuMemcpyHtoDAsync)      \
+  X(cuStreamWaitValue32)
 #define FC_ALL_ENTRIES(X) X(cuGetProcAddress) GMA_CUDA_ENTRIES(X) FC_EXTRA_ENTRIES(X)
 
 enum {
@@ -1726,6 +1727,59 @@ static CUresult copy_launch(const char *entry, fc_copy_kind_t kind, CUdeviceptr 
   return r;
 }
 
+/* cuStreamWaitValue32: the stream waits, in stream order, until the 32-bit
+ * word at addr satisfies the condition; the host goes on. The fake's kernel
+ * polls the word (a device pointer of pinned host memory is its host
+ * address here). Only pinned host memory is accepted: what tests hold
+ * streams with. */
+typedef struct fc_wait_value {
+  volatile uint32_t *word;
+  uint32_t value;
+  unsigned op; /* CU_STREAM_WAIT_VALUE_GEQ / EQ / AND / NOR */
+} fc_wait_value_t;
+
+static void wait_value_kernel(void *arg) {
+  fc_wait_value_t *w = arg;
+  for (;;) {
+    uint32_t v = __atomic_load_n(w->word, __ATOMIC_ACQUIRE);
+    bool ok = w->op == CU_STREAM_WAIT_VALUE_GEQ ? (int32_t)(v - w->value) >= 0
+              : w->op == CU_STREAM_WAIT_VALUE_EQ ? v == w->value
+              : w->op == CU_STREAM_WAIT_VALUE_AND ? (v & w->value) != 0
+                                                  : ~(v | w->value) != 0;
+    if (ok) break;
+    struct timespec ts = {0, 50000};
+    nanosleep(&ts, NULL);
+  }
+  free(w);
+}
+
+CUresult CUDAAPI cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value,
+                                     unsigned int flags) {
+  FC_BEGIN(cuStreamWaitValue32);
+  unsigned op = flags & 0x3u;
+  if (addr % 4 || (flags & ~(0x3u | CU_STREAM_WAIT_VALUE_FLUSH))) return CUDA_ERROR_INVALID_VALUE;
+  fc_device_t *d;
+  CUresult r = stream_enter("cuStreamWaitValue32", stream, &d);
+  if (r != CUDA_SUCCESS) return r;
+  pthread_mutex_lock(&fc.mu);
+  bool pinned = host_is_pinned((const void *)(uintptr_t)addr, 4);
+  pthread_mutex_unlock(&fc.mu);
+  fc_wait_value_t *w = pinned ? malloc(sizeof *w) : NULL;
+  if (!pinned) {
+    r = CUDA_ERROR_INVALID_VALUE;
+  } else if (!w) {
+    r = CUDA_ERROR_OUT_OF_MEMORY;
+  } else {
+    *w = (fc_wait_value_t){(volatile uint32_t *)(uintptr_t)addr, value, op};
+    r = from_sim(d->sim->ops->sim_launch(d->sim, (gma_stream_t)stream, wait_value_kernel, w),
+                 CUDA_ERROR_INVALID_HANDLE);
+    if (r == CUDA_SUCCESS) w = NULL; /* the kernel frees it */
+  }
+  free(w);
+  dev_exit(d);
+  return r;
+}
+
 CUresult CUDAAPI cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N,
                                   CUstream hStream) {
   FC_BEGIN(cuMemsetD32Async);
@@ -2162,6 +2216,7 @@ static int entry_min_version(int e) {
     case FC_cuGetProcAddress: return 11030;
     case FC_cuStreamGetId: return 12000;
     case FC_cuCtxCreate: return 12050; /* the _v4 signature */
+    case FC_cuStreamWaitValue32: return 11070; /* the _v2 entry point */
     case FC_cuStreamGetCtx: return 9020;
     case FC_cuCtxDestroy: return 4000;
     case FC_cuDevicePrimaryCtxRelease: return 11000;

@@ -18,6 +18,7 @@
 #define GMA_TEST_DRV_H
 
 #include <dlfcn.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,6 +51,12 @@ typedef struct drv {
   drv_result_t (*cuEventDestroy)(drv_event_t);
   drv_result_t (*cuStreamWaitEvent)(void *, drv_event_t, unsigned);
   drv_result_t (*cuGetErrorName)(drv_result_t, const char **);
+  drv_result_t (*cuMemHostAlloc)(void **, size_t, unsigned);
+  drv_result_t (*cuMemFreeHost)(void *);
+  drv_result_t (*cuMemHostGetDevicePointer)(drv_ptr_t *, void *, unsigned);
+  /* NULL when the driver has no stream memory operations: then drv_hold
+   * holds nothing (and says so once). */
+  drv_result_t (*cuStreamWaitValue32)(void *, drv_ptr_t, uint32_t, unsigned);
   /* The fake driver's byte counter (fakecuda_used), NULL on a real driver. */
   unsigned long long (*fake_used)(int);
 } drv_t;
@@ -106,7 +113,18 @@ static inline void drv_open(void) {
   DRV_LOAD_(cuEventRecord);
   DRV_LOAD_(cuEventDestroy);
   DRV_LOAD_(cuStreamWaitEvent);
+  DRV_LOAD_(cuMemHostAlloc);
+  DRV_LOAD_(cuMemFreeHost);
+  DRV_LOAD_(cuMemHostGetDevicePointer);
 #undef DRV_LOAD_
+  {
+    typedef drv_result_t (*get_proc_t)(const char *, void **, int, unsigned long long, int *);
+    void *fn = NULL;
+    int status = -1;
+    if (((get_proc_t)gp)("cuStreamWaitValue32", &fn, 12000, 0, &status) == DRV_SUCCESS &&
+        status == 0)
+      drv.cuStreamWaitValue32 = (__typeof__(drv.cuStreamWaitValue32))fn;
+  }
   drv.fake_used = (unsigned long long (*)(int))dlsym(drv.lib, "fakecuda_used");
   DRV_CHECK(drv.cuInit(0));
   int dev = 0;
@@ -136,6 +154,34 @@ static inline void drv_to_host(void *host, const void *p, size_t bytes, gma_stre
 }
 
 static inline void drv_sync(gma_stream_t s) { DRV_CHECK(drv.cuStreamSynchronize(s)); }
+
+/* Pinned (page-locked) host memory: a device-to-host copy into it runs
+ * asynchronously on a GPU, as the race a test looks for needs (a copy into
+ * pageable malloc memory is synchronous, so the work it orders against has
+ * always finished). */
+static inline void *drv_pinned(size_t bytes) {
+  void *p = NULL;
+  DRV_CHECK(drv.cuMemHostAlloc(&p, bytes, 0x1 /* CU_MEMHOSTALLOC_PORTABLE */ | 0x2 /* DEVICEMAP */));
+  return p;
+}
+
+static inline void drv_pinned_free(void *p) { DRV_CHECK(drv.cuMemFreeHost(p)); }
+
+/* Holding a stream busy: drv_hold queues on s a wait until the pinned word
+ * *flag reaches value (cuStreamWaitValue32, GEQ), so everything queued on s
+ * afterwards waits too, while the host goes on; drv_release writes value
+ * and lets it run. No kernel is needed. False when the driver cannot hold. */
+static inline bool drv_hold(gma_stream_t s, volatile uint32_t *flag, uint32_t value) {
+  if (!drv.cuStreamWaitValue32) return false;
+  drv_ptr_t d = 0;
+  DRV_CHECK(drv.cuMemHostGetDevicePointer(&d, (void *)flag, 0));
+  DRV_CHECK(drv.cuStreamWaitValue32(s, d, value, 0x0 /* CU_STREAM_WAIT_VALUE_GEQ */));
+  return true;
+}
+
+static inline void drv_release(volatile uint32_t *flag, uint32_t value) {
+  __atomic_store_n(flag, value, __ATOMIC_RELEASE);
+}
 
 /* Makes later work on `waiter` wait for the work queued on `after` so far
  * (an event recorded on one stream and waited on by the other). */

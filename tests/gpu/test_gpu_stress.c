@@ -5,12 +5,24 @@
  * by a second stream (ordered after the fill by an event) and declared with
  * gma_record_stream. Frees are stream-ordered: a sample of the block (head,
  * middle, tail) is copied to the host on its stream, then the block is freed
- * at once, without waiting. Every few operations a thread synchronizes its
+ * at once, without waiting; samples go to pinned host memory, so the copies
+ * are asynchronous on a GPU too. A third of the frees happen while their
+ * stream is held busy (cuStreamWaitValue32 on a pinned word the thread
+ * releases at its next check), so the sample copy has surely not run when
+ * the block is freed and other threads allocate: that is the window in
+ * which an early reuse would overwrite it. Every few operations a thread
+ * synchronizes its
  * streams and checks the copies: a block handed out again while earlier work
  * on any stream still used it gets overwritten by its next owner's fill
  * before that work read it, and shows up as a corruption. Live blocks are
  * also kept in one address-ordered table; two live blocks that overlap are
  * counted. Both counts must be zero, with expandable_segments false and true.
+ *
+ * Built with GMA_STRESS_PLANT (fakecuda_stress_planted, an internal test),
+ * gma's epoch gating is switched off (GMA__TEST_NO_EPOCH_GATING: a freed
+ * block is free for every stream at once) and the run passes only if it
+ * finds corruption: proof that the held streams open a window this test
+ * can see.
  *
  * Usage: test_gpu_stress [seed [ops_per_thread [threads [streams_per_thread]]]]
  * (defaults 1 300 4 2: a small run). Skips (77) without a CUDA device. */
@@ -25,6 +37,9 @@
 #include "check.h"
 #include "drv.h"
 #include "rng.h"
+#ifdef GMA_STRESS_PLANT
+#include "pool.h" /* gma__pool_of and the planted switch */
+#endif
 
 #define MAX_LIVE 24
 #define MAX_STREAMS 8
@@ -35,7 +50,7 @@
 static gma_t *g;
 static uint64_t seed = 1;
 static unsigned ops = 300, nthreads = 4, nstreams = 2;
-static atomic_ullong corruptions, overlaps, allocs, recorded, checked;
+static atomic_ullong corruptions, overlaps, allocs, recorded, checked, held;
 
 /* Live blocks of every thread, address-ordered; overlaps means the allocator
  * handed out memory twice. */
@@ -105,6 +120,9 @@ typedef struct worker {
   size_t nlive, live_bytes;
   sample_t *samples;
   size_t nsamples, capsamples;
+  volatile uint32_t *flag; /* pinned: what held streams wait for */
+  uint32_t hold_seq;       /* held streams wait for flag >= hold_seq + 1 */
+  bool holding;
 } worker_t;
 
 /* Copies the head, middle and tail of b (all of it when small) to a host
@@ -112,8 +130,7 @@ typedef struct worker {
 static void sample(worker_t *w, const block_t *b, gma_stream_t s, const char *what) {
   size_t win = b->bytes < 3 * WINDOW ? b->bytes : WINDOW;
   size_t nwin = b->bytes < 3 * WINDOW ? 1 : 3;
-  uint32_t *host = malloc(nwin * win);
-  CHECK(host);
+  uint32_t *host = drv_pinned(nwin * win);
   size_t offs[3] = {0, (b->bytes / 2 - win / 2) & ~(size_t)3, b->bytes - win};
   for (size_t i = 0; i < nwin; i++) drv_to_host((char *)host + i * win, b->p + offs[i], win, s);
   if (w->nsamples == w->capsamples) {
@@ -125,6 +142,10 @@ static void sample(worker_t *w, const block_t *b, gma_stream_t s, const char *wh
 }
 
 static void verify(worker_t *w) {
+  if (w->holding) { /* let the held streams run */
+    drv_release(w->flag, ++w->hold_seq);
+    w->holding = false;
+  }
   for (unsigned i = 0; i < nstreams; i++) drv_sync(w->streams[i]);
   for (size_t i = 0; i < w->nsamples; i++) {
     sample_t *x = &w->samples[i];
@@ -136,7 +157,7 @@ static void verify(worker_t *w) {
         break;
       }
     }
-    free(x->host);
+    drv_pinned_free(x->host);
     atomic_fetch_add(&checked, 1);
   }
   w->nsamples = 0;
@@ -172,6 +193,10 @@ static void do_free(worker_t *w, size_t i) {
   block_t b = w->live[i];
   w->live[i] = w->live[--w->nlive];
   w->live_bytes -= b.size;
+  if (rnd(&w->rng) % 3 == 0 && drv_hold(b.s, w->flag, w->hold_seq + 1)) {
+    w->holding = true; /* the sample below waits for the thread's next check */
+    atomic_fetch_add(&held, 1);
+  }
   sample(w, &b, b.s, "before-free");
   live_remove((uintptr_t)b.p);
   CHECK_OK(gma_free(g, b.p)); /* stream-ordered: the sample copy runs first */
@@ -180,6 +205,8 @@ static void do_free(worker_t *w, size_t i) {
 static void *worker_main(void *arg) {
   worker_t *w = arg;
   drv_bind_thread();
+  w->flag = drv_pinned(64);
+  *w->flag = 0;
   for (unsigned op = 0; op < ops; op++) {
     bool alloc = w->nlive == 0 || (w->nlive < MAX_LIVE && rnd(&w->rng) % 100 < 55);
     if (alloc) {
@@ -192,6 +219,7 @@ static void *worker_main(void *arg) {
   while (w->nlive) do_free(w, w->nlive - 1);
   verify(w);
   free(w->samples);
+  drv_pinned_free((void *)w->flag);
   return NULL;
 }
 
@@ -199,7 +227,11 @@ static void phase(const char *conf) {
   atomic_store(&allocs, 0);
   atomic_store(&recorded, 0);
   atomic_store(&checked, 0);
+  atomic_store(&held, 0);
   g = drv_cuda_allocator(conf);
+#ifdef GMA_STRESS_PLANT
+  gma__pool_of(g)->test_flags = GMA__TEST_NO_EPOCH_GATING;
+#endif
   worker_t *ws = calloc(nthreads, sizeof *ws);
   pthread_t *th = calloc(nthreads, sizeof *th);
   CHECK(ws && th);
@@ -223,6 +255,9 @@ static void phase(const char *conf) {
   CHECK(s.allocated.current == 0);
   CHECK(s.reserved.current ==
         s.allocated.current + s.stream_cached_bytes + s.pending_bytes + s.free_bytes);
+  printf("%s: %llu frees while their stream was held%s\n", conf,
+         (unsigned long long)atomic_load(&held),
+         drv.cuStreamWaitValue32 ? "" : " (the driver has no cuStreamWaitValue32)");
   printf("%s: %llu allocations (%llu also read by a second stream), %llu samples checked; "
          "hits bin %llu stream %llu pool %llu device %llu; peak reserved %llu MiB\n",
          conf, (unsigned long long)atomic_load(&allocs), (unsigned long long)atomic_load(&recorded),
@@ -259,6 +294,11 @@ int main(int argc, char **argv) {
   free(live_tab);
   unsigned long long c = atomic_load(&corruptions), o = atomic_load(&overlaps);
   printf("corruptions %llu, overlaps %llu\n", c, o);
+#ifdef GMA_STRESS_PLANT
+  printf("planted (no epoch gating): %s\n", c ? "detected, as it must be" : "NOT detected");
+  return c ? 0 : 1;
+#else
   CHECK(c == 0 && o == 0);
   return 0;
+#endif
 }
