@@ -172,10 +172,16 @@ static inline void drv_pinned_free(void *p) { DRV_CHECK(drv.cuMemFreeHost(p)); }
  * afterwards waits too, while the host goes on; drv_release writes value
  * and lets it run. No kernel is needed. False when the driver cannot hold. */
 static inline bool drv_hold(gma_stream_t s, volatile uint32_t *flag, uint32_t value) {
-  if (!drv.cuStreamWaitValue32) return false;
+  __typeof__(drv.cuStreamWaitValue32) wait = __atomic_load_n(&drv.cuStreamWaitValue32, __ATOMIC_RELAXED);
+  if (!wait) return false;
   drv_ptr_t d = 0;
   DRV_CHECK(drv.cuMemHostGetDevicePointer(&d, (void *)flag, 0));
-  DRV_CHECK(drv.cuStreamWaitValue32(s, d, value, 0x0 /* CU_STREAM_WAIT_VALUE_GEQ */));
+  drv_result_t r = wait(s, d, value, 0x0 /* CU_STREAM_WAIT_VALUE_GEQ */);
+  if (r != DRV_SUCCESS) { /* a GPU without stream memory operations: hold nothing */
+    if (__atomic_exchange_n(&drv.cuStreamWaitValue32, NULL, __ATOMIC_RELAXED))
+      fprintf(stderr, "drv: cuStreamWaitValue32 failed (%d): streams are not held\n", r);
+    return false;
+  }
   return true;
 }
 

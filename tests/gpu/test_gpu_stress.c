@@ -257,7 +257,9 @@ static void phase(const char *conf) {
         s.allocated.current + s.stream_cached_bytes + s.pending_bytes + s.free_bytes);
   printf("%s: %llu frees while their stream was held%s\n", conf,
          (unsigned long long)atomic_load(&held),
-         drv.cuStreamWaitValue32 ? "" : " (the driver has no cuStreamWaitValue32)");
+         __atomic_load_n(&drv.cuStreamWaitValue32, __ATOMIC_RELAXED)
+             ? ""
+             : " (no stream held: the driver has no usable cuStreamWaitValue32)");
   printf("%s: %llu allocations (%llu also read by a second stream), %llu samples checked; "
          "hits bin %llu stream %llu pool %llu device %llu; peak reserved %llu MiB\n",
          conf, (unsigned long long)atomic_load(&allocs), (unsigned long long)atomic_load(&recorded),
