@@ -80,16 +80,21 @@ static void test_alloc_free(gma_t *g, gma_stream_t s1, gma_stream_t s2) {
 }
 
 /* A block used by s2 too, freed on s1: neither stream's next allocations
- * may overwrite it before s2's read of it has run. */
+ * may overwrite it before s2's read of it has run. The read goes to pinned
+ * memory (asynchronous on a GPU) and s2 is held busy (cuStreamWaitValue32)
+ * until the next allocations' fills are queued, so the read has surely not
+ * run when the block is freed and handed out again. */
 static void test_record_stream(gma_t *g, gma_stream_t s1, gma_stream_t s2) {
   const size_t n = 2 * MiB;
-  uint32_t *h = malloc(n);
-  CHECK(h);
-  for (int round = 0; round < 8; round++) {
+  uint32_t *h = drv_pinned(n);
+  volatile uint32_t *flag = drv_pinned(64);
+  *flag = 0;
+  for (uint32_t round = 0; round < 8; round++) {
     void *p;
     CHECK_OK(gma_alloc(g, n, s1, &p));
-    drv_memset32(p, 0x5eed0000u + (uint32_t)round, n, s1);
+    drv_memset32(p, 0x5eed0000u + round, n, s1);
     drv_order(s2, s1);
+    bool held = drv_hold(s2, flag, round + 1);
     drv_to_host(h, p, n, s2);
     CHECK_OK(gma_record_stream(g, p, s2));
     CHECK_OK(gma_record_stream(g, p, s1)); /* its own stream: nothing to add */
@@ -99,13 +104,15 @@ static void test_record_stream(gma_t *g, gma_stream_t s1, gma_stream_t s2) {
     drv_memset32(q1, 0xdead0000u, n, s1);
     CHECK_OK(gma_alloc(g, n, s2, &q2));
     drv_memset32(q2, 0xbeef0000u, n, s2);
+    if (held) drv_release(flag, round + 1);
     drv_sync(s1);
     drv_sync(s2);
-    for (size_t i = 0; i < n / 4; i++) CHECK(h[i] == 0x5eed0000u + (uint32_t)round);
+    for (size_t i = 0; i < n / 4; i++) CHECK(h[i] == 0x5eed0000u + round);
     CHECK_OK(gma_free(g, q1));
     CHECK_OK(gma_free(g, q2));
   }
-  free(h);
+  drv_pinned_free((void *)flag);
+  drv_pinned_free(h);
 }
 
 static void test_bad_pointers(gma_t *g, gma_stream_t s1) {

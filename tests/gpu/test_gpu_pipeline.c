@@ -176,8 +176,10 @@ int main(int argc, char **argv) {
   pthread_t th[STAGES];
   for (unsigned k = 0; k < STAGES; k++) {
     CHECK_OK(gma_stream_create(g, &streams[k]));
-    st[k] = (stage_t){.k = k, .samples = calloc(VERIFY_EVERY + 2, sizeof(pending_sample_t))};
-    CHECK(st[k].samples);
+    /* Pinned: the sample copies are asynchronous on a GPU, as the race the
+     * check looks for needs (into pageable memory they would be synchronous). */
+    st[k] = (stage_t){.k = k, .samples = drv_pinned((VERIFY_EVERY + 2) * sizeof(pending_sample_t))};
+    memset(st[k].samples, 0, (VERIFY_EVERY + 2) * sizeof(pending_sample_t));
   }
   for (unsigned k = 0; k + 1 < STAGES; k++) {
     pthread_mutex_init(&queues[k].mu, NULL);
@@ -189,7 +191,7 @@ int main(int argc, char **argv) {
   for (unsigned k = 0; k < STAGES; k++) {
     pthread_join(th[k], NULL);
     at_once += st[k].futures_at_once;
-    free(st[k].samples);
+    drv_pinned_free(st[k].samples);
   }
   gma_stats_t s = GMA_STATS_INIT;
   CHECK_OK(gma_stats(g, &s));
