@@ -298,36 +298,14 @@ static gma_status_t free_now(gma_t *g, void *ptr) {
   return st;
 }
 
-/* The start of the live device allocation addr lies in, or 0. Under the
- * pool lock: a block record's addr changes only under it (the worker may be
- * coalescing this very record). A pointer at a block's start is found in the
- * page map; one inside a block walks the blocks of its segment (the page map
- * knows only where blocks start). */
-static uintptr_t live_base(gma__pool_t *p, uintptr_t addr) {
-  uintptr_t base = 0;
-  pthread_mutex_lock(&p->lock);
-  gma__block_t *b = gma__pagemap_get(&p->pagemap, addr);
-  if (b && b->addr == addr) { /* a block starts here: the pool judges its state */
-    pthread_mutex_unlock(&p->lock);
-    return addr;
-  }
-  gma__segment_t *seg = gma__seg_find(p, addr);
-  for (b = seg ? seg->first : NULL; b && addr >= b->addr + b->size;) b = b->next;
-  if (b && gma__load_relaxed(&b->state) == GMA__LIVE) base = b->addr;
-  pthread_mutex_unlock(&p->lock);
-  return base;
-}
-
 gma_status_t gma_record_stream(gma_t *g, void *ptr, gma_stream_t stream) {
   GMA__CHECK(g, "gma_record_stream");
   stream = gma__stream_arg(g, stream);
   CHECK_ARG(ptr, "gma_record_stream: ptr is NULL");
-  /* Anywhere inside a live allocation names the whole allocation, as
-   * PyTorch's record_stream names a tensor's whole storage (a view's data
-   * pointer is often inside it). */
-  uintptr_t base = live_base(&g->pool, (uintptr_t)ptr);
-  void *named = base ? (void *)base : ptr; /* the allocation's start, for the trace too */
-  gma_status_t st = gma__pool_record_stream(&g->pool, named, stream);
+  /* Anywhere inside a live allocation names the whole allocation; the
+   * trace records its start. */
+  void *named = ptr;
+  gma_status_t st = gma__pool_record_stream(&g->pool, ptr, stream, &named);
   if (st == GMA_ERR_INVALID_POINTER) {
     void *hbase = NULL;
     int kind = gma__host_contains(&g->host, ptr, &hbase);

@@ -63,7 +63,9 @@ gma_status_t gma__set_error(gma_status_t status, const char *fmt, ...) {
   vsnprintf(body, sizeof body, fmt, ap);
   va_end(ap);
   char msg[sizeof last_error];
-  snprintf(msg, sizeof msg, "%s: %s", gma_status_name(status), gma__error_detail(body));
+  const char *name = gma_status_name(status);
+  int room = (int)sizeof msg - (int)strlen(name) - 3; /* ": " and the terminator */
+  snprintf(msg, sizeof msg, "%s: %.*s", name, room > 0 ? room : 0, gma__error_detail(body));
   memcpy(last_error, msg, sizeof msg);
   return status;
 }

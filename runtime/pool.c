@@ -964,12 +964,22 @@ gma_status_t gma__pool_free_slow(gma__pool_t *p, void *ptr) {
   return GMA_OK;
 }
 
-gma_status_t gma__pool_record_stream(gma__pool_t *p, void *ptr, gma_stream_t stream) {
+/* Anywhere inside a live allocation names the whole allocation (PyTorch's
+ * record_stream names a tensor's whole storage; a view's pointer is often
+ * inside it): a block's start is found in the page map, an interior pointer
+ * by walking its segment's blocks. *base gets the allocation's start. */
+gma_status_t gma__pool_record_stream(gma__pool_t *p, void *ptr, gma_stream_t stream,
+                                     void **base) {
   uint64_t id;
   gma_status_t st = p->dev->ops->stream_id(p->dev, stream, &id);
   if (st != GMA_OK) return st;
   pthread_mutex_lock(&p->lock);
   gma__block_t *b = live_block(p, (uintptr_t)ptr);
+  if (!b) {
+    b = block_containing(p, (uintptr_t)ptr);
+    if (b && state_of(b) != GMA__LIVE) b = NULL;
+  }
+  if (b) *base = (void *)b->addr;
   gma__stream_t *u = b ? gma__stream_resolve(p, stream, id) : NULL;
   if (!b) {
     st = bad_pointer(p, (uintptr_t)ptr, "gma_record_stream");

@@ -312,7 +312,9 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t size, gma_stream_t stre
  * full OOM message (what is where, and why) as the last error. */
 gma_status_t gma__pool_oom_report(gma__pool_t *p, uint64_t bytes, gma_stream_t stream);
 gma_status_t gma__pool_free_slow(gma__pool_t *p, void *ptr);
-gma_status_t gma__pool_record_stream(gma__pool_t *p, void *ptr, gma_stream_t stream);
+/* ptr may lie anywhere inside a live allocation; *base gets its start. */
+gma_status_t gma__pool_record_stream(gma__pool_t *p, void *ptr, gma_stream_t stream,
+                                     void **base);
 /* Marks (or unmarks) the live block at ptr as held by an uncollected future. */
 void gma__pool_hold(gma__pool_t *p, void *ptr, bool held);
 /* What a trim releases, in two passes over free memory (whole free

@@ -316,11 +316,7 @@ def main():
     p.add_argument("--worker-out", help=argparse.SUPPRESS)
     p.add_argument("--plugin", help=argparse.SUPPRESS)
     args = p.parse_args()
-    ids = [s[0] for s in SCENARIOS]
-    args.scenarios = [s for s in args.scenarios.split(",") if s]
-    for s in args.scenarios:
-        if s not in ids:
-            p.error("unknown scenario %r (ids: %s)" % (s, ", ".join(ids)))
+    args.scenarios = torchkit.choose(p, args.scenarios, [s[0] for s in SCENARIOS], "scenario")
     if args.worker:
         worker(args)
         return 0
@@ -330,10 +326,7 @@ def main():
         return skip(args, why)
     import torch  # cuda_unavailable imported it already
 
-    wanted = [a for a in args.allocators.split(",") if a]
-    for a in wanted:
-        if a not in ALLOCATORS:
-            p.error("unknown allocator %r (%s)" % (a, ", ".join(ALLOCATORS)))
+    wanted = torchkit.choose(p, args.allocators, ALLOCATORS, "allocator")
     allocators, per_alloc, info = {}, {}, {}
     for a in ALLOCATORS:
         name, how = ALLOCATORS[a]

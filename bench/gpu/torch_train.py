@@ -237,10 +237,7 @@ def main():
         return skip(args, why)
     import torch  # cuda_unavailable imported it already
 
-    wanted = [r for r in args.runs.split(",") if r]
-    for r in wanted:
-        if r not in RUNS:
-            p.error("unknown run %r (%s)" % (r, ", ".join(RUNS)))
+    wanted = torchkit.choose(p, args.runs, RUNS, "run")
     plugin = args.plugin or os.environ.get("GMA_TORCH_PLUGIN") or os.path.join(
         REPO, "build", "release", "libgma_torch.so")
     runs, info, status = {}, {}, 0

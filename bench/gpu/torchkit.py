@@ -1,6 +1,6 @@
 """What bench/gpu's PyTorch scripts (torch_bench.py, torch_train.py) share:
-writing their JSON, saying why they skip, and finding a usable CUDA device
-through torch. Standard library only; torch is imported here, lazily."""
+writing their JSON, saying why they skip, reading a comma-separated choice,
+and finding a usable CUDA device through torch. Standard library only; torch is imported here, lazily."""
 import json
 
 
@@ -31,3 +31,12 @@ def cuda_unavailable(device):
     if device >= torch.cuda.device_count():
         return "--device %d, but torch sees %d device(s)" % (device, torch.cuda.device_count())
     return None
+
+
+def choose(parser, text, known, what):
+    """The comma-separated names in text; parser.error on one not in known."""
+    names = [n for n in text.split(",") if n]
+    for n in names:
+        if n not in known:
+            parser.error("unknown %s %r (%s)" % (what, n, ", ".join(known)))
+    return names

@@ -223,24 +223,24 @@ __attribute__((noreturn, format(printf, 2, 3))) static void fc_misuse(const char
   abort();
 }
 
-/* The answer to a stream handle that is not live: abort when strict, else
- * CUDA_ERROR_INVALID_HANDLE. */
-static CUresult bad_stream(const char *entry, CUstream s) {
+/* The answer to a stream or event handle that is not live: abort when
+ * strict, else CUDA_ERROR_INVALID_HANDLE. kind: "stream" or "event". */
+static CUresult bad_handle(const char *entry, const char *kind, const char *destroyer,
+                           const void *h) {
   if (fc_strict(FAKECUDA_STRICT_HANDLES))
     fc_misuse("handles",
-              "%s: stream %p is not a live stream of any device (destroyed by cuStreamDestroy "
-              "or by its primary context's reset, or never created)",
-              entry, (void *)s);
+              "%s: %s %p is not a live %s of any device (destroyed by %s or by its primary "
+              "context's reset, or never created)",
+              entry, kind, h, kind, destroyer);
   return CUDA_ERROR_INVALID_HANDLE;
 }
 
+static CUresult bad_stream(const char *entry, CUstream s) {
+  return bad_handle(entry, "stream", "cuStreamDestroy", (const void *)s);
+}
+
 static CUresult bad_event(const char *entry, CUevent ev) {
-  if (fc_strict(FAKECUDA_STRICT_HANDLES))
-    fc_misuse("handles",
-              "%s: event %p is not a live event of any device (destroyed by cuEventDestroy or "
-              "by its primary context's reset, or never created)",
-              entry, (void *)ev);
-  return CUDA_ERROR_INVALID_HANDLE;
+  return bad_handle(entry, "event", "cuEventDestroy", (const void *)ev);
 }
 
 /* ---------------------------------------------------------------------------

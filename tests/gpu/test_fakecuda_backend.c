@@ -102,6 +102,15 @@ static void controls(void) {
   CHECK(fc_fail && fc_clear && fc_calls && fc_launch && fc_used && fc_last_create);
 }
 
+/* An allocator on the fake GPU with conf, and the driver opened for this
+ * thread's own calls (device 0's primary context current). */
+static gma_t *bound_allocator(const char *conf) {
+  gma_t *g = drv_cuda_allocator(conf);
+  drv_open();
+  drv_bind_thread();
+  return g;
+}
+
 static void fail(const char *entry, unsigned long long nth, CUresult r) {
   CHECK(fc_fail(entry, nth, r) == 0);
 }
@@ -245,9 +254,7 @@ static void epoch_round(gma_t *g, gma_stream_t s1, gma_stream_t s2, int i) {
 }
 
 static void scenario_events(void) {
-  gma_t *g = drv_cuda_allocator("worker:off");
-  drv_open();
-  drv_bind_thread();
+  gma_t *g = bound_allocator("worker:off");
   gma_stream_t s1, s2;
   CHECK_OK(gma_stream_create(g, &s1));
   CHECK_OK(gma_stream_create(g, &s2));
@@ -282,9 +289,7 @@ static void scenario_growable(void) {
   const uint64_t gran = 2 * MiB; /* GMA_FAKECUDA_GRANULARITY */
   /* Minimum chunk one granule (large_segment:2M): each growth maps
    * what it lacks, so chunks and trims can be counted one by one. */
-  gma_t *g = drv_cuda_allocator("expandable_segments:true,worker:off,large_segment:2M");
-  drv_open();
-  drv_bind_thread();
+  gma_t *g = bound_allocator("expandable_segments:true,worker:off,large_segment:2M");
   unsigned long long reserves = fc_calls("cuMemAddressReserve");
   gma_stream_t s, s2;
   CHECK_OK(gma_stream_create(g, &s));
@@ -405,9 +410,7 @@ static bool overlaps(const void *a, size_t na, const void *b, size_t nb) {
  * in the fake until the held kernel and the memset after it have run. Once
  * they did, the memory becomes free for every stream. */
 static void scenario_reuse(void) {
-  gma_t *g = drv_cuda_allocator("worker:off,reuse:query");
-  drv_open();
-  drv_bind_thread();
+  gma_t *g = bound_allocator("worker:off,reuse:query");
   gma_stream_t s1, s2;
   CHECK_OK(gma_stream_create(g, &s1));
   CHECK_OK(gma_stream_create(g, &s2));
@@ -481,9 +484,7 @@ static void *wait_from_unbound_thread(void *arg) {
 }
 
 static void scenario_waitstream(void) {
-  gma_t *g = drv_cuda_allocator("worker:off");
-  drv_open();
-  drv_bind_thread();
+  gma_t *g = bound_allocator("worker:off");
   gma_stream_t s1, s2;
   CHECK_OK(gma_stream_create(g, &s1));
   CHECK_OK(gma_stream_create(g, &s2));
@@ -537,10 +538,9 @@ static void scenario_waitstream(void) {
   CHECK_OK(gma_destroy(g));
 }
 
-/* Opens the driver for this thread's direct calls; its cuGetProcAddress_v2. */
+/* The driver's cuGetProcAddress_v2, for entry points drv.h does not load
+ * (after bound_allocator opened the driver). */
 static void *drv_get_proc(void) {
-  drv_open();
-  drv_bind_thread();
   void *gp = dlsym(drv.lib, "cuGetProcAddress_v2");
   CHECK(gp);
   return gp;
@@ -564,7 +564,7 @@ static void *proc_at(void *gp, const char *name, int version) {
 }
 
 static void scenario_contexts(void) {
-  gma_t *g = drv_cuda_allocator("worker:off");
+  gma_t *g = bound_allocator("worker:off");
   void *gp = drv_get_proc();
   __typeof__(&cuCtxCreate) ctx_create = proc_at(gp, "cuCtxCreate", 13000);
   __typeof__(&cuCtxDestroy) ctx_destroy = proc_at(gp, "cuCtxDestroy", 13000);
@@ -628,7 +628,7 @@ static void *pt_host_alloc(void *arg) {
 }
 
 static void scenario_retired(void) {
-  gma_t *g = drv_cuda_allocator("worker:off");
+  gma_t *g = bound_allocator("worker:off");
   void *gp = drv_get_proc();
   __typeof__(&cuStreamCreate) create = drv_proc(gp, "cuStreamCreate");
   __typeof__(&cuStreamDestroy) destroy = drv_proc(gp, "cuStreamDestroy");
