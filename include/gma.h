@@ -176,6 +176,10 @@ typedef struct gma_config {
    * or, for programs built with nvcc --default-stream per-thread, the calling
    * thread's own default stream (1: every NULL is GMA_STREAM_PER_THREAD). */
   int per_thread_default_stream; /* "default_stream": legacy | per_thread (legacy) */
+  /* Planned memory for repeating workloads (gma_iteration_mark): gma learns
+   * one iteration's allocations, places them in one arena off the hot path,
+   * and serves later iterations from the plan. */
+  int plan;                      /* "plan": off | on (off) */
 } gma_config_t;
 
 /* release_threshold = GMA_RELEASE_ALL (GMA_CONF "release_threshold:0"): every
@@ -525,6 +529,19 @@ typedef struct gma_stats {
   uint64_t fallback_bytes;      /* host memory in live fallback allocations now */
   uint64_t num_oom_waits;       /* times an allocation waited for device work before an OOM
                                    (oom_wait_ms) */
+  /* Planned memory (plan:on; all 0 otherwise). The arena is one allocation
+   * of the pool: allocated and reserved count all of it, used or not. */
+  int plan_state;               /* 0 off, 1 learning, 2 verifying, 3 placing, 4 active */
+  uint64_t plan_hits;           /* gma_alloc calls served at their planned address */
+  uint64_t plan_misses;         /* calls of an active plan's streams served otherwise
+                                   (another size, order or stream, an extra call, or the
+                                   planned memory not yet reusable) */
+  uint64_t plan_replans;        /* plans dropped because iterations stopped matching */
+  uint64_t plan_arena_bytes;    /* the active plan's arena (0: none) */
+  uint64_t plan_lower_bound;    /* peak live bytes of the planned allocations: no placement
+                                   needs less than this */
+  uint64_t plan_slots;          /* allocations the plan places per iteration */
+  uint64_t plan_iterations;     /* gma_iteration_mark calls */
 } gma_stats_t;
 
 #if defined(__cplusplus) && __cplusplus < 202002L
@@ -540,6 +557,16 @@ typedef struct gma_stats {
  * allocated/requested/active are sampled at every pool operation and read.
  * Any thread. */
 GMA_API gma_status_t gma_stats(gma_t *g, gma_stats_t *out);
+
+/* Marks the end of one iteration of a repeating workload and the start of
+ * the next (plan:on; a no-op returning GMA_OK otherwise). Call it at the same
+ * point of every iteration, for example after the optimizer step, from one
+ * thread. See the README's "Planned memory" for what is learned and when a
+ * plan is made, used and dropped. The mark that puts a new plan to use waits
+ * once for the device to finish its queued work (as cudaDeviceSynchronize)
+ * and gives back the cache of the learning iterations before it takes the
+ * arena; every other mark returns without waiting. Any thread. */
+GMA_API gma_status_t gma_iteration_mark(gma_t *g);
 
 /* What gma knows of one stream. */
 typedef struct gma_stream_stats {

@@ -546,3 +546,9 @@ gma_status_t gma_sim_launch(gma_t *g, gma_stream_t stream, gma_sim_kernel_fn fn,
 
 /* For internal tests: the pool behind an allocator. */
 gma__pool_t *gma__pool_of(gma_t *g) { return &g->pool; }
+
+gma_status_t gma_iteration_mark(gma_t *g) {
+  GMA__CHECK(g, "gma_iteration_mark");
+  if (!g->cfg.plan) return GMA_OK; /* plan:off: nothing to learn */
+  return gma__set_error(GMA_ERR_UNSUPPORTED, "gma_iteration_mark: plan:on is being built");
+}

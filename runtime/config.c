@@ -19,7 +19,7 @@
 #define TiB (1ull << 40)
 
 typedef enum {
-  KIND_SIZE, KIND_COUNT, KIND_DEVICE, KIND_REUSE, KIND_ONOFF, KIND_BOOL, KIND_PATH, KIND_FALLBACK, KIND_DEFSTREAM,
+  KIND_SIZE, KIND_COUNT, KIND_DEVICE, KIND_REUSE, KIND_ONOFF, KIND_BOOL, KIND_PATH, KIND_FALLBACK, KIND_DEFSTREAM, KIND_PLAN,
   KIND_THRESHOLD /* a size; "auto" is 0 (the default), "0" is GMA_RELEASE_ALL */
 } value_kind_t;
 
@@ -58,6 +58,7 @@ static const key_spec_t keys[] = {
     {"host_release_threshold", FIELD(host_release_threshold), KIND_SIZE, 0, 1024 * TiB},
     {"oom_wait_ms", FIELD(oom_wait_ms), KIND_COUNT, 0, 86400000},
     {"default_stream", FIELD(per_thread_default_stream), KIND_DEFSTREAM, 0, 1},
+    {"plan", FIELD(plan), KIND_PLAN, 0, 1},
     {"sim_alloc_ns", FIELD(sim_alloc_latency_ns), KIND_COUNT, 0, 10000000000ull},
     {"sim_free_ns", FIELD(sim_free_latency_ns), KIND_COUNT, 0, 10000000000ull},
     {"sim_event_ns", FIELD(sim_event_latency_ns), KIND_COUNT, 0, 10000000000ull},
@@ -71,6 +72,7 @@ static uint64_t get_field(const gma_config_t *c, const key_spec_t *k) {
   if (k->kind == KIND_DEVICE) return (uint64_t)*(const gma_device_kind_t *)at;
   if (k->kind == KIND_REUSE) return (uint64_t)*(const gma_reuse_t *)at;
   if (k->kind == KIND_ONOFF || k->kind == KIND_BOOL || k->kind == KIND_FALLBACK || k->kind == KIND_DEFSTREAM ||
+      k->kind == KIND_PLAN ||
       k->offset == FIELD(device_ordinal))
     return (uint64_t)(int64_t)*(const int *)at;
   return *(const uint64_t *)at;
@@ -83,6 +85,7 @@ static void set_field(gma_config_t *c, const key_spec_t *k, uint64_t v) {
   else if (k->kind == KIND_REUSE)
     *(gma_reuse_t *)at = (gma_reuse_t)v;
   else if (k->kind == KIND_ONOFF || k->kind == KIND_BOOL || k->kind == KIND_FALLBACK || k->kind == KIND_DEFSTREAM ||
+      k->kind == KIND_PLAN ||
       k->offset == FIELD(device_ordinal))
     *(int *)at = (int)v;
   else
@@ -172,6 +175,7 @@ static const char *const onoff_names[] = {"on", "off"};
 static const char *const bool_names[] = {"false", "true"};
 static const char *const fallback_names[] = {"none", "host"};
 static const char *const defstream_names[] = {"legacy", "per_thread"};
+static const char *const plan_names[] = {"off", "on"};
 
 static void trim(const char **s, size_t *len) {
   while (*len && isspace((unsigned char)**s)) (*s)++, (*len)--;
@@ -197,6 +201,7 @@ static const char *const *names_of(const key_spec_t *k, uint64_t *n) {
     case KIND_BOOL: *n = 2; return bool_names;
     case KIND_FALLBACK: *n = 2; return fallback_names;
     case KIND_DEFSTREAM: *n = 2; return defstream_names;
+    case KIND_PLAN: *n = 2; return plan_names;
     default: *n = 0; return NULL;
   }
 }
@@ -385,6 +390,10 @@ gma_status_t gma_config_parse(gma_config_t *config, const char *text) {
       case KIND_DEFSTREAM:
         ok = parse_name(val, vlen, defstream_names, 2, &v);
         expected = "legacy or per_thread";
+        break;
+      case KIND_PLAN:
+        ok = parse_name(val, vlen, plan_names, 2, &v);
+        expected = "off or on";
         break;
       case KIND_SIZE:
         ok = parse_number(val, vlen, true, &v);
