@@ -6,6 +6,7 @@
 #include "device/device.h"
 #include "fork.h"
 #include "host.h"
+#include "plan.h"
 #include "pool.h"
 #include "worker.h"
 
@@ -31,6 +32,7 @@ struct gma {
   gma__pool_t pool;
   gma__host_t host;   /* pinned host memory and CPU fallbacks */
   gma__worker_t worker;
+  gma__planner_t plan; /* planned memory (plan:on); inert otherwise */
 };
 
 /* GMA_OK for a live allocator; GMA_ERR_INVALID_ARGUMENT naming fn for NULL,

@@ -92,14 +92,21 @@ gma_status_t gma_create(const gma_config_t *config, gma_t **out) {
     st = gma__pool_init(&g->pool, g->dev, &g->cfg);
   }
   if (st == GMA_OK && (st = gma__host_init(&g->host, g->dev)) != GMA_OK) gma__pool_fini(&g->pool);
-  bool started = st == GMA_OK; /* pool and host pool exist */
+  if (st == GMA_OK && (st = gma__plan_init(&g->plan, &g->pool, &g->worker, &g->cfg)) != GMA_OK) {
+    uint64_t n, bytes;
+    gma__host_fini(&g->host, &n, &bytes);
+    gma__pool_fini(&g->pool);
+  }
+  bool started = st == GMA_OK; /* pool, host pool and planner exist */
   if (st == GMA_OK && g->cfg.trace_path[0]) st = gma_trace_start(g, g->cfg.trace_path);
   if (st == GMA_OK) st = gma__worker_start(&g->worker, g, &g->pool, &g->cfg);
   if (st != GMA_OK && started) {
     uint64_t n, bytes;
     gma__trace_t *traces = g->pool.traces;
+    gma__plan_release(&g->plan, &bytes);
     gma__host_fini(&g->host, &n, &bytes);
     gma__pool_fini(&g->pool);
+    gma__plan_fini(&g->plan);
     gma__trace_free(traces);
   }
   if (st != GMA_OK) {
@@ -144,6 +151,11 @@ gma_status_t gma_destroy(gma_t *g) {
   /* Device work may still use cached blocks; let it finish before the memory
    * goes back, so the device never touches memory it no longer owns. */
   g->dev->ops->device_synchronize(g->dev);
+  /* Planned memory first: its arenas are live blocks to the pool. */
+  uint64_t plan_leaked, plan_leaks = gma__plan_release(&g->plan, &plan_leaked);
+  if (plan_leaks)
+    fprintf(stderr, "gma: leak report at gma_destroy: %" PRIu64 " live planned allocations (%"
+                    PRIu64 " bytes, plan:on) were never freed\n", plan_leaks, plan_leaked);
   /* The leak report: what was never freed, by tag, the oldest first. */
   char report[4096];
   gma_status_t rst = gma_live_report(g, 10, report, sizeof report);
@@ -153,6 +165,7 @@ gma_status_t gma_destroy(gma_t *g) {
   uint64_t host_leaks, host_leaked;
   gma__host_fini(&g->host, &host_leaks, &host_leaked);
   gma_status_t st = gma__pool_fini(&g->pool);
+  gma__plan_fini(&g->plan);
   gma__trace_free(traces);
   if (host_leaks) {
     fprintf(stderr, "gma: destroyed with %" PRIu64 " live host allocations (%" PRIu64
@@ -217,6 +230,8 @@ static gma_status_t alloc_fallback(gma_t *g, size_t size, gma_stream_t stream, v
                         gma__error_detail(gma_last_error()));
 }
 
+static gma_status_t alloc_pool(gma_t *g, size_t size, gma_stream_t stream, void **out);
+
 static gma_status_t alloc_now(gma_t *g, size_t size, gma_stream_t stream, void **out) {
   *out = NULL;
   if (size == 0)
@@ -226,6 +241,16 @@ static gma_status_t alloc_now(gma_t *g, size_t size, gma_stream_t stream, void *
                           "gma_alloc: %zu bytes is more than this allocator can ever hold "
                           "(memory_limit / device capacity %" PRIu64 " bytes)",
                           size, g->cfg.memory_limit);
+  if (!g->cfg.plan) return alloc_pool(g, size, stream, out);
+  /* plan:on: the plan's address if it has one (lock-free), else the pool;
+   * what the pool served is learned while a plan is being learned. */
+  if (gma__plan_alloc(&g->plan, size, stream, out) == GMA_OK) return GMA_OK;
+  gma_status_t st = alloc_pool(g, size, stream, out);
+  if (st == GMA_OK) gma__plan_note_alloc(&g->plan, *out, size, stream);
+  return st;
+}
+
+static gma_status_t alloc_pool(gma_t *g, size_t size, gma_stream_t stream, void **out) {
   /* A bin hit through this thread's stream cache: no lock and no device
    * call (stream_cache.c; it relies on streams being retired before they
    * are destroyed). */
@@ -284,7 +309,14 @@ static gma_status_t not_device_memory(gma_t *g, void *ptr, gma_status_t st) {
 }
 
 static gma_status_t free_now(gma_t *g, void *ptr) {
-  gma_status_t st = gma__bin_free(&g->pool, ptr);
+  gma_status_t st;
+  if (g->cfg.plan) {
+    /* Planned memory first: an arena is one live block to the pool. Learned
+     * before the free, while nobody can be handed the pointer again. */
+    if ((st = gma__plan_free(&g->plan, ptr)) != GMA_ERR_OOM) return st;
+    gma__plan_note_free(&g->plan, ptr);
+  }
+  st = gma__bin_free(&g->pool, ptr);
   if (st != GMA_OK) st = gma__pool_free_slow(&g->pool, ptr);
   /* Not device memory of ours: a CPU fallback's host memory, perhaps, or
    * pinned host memory given to the wrong free. */
@@ -305,7 +337,9 @@ gma_status_t gma_record_stream(gma_t *g, void *ptr, gma_stream_t stream) {
   /* Anywhere inside a live allocation names the whole allocation; the
    * trace records its start. */
   void *named = ptr;
-  gma_status_t st = gma__pool_record_stream(&g->pool, ptr, stream, &named);
+  gma_status_t st = g->cfg.plan ? gma__plan_record_stream(&g->plan, ptr, stream, &named)
+                                : GMA_ERR_OOM;
+  if (st == GMA_ERR_OOM) st = gma__pool_record_stream(&g->pool, ptr, stream, &named);
   if (st == GMA_ERR_INVALID_POINTER) {
     void *hbase = NULL;
     int kind = gma__host_contains(&g->host, ptr, &hbase);
@@ -457,6 +491,7 @@ gma_status_t gma_stats(gma_t *g, gma_stats_t *out) {
   gma__pool_stats(&g->pool, &full);
   gma__worker_stats(&g->worker, &full);
   gma__host_stats(&g->host, &full);
+  gma__plan_stats(&g->plan, &full);
   /* Copy only what the caller's (possibly older, smaller) struct holds. */
   size_t n = out->size;
   full.size = n;
@@ -549,6 +584,5 @@ gma__pool_t *gma__pool_of(gma_t *g) { return &g->pool; }
 
 gma_status_t gma_iteration_mark(gma_t *g) {
   GMA__CHECK(g, "gma_iteration_mark");
-  if (!g->cfg.plan) return GMA_OK; /* plan:off: nothing to learn */
-  return gma__set_error(GMA_ERR_UNSUPPORTED, "gma_iteration_mark: plan:on is being built");
+  return gma__plan_mark(&g->plan);
 }

@@ -724,6 +724,12 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t
     (*level)++;
     take_block(p, b, size, requested, s);
     *out = (void *)b->addr;
+    if (flags & GMA__ALLOC_ARENA) { /* counted out of the stats before any sample sees it */
+      GMA__ASSERT(b->size == requested);
+      p->c.plan_arena += b->size;
+      p->c.plan_arena_total += b->size;
+      p->c.plan_arena_allocs++;
+    }
     gma__stats_sample(p);
   }
   GMA__VALIDATE(p);
@@ -913,6 +919,8 @@ static gma__block_t *live_block(gma__pool_t *p, uintptr_t addr) {
   return b && b->addr == addr && state_of(b) == GMA__LIVE ? b : NULL;
 }
 
+static void free_taken(gma__pool_t *p, gma__block_t *b);
+
 gma_status_t gma__pool_free_slow(gma__pool_t *p, void *ptr) {
   uintptr_t addr = (uintptr_t)ptr;
   pthread_mutex_lock(&p->lock);
@@ -934,6 +942,16 @@ gma_status_t gma__pool_free_slow(gma__pool_t *p, void *ptr) {
     pthread_mutex_unlock(&p->lock);
     return st;
   }
+  free_taken(p, b);
+  GMA__VALIDATE(p);
+  pthread_mutex_unlock(&p->lock);
+  return GMA_OK;
+}
+
+/* Lock held: b was LIVE and its state is now PENDING (the caller's CAS):
+ * counts the free and caches b on its stream, or, used by other streams,
+ * leaves it pending behind their open epochs. */
+static void free_taken(gma__pool_t *p, gma__block_t *b) {
   gma__stream_t *s = b->stream;
   gma__tcount_t *c = gma__tcount(p, s);
   gma__counter_add_owner(&c->frees, 1);
@@ -959,9 +977,25 @@ gma_status_t gma__pool_free_slow(gma__pool_t *p, void *ptr) {
     else
       gma__cache_block(p, b);
   }
-  GMA__VALIDATE(p);
-  pthread_mutex_unlock(&p->lock);
-  return GMA_OK;
+}
+
+/* Lock held: stream u used live block b too (record_stream): its free
+ * waits for u's epoch then. False without host memory for the gate. */
+static bool add_gate(gma__block_t *b, gma__stream_t *u) {
+  if (u == b->stream) return true;
+  uint32_t n = gma__load_relaxed(&b->ngates), i = 0;
+  while (i < n && b->gates[i].stream != u) i++;
+  if (i < n) return true;
+  if (n == b->gates_cap) {
+    uint32_t cap = b->gates_cap ? b->gates_cap * 2 : 2;
+    gma__gate_t *g = realloc(b->gates, cap * sizeof *g);
+    if (!g) return false;
+    b->gates = g;
+    b->gates_cap = cap;
+  }
+  b->gates[n] = (gma__gate_t){u, 0};
+  gma__store_relaxed(&b->ngates, n + 1);
+  return true;
 }
 
 /* Anywhere inside a live allocation names the whole allocation (PyTorch's
@@ -985,27 +1019,47 @@ gma_status_t gma__pool_record_stream(gma__pool_t *p, void *ptr, gma_stream_t str
     st = bad_pointer(p, (uintptr_t)ptr, "gma_record_stream");
   } else if (!u) {
     st = gma__set_error(GMA_ERR_OOM, "host memory for a stream record");
-  } else if (u != b->stream) {
-    uint32_t n = gma__load_relaxed(&b->ngates), i = 0;
-    while (i < n && b->gates[i].stream != u) i++;
-    if (i == n) {
-      if (n == b->gates_cap) {
-        uint32_t cap = b->gates_cap ? b->gates_cap * 2 : 2;
-        gma__gate_t *g = realloc(b->gates, cap * sizeof *g);
-        if (!g) {
-          st = gma__set_error(GMA_ERR_OOM, "host memory for record_stream");
-          goto out;
-        }
-        b->gates = g;
-        b->gates_cap = cap;
-      }
-      b->gates[n] = (gma__gate_t){u, 0};
-      gma__store_relaxed(&b->ngates, n + 1);
-    }
+  } else if (!add_gate(b, u)) {
+    st = gma__set_error(GMA_ERR_OOM, "host memory for record_stream");
   }
-out:
   pthread_mutex_unlock(&p->lock);
   return st;
+}
+
+gma_status_t gma__pool_free_after(gma__pool_t *p, void *ptr, gma__stream_t *const *streams,
+                                  size_t n) {
+  pthread_mutex_lock(&p->lock);
+  gma__block_t *b = live_block(p, (uintptr_t)ptr);
+  uint8_t live = GMA__LIVE;
+  gma_status_t st = GMA_OK;
+  for (size_t i = 0; b && i < n && st == GMA_OK; i++)
+    if (!add_gate(b, streams[i])) st = gma__set_error(GMA_ERR_OOM, "host memory for a gate");
+  if (st == GMA_OK && (!b || !gma__cas_acq_rel(&b->state, &live, GMA__PENDING)))
+    st = bad_pointer(p, (uintptr_t)ptr, "gma_free");
+  if (st == GMA_OK) {
+    free_taken(p, b);
+    p->c.plan_arena -= b->size; /* in the same locked step as the free's counts */
+    p->c.plan_arena_frees++;
+  }
+  GMA__VALIDATE(p);
+  pthread_mutex_unlock(&p->lock);
+  return st;
+}
+
+void gma__pool_settle(gma__pool_t *p, uint64_t deadline_ns) {
+  gma__event_t evs[GMA__OOM_WAIT_EVENTS];
+  for (;;) {
+    pthread_mutex_lock(&p->lock);
+    gma__streams_poll(p, true);
+    size_t n = gma__now_ns() < deadline_ns ? gma__streams_wait_begin(p, evs, GMA__OOM_WAIT_EVENTS)
+                                           : 0;
+    pthread_mutex_unlock(&p->lock);
+    if (!n) return;
+    gma__streams_wait_any(p, evs, n, deadline_ns);
+    pthread_mutex_lock(&p->lock);
+    gma__streams_wait_end(p);
+    pthread_mutex_unlock(&p->lock);
+  }
 }
 
 void gma__pool_hold(gma__pool_t *p, void *ptr, bool held) {

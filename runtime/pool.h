@@ -200,6 +200,10 @@ typedef struct gma__counters {
   uint64_t worker_wakeups;
   int pressure_level;
   uint64_t device_errors; /* event failures absorbed while polling epochs */
+  /* Planned memory's arenas (plan.c) are LIVE blocks of the pool; gma_stats
+   * shows the allocations inside them instead, so stats.c takes these out:
+   * bytes held now, bytes ever taken, arenas taken and given back. */
+  uint64_t plan_arena, plan_arena_total, plan_arena_allocs, plan_arena_frees;
 } gma__counters_t;
 
 /* Test-only switches that plant bugs, so tests can show their detectors work. */
@@ -305,7 +309,15 @@ gma_status_t gma__pool_fini(gma__pool_t *p);
  * waiting: the lock only if it is free (GMA_ERR_BUSY if not), memory the pool
  * already holds only (no device allocation, no OOM wait), and GMA_ERR_OOM
  * without a message when that is not enough; the worker then serves it. */
-enum { GMA__ALLOC_WAIT = 1u << 0, GMA__ALLOC_ATTEMPT = 1u << 1, GMA__ALLOC_INLINE = 1u << 2 };
+/* ARENA: planned memory's arena (plan.c), a multiple of 512 bytes: counted
+ * out of gma_stats (see counters' plan_arena), with the allocation's own
+ * counts in the same locked step. */
+enum {
+  GMA__ALLOC_WAIT = 1u << 0,
+  GMA__ALLOC_ATTEMPT = 1u << 1,
+  GMA__ALLOC_INLINE = 1u << 2,
+  GMA__ALLOC_ARENA = 1u << 3
+};
 gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t size, gma_stream_t stream,
                                   uint64_t stream_id, unsigned flags, void **out);
 /* An async request gives up: counts it in num_ooms, traces it and sets the
@@ -315,6 +327,16 @@ gma_status_t gma__pool_free_slow(gma__pool_t *p, void *ptr);
 /* ptr may lie anywhere inside a live allocation; *base gets its start. */
 gma_status_t gma__pool_record_stream(gma__pool_t *p, void *ptr, gma_stream_t stream,
                                      void **base);
+/* Frees the arena (GMA__ALLOC_ARENA) at ptr as gma_free would, after adding
+ * gates for streams[0..n-1] as gma_record_stream would: it is reused only
+ * once their work queued before now completed (planned memory gives back an
+ * arena that several streams used). */
+gma_status_t gma__pool_free_after(gma__pool_t *p, void *ptr, gma__stream_t *const *streams,
+                                  size_t n);
+/* Waits on the host, until deadline_ns at the latest, for the device work
+ * that gates cached and pending memory, and makes what completed free (the
+ * OOM path's wait, without an allocation behind it). Takes the lock. */
+void gma__pool_settle(gma__pool_t *p, uint64_t deadline_ns);
 /* Marks (or unmarks) the live block at ptr as held by an uncollected future. */
 void gma__pool_hold(gma__pool_t *p, void *ptr, bool held);
 /* What a trim releases, in two passes over free memory (whole free
@@ -423,6 +445,11 @@ bool gma__segs_is_valid(gma__pool_t *p);
  * Any thread; lock-free. */
 gma_status_t gma__bin_alloc(gma__pool_t *p, size_t size, gma_stream_t stream, uint64_t id,
                            void **out);
+/* The live record of the stream handle names, whose device id is id (the
+ * caller asked the device), put in the calling thread's stream cache; NULL
+ * when gma has none yet (the slow path makes it) or it was retired. Any
+ * thread; lock-free. */
+gma__stream_t *gma__stream_live(gma__pool_t *p, gma_stream_t stream, uint64_t id);
 /* The same without the device's id: only through the calling thread's stream
  * cache (stream_cache.c), so it makes no device call; a miss when the cache
  * has no live entry for the stream (ask the device, then gma__bin_alloc).
@@ -484,6 +511,12 @@ void gma__streams_wait_end(gma__pool_t *p);
 /* reuse:wait: a CACHED block of another stream fitting size whose closed
  * epoch the stream u can wait on; makes u wait and returns the block, or NULL. */
 gma__block_t *gma__streams_wait_fit(gma__pool_t *p, gma__stream_t *u, int kind, uint64_t size);
+/* Whether the work gate g covers is ordered before stream u's next work:
+ * completed (its epoch is closed first if still open, and its events are
+ * observed), or, with wait, u made to wait on the device for the event
+ * covering it. Planned memory (plan.c) asks this of the previous users of a
+ * planned address. */
+bool gma__gate_settle(gma__pool_t *p, const gma__gate_t *g, gma__stream_t *u, bool wait);
 /* Retires s: closes its epoch (one event) unless orphan; later frees carry
  * the closed epoch, or never become safe when orphan (a recycled handle whose
  * old stream gma cannot name any more). */

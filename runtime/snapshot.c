@@ -202,6 +202,15 @@ gma_status_t gma_memory_summary(gma_t *g, char *buf, size_t len) {
        human(b, sizeof b, s.host_reserved.current));
   row1(&o, "CPU fallbacks", "%" PRIu64 " (%s live)", s.num_fallbacks,
        human(a, sizeof a, s.fallback_bytes));
+  if (g->cfg.plan) {
+    static const char *const states[] = {"off", "learning", "verifying", "placing", "active"};
+    row1(&o, "plan", "%s, %" PRIu64 " allocations per iteration",
+         states[s.plan_state < 0 || s.plan_state > 4 ? 0 : s.plan_state], s.plan_slots);
+    row1(&o, "  arena / lower bound", "%s / %s (one live block of the large pool)",
+         human(a, sizeof a, s.plan_arena_bytes), human(b, sizeof b, s.plan_lower_bound));
+    row1(&o, "  hits / misses / re-plans", "%" PRIu64 " / %" PRIu64 " / %" PRIu64, s.plan_hits,
+         s.plan_misses, s.plan_replans);
+  }
   put(&o, RULE);
   put(&o, "| %-26s | %-42s |\n", "live device memory by tag", "");
   for (unsigned t = 0; t < GMA__MAX_TAGS; t++)

@@ -74,11 +74,17 @@ static void sample(gma_stat_t *st, uint64_t current, uint64_t total) {
   if (current > st->peak) st->peak = current;
 }
 
+/* The plan's arenas are LIVE blocks to the pool, but callers see the
+ * allocations inside them (counted by plan.c like any other): the arenas
+ * themselves come out of every sum here. */
 static void sample_from(gma__pool_t *p, sums_t *t) {
-  uint64_t allocated = V(t->alloc_bytes) - V(t->free_bytes);
-  sample(&p->c.allocated, allocated, V(t->alloc_bytes));
-  sample(&p->c.requested, V(t->req_bytes) - V(t->req_freed), V(t->req_bytes));
-  sample(&p->c.active, allocated + p->c.pending, V(t->alloc_bytes));
+  const gma__counters_t *c = &p->c;
+  uint64_t allocated = V(t->alloc_bytes) - V(t->free_bytes) - c->plan_arena;
+  uint64_t total = V(t->alloc_bytes) - c->plan_arena_total;
+  sample(&p->c.allocated, allocated, total);
+  sample(&p->c.requested, V(t->req_bytes) - V(t->req_freed) - c->plan_arena,
+         V(t->req_bytes) - c->plan_arena_total);
+  sample(&p->c.active, allocated + p->c.pending, total);
 }
 
 void gma__stats_sample(gma__pool_t *p) {
@@ -103,12 +109,12 @@ void gma__pool_stats(gma__pool_t *p, gma_stats_t *out) {
   uint64_t allocated = c->allocated.current;
   st.cached.current = c->reserved.current > allocated ? c->reserved.current - allocated : 0;
   st.cached.peak = c->reserved.peak; /* reserved - allocated never exceeds reserved's peak */
-  st.cached.total = V(t.free_bytes);
+  st.cached.total = V(t.free_bytes) - (c->plan_arena_total - c->plan_arena);
   st.stream_cached_bytes = c->stream_cached + (V(t.bin_in) - V(t.bin_out));
   st.pending_bytes = c->pending;
   st.free_bytes = c->free;
-  st.num_allocs = V(t.allocs);
-  st.num_frees = V(t.frees);
+  st.num_allocs = V(t.allocs) - c->plan_arena_allocs;
+  st.num_frees = V(t.frees) - c->plan_arena_frees;
   st.num_device_allocs = c->device_allocs;
   st.num_device_frees = c->device_frees;
   st.num_ooms = c->ooms;

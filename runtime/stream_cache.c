@@ -428,16 +428,21 @@ gma_status_t gma__bin_alloc_cached(gma__pool_t *p, size_t size, gma_stream_t str
   return s ? bin_pop(p, s, size, out) : MISS;
 }
 
-gma_status_t gma__bin_alloc(gma__pool_t *p, size_t size, gma_stream_t stream, uint64_t id,
-                           void **out) {
+gma__stream_t *gma__stream_live(gma__pool_t *p, gma_stream_t stream, uint64_t id) {
   uint64_t owner;
   uintptr_t key = gma__stream_key(stream, &owner);
   gma__stream_t *s = gma__stable_lookup(p, key);
-  if (!s || gma__load_relaxed(&s->retired) || id != s->id) return MISS;
+  if (!s || gma__load_relaxed(&s->retired) || id != s->id) return NULL;
   /* id was read from the device before this lookup: s is the record of the
    * stream the handle names now, and stays so until it is retired. */
   tl_stream_put(p, key, s);
-  return bin_pop(p, s, size, out);
+  return s;
+}
+
+gma_status_t gma__bin_alloc(gma__pool_t *p, size_t size, gma_stream_t stream, uint64_t id,
+                           void **out) {
+  gma__stream_t *s = gma__stream_live(p, stream, id);
+  return s ? bin_pop(p, s, size, out) : MISS;
 }
 
 gma_status_t gma__bin_free(gma__pool_t *p, void *ptr) {

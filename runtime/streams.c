@@ -236,6 +236,30 @@ void gma__streams_wait_end(gma__pool_t *p) {
   gma__streams_poll(p, true); /* what the completed work gated becomes free */
 }
 
+bool gma__gate_settle(gma__pool_t *p, const gma__gate_t *g, gma__stream_t *u, bool wait) {
+  gma__stream_t *s = g->stream;
+  if (s->safe_epoch >= g->epoch) return true;
+  /* The epoch that holds the free may still be open: close it (one event)
+   * so that completion can be seen at all. */
+  if (!gma__load_relaxed(&s->retired) && gma__load_relaxed(&s->epoch) <= g->epoch)
+    close_epoch(p, s);
+  observe_epochs(p, s);
+  if (s->safe_epoch >= g->epoch) return true;
+  if (!wait || s == u) return false;
+  for (unsigned i = 0; i < s->ev_count; i++) {
+    unsigned slot = (s->ev_head + i) % GMA__EPOCH_EVENTS;
+    if (s->ev_epoch[slot] < g->epoch) continue;
+    /* This event covers all work queued on s before the free. */
+    if (p->dev->ops->stream_wait_event(p->dev, u->handle, s->ev[slot]) != GMA_OK) {
+      p->c.device_errors++;
+      return false;
+    }
+    p->c.cross_stream_waits++;
+    return true;
+  }
+  return false; /* not closed (another thread's per-thread stream) or its event failed */
+}
+
 /* Best fit for size among the CACHED blocks of streams other than u whose
  * epoch is closed, then a device-side wait of u on the event closing it. */
 gma__block_t *gma__streams_wait_fit(gma__pool_t *p, gma__stream_t *u, int kind, uint64_t size) {

@@ -210,6 +210,14 @@ static void *worker_main(void *arg) {
     if (now >= next_poll || next_poll == UINT64_MAX)
       next_poll = poll_gated(w->p) ? gma__now_ns() + poll_ns : UINT64_MAX;
     pthread_mutex_lock(&w->mu);
+    if (w->job) {
+      void (*job)(void *) = w->job;
+      void *job_arg = w->job_arg;
+      w->job = NULL;
+      pthread_mutex_unlock(&w->mu);
+      job(job_arg);
+      pthread_mutex_lock(&w->mu);
+    }
     if (w->room_waiters) pthread_cond_broadcast(&w->room_cv);
   }
   pthread_mutex_unlock(&w->mu);
@@ -246,6 +254,20 @@ gma_status_t gma__worker_submit(gma__worker_t *w, gma_future_t *f, bool nonblock
   atomic_fetch_add_explicit(&w->queued, 1, memory_order_relaxed);
   gma__worker_kick(w);
   return GMA_OK;
+}
+
+bool gma__worker_run_job(gma__worker_t *w, void (*fn)(void *arg), void *arg) {
+  if (!w->started) return false;
+  pthread_mutex_lock(&w->mu);
+  bool queued = !w->job && !w->stop;
+  if (queued) {
+    w->job = fn;
+    w->job_arg = arg;
+    w->kicked = true;
+    pthread_cond_signal(&w->cv);
+  }
+  pthread_mutex_unlock(&w->mu);
+  return queued;
 }
 
 void gma__worker_kick(gma__worker_t *w) {

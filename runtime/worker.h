@@ -44,6 +44,10 @@ typedef struct gma__worker {
    * those complete on the submitting thread (gma_stats adds them to both). */
   _Atomic uint64_t submitted, ready_at_once, ready, failed, timed_out, queued;
   _Atomic uint64_t latency[GMA__LATENCY_BUCKETS]; /* worker writes, stats reads */
+  /* One piece of background work at a time (planned memory's placement):
+   * run by the thread at its next wake-up, outside every lock. */
+  void (*job)(void *arg);      /* mu: pending job, or NULL */
+  void *job_arg;               /* mu */
 } gma__worker_t;
 
 /* Starts the thread (unless cfg->worker_off). One thread, at gma_create. */
@@ -55,6 +59,10 @@ void gma__worker_stop(gma__worker_t *w);
 gma_status_t gma__worker_set_callback(gma__worker_t *w, gma_pressure_callback_t cb, void *user);
 /* Any thread: queues f for the worker (waits for room unless nonblocking). */
 gma_status_t gma__worker_submit(gma__worker_t *w, struct gma_future *f, bool nonblocking);
+/* Any thread: has the worker thread run fn(arg) soon, outside every lock;
+ * false (nothing queued) when there is no thread (worker:off) or a job is
+ * already pending: the caller then runs it itself or later. */
+bool gma__worker_run_job(gma__worker_t *w, void (*fn)(void *arg), void *arg);
 /* Any thread: wakes the worker (memory was freed while a request waits). */
 void gma__worker_kick(gma__worker_t *w);
 /* Adds the worker's future counters to *st (a full-size struct). */

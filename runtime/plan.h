@@ -1,0 +1,118 @@
+/* Planned memory (config key plan): for workloads that repeat one iteration,
+ * gma learns an iteration's allocations between gma_iteration_mark calls,
+ * has the worker place them all in one arena (plan_place.c), and serves
+ * later iterations' requests at their planned addresses without a search or
+ * a lock. Everything here sits above the pool: the arena is one allocation
+ * of the pool, and the safety of a planned address rests on the same stream
+ * epochs as every other reuse (streams.c).
+ *
+ * Life of a plan (all transitions at marks, under gma__planner_t.mu):
+ *   LEARNING   records one iteration: per stream, the sequence of request
+ *              sizes, and each allocation's lifetime in the iteration's
+ *              event order;
+ *   VERIFYING  records the next one; a plan is made only when two
+ *              consecutive iterations asked for the same sizes in the same
+ *              order on every stream (else it learns again, backing off);
+ *   PLACING    the worker places the union of the two lifetimes;
+ *   ACTIVE     from the next mark on: the mark settles the device work that
+ *              gates cached memory, gives the cache back, takes the arena,
+ *              and publishes the plan. An iteration whose requests miss the
+ *              plan too often drops it (re-learned after a back-off).
+ * Allocations still live at the end of the learned iteration (weights,
+ * optimizer state, buffers that cross an iteration boundary) are not
+ * planned: their requests keep the ordinary path.
+ *
+ * Threads: gma__plan_alloc/free/record_stream from any thread, lock-free on
+ * a planned hit (the record_stream and cross-stream cases take the pool
+ * lock); marks and learning under mu. Plans are freed only at destroy, so a
+ * reader holding one is always safe. */
+#ifndef GMA_PLAN_H
+#define GMA_PLAN_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "pool.h"
+
+enum {
+  GMA__PLAN_OFF = 0,
+  GMA__PLAN_LEARNING = 1,
+  GMA__PLAN_VERIFYING = 2,
+  GMA__PLAN_PLACING = 3,
+  GMA__PLAN_ACTIVE = 4
+};
+
+typedef struct gma__memplan gma__memplan_t;
+struct gma__worker;
+
+/* One learned allocation. */
+typedef struct gma__plan_rec {
+  uintptr_t key;          /* its stream's key (stream_cache.c) */
+  uint64_t size;          /* requested bytes rounded up to 512 */
+  uint32_t start, end;    /* in the iteration's event order; end UINT32_MAX: live at the mark */
+  uint32_t seq;           /* its index in its stream's sequence */
+} gma__plan_rec_t;
+
+typedef struct gma__plan_iter {
+  gma__plan_rec_t *v;
+  size_t n, cap;
+} gma__plan_iter_t;
+
+typedef struct gma__planner {
+  gma__pool_t *p;                 /* immutable */
+  struct gma__worker *w;          /* immutable: places plans (NULL: placed at the mark) */
+  bool on;                        /* immutable: cfg.plan */
+  bool wait;                      /* immutable: reuse:wait (device-side waits allowed) */
+  pthread_mutex_t mu;             /* guards the fields below not marked atomic */
+  _Atomic int state;              /* atomic: GMA__PLAN_*, read by the hot paths */
+  gma__memplan_t *_Atomic active;    /* atomic: the plan serving requests, or NULL */
+  gma__memplan_t *_Atomic retiring;  /* atomic: dropped, its arena held until its slots are free */
+  gma__memplan_t *placing;           /* PLACING: the plan the worker is placing */
+  gma__memplan_t *all;               /* every plan made, freed at destroy */
+  gma__plan_iter_t learn, prev;   /* the iteration being recorded, and the one before */
+  uintptr_t *map_key;             /* learning: live pointer -> index in learn */
+  uint32_t *map_val;
+  size_t map_cap, map_used;
+  uint32_t clock;                 /* learning: the iteration's event counter */
+  uint32_t skip;                  /* marks to let pass before learning again */
+  uint32_t backoff;               /* the next skip after a failure (doubles, at most 256) */
+  uint32_t failures;              /* verifications failed in a row */
+  /* Totals (mu), folded from plans at marks. */
+  uint64_t iterations, replans, hits, misses;
+} gma__planner_t;
+
+gma_status_t gma__plan_init(gma__planner_t *pl, gma__pool_t *p, struct gma__worker *w,
+                            const gma_config_t *cfg);
+/* After the worker stopped and before the pool goes: frees every plan. */
+void gma__plan_fini(gma__planner_t *pl);
+
+/* gma_iteration_mark. Any thread (one mark at a time is serialized). */
+gma_status_t gma__plan_mark(gma__planner_t *pl);
+
+/* A planned allocation of size on stream (already mapped by
+ * gma__stream_arg): GMA_OK with *out set, or GMA_ERR_OOM meaning "not from
+ * the plan: take the ordinary path" (no message set). */
+gma_status_t gma__plan_alloc(gma__planner_t *pl, size_t size, gma_stream_t stream, void **out);
+/* GMA_OK when ptr was planned memory and is freed now; an error with its
+ * message when ptr lies in a plan's arena but is not a live planned start;
+ * GMA_ERR_OOM (no message) when ptr is none of the plan's. */
+gma_status_t gma__plan_free(gma__planner_t *pl, void *ptr);
+/* As gma_record_stream for planned memory (ptr anywhere inside); the same
+ * three outcomes as gma__plan_free. */
+gma_status_t gma__plan_record_stream(gma__planner_t *pl, void *ptr, gma_stream_t stream,
+                                     void **base);
+
+/* Learning: an ordinary allocation or free the caller made. Cheap when not
+ * learning (one load). */
+void gma__plan_note_alloc(gma__planner_t *pl, void *ptr, size_t size, gma_stream_t stream);
+void gma__plan_note_free(gma__planner_t *pl, void *ptr);
+
+/* Fills the plan_* fields of a full-size gma_stats_t. */
+void gma__plan_stats(gma__planner_t *pl, gma_stats_t *st);
+/* gma_destroy, after the device finished its work and before the leak
+ * report: gives the arenas back to the pool; returns the planned
+ * allocations still live (the caller's leaks), *bytes their size. */
+uint64_t gma__plan_release(gma__planner_t *pl, uint64_t *bytes);
+
+#endif /* GMA_PLAN_H */

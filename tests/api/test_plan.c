@@ -1,0 +1,321 @@
+/* API test of planned memory (plan:on, gma_iteration_mark), through gma.h.
+ *
+ * Every allocation gets a simulated kernel that writes a pattern unique to
+ * it, holds, and checks it; the host frees right after queueing the kernel,
+ * as a training loop does. A planned address handed out while earlier work
+ * still uses it shows up as a corruption; two live allocations that overlap
+ * are caught directly. Cases: a steady loop gets a plan and is then served
+ * from it with no device allocation; deviations fall back without harm and
+ * a changed workload re-plans; iterations that differ never get a plan; a
+ * block used by a second stream (record_stream) and held there by a gated
+ * kernel is not handed out again until that work is done; bad frees get
+ * clear errors; the statistics add up. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "simkit.h"
+
+enum { MAXLIVE = 64 };
+
+/* One iteration's driver: the kernels (kept until the stream is
+ * synchronized) and the live allocations, checked for overlap. */
+typedef struct iter {
+  gma_t *g;
+  gma_stream_t s;
+  pattern_kernel_t k[256];
+  int nk;
+  void *live[MAXLIVE];
+  size_t live_len[MAXLIVE];
+  atomic_int corruptions;
+  uint8_t value;
+} iter_t;
+
+static void *take(iter_t *it, size_t len) {
+  void *p = NULL;
+  CHECK_OK(gma_alloc(it->g, len, it->s, &p));
+  CHECK(p != NULL);
+  int free_slot = -1;
+  for (int i = 0; i < MAXLIVE; i++) {
+    if (!it->live[i]) {
+      if (free_slot < 0) free_slot = i;
+      continue;
+    }
+    uintptr_t a = (uintptr_t)p, b = (uintptr_t)it->live[i];
+    CHECK(a + len <= b || b + it->live_len[i] <= a); /* two live allocations never overlap */
+  }
+  CHECK(free_slot >= 0);
+  it->live[free_slot] = p;
+  it->live_len[free_slot] = len;
+  CHECK(it->nk < 256);
+  pattern_kernel_t *k = &it->k[it->nk++];
+  memset(k, 0, sizeof *k);
+  k->buf = p;
+  k->len = len < 65536 ? len : 65536; /* the start is enough to see an overlap */
+  k->value = ++it->value ? it->value : ++it->value;
+  k->hold_us = 50;
+  k->corruptions = &it->corruptions;
+  CHECK_OK(gma_sim_launch(it->g, it->s, pattern_kernel_run, k));
+  return p;
+}
+
+static void give(iter_t *it, void *p) {
+  for (int i = 0; i < MAXLIVE; i++)
+    if (it->live[i] == p) it->live[i] = NULL;
+  CHECK_OK(gma_free(it->g, p));
+}
+
+/* The end of an iteration: the host synchronizes (the kernels' records can
+ * go), then marks. */
+static void end_iteration(iter_t *it) {
+  CHECK_OK(gma_stream_synchronize(it->g, it->s));
+  CHECK(atomic_load(&it->corruptions) == 0);
+  it->nk = 0;
+  CHECK_OK(gma_iteration_mark(it->g));
+}
+
+/* A forward/backward-like iteration: activations kept for the backward
+ * pass, temporaries, gradients; scale changes every size (a new shape). */
+static void training_step(iter_t *it, size_t scale) {
+  void *act[6];
+  static const size_t act_size[6] = {3 << 20, 1 << 20, 5 << 20, 768 << 10, 2 << 20, 4096};
+  for (int i = 0; i < 6; i++) {
+    act[i] = take(it, act_size[i] * scale);
+    void *tmp = take(it, (1 << 20) * scale + 512 * (size_t)i);
+    give(it, tmp);
+  }
+  for (int i = 5; i >= 0; i--) {
+    void *grad = take(it, act_size[i] * scale);
+    give(it, act[i]);
+    give(it, grad);
+  }
+}
+
+static gma_t *plan_allocator(const char *extra) {
+  char conf[256];
+  snprintf(conf, sizeof conf, "plan:on,sim_capacity:1G%s%s", extra ? "," : "", extra ? extra : "");
+  return sim_allocator(conf);
+}
+
+/* Runs steady iterations until the plan is active (at most 20). */
+static void until_active(iter_t *it, size_t scale) {
+  for (int i = 0; i < 20 && stats_of(it->g).plan_state != 4; i++) {
+    training_step(it, scale);
+    end_iteration(it);
+    if (stats_of(it->g).plan_state == 3) sleep_us(2000); /* let the worker place it */
+  }
+  CHECK(stats_of(it->g).plan_state == 4);
+}
+
+static void test_steady_loop(void) {
+  iter_t it = {.g = plan_allocator(NULL)};
+  CHECK_OK(gma_stream_create(it.g, &it.s));
+  void *weights = NULL; /* lives across iterations: never planned */
+  CHECK_OK(gma_alloc(it.g, 6 << 20, it.s, &weights));
+  until_active(&it, 1);
+  gma_stats_t a = stats_of(it.g);
+  CHECK(a.plan_slots == 18);
+  CHECK(a.plan_arena_bytes >= a.plan_lower_bound && a.plan_lower_bound > 0);
+  CHECK(a.plan_arena_bytes <= a.plan_lower_bound + a.plan_lower_bound / 4);
+  for (int i = 0; i < 5; i++) {
+    training_step(&it, 1);
+    end_iteration(&it);
+  }
+  gma_stats_t b = stats_of(it.g);
+  CHECK(b.plan_state == 4);
+  CHECK(b.plan_hits - a.plan_hits == 5 * 18); /* every request planned */
+  CHECK(b.plan_misses == a.plan_misses);
+  CHECK(b.num_device_allocs == a.num_device_allocs); /* nothing new from the device */
+  CHECK(b.num_allocs - a.num_allocs == 5 * 18);
+  /* Reserved is the weights' segment and the arena (the cache went back). */
+  CHECK(b.reserved.current <= b.plan_arena_bytes + (20 << 20));
+  /* The statistics show what callers hold, not the arena. */
+  CHECK(b.allocated.current == 6 << 20);
+  CHECK(b.reserved.current == b.allocated.current + b.stream_cached_bytes + b.pending_bytes +
+                                  b.free_bytes + b.plan_arena_bytes);
+  char summary[8192];
+  CHECK_OK(gma_memory_summary(it.g, summary, sizeof summary));
+  CHECK(strstr(summary, "active") != NULL);
+  CHECK_OK(gma_free(it.g, weights));
+  CHECK_OK(gma_stream_destroy(it.g, it.s));
+  CHECK_OK(gma_destroy(it.g));
+}
+
+static void test_deviations(void) {
+  iter_t it = {.g = plan_allocator(NULL)};
+  CHECK_OK(gma_stream_create(it.g, &it.s));
+  until_active(&it, 1);
+  gma_stats_t a = stats_of(it.g);
+  /* A few deviations: an extra request and a larger one in the middle. */
+  void *extra = take(&it, 12345);
+  training_step(&it, 1);
+  void *odd = take(&it, 7 << 20);
+  give(&it, odd);
+  give(&it, extra);
+  end_iteration(&it);
+  gma_stats_t b = stats_of(it.g);
+  CHECK(b.plan_state == 4 && b.plan_replans == 0);
+  CHECK(b.plan_hits - a.plan_hits == 18);
+  /* A new shape: every request misses; the plan is dropped, and the new
+   * shape gets its own plan. */
+  training_step(&it, 2);
+  end_iteration(&it);
+  gma_stats_t c = stats_of(it.g);
+  CHECK(c.plan_replans == 1);
+  CHECK(c.plan_state == 1);
+  until_active(&it, 2);
+  gma_stats_t d = stats_of(it.g);
+  training_step(&it, 2);
+  end_iteration(&it);
+  CHECK(stats_of(it.g).plan_hits - d.plan_hits == 18);
+  CHECK_OK(gma_stream_destroy(it.g, it.s));
+  CHECK_OK(gma_destroy(it.g));
+}
+
+static void test_varying_never_plans(void) {
+  iter_t it = {.g = plan_allocator(NULL)};
+  CHECK_OK(gma_stream_create(it.g, &it.s));
+  for (int i = 0; i < 30; i++) { /* a sequence length that changes every iteration */
+    training_step(&it, 1 + (size_t)(i % 3));
+    end_iteration(&it);
+    CHECK(stats_of(it.g).plan_state != 3 && stats_of(it.g).plan_state != 4);
+  }
+  gma_stats_t s = stats_of(it.g);
+  CHECK(s.plan_arena_bytes == 0 && s.plan_hits == 0);
+  CHECK(s.plan_iterations == 30);
+  CHECK_OK(gma_stream_destroy(it.g, it.s));
+  CHECK_OK(gma_destroy(it.g));
+}
+
+/* A block of the plan is used by a second stream, whose kernel is held by a
+ * gate past the next iteration's request for the same planned address: that
+ * request must not get the memory while the held kernel may still use it. */
+static void test_cross_stream_gate(void) {
+  iter_t it = {.g = plan_allocator(NULL)};
+  CHECK_OK(gma_stream_create(it.g, &it.s));
+  gma_stream_t s2;
+  CHECK_OK(gma_stream_create(it.g, &s2));
+  until_active(&it, 1);
+  for (int round = 0; round < 3; round++) {
+    atomic_int gate = 0;
+    void *p = take(&it, 3 << 20); /* the first request: act[0]'s slot */
+    pattern_kernel_t held = {.buf = p, .len = 65536, .value = 0xee, .gate = &gate,
+                             .corruptions = &it.corruptions};
+    CHECK_OK(gma_record_stream(it.g, (char *)p + 4096, s2)); /* an interior pointer names it */
+    CHECK_OK(gma_stream_synchronize(it.g, it.s)); /* s2 may touch it only after s's kernel */
+    CHECK_OK(gma_sim_launch(it.g, s2, pattern_kernel_run, &held));
+    pattern_kernel_wait_started(&held);
+    give(&it, p);
+    /* The rest of the iteration, shifted: the plan's first entry is used. */
+    void *tmp = take(&it, 1 << 20);
+    give(&it, tmp);
+    for (int i = 0; i < 3; i++) {
+      void *q = take(&it, 3 << 20); /* same size as the held block's slot */
+      CHECK((uintptr_t)q + (3u << 20) <= (uintptr_t)p || (uintptr_t)p + 65536 <= (uintptr_t)q);
+      give(&it, q);
+    }
+    end_iteration(&it);
+    training_step(&it, 1); /* the first request of this iteration is p's slot again */
+    CHECK_OK(gma_stream_synchronize(it.g, it.s));
+    CHECK(atomic_load(&it.corruptions) == 0);
+    atomic_store(&gate, 1);
+    CHECK_OK(gma_stream_synchronize(it.g, s2));
+    CHECK(atomic_load(&it.corruptions) == 0);
+    end_iteration(&it);
+  }
+  CHECK_OK(gma_stream_destroy(it.g, s2));
+  CHECK_OK(gma_stream_destroy(it.g, it.s));
+  CHECK_OK(gma_destroy(it.g));
+}
+
+static void test_bad_frees(void) {
+  iter_t it = {.g = plan_allocator(NULL)};
+  CHECK_OK(gma_stream_create(it.g, &it.s));
+  until_active(&it, 1);
+  void *p = take(&it, 3 << 20);
+  CHECK(stats_of(it.g).plan_hits > 0);
+  CHECK_ST(gma_free(it.g, (char *)p + 512), GMA_ERR_INVALID_POINTER);
+  CHECK(strstr(gma_last_error(), "interior pointer") != NULL);
+  give(&it, p);
+  CHECK_ST(gma_free(it.g, p), GMA_ERR_DOUBLE_FREE);
+  CHECK(strstr(gma_last_error(), "not live") != NULL);
+  CHECK_ST(gma_record_stream(it.g, p, it.s), GMA_ERR_INVALID_POINTER);
+  /* Still usable, and the plan still serves. */
+  training_step(&it, 1);
+  end_iteration(&it);
+  CHECK(stats_of(it.g).plan_state == 4);
+  CHECK_OK(gma_stream_destroy(it.g, it.s));
+  CHECK_OK(gma_destroy(it.g));
+}
+
+/* plan:off: the mark is a no-op and the plan fields stay 0. */
+static void test_off(void) {
+  gma_t *g = sim_allocator(NULL);
+  for (int i = 0; i < 5; i++) CHECK_OK(gma_iteration_mark(g));
+  gma_stats_t s = stats_of(g);
+  CHECK(s.plan_state == 0 && s.plan_iterations == 0 && s.plan_arena_bytes == 0);
+  CHECK_OK(gma_destroy(g));
+  CHECK_ST(gma_iteration_mark(NULL), GMA_ERR_INVALID_ARGUMENT);
+}
+
+/* Threads share the plan: two threads, each its own stream and its own
+ * iteration, mark together through a barrier. */
+typedef struct worker_arg {
+  gma_t *g;
+  pthread_barrier_t *bar;
+  int corrupt;
+} worker_arg_t;
+
+static void *thread_loop(void *arg) {
+  worker_arg_t *w = arg;
+  iter_t *it = calloc(1, sizeof *it);
+  CHECK(it);
+  it->g = w->g;
+  CHECK_OK(gma_stream_create(it->g, &it->s));
+  for (int i = 0; i < 16; i++) {
+    training_step(it, 1);
+    CHECK_OK(gma_stream_synchronize(it->g, it->s));
+    it->nk = 0;
+    pthread_barrier_wait(w->bar);
+    if (pthread_barrier_wait(w->bar) == PTHREAD_BARRIER_SERIAL_THREAD) {
+      CHECK_OK(gma_iteration_mark(it->g));
+      sleep_us(1000);
+    }
+    pthread_barrier_wait(w->bar);
+  }
+  w->corrupt = atomic_load(&it->corruptions);
+  CHECK_OK(gma_stream_destroy(it->g, it->s));
+  free(it);
+  return NULL;
+}
+
+static void test_threads(void) {
+  gma_t *g = plan_allocator(NULL);
+  pthread_barrier_t bar;
+  pthread_barrier_init(&bar, NULL, 2);
+  worker_arg_t w[2] = {{g, &bar, 0}, {g, &bar, 0}};
+  pthread_t t[2];
+  for (int i = 0; i < 2; i++) CHECK(pthread_create(&t[i], NULL, thread_loop, &w[i]) == 0);
+  for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+  pthread_barrier_destroy(&bar);
+  CHECK(w[0].corrupt == 0 && w[1].corrupt == 0);
+  gma_stats_t s = stats_of(g);
+  CHECK(s.plan_state == 4);
+  CHECK(s.plan_slots == 36);
+  CHECK(s.plan_hits >= 36);
+  CHECK_OK(gma_destroy(g));
+}
+
+int main(int argc, char **argv) {
+  static const test_case_t cases[] = {
+      {"steady_loop", test_steady_loop},   {"deviations", test_deviations},
+      {"varying_never_plans", test_varying_never_plans},
+      {"cross_stream_gate", test_cross_stream_gate},
+      {"bad_frees", test_bad_frees},       {"off", test_off},
+      {"threads", test_threads},
+  };
+  return run_cases(argc, argv, cases, sizeof cases / sizeof cases[0]);
+}
