@@ -15,7 +15,10 @@
 #     with gma's plug-in from step 1 as GMA_TORCH_PLUGIN) and takes its table;
 #  4. runs bench/gpu/torch_train.py (a small training loop built in code, on
 #     PyTorch's allocator and on gma through the plug-in: loss, steps/s, peak
-#     memory) when torch imports and sees CUDA, else says why it skipped;
+#     memory; then a tensor larger than the GPU must raise
+#     torch.OutOfMemoryError through libgma_torch_shim.so, which step 1 builds
+#     against that python's torch) when torch imports and sees CUDA, else says
+#     why it skipped;
 #  5. writes docs/gpu/RESULTS.md: date, GPU, driver and CUDA versions, the git
 #     commit, every step's status and wall time, the ctest summary, the
 #     benchmark table and the training table, and what was skipped and why.
@@ -135,8 +138,10 @@ while IFS= read -r line; do echo "  $line"; done <<<"$gpu_info"
 # 1. build
 begin build "configure and build a Release tree with the tests in $build" 600
 toolkit=""
+# GMA_TORCH_PYTHON: the python whose torch libgma_torch_shim.so is built against
+# (the OOM shim; torch_train.py's OOM check needs it when torch is there).
 run_quiet "$logs/configure.log" 300 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release \
-  -DGMA_BUILD_TESTS=ON -DGMA_BUILD_BENCH=OFF
+  -DGMA_BUILD_TESTS=ON -DGMA_BUILD_BENCH=OFF ${python:+"-DGMA_TORCH_PYTHON=$python"}
 built=0
 if [ "$rc" -ne 0 ]; then
   record build failed $((SECONDS - step_start)) "cmake configure: $(why_rc "$rc") (log: $logs/configure.log)"
@@ -151,7 +156,8 @@ else
     record build failed $((SECONDS - step_start)) "cmake --build: $(why_rc "$rc") (log: $logs/build.log)"
   else
     built=1
-    record build ok $((SECONDS - step_start)) "CUDA Toolkit $toolkit headers"
+    shim_note=$(sed -n 's/.*gma: \(libgma_torch_shim.so [^:]*\).*/\1/p' "$logs/configure.log" | head -n 1)
+    record build ok $((SECONDS - step_start)) "CUDA Toolkit $toolkit headers; ${shim_note:-libgma_torch_shim.so: not reported}"
   fi
 fi
 plugin=$PWD/$build/libgma_torch.so
@@ -240,7 +246,7 @@ else
     record torch_train failed $((SECONDS - step_start)) \
       "$(why_rc "$rc"): $(grep -m 1 -E '^torch_train: .*(failed|differ)' "$logs/torch_train.log" || echo "see $logs/torch_train.log")"
   else
-    record torch_train ok $((SECONDS - step_start)) "losses match"
+    record torch_train ok $((SECONDS - step_start)) "losses match; an OOM raised torch.OutOfMemoryError"
   fi
 fi
 

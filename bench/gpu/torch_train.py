@@ -38,6 +38,13 @@ or reduction order depends on a pointer's alignment (PyTorch aligns to 512 B,
 gma to 256 B); a difference beyond it means the two runs did not compute the
 same thing, e.g. memory reused while still in use, and the script exits 1.
 
+OOM check. After the gma run's training, the worker asks for a tensor of
+twice the device's memory: it must raise torch.OutOfMemoryError carrying
+gma's message (libgma_torch_shim.so, which gma.torch.use() picks beside the
+plug-in), leave gma's allocated bytes unchanged, and a small tensor must work
+afterwards; otherwise the script exits 1 ("torch_train: gma OOM check
+failed"). The result is in the JSON (runs.gma.oom) and under the table.
+
 Output: a JSON file (--json), a markdown table (printed, and written to
 --markdown). Without torch, or without a CUDA device, it prints
 "torch_train: skipped: <why>", writes {"skipped": why} to the JSON file and
@@ -163,6 +170,7 @@ def worker(args):
         out.update(peak_reserved=s["reserved"]["peak"], peak_allocated=s["allocated"]["peak"],
                    device_allocs=s["num_device_allocs"],
                    peak_source="gma.torch.stats (gma_stats: reserved.peak, allocated.peak)")
+        out["oom"] = oom_check(torch, gt, dev, total)
     else:
         ms = torch.cuda.memory_stats(dev)
         out.update(peak_reserved=torch.cuda.max_memory_reserved(dev),
@@ -171,6 +179,38 @@ def worker(args):
                    peak_source="torch.cuda.max_memory_reserved / max_memory_allocated")
     with open(args.worker_out, "w") as f:
         json.dump(out, f)
+
+
+def oom_check(torch, gt, dev, total):
+    """After training on gma: a tensor of twice the device's memory must raise
+    torch.OutOfMemoryError (libgma_torch_shim.so) with gma's message, leave
+    gma's allocated bytes as they were, and a small tensor must still work.
+    Without the shim gma returns NULL and PyTorch makes a tensor at address 0
+    (never touched here): reported as a failure."""
+    r = {"shim": gt.shim_path(), "requested": 2 * total}
+    oom_type = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
+    before = gt.stats(dev.index)["allocated"]["current"]
+    try:
+        t = torch.empty(2 * total, dtype=torch.uint8, device=dev)
+        r.update(ok=False, raised=None, why="no exception: PyTorch got address 0x%x"
+                 % t.data_ptr())
+        del t
+    except oom_type as e:
+        msg = str(e)
+        r.update(raised=type(e).__name__, message=msg.splitlines()[0][:400])
+        r["ok"] = "gma: out of memory" in msg
+        if not r["ok"]:
+            r["why"] = "torch.OutOfMemoryError without gma's message"
+    except Exception as e:  # RuntimeError: a shim built against another c10, say
+        r.update(ok=False, raised=type(e).__name__, why=str(e).splitlines()[0][:400])
+    after = gt.stats(dev.index)["allocated"]["current"]
+    small = torch.ones(1 << 20, device=dev)
+    usable = small.sum().item() == float(1 << 20)
+    r.update(allocated_unchanged=after == before, usable_after=usable)
+    if r["ok"] and not (after == before and usable):
+        r.update(ok=False, why="allocated %d -> %d bytes, usable after: %s"
+                 % (before, after, usable))
+    return r
 
 
 # ---- the parent: checks, subprocesses, comparison -----------------------------------------
@@ -196,6 +236,17 @@ def markdown(result):
         lines.append("| %s | %.6f | %s | %s | %s | %s | %s |" % (
             name, r["final_loss"], r["steps_per_s"], mib(r["peak_reserved"]),
             mib(r["peak_allocated"]), r["device_allocs"], mib(r["device_used_at_end"])))
+    oom = result["runs"].get("gma", {}).get("oom")
+    if oom:
+        lines.append("")
+        if oom["ok"]:
+            lines.append("OOM through the plug-in (%s bytes, twice the device): %s, \"%s\"; "
+                         "gma's allocated bytes unchanged, a tensor allocated afterwards."
+                         % (oom["requested"], oom["raised"], oom["message"].replace("|", "/")))
+        else:
+            lines.append("OOM through the plug-in (%s bytes): FAILED: %s (shim: %s)."
+                         % (oom["requested"], oom.get("why", "").replace("|", "/"),
+                            oom["shim"]))
     c = result.get("comparison")
     if c:
         lines.append("")
@@ -299,6 +350,10 @@ def main():
         "runs": runs,
     }
     a, b = runs.get("torch", {}), runs.get("gma", {})
+    if "oom" in b and not b["oom"]["ok"]:
+        print("torch_train: gma OOM check failed: %s (shim: %s)"
+              % (b["oom"].get("why"), b["oom"]["shim"]))
+        status = 1
     if "losses" in a and "losses" in b:
         pairs = list(zip(a["losses"], b["losses"]))
         rel = max(abs(x[1] - y[1]) / max(abs(x[1]), 1e-12) for x, y in pairs)

@@ -57,6 +57,8 @@ static _Thread_local int my_stripe = -1;
 /* The plug-in's own message of the calling thread's last failure (it cannot
  * set libgma's thread-local error). */
 static _Thread_local char last_msg[1024];
+/* The status of the calling thread's last allocator_of that gave NULL. */
+static _Thread_local gma_status_t no_allocator_status;
 
 static void set_msg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void set_msg(const char *fmt, ...) {
@@ -93,6 +95,7 @@ static void leave(void) { atomic_fetch_sub(&inflight[my_stripe].n, 1); }
 
 static bool valid_device(int device) {
   if (device >= 0 && device < GMA_TORCH_MAX_DEVICES) return true;
+  no_allocator_status = GMA_ERR_INVALID_ARGUMENT;
   set_msg("device %d is out of range (0..%d)", device, GMA_TORCH_MAX_DEVICES - 1);
   return false;
 }
@@ -113,6 +116,7 @@ static gma_t *create_locked(int device) {
     char what[600];
     snprintf(what, sizeof what, "GMA_CONF=\"%s\" is invalid", env);
     set_gma_msg(st, what);
+    no_allocator_status = st;
     return NULL;
   }
   if (cfg.device == GMA_DEVICE_AUTO) cfg.device = GMA_DEVICE_CUDA;
@@ -123,6 +127,7 @@ static gma_t *create_locked(int device) {
     char what[96];
     snprintf(what, sizeof what, "creating the allocator of device %d failed", device);
     set_gma_msg(st, what);
+    no_allocator_status = st;
     return NULL;
   }
   if (!atexit_registered) {
@@ -136,12 +141,13 @@ static gma_t *create_locked(int device) {
 }
 
 /* The allocator of device, created on first use when create is set. NULL
- * with last_msg set when there is none. Call between enter() and leave(). */
+ * with last_msg and no_allocator_status set when there is none. Call between enter() and leave(). */
 static gma_t *allocator_of(int device, bool create) {
   if (!valid_device(device)) return NULL;
   gma_t *g = atomic_load_explicit(&allocators[device], memory_order_acquire);
   if (g) return g;
   if (!create) {
+    no_allocator_status = GMA_ERR_INVALID_ARGUMENT;
     set_msg("device %d has no allocator yet (nothing was allocated on it)", device);
     return NULL;
   }
@@ -176,38 +182,60 @@ __attribute__((constructor)) static void register_fork_handlers(void) {
 
 /* ---- What CUDAPluggableAllocator loads ----------------------------------------- */
 
-/* PyTorch asks for size 0 (empty tensors): NULL without an error. A failure
- * returns NULL and logs one line; what PyTorch then does with NULL depends on
- * its version. */
-GMA_TORCH_API void *gma_torch_alloc(ssize_t size, int device, cudaStream_t stream) {
+/* The allocation both entry points share: GMA_OK with *out set (NULL for
+ * size 0), or the failure's status with last_msg set and *out NULL. Logs
+ * nothing. */
+static gma_status_t torch_alloc(ssize_t size, int device, cudaStream_t stream, void **out) {
+  *out = NULL;
   if (size <= 0) {
-    if (size < 0) {
-      set_msg("alloc: negative size %zd", size);
-      log_msg();
-    }
-    return NULL;
+    if (size == 0) return GMA_OK;
+    set_msg("alloc: negative size %zd", size);
+    return GMA_ERR_INVALID_SIZE;
   }
   if (!enter()) {
     set_msg("alloc of %zd bytes on device %d after gma_torch_shutdown (process exit)", size,
             device);
-    log_msg();
-    return NULL;
+    return GMA_ERR_CANCELLED;
   }
-  void *p = NULL;
+  gma_status_t st;
   gma_t *g = allocator_of(device, true);
-  if (g) {
-    gma_status_t st = gma_alloc(g, (size_t)size, stream, &p);
+  if (!g) {
+    st = no_allocator_status;
+  } else {
+    st = gma_alloc(g, (size_t)size, stream, out);
     if (st != GMA_OK) {
       char what[160];
       snprintf(what, sizeof what, "alloc of %zd bytes on device %d, stream %p failed", size,
                device, stream);
       set_gma_msg(st, what);
-      p = NULL;
+      *out = NULL;
+    } else if (!*out) { /* never expected: a success must give memory */
+      set_msg("alloc of %zd bytes on device %d: gma_alloc gave NULL", size, device);
+      st = GMA_ERR_INTERNAL;
     }
   }
   leave();
-  if (!p) log_msg();
+  return st;
+}
+
+/* PyTorch asks for size 0 (empty tensors): NULL without an error. A failure
+ * returns NULL and logs one line; what PyTorch then does with NULL depends on
+ * its version (the versions read use it as the tensor's address). The C++
+ * shim (gma_torch_shim.cpp) throws instead, through gma_torch_try_alloc. */
+GMA_TORCH_API void *gma_torch_alloc(ssize_t size, int device, cudaStream_t stream) {
+  void *p = NULL;
+  if (torch_alloc(size, device, stream, &p) != GMA_OK) log_msg();
   return p;
+}
+
+/* gma_torch_alloc without the stderr line: the status, *out. */
+GMA_TORCH_API int gma_torch_try_alloc(ssize_t size, int device, cudaStream_t stream,
+                                      void **out) {
+  if (!out) {
+    set_msg("gma_torch_try_alloc: out is NULL");
+    return GMA_ERR_INVALID_ARGUMENT;
+  }
+  return torch_alloc(size, device, stream, out);
 }
 
 /* Frees through device's allocator; gma_free is ordered on the stream the

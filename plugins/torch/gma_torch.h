@@ -20,6 +20,12 @@ extern "C" {
  * allocator from GMA_CONF with device_id = device. */
 void *gma_torch_alloc(ssize_t size, int device, void *stream);
 void gma_torch_free(void *ptr, ssize_t size, int device, void *stream);
+/* gma_torch_alloc that reports instead of logging: GMA_OK with *out set
+ * (NULL for size 0), or the failure's status (GMA_ERR_OOM, or
+ * GMA_ERR_INVALID_SIZE for more than the device or memory_limit holds;
+ * GMA_ERR_CANCELLED after gma_torch_shutdown; ...) with *out NULL and
+ * gma_torch_last_error() set. What the C++ shim libgma_torch_shim.so calls. */
+int gma_torch_try_alloc(ssize_t size, int device, void *stream, void **out);
 
 const char *gma_torch_last_error(void);
 /* device's allocator (created if needed), to call libgma directly. */

@@ -8,8 +8,14 @@
 use() is the three lines
 
     alloc = torch.cuda.memory.CUDAPluggableAllocator(
-        path, "gma_torch_alloc", "gma_torch_free")
+        path, "gma_torch_shim_alloc", "gma_torch_shim_free")
     torch.cuda.memory.change_current_allocator(alloc)
+
+with path the C++ shim libgma_torch_shim.so (built where CMake finds torch),
+whose allocation raises torch.OutOfMemoryError when gma has no memory for a
+tensor. Without the shim, use() warns and installs libgma_torch.so's
+gma_torch_alloc, which returns NULL on failure (PyTorch then makes a tensor
+at address 0).
 
 The plug-in makes one gma allocator per device on first use, configured by
 GMA_CONF (device_id is the device PyTorch asks for). PyTorch's
@@ -21,12 +27,15 @@ record_stream(); everything else works through ctypes alone.
 import ctypes
 import os
 import threading
+import warnings
 
 from . import _lib
 from . import Allocator, InvalidArgument, _error, _text, _to_dict
 
 ALLOC_FN = "gma_torch_alloc"
 FREE_FN = "gma_torch_free"
+SHIM_ALLOC_FN = "gma_torch_shim_alloc"
+SHIM_FREE_FN = "gma_torch_shim_free"
 
 _lock = threading.Lock()
 _plugin = None
@@ -92,10 +101,49 @@ def _check(st, function):
         raise _error(st, function, last_error())
 
 
+def shim_path():
+    """The path of libgma_torch_shim.so, the plug-in whose allocation raises
+    torch.OutOfMemoryError: $GMA_TORCH_SHIM_LIBRARY, else beside
+    libgma_torch.so; None where there is none (CMake builds it only where
+    its python3 imports torch)."""
+    p = os.environ.get("GMA_TORCH_SHIM_LIBRARY")
+    if p:
+        return p
+    c = os.path.join(os.path.dirname(os.path.abspath(library_path())), "libgma_torch_shim.so")
+    return c if os.path.exists(c) else None
+
+
+def entry_points():
+    """(path, alloc_fn, free_fn) for CUDAPluggableAllocator: the shim's when
+    it loads, else libgma_torch.so's with a warning (an OOM then gives
+    PyTorch NULL instead of raising). Loads libgma and libgma_torch.so first,
+    so the shim (which links libgma_torch.so) shares their allocators. Call
+    after importing torch: the shim needs torch's libc10. A shim named by
+    $GMA_TORCH_SHIM_LIBRARY that does not load raises OSError."""
+    path = plugin()._name
+    shim = shim_path()
+    why = "libgma_torch_shim.so is not beside %s (built only where CMake's python3 " \
+          "imports torch)" % path
+    if shim:
+        try:
+            ctypes.CDLL(shim)
+            return shim, SHIM_ALLOC_FN, SHIM_FREE_FN
+        except OSError as e:
+            if os.environ.get("GMA_TORCH_SHIM_LIBRARY"):
+                raise
+            why = "%s does not load (%s); rebuild it against this torch" % (shim, e)
+    warnings.warn("gma.torch: %s: an allocation gma cannot satisfy gives PyTorch a NULL "
+                  "pointer (a tensor at address 0) instead of raising "
+                  "torch.OutOfMemoryError" % why, RuntimeWarning, stacklevel=3)
+    return path, ALLOC_FN, FREE_FN
+
+
 def use(conf=None):
     """Makes gma PyTorch's CUDA allocator (before any CUDA tensor exists).
     conf, if given, becomes GMA_CONF for the plug-in's allocators. Returns
-    the CUDAPluggableAllocator."""
+    the CUDAPluggableAllocator. An allocation gma cannot satisfy raises
+    torch.OutOfMemoryError with gma's message (libgma_torch_shim.so; see
+    entry_points for when it is missing)."""
     import torch  # only here: the rest of gma needs no torch
 
     if conf is not None:
@@ -103,8 +151,7 @@ def use(conf=None):
     # Load libgma and the plug-in here first: PyTorch's ctypes.CDLL of the
     # same path then reuses them, so gma.torch's exports and gma.Allocator
     # see the very allocators PyTorch allocates from.
-    path = plugin()._name
-    alloc = torch.cuda.memory.CUDAPluggableAllocator(path, ALLOC_FN, FREE_FN)
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(*entry_points())
     torch.cuda.memory.change_current_allocator(alloc)
     return alloc
 

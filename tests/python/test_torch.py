@@ -1,6 +1,8 @@
 """gma.torch: PyTorch allocating through libgma_torch.so on a real GPU (the
 three-line switch, tensors on the default and a side stream, empty tensors,
-record_stream, the statistics and summary read back). Skipped, saying why,
+record_stream, the statistics and summary read back; a tensor larger than
+the GPU raises torch.OutOfMemoryError through libgma_torch_shim.so, with
+gma's message, and the allocator works afterwards). Skipped, saying why,
 where torch does not import or sees no CUDA device."""
 import gc
 import unittest
@@ -47,6 +49,21 @@ class Torch(unittest.TestCase):
         s = gt.stats(dev)
         self.assertLess(s["allocated"]["current"], 1 * MiB)
         self.assertGreaterEqual(s["num_frees"], 3)
+
+    def test_out_of_memory_raises(self):
+        dev = torch.cuda.current_device()
+        if gt.shim_path() is None:
+            self.fail("libgma_torch_shim.so was not built beside the plug-in (CMake's python3 "
+                      "must import this torch): an OOM would give PyTorch address 0")
+        total = torch.cuda.get_device_properties(dev).total_memory
+        before = gt.stats(dev)["allocated"]["current"]
+        with self.assertRaises(torch.cuda.OutOfMemoryError) as cm:
+            torch.empty(2 * total, dtype=torch.uint8, device="cuda")
+        self.assertIn("gma: out of memory", str(cm.exception))
+        self.assertIn("GMA_ERR_", str(cm.exception))
+        self.assertEqual(gt.stats(dev)["allocated"]["current"], before)
+        x = torch.ones(1 << 20, device="cuda")  # usable afterwards
+        self.assertEqual(x.sum().item(), float(1 << 20))
 
 
 if __name__ == "__main__":
