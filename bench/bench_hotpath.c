@@ -135,17 +135,24 @@ typedef struct pair_side {
   gma_t *g; /* NULL: glibc malloc/free */
   gma_stream_t stream;
   size_t size;
+  int mark_every; /* plan:on: pairs per iteration (gma_iteration_mark after each) */
+  int pairs;      /* since the last mark */
 } pair_side_t;
 
 static void *volatile sink; /* keeps the compiler from eliding malloc+free */
 
-static inline void one_pair(const pair_side_t *s) {
+static inline void one_pair(pair_side_t *s) {
   if (s->g) {
     void *p;
     gma_status_t st = gma_alloc(s->g, s->size, s->stream, &p);
     if (st != GMA_OK) die("gma_alloc", st);
     st = gma_free(s->g, p);
     if (st != GMA_OK) die("gma_free", st);
+    if (s->mark_every && ++s->pairs == s->mark_every) {
+      s->pairs = 0;
+      st = gma_iteration_mark(s->g);
+      if (st != GMA_OK) die("gma_iteration_mark", st);
+    }
   } else {
     void *p = malloc(s->size);
     if (!p) die("malloc", GMA_ERR_OOM);
@@ -154,7 +161,7 @@ static inline void one_pair(const pair_side_t *s) {
   }
 }
 
-static void time_chunk(const pair_side_t *s, latency_t *l, int n) {
+static void time_chunk(pair_side_t *s, latency_t *l, int n) {
   for (int i = 0; i < n; i++) {
     uint64_t t0 = tick_begin();
     one_pair(s);
@@ -168,7 +175,7 @@ static void time_chunk(const pair_side_t *s, latency_t *l, int n) {
  * timer's cost are spread over GROUP pairs, so the median is fine-grained. */
 enum { GROUP = 8 };
 
-static void time_groups(const pair_side_t *s, latency_t *l, int n) {
+static void time_groups(pair_side_t *s, latency_t *l, int n) {
   for (int i = 0; i < n; i++) {
     uint64_t t0 = tick_begin();
     for (int j = 0; j < GROUP; j++) one_pair(s);
@@ -178,7 +185,7 @@ static void time_groups(const pair_side_t *s, latency_t *l, int n) {
   }
 }
 
-static double time_batch_ns(const pair_side_t *s, int n) {
+static double time_batch_ns(pair_side_t *s, int n) {
   uint64_t t0 = now_ns();
   for (int i = 0; i < n; i++) one_pair(s);
   return (double)(now_ns() - t0) / n;
@@ -335,6 +342,7 @@ typedef struct training {
   double iters_per_s;      /* median over chunks of iterations */
   uint64_t device_allocs_first, device_allocs_after; /* in the first iteration, after it */
   uint64_t reserved_peak, hits_bin, num_allocs;
+  uint64_t plan_hits, reserved_after_plan; /* plan:on: planned hits; reserved at the end */
   int iterations;
 } training_t;
 
@@ -386,30 +394,39 @@ static void training_iteration(gma_t *g, gma_stream_t *streams, const tl_buf_t *
  * run_latency), so that drift in the machine hits both alike: on the 2-core
  * VM whole minutes run at half speed, and timed one after the other the two
  * sides could land in different speeds. */
-static void run_training(const options_t *o, const char *const conf[2], training_t r[2]) {
-  gma_t *g[2];
-  gma_stream_t streams[2][TL_STREAMS];
+enum { TL_CONFIGS = 3 };
+
+static void run_training(const options_t *o, const char *const conf[TL_CONFIGS],
+                         training_t r[TL_CONFIGS]) {
+  gma_t *g[TL_CONFIGS];
+  gma_stream_t streams[TL_CONFIGS][TL_STREAMS];
   tl_buf_t plan[TL_BUFS];
   training_plan(o->seed, plan);
   gma_stats_t s = {.size = sizeof s};
-  for (int k = 0; k < 2; k++) {
+  for (int k = 0; k < TL_CONFIGS; k++) {
     g[k] = make_allocator(conf[k]);
     for (int i = 0; i < TL_STREAMS; i++) OK(gma_stream_create(g[k], &streams[k][i]));
     training_iteration(g[k], streams[k], plan);
+    OK(gma_iteration_mark(g[k]));
     OK(gma_stats(g[k], &s));
     r[k].device_allocs_first = s.num_device_allocs;
   }
   enum { CHUNK = 100 };
   int nchunks = o->iterations / CHUNK > 0 ? o->iterations / CHUNK : 1;
-  double *rate[2] = {calloc((size_t)nchunks, sizeof(double)), calloc((size_t)nchunks, sizeof(double))};
-  if (!rate[0] || !rate[1]) die("out of host memory", GMA_ERR_OOM);
+  double *rate[TL_CONFIGS];
+  for (int k = 0; k < TL_CONFIGS; k++)
+    if (!(rate[k] = calloc((size_t)nchunks, sizeof(double)))) die("out of host memory", GMA_ERR_OOM);
+  /* Every configuration marks its iterations (a no-op without plan:on). */
   for (int c = 0; c < nchunks; c++)
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < TL_CONFIGS; k++) {
       uint64_t t0 = now_ns();
-      for (int i = 0; i < CHUNK; i++) training_iteration(g[k], streams[k], plan);
+      for (int i = 0; i < CHUNK; i++) {
+        training_iteration(g[k], streams[k], plan);
+        OK(gma_iteration_mark(g[k]));
+      }
       rate[k][c] = CHUNK / ((double)(now_ns() - t0) / 1e9);
     }
-  for (int k = 0; k < 2; k++) {
+  for (int k = 0; k < TL_CONFIGS; k++) {
     r[k].iterations = 1 + nchunks * CHUNK;
     r[k].iters_per_s = median_d(rate[k], nchunks);
     free(rate[k]);
@@ -418,6 +435,8 @@ static void run_training(const options_t *o, const char *const conf[2], training
     r[k].reserved_peak = s.reserved.peak;
     r[k].hits_bin = s.hits_bin;
     r[k].num_allocs = s.num_allocs;
+    r[k].plan_hits = s.plan_hits;
+    r[k].reserved_after_plan = s.reserved.current;
     for (int i = 0; i < TL_STREAMS; i++) OK(gma_stream_destroy(g[k], streams[k][i]));
     OK(gma_destroy(g[k]));
   }
@@ -491,7 +510,7 @@ static void write_json(const options_t *o, double overhead_ns, const trace_cost_
             "    {\"name\": \"%s\", \"median_ns\": %.1f, \"p99_ns\": %.1f, "
             "\"batch_median_ns\": %.1f, \"ratio_to_malloc\": %.2f, \"samples\": %d}%s\n",
             lat[i].name, lat[i].median_ns, lat[i].p99_ns, lat[i].batch_ns,
-            lat[i].median_ns / lat[nlat - 1].median_ns, lat[i].n, i + 1 < nlat ? "," : "");
+            lat[i].median_ns / lat[2].median_ns, lat[i].n, i + 1 < nlat ? "," : "");
   fprintf(f, "  ],\n  \"scaling_4KiB_pairs_per_s\": [\n");
   for (int i = 0; i < nsc; i++)
     fprintf(f,
@@ -505,10 +524,11 @@ static void write_json(const options_t *o, double overhead_ns, const trace_cost_
             "\"iterations\": %d, \"iterations_per_s\": %.0f, \"device_allocs_first_iteration\": "
             "%" PRIu64 ", \"device_allocs_after_first\": %" PRIu64 ", \"goal_device_allocs_after_first\": 0, "
             "\"reserved_peak\": %" PRIu64 ", \"hits_bin\": %" PRIu64 ", \"num_allocs\": %" PRIu64
-            "}%s\n",
+            ", \"plan_hits\": %" PRIu64 ", \"reserved_at_end\": %" PRIu64 "}%s\n",
             tr[i].name, TL_STREAMS, TL_BUFS, tr[i].iterations, tr[i].iters_per_s,
             tr[i].device_allocs_first, tr[i].device_allocs_after, tr[i].reserved_peak,
-            tr[i].hits_bin, tr[i].num_allocs, i + 1 < ntr ? "," : "");
+            tr[i].hits_bin, tr[i].num_allocs, tr[i].plan_hits, tr[i].reserved_after_plan,
+            i + 1 < ntr ? "," : "");
   fprintf(f, "  ],\n  \"trace_recording\": {\"pair_ns_off\": %.1f, \"pair_ns_on\": %.1f, "
              "\"ns_per_event\": %.1f}\n}\n",
           tc->off_ns, tc->on_ns, tc->per_event_ns);
@@ -569,21 +589,32 @@ int main(int argc, char **argv) {
            "to quote\n");
 
   /* 1 and 2: latency of one 4 KiB pair; the allocators live side by side. */
+  /* The planned side marks an iteration every 64 pairs: its warm-up learns
+   * and places the plan, and the timed pairs are planned hits. */
   gma_t *g_bins = make_allocator(NULL), *g_pool = make_allocator("bins:off");
-  gma_stream_t s_bins, s_pool;
+  gma_t *g_plan = make_allocator("plan:on");
+  gma_stream_t s_bins, s_pool, s_plan;
   OK(gma_stream_create(g_bins, &s_bins));
   OK(gma_stream_create(g_pool, &s_pool));
-  pair_side_t sides[3] = {{g_bins, s_bins, 4 * KiB}, {g_pool, s_pool, 4 * KiB}, {NULL, NULL, 4 * KiB}};
-  latency_t lat[3] = {{.name = "gma, bins (lock-free)"}, {.name = "gma, bins:off (pool lock)"},
-                      {.name = "glibc malloc+free"}};
-  run_latency(&o, sides, lat, 3, overhead_ticks);
+  OK(gma_stream_create(g_plan, &s_plan));
+  pair_side_t sides[4] = {{g_bins, s_bins, 4 * KiB, 0, 0},
+                          {g_pool, s_pool, 4 * KiB, 0, 0},
+                          {NULL, NULL, 4 * KiB, 0, 0},
+                          {g_plan, s_plan, 4 * KiB, 64, 0}};
+  latency_t lat[4] = {{.name = "gma, bins (lock-free)"}, {.name = "gma, bins:off (pool lock)"},
+                      {.name = "glibc malloc+free"}, {.name = "gma, plan:on (planned hit)"}};
+  run_latency(&o, sides, lat, 4, overhead_ticks);
   gma_stats_t hs = {.size = sizeof hs};
   OK(gma_stats(g_bins, &hs));
   double bin_share = hs.num_allocs ? (double)hs.hits_bin / (double)hs.num_allocs : 0;
+  OK(gma_stats(g_plan, &hs));
+  double plan_share = hs.num_allocs ? (double)hs.plan_hits / (double)hs.num_allocs : 0;
   OK(gma_stream_destroy(g_bins, s_bins));
   OK(gma_stream_destroy(g_pool, s_pool));
+  OK(gma_stream_destroy(g_plan, s_plan));
   OK(gma_destroy(g_bins));
   OK(gma_destroy(g_pool));
+  OK(gma_destroy(g_plan));
 
   /* 3: scaling. */
   scaling_t sc[3] = {{.name = "gma, bins"}, {.name = "gma, bins:off"},
@@ -597,17 +628,20 @@ int main(int argc, char **argv) {
   run_trace_cost(&tcost);
 
   /* 4: training loop. */
-  training_t tr[2] = {{.name = "gma, bins"}, {.name = "gma, bins:off"}};
-  const char *const tr_conf[2] = {NULL, "bins:off"};
+  training_t tr[3] = {{.name = "gma, bins"}, {.name = "gma, bins:off"}, {.name = "gma, plan:on"}};
+  const char *const tr_conf[3] = {NULL, "bins:off", "plan:on"};
   run_training(&o, tr_conf, tr);
 
   printf("\n1-2. one 4 KiB alloc+free pair, same stream, cache hit, one thread\n");
   printf("%-28s %10s %10s %12s %14s\n", "", "median ns", "p99 ns", "batch ns", "median/malloc");
-  for (int i = 0; i < 3; i++)
+  for (int i = 0; i < 4; i++)
     printf("%-28s %10.1f %10.1f %12.1f %13.2fx\n", lat[i].name, lat[i].median_ns, lat[i].p99_ns,
            lat[i].batch_ns, lat[i].median_ns / lat[2].median_ns);
   printf("   bins:off / bins median: %.2fx; %.1f%% of the bins run's allocations were bin hits\n",
          lat[1].median_ns / lat[0].median_ns, 100 * bin_share);
+  printf("   plan:on / bins median: %.2fx; %.1f%% of the plan run's allocations were planned hits "
+         "(a mark every 64 pairs, its cost included)\n",
+         lat[3].median_ns / lat[0].median_ns, 100 * plan_share);
   printf("   (interleaved in 20 chunks per row; median: %d groups of %d pairs, per pair; p99: %d "
          "single pairs, in steps of the\n    counter's %.1f ns resolution; batch: median of "
          "1000-pair batches timed with clock_gettime)\n",
@@ -623,11 +657,18 @@ int main(int argc, char **argv) {
          TL_STREAMS, TL_BUFS);
   printf("%-28s %12s %16s %16s %14s %10s\n", "", "iter/s", "dev allocs 1st", "dev allocs after",
          "peak reserved", "bin hits");
-  for (int i = 0; i < 2; i++)
+  for (int i = 0; i < 3; i++)
     printf("%-28s %12.0f %16" PRIu64 " %16" PRIu64 " %11.1f MiB %9.1f%%\n", tr[i].name,
            tr[i].iters_per_s, tr[i].device_allocs_first, tr[i].device_allocs_after,
            (double)tr[i].reserved_peak / MiB,
-           tr[i].num_allocs ? 100.0 * (double)tr[i].hits_bin / (double)tr[i].num_allocs : 0);
+           tr[i].num_allocs ? 100.0 * (double)(tr[i].hits_bin + tr[i].plan_hits) /
+                                  (double)tr[i].num_allocs
+                            : 0);
+  printf("   plan:on: bin hits column counts planned hits (%" PRIu64 " of %" PRIu64 "); peak "
+         "reserved after the plan was made %.1f MiB; plan:on / bins iterations per second "
+         "%.2fx\n",
+         tr[2].plan_hits, tr[2].num_allocs, (double)tr[2].reserved_after_plan / MiB,
+         tr[2].iters_per_s / tr[0].iters_per_s);
   printf("   bins / bins:off iterations per second: %.2fx (goal: 0 device allocs after the first "
          "iteration; %d iterations, median of 100-iteration chunks, the two interleaved)\n",
          tr[0].iters_per_s / tr[1].iters_per_s, tr[0].iterations);
@@ -640,9 +681,9 @@ int main(int argc, char **argv) {
          "formatting and file writes included; off costs one load and branch per call)\n",
          tcost.rows);
 
-  write_json(&o, overhead_ns, &tcost, lat, 3, sc, 3, tr, 2);
+  write_json(&o, overhead_ns, &tcost, lat, 4, sc, 3, tr, 3);
   printf("\nwrote %s\n", o.json_path);
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < 4; i++) {
     free(lat[i].ticks);
     free(lat[i].ticks8);
   }
