@@ -586,8 +586,8 @@ int main(int argc, char **argv) {
              r->plan_misses, ar, r->mark_failures);
     }
     printf("rep1 res / last res / max 2..N: peak reserved of repetition 1, of the last, and the "
-           "highest of repetitions 2..N (sampled after every allocation call; exact when the "
-           "repetition set gma's peak); last/all: the last repetition's peak reserved over the "
+           "highest of repetitions 2..N (sampled after every allocation call; exact when it "
+           "reached gma's peak so far); last/all: the last repetition's peak reserved over the "
            "run's peak allocated; dev1 / dev>1: device allocations in repetition 1 / after it; "
            "active: the repetition after whose mark the plan was active (plan_state 4); dev>a: "
            "device allocations after that mark; marks!: gma_iteration_mark calls that failed\n");

@@ -620,8 +620,9 @@ static void end_rep(run_t *x, gma_stats_t *prev, uint64_t *dev_at_first, uint64_
       .plan_misses = s.plan_misses - prev->plan_misses,
       .plan_state = s.plan_state,
   };
-  /* A repetition that raised gma's peak reached exactly that peak. */
-  if (s.reserved.peak > prev->reserved.peak) {
+  /* A repetition that raised gma's peak reached exactly that peak; one whose
+   * sample reached the peak so far cannot have been higher. */
+  if (s.reserved.peak > prev->reserved.peak || rr.peak_reserved == s.reserved.peak) {
     rr.peak_reserved = s.reserved.peak;
     rr.peak_exact = 1;
   }
