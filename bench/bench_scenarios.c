@@ -13,7 +13,10 @@
  *    sizes fixed per slot by a seeded generator; data-stream buffers are
  *    read on compute and gradients on comm (gma_record_stream before their
  *    free); one host synchronization per iteration (gma_stream_synchronize
- *    on each stream). 50 iterations under the DEFAULT config, against
+ *    on each stream), then gma_iteration_mark at the iteration boundary (a
+ *    no-op under plan:off; --config plan:on plans the default column's
+ *    memory, and the gma_stats plan fields are reported for every column).
+ *    50 iterations under the DEFAULT config, against
  *    bins:off and release_threshold:1T in the same run. Then the same loop
  *    scaled to a 2 GiB working set on a simulated 4 GiB device.
  * 2. pipeline: four stages on four streams, one thread each, 32
@@ -315,7 +318,15 @@ static void train_plan(train_plan_t *pl, uint64_t target) {
 }
 
 enum { TF_DEV_AFTER, TF_DEV_FIRST, TF_DEV_WARMUP, TF_DEV_FREES, TF_TRIMS, TF_PEAK_RESERVED, TF_PEAK_ALLOCATED, TF_PEAK_ACTIVE, TF_RATIO,
-       TF_HIT_BIN, TF_HIT_STREAM, TF_HIT_POOL, TF_HIT_DEVICE, TF_ITERS, TF_FAILED, TF_N };
+       TF_HIT_BIN, TF_HIT_STREAM, TF_HIT_POOL, TF_HIT_DEVICE, TF_ITERS, TF_FAILED,
+       /* Planned memory: gma_stats' plan fields at the end of the run (all 0
+        * under plan:off), the iteration whose mark made the plan active, the
+        * device allocations after it, and marks that did not return GMA_OK. */
+       TF_PLAN_STATE, TF_PLAN_HITS, TF_PLAN_MISSES, TF_PLAN_REPLANS, TF_PLAN_ARENA, TF_PLAN_LOWER,
+       TF_PLAN_SLOTS, TF_PLAN_ITERS, TF_PLAN_ACTIVE_AT, TF_DEV_AFTER_PLAN, TF_MARK_FAILED, TF_N };
+/* The first of the plan figures: the table prints them only when some column
+ * has one that is not 0 (the JSON always has them). */
+enum { TF_PLAN_FIRST = TF_PLAN_STATE };
 static const struct {
   const char *key, *label, *fmt;
 } tr_fig[TF_N] = {
@@ -334,6 +345,17 @@ static const struct {
     {"hit_rate_device", "hits: new segment %", "%22.1f"},
     {"iterations_per_s", "iterations/s (after warm-up)", "%22.1f"},
     {"failed_allocs", "failed allocations", "%22.0f"},
+    {"plan_state", "plan: state (4 active)", "%22.0f"},
+    {"plan_hits", "plan: hits", "%22.0f"},
+    {"plan_misses", "plan: misses", "%22.0f"},
+    {"plan_replans", "plan: re-plans", "%22.0f"},
+    {"plan_arena_mib", "plan: arena MiB", "%22.1f"},
+    {"plan_lower_bound_mib", "plan: lower bound MiB", "%22.1f"},
+    {"plan_slots", "plan: slots", "%22.0f"},
+    {"plan_iterations", "plan: iterations marked", "%22.0f"},
+    {"plan_active_after_iteration", "plan: active after iteration", "%22.0f"},
+    {"device_allocs_after_plan_active", "device allocs after that", "%22.0f"},
+    {"iteration_mark_failures", "gma_iteration_mark failures", "%22.0f"},
 };
 
 enum { TR_COLS = 3 };
@@ -349,6 +371,10 @@ typedef struct train_ctx {
   long hold_us;
   int run, col;
   uint64_t failed;
+  int plan;                /* the allocator's config has plan:on */
+  uint64_t mark_failed;    /* gma_iteration_mark calls that did not return GMA_OK */
+  int plan_active_at;      /* the iteration (1-based) whose mark made the plan active; 0: none */
+  uint64_t dev_at_active;  /* num_device_allocs right after that mark */
   kern_t k[32]; /* one iteration's kernels; reused once the host synchronized */
   int nk;
 } train_ctx_t;
@@ -454,6 +480,22 @@ static void train_iteration(train_ctx_t *c, int iter) {
 #undef TB
   /* The host's one synchronization per step (loss.item()), through gma. */
   for (int s = 0; s < TR_STREAMS; s++) OK(gma_stream_synchronize(c->g, c->s[s]));
+  /* The iteration boundary, as a training loop marks it: a no-op under
+   * plan:off. A failing mark is counted, and said once per process, not
+   * fatal: plan:on may be unfinished in the libgma measured. */
+  static atomic_int mark_said;
+  gma_status_t st = gma_iteration_mark(c->g);
+  if (st != GMA_OK && !c->mark_failed++ && !atomic_exchange(&mark_said, 1))
+    fprintf(stderr, "gma-bench-scenarios: gma_iteration_mark: %s (counted as "
+                    "iteration_mark_failures)\n", gma_last_error());
+  if (c->plan && !c->plan_active_at) { /* one gma_stats per step while the plan is not active */
+    gma_stats_t s = GMA_STATS_INIT;
+    OK(gma_stats(c->g, &s));
+    if (s.plan_state == 4) {
+      c->plan_active_at = iter + 1;
+      c->dev_at_active = s.num_device_allocs;
+    }
+  }
 }
 
 typedef struct train_job {
@@ -468,7 +510,9 @@ static void *train_once(void *arg) {
   train_job_t *j = arg;
   train_ctx_t *c = calloc(1, sizeof *c);
   if (!c) die("out of host memory", GMA_ERR_OOM);
-  c->g = make(j->device_conf, j->col->conf, j->colno == 0 ? opt.extra : NULL, NULL);
+  gma_config_t cfg;
+  c->g = make(j->device_conf, j->col->conf, j->colno == 0 ? opt.extra : NULL, &cfg);
+  c->plan = cfg.plan;
   c->pl = j->pl;
   c->hold_us = j->hold_us;
   c->run = j->run;
@@ -502,6 +546,19 @@ static void *train_once(void *arg) {
   put(&f[TF_HIT_DEVICE], allocs ? 100.0 * (double)(e.hits_device - w.hits_device) / allocs : NAN);
   put(&f[TF_ITERS], (double)(iterations - TR_WARMUP) / secs);
   put(&f[TF_FAILED], (double)c->failed);
+  put(&f[TF_PLAN_STATE], (double)e.plan_state);
+  put(&f[TF_PLAN_HITS], (double)e.plan_hits);
+  put(&f[TF_PLAN_MISSES], (double)e.plan_misses);
+  put(&f[TF_PLAN_REPLANS], (double)e.plan_replans);
+  put(&f[TF_PLAN_ARENA], (double)e.plan_arena_bytes / MiB);
+  put(&f[TF_PLAN_LOWER], (double)e.plan_lower_bound / MiB);
+  put(&f[TF_PLAN_SLOTS], (double)e.plan_slots);
+  put(&f[TF_PLAN_ITERS], (double)e.plan_iterations);
+  /* Never active: "never" in the table, null in the JSON. */
+  put(&f[TF_PLAN_ACTIVE_AT], c->plan_active_at ? (double)c->plan_active_at : INFINITY);
+  put(&f[TF_DEV_AFTER_PLAN],
+      c->plan_active_at ? (double)(e.num_device_allocs - c->dev_at_active) : NAN);
+  put(&f[TF_MARK_FAILED], (double)c->mark_failed);
   for (int s = 0; s < TR_STREAMS; s++) OK(gma_stream_destroy(c->g, c->s[s]));
   OK(gma_destroy(c->g));
   free(c);
@@ -548,7 +605,14 @@ static void run_training_variant(const char *key, const char *title, uint64_t ta
   printf("%-36s", "(median of runs)");
   for (int i = 0; i < TR_COLS; i++) printf("%22s", cols[i].name);
   printf("\n");
+  int plan_rows = 0; /* any plan figure that is not 0 in some column */
+  for (int fi = TF_PLAN_FIRST; fi < TF_N; fi++)
+    for (int i = 0; i < TR_COLS; i++) {
+      double m = med(&cols[i].f[fi]);
+      plan_rows |= !isnan(m) && !isinf(m) && m != 0;
+    }
   for (int fi = 0; fi < TF_N; fi++) {
+    if (fi >= TF_PLAN_FIRST && !plan_rows) break;
     printf("%-36s", tr_fig[fi].label);
     for (int i = 0; i < TR_COLS; i++) print_cell(tr_fig[fi].fmt, med(&cols[i].f[fi]));
     printf("\n");

@@ -353,6 +353,18 @@ GMA_TORCH_API int gma_torch_empty_cache(int device) {
   return st;
 }
 
+/* gma_iteration_mark of device's allocator; GMA_OK when it has none yet (no
+ * allocation made: nothing to learn). PyTorch has no hook for iteration
+ * boundaries, so the training loop calls this (gma.torch.iteration_mark). */
+GMA_TORCH_API int gma_torch_iteration_mark(int device) {
+  if (!valid_device(device)) return GMA_ERR_INVALID_ARGUMENT;
+  WITH_ALLOCATOR(device, false, GMA_OK)
+  gma_status_t st = gma_iteration_mark(g);
+  if (st != GMA_OK) set_gma_msg(st, "gma_iteration_mark");
+  leave();
+  return st;
+}
+
 /* gma_record_stream on device's allocator: ptr is also used on stream, so its
  * free waits for that work too. PyTorch's Tensor.record_stream does not reach
  * plug-ins loaded from Python: call this (gma.torch.record_stream) instead. */

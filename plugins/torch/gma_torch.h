@@ -34,6 +34,11 @@ int gma_torch_stats(int device, gma_stats_t *out); /* zeros before the first all
 int gma_torch_summary(int device, char *buf, size_t len);
 int gma_torch_snapshot(int device, const char *path);
 int gma_torch_empty_cache(int device);
+/* gma_iteration_mark of device's allocator: call it at the same point of
+ * every training or inference iteration (plan:on in GMA_CONF plans the
+ * memory of a repeating iteration; a no-op under plan:off). GMA_OK when the
+ * device has no allocator yet. */
+int gma_torch_iteration_mark(int device);
 int gma_torch_record_stream(void *ptr, int device, void *stream);
 /* Destroys every allocator (registered with atexit); later allocations fail
  * and later frees do nothing. */

@@ -410,6 +410,15 @@ class Allocator:
         """gma_empty_cache."""
         _check(_fn("gma_empty_cache")(self._h("gma_empty_cache")), "gma_empty_cache")
 
+    def iteration_mark(self):
+        """gma_iteration_mark: marks the end of one iteration of a repeating
+        workload (for example after the optimizer step), at the same point of
+        every iteration. Under plan:on gma learns an iteration between two marks
+        and serves later iterations from one planned arena; under plan:off (the
+        default) it does nothing. Raises gma.Unsupported with a libgma that
+        lacks the call."""
+        _check(_fn("gma_iteration_mark")(self._h("gma_iteration_mark")), "gma_iteration_mark")
+
     # -- pinned host memory ---------------------------------------------------
     def host_alloc(self, size, stream=None):
         """gma_host_alloc: pinned host memory (an int address)."""

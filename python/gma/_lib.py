@@ -85,6 +85,7 @@ class Config(ctypes.Structure):
         ("host_release_threshold", u64),
         ("oom_wait_ms", u64),
         ("per_thread_default_stream", c_int),
+        ("plan", c_int),
     ]
 
 
@@ -147,6 +148,14 @@ class Stats(ctypes.Structure):
         ("num_fallbacks", u64),
         ("fallback_bytes", u64),
         ("num_oom_waits", u64),
+        ("plan_state", c_int),
+        ("plan_hits", u64),
+        ("plan_misses", u64),
+        ("plan_replans", u64),
+        ("plan_arena_bytes", u64),
+        ("plan_lower_bound", u64),
+        ("plan_slots", u64),
+        ("plan_iterations", u64),
     ]
 
 
@@ -229,6 +238,7 @@ PROTOTYPES = {
     "gma_free": (st, [vp, vp]),
     "gma_record_stream": (st, [vp, vp, vp]),
     "gma_empty_cache": (st, [vp]),
+    "gma_iteration_mark": (st, [vp]),
     "gma_trim": (st, [vp, u64]),
     "gma_alloc_batch": (st, [vp, size_t, P(size_t), vp, P(vp)]),
     "gma_reserve": (st, [vp, vp, size_t, P(size_t), P(size_t)]),

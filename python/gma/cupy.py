@@ -9,7 +9,8 @@ Each allocation is made on CuPy's current stream; the memory is freed through
 gma (ordered on that stream) when CuPy drops its last reference. As with
 CuPy's own pool, memory used on another stream needs a.record_stream(ptr,
 stream) before it is dropped. The allocator must run on CuPy's current
-device. cupy is imported only inside use() and reset().
+device. For planned memory (gma.Allocator("...,plan:on")), call
+a.iteration_mark() at the same point of every iteration of the loop. cupy is imported only inside use() and reset().
 """
 
 

@@ -21,7 +21,8 @@ The plug-in makes one gma allocator per device on first use, configured by
 GMA_CONF (device_id is the device PyTorch asks for). PyTorch's
 memory_stats(), empty_cache() and Tensor.record_stream() do not reach a
 plug-in loaded from Python: use stats(), summary(), empty_cache() and
-record_stream() here instead. torch is imported only inside use() and
+record_stream() here instead. iteration_mark() marks the end of a training
+step for planned memory (plan:on in GMA_CONF; a no-op under plan:off). torch is imported only inside use() and
 record_stream(); everything else works through ctypes alone.
 """
 import ctypes
@@ -71,6 +72,7 @@ _PROTOS = {
     "gma_torch_summary": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]),
     "gma_torch_snapshot": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p]),
     "gma_torch_empty_cache": (ctypes.c_int, [ctypes.c_int]),
+    "gma_torch_iteration_mark": (ctypes.c_int, [ctypes.c_int]),
     "gma_torch_record_stream": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]),
     "gma_torch_shutdown": (None, []),
 }
@@ -188,6 +190,15 @@ def snapshot(device=0, path=None):
 def empty_cache(device=0):
     """gma_empty_cache on device's allocator (torch.cuda.empty_cache() does not reach it)."""
     _check(plugin().gma_torch_empty_cache(device), "gma_torch_empty_cache")
+
+
+def iteration_mark(device=0):
+    """gma_iteration_mark on device's allocator: call it once per training
+    step, at the same point of every step (after optimizer.step(), say).
+    With plan:on in GMA_CONF gma plans the memory of the repeating step; under
+    plan:off (the default) it does nothing. A no-op before the device's first
+    allocation."""
+    _check(plugin().gma_torch_iteration_mark(device), "gma_torch_iteration_mark")
 
 
 def record_stream(tensor, stream, device=None):

@@ -40,7 +40,7 @@ int main(void) {
   F(gma_config_t, expandable_segments); F(gma_config_t, trace_path);
   F(gma_config_t, fallback_host); F(gma_config_t, host_release_threshold);
   F(gma_config_t, oom_wait_ms);
-  F(gma_config_t, per_thread_default_stream);
+  F(gma_config_t, per_thread_default_stream); F(gma_config_t, plan);
   end();
   BEGIN(gma_stat_t);
   F(gma_stat_t, current); F(gma_stat_t, peak); F(gma_stat_t, total);
@@ -65,7 +65,9 @@ int main(void) {
   F(gma_stats_t, submit_to_ready_p50_ns); F(gma_stats_t, submit_to_ready_p99_ns);
   F(gma_stats_t, host_allocated); F(gma_stats_t, host_reserved); F(gma_stats_t, num_host_allocs);
   F(gma_stats_t, num_host_frees); F(gma_stats_t, num_fallbacks); F(gma_stats_t, fallback_bytes);
-  F(gma_stats_t, num_oom_waits);
+  F(gma_stats_t, num_oom_waits); F(gma_stats_t, plan_state); F(gma_stats_t, plan_hits);
+  F(gma_stats_t, plan_misses); F(gma_stats_t, plan_replans); F(gma_stats_t, plan_arena_bytes);
+  F(gma_stats_t, plan_lower_bound); F(gma_stats_t, plan_slots); F(gma_stats_t, plan_iterations);
   end();
   BEGIN(gma_stream_stats_t);
   F(gma_stream_stats_t, size); F(gma_stream_stats_t, allocs); F(gma_stream_stats_t, frees);

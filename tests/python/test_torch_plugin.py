@@ -3,7 +3,7 @@ way CUDAPluggableAllocator calls it, on the simulated device (no torch
 needed): allocation on a stream and a free on another stream after
 gma_torch_record_stream, size 0, invalid devices, out of memory and foreign
 frees (NULL or nothing, one line on stderr each), the statistics, summary,
-snapshot and empty_cache exports and gma.torch's wrappers of them, one
+snapshot, empty_cache and iteration_mark exports and gma.torch's wrappers of them, one
 allocator per device created once under concurrent first use, and the
 plug-in's shutdown making later calls harmless. Run by CTest with
 GMA_LIBRARY, GMA_TORCH_LIBRARY and GMA_CONF=device:sim."""
@@ -41,6 +41,8 @@ class Plugin(unittest.TestCase):
         s = gt.stats(3)  # no allocator on device 3 yet: zeros, none created
         self.assertEqual((s["num_allocs"], s["reserved"]["current"]), (0, 0))
         gt.empty_cache(3)  # a no-op
+        gt.iteration_mark(3)  # a no-op too: no allocator to mark
+        self.assertEqual(gt.stats(3)["num_allocs"], 0)
 
     def test_alloc_on_a_stream_free_on_another(self):
         a = gt.allocator(0)  # the plug-in's allocator, to make sim streams
@@ -169,6 +171,10 @@ class Plugin(unittest.TestCase):
         self.assertEqual(len(live), 1)
         self.assertEqual((live[0]["state"], live[0]["requested"]), ("live", 3 * MiB))
         free(p)
+        gt.iteration_mark(0)  # plan:off (GMA_CONF above): a no-op
+        self.assertEqual(gt.stats(0)["plan_iterations"], 0)
+        with self.assertRaises(gma.InvalidArgument):
+            gt.iteration_mark(-1)
         gt.empty_cache(0)
         self.assertEqual(gt.stats(0)["allocated"]["current"], 0)
         with self.assertRaises(gma.InvalidPointer):

@@ -3,7 +3,10 @@
 the per-trace table, the summary and the JSON; the trace's oom rows attempted
 and reported ("PyTorch failed N, gma failed M"); --min-capacity's tables and
 JSON, on small traces whose answers are known (the same traces as
-test_capacity.c, which checks the engine).
+test_capacity.c, which checks the engine); --repeat N: N repetitions in one
+allocator, what a repetition leaves live freed at its end, gma_iteration_mark
+after each, the per-repetition figures in the tables and the JSON, and
+--min-capacity replaying every repetition.
 
 Usage: test_replay_cli.py PATH/TO/gma-replay
 """
@@ -45,6 +48,10 @@ WITH_OOM = HEADER + "".join(
         ("free", "0x2000000", 8 * MIB),
     ]))
 
+# KNOWN with a 1 MiB allocation the trace never frees (weights loaded before
+# the loop, say): --repeat frees it at the end of each repetition.
+LEAKY = KNOWN + "0,0.000011,allocate,0x9000000,%d,0x0,0,0,0,\n" % MIB
+
 CONF = "trim_interval_ms:3600000"
 
 
@@ -52,6 +59,9 @@ class ReplayCli(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="gma-replay-cli-")
         self.known = os.path.join(self.dir, "known.csv")
+        self.leaky = os.path.join(self.dir, "leaky.csv")
+        with open(self.leaky, "w") as f:
+            f.write(LEAKY)
         self.oom = os.path.join(self.dir, "with_oom.csv")
         with open(self.known, "w") as f:
             f.write(KNOWN)
@@ -138,6 +148,101 @@ class ReplayCli(unittest.TestCase):
         # The time budget: stops at once and says so.
         out = self.replay("--min-capacity", "--budget", "0.000000001", "--quiet", self.known)
         self.assertRegex(out, r"known\s+default\s.*\s+budget")
+
+    def run_json(self, *args):
+        js = os.path.join(self.dir, "r.json")
+        out = self.replay("--json", js, *args)
+        with open(js) as f:
+            return out, json.load(f)
+
+    def test_repeat(self):
+        _, once = self.run_json("--quiet", "--config", "default=" + CONF, self.leaky)
+        out, three = self.run_json("--repeat", "3", "--config", "default=" + CONF, "--config",
+                                   "plan=%s,plan:on" % CONF, self.leaky)
+        one = once["results"][0]["result"]
+        res = {r["config"]: r["result"] for r in three["results"]}
+        r = res["default"]
+        # Three times the rows and the calls, in one allocator.
+        self.assertEqual(one["repeat"], 0)
+        self.assertNotIn("repetitions", one)
+        self.assertEqual(r["repeat"], 3)
+        self.assertEqual(r["trace_events"], one["events"])
+        self.assertEqual(r["events"], 3 * one["events"])
+        self.assertEqual(r["replayed_calls"], 3 * one["replayed_calls"])
+        # What a repetition leaves live is freed at its end: live bytes never
+        # pile up, and the peaks are those of one replay.
+        self.assertEqual(r["peak_requested"], one["peak_requested"])
+        self.assertEqual(r["trace_peak_live"], one["trace_peak_live"])
+        self.assertEqual(r["peak_allocated"], one["peak_allocated"])
+        self.assertEqual(r["failed_allocs"], 0)
+        reps = r["repetitions"]
+        self.assertEqual((reps["completed"], reps["marks"], reps["mark_failures"]), (3, 3, 0))
+        self.assertEqual(reps["rep_end_frees"], 3)  # the 1 MiB the trace never frees
+        self.assertEqual(reps["peak_sampling"], "after every allocation call")
+        self.assertEqual([p["rep"] for p in reps["reps"]], [1, 2, 3])
+        self.assertEqual(reps["peak_reserved_first_rep"], one["peak_reserved"])
+        self.assertEqual(reps["peak_reserved_first_rep"], reps["reps"][0]["peak_reserved"])
+        self.assertTrue(reps["reps"][0]["peak_reserved_exact"])
+        self.assertEqual(reps["peak_reserved_last_rep"], reps["reps"][2]["peak_reserved"])
+        self.assertEqual(reps["peak_reserved_max_after_first_rep"],
+                         max(p["peak_reserved"] for p in reps["reps"][1:]))
+        self.assertLessEqual(reps["peak_reserved_last_rep"], r["peak_reserved"])
+        self.assertEqual(max(p["peak_reserved"] for p in reps["reps"]), r["peak_reserved"])
+        self.assertEqual(reps["device_allocs_first_rep"] + reps["device_allocs_after_first_rep"],
+                         r["device_allocs"])
+        self.assertEqual(sum(p["device_allocs"] for p in reps["reps"]), r["device_allocs"])
+        self.assertEqual(reps["device_allocs_after_first_rep"], 0)  # the cache serves 2 and 3
+        # Under plan:off nothing is planned and the mark is a no-op.
+        self.assertIsNone(reps["plan_active_after_rep"])
+        self.assertIsNone(reps["device_allocs_after_plan_active"])
+        for k in ("plan_state", "plan_hits", "plan_misses", "plan_replans", "plan_arena_bytes",
+                  "plan_lower_bound", "plan_slots", "plan_iterations"):
+            self.assertEqual(r[k], 0, k)
+        # plan:on: every mark reaches gma; while plan:on is being built it
+        # answers GMA_ERR_UNSUPPORTED, counted and named, and the replay goes on.
+        p = res["plan"]
+        self.assertEqual((p["repetitions"]["completed"], p["repetitions"]["marks"]), (3, 3))
+        self.assertEqual(p["failed_allocs"], 0)
+        if p["repetitions"]["mark_failures"]:
+            self.assertEqual(p["repetitions"]["mark_failures"], 3)
+            self.assertIn("gma_iteration_mark", p["repetitions"]["mark_error"])
+            self.assertRegex(out, r"leaky \[plan\]: gma_iteration_mark failed 3 of 3 times: ")
+        else:
+            self.assertEqual(p["plan_iterations"], 3)
+        # The tables: per trace, and the repetitions summary (in --quiet too).
+        self.assertIn("leaky.csv: 11 events (6 allocations, 5 frees, 0 oom), replayed 3 times in "
+                      "one allocator", out)
+        self.assertRegex(out, r"(?m)^  repetitions completed\s+3\s+3\s*$")
+        self.assertRegex(out, r"(?m)^  device allocs after rep 1\s+0\s")
+        self.assertRegex(out, r"(?m)^  plan active after rep\s+never\s")
+        row = r"(?m)^leaky\s+default\s+3\s+(\S+ MiB)\s+(\S+ MiB)\s+(\S+ MiB)\s+\S+x\s+(\d+)\s+0\s+-\s+-\s+0\s+0\s+-\s+0$"
+        quiet = self.replay("--quiet", "--repeat", "3", "--config", "default=" + CONF, self.leaky)
+        self.assertNotIn("repetitions completed", quiet)  # no per-trace table
+        for text in (out, quiet):
+            self.assertIn("repetitions (--repeat 3, one allocator", text)
+            self.assertRegex(text, row)
+
+    def test_repeat_min_capacity(self):
+        _, d = self.run_json("--quiet", "--min-capacity", "--repeat", "3", "--config",
+                             "default=" + CONF, self.known)
+        s = d["min_capacity"][0]["search"]
+        r = d["results"][0]["result"]
+        self.assertEqual(r["repetitions"]["completed"], 3)
+        self.assertEqual(s["replays"], len(s["steps"]))
+        # Every capacity replays the three repetitions, which need more than
+        # one replay's 50 MiB: repetition 2 finds the 40 MiB block of
+        # repetition 1 cached, serves two 16 MiB requests from it and needs a
+        # third segment beside it: 2 MiB (small) + 40 + 16 = 58 MiB.
+        self.assertGreaterEqual(s["min_capacity"], 58 * MIB)
+        self.assertLessEqual(s["min_capacity"], 58 * MIB / 0.998 + 1)
+        self.assertFalse(s["unstable"])
+
+    def test_repeat_needs_a_count(self):
+        for bad in ("0", "x", "-1", "2x"):
+            p = subprocess.run([TOOL, "--repeat", bad, self.known], capture_output=True, text=True,
+                               timeout=60)
+            self.assertEqual(p.returncode, 2, bad)
+            self.assertIn("--repeat wants a count", p.stderr)
 
     def test_min_capacity_needs_sim(self):
         p = subprocess.run([TOOL, "--min-capacity", "--device", "cuda", self.known],

@@ -5,7 +5,9 @@
  * allocations (and the recorder's own failed requests, attempted again),
  * fragmentation, device allocations, hits by level, latency percentiles,
  * replay rate; with --min-capacity, the smallest simulated device each
- * configuration runs the trace in without a failed allocation. */
+ * configuration runs the trace in without a failed allocation; with --repeat,
+ * the trace replayed N times in one allocator as the iterations of a loop
+ * (gma_iteration_mark between them), and the figures of each repetition. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
@@ -40,9 +42,15 @@ static void usage(FILE *f) {
           "  --snapshot-dir DIR   write TRACE.CONFIG.peak.json (gma_snapshot_json at the peak),\n"
           "                       from a second, untimed replay\n"
           "  --seed N             seed of the synthetic workloads (default 1)\n"
+          "  --repeat N           replay each trace N times in one allocator, as the iterations\n"
+          "                       of a loop: at the end of each repetition, free what the trace\n"
+          "                       left live and call gma_iteration_mark (plan:on learns from\n"
+          "                       it; a no-op under plan:off); prints each repetition's peak\n"
+          "                       reserved and device allocations, and the plan statistics\n"
           "  --min-capacity       also find, per trace and configuration, the smallest simulated\n"
           "                       device capacity (sim_capacity) the trace replays in with no\n"
           "                       failed allocation, by bisection; prints a table per trace\n"
+          "                       (with --repeat, every replay runs all the repetitions)\n"
           "  --precision PCT      the bisection's width, in percent (default 0.2)\n"
           "  --budget SECONDS     time per trace and configuration after which the bisection\n"
           "                       stops and reports the width it reached (default: none)\n"
@@ -99,8 +107,11 @@ static void ratio(char *s, size_t n, uint64_t a, uint64_t b) {
 static void print_trace_table(const replay_trace_t *t, const config_t *cfg, int ncfg,
                               const replay_result_t *res) {
   char a[48];
-  printf("\n%s: %zu events (%zu allocations, %zu frees, %zu oom)\n", t->name, t->n,
+  printf("\n%s: %zu events (%zu allocations, %zu frees, %zu oom)", t->name, t->n,
          t->count[RA_ALLOCATE], t->count[RA_FREE], t->count[RA_OOM]);
+  if (ncfg && res[0].repeat)
+    printf(", replayed %" PRIu64 " times in one allocator", res[0].repeat);
+  printf("\n");
   printf("  %-26s", "");
   for (int c = 0; c < ncfg; c++) printf(" %16s", cfg[c].name);
   if (t->has_recorded || t->count[RA_OOM]) printf(" %16s", recorded_label);
@@ -168,6 +179,38 @@ static void print_trace_table(const replay_trace_t *t, const config_t *cfg, int 
         (snprintf(b, sizeof b, "%zu / 0", t->count[RA_OOM]), b));
   ROW("unmatched frees", (snprintf(a, sizeof a, "%" PRIu64, r->unmatched), a), "");
   ROW("replay rate (events/s)", (snprintf(a, sizeof a, "%.2fM", r->events_per_s / 1e6), a), "");
+  if (ncfg && res[0].repeat) {
+    /* --repeat: the figures above cover every repetition; these, each one. */
+    ROW("repetitions completed", (snprintf(a, sizeof a, "%" PRIu64, r->reps_completed), a), "");
+    ROW("peak reserved rep 1", human(a, sizeof a, r->peak_reserved_first_rep), "");
+    ROW("peak reserved last rep", human(a, sizeof a, r->peak_reserved_last_rep), "");
+    ROW("  max of reps 2..N",
+        r->reps_completed > 1 ? human(a, sizeof a, r->peak_reserved_max_after_first_rep) : "-",
+        "");
+    ROW("device allocs rep 1", (snprintf(a, sizeof a, "%" PRIu64, r->device_allocs_first_rep), a),
+        "");
+    ROW("device allocs after rep 1",
+        (snprintf(a, sizeof a, "%" PRIu64, r->device_allocs_after_first_rep), a), "");
+    ROW("plan active after rep",
+        r->plan_active_rep ? (snprintf(a, sizeof a, "%" PRIu64, r->plan_active_rep), a) : "never",
+        "");
+    ROW("device allocs after that",
+        r->plan_active_rep
+            ? (snprintf(a, sizeof a, "%" PRIu64, r->device_allocs_after_plan_active), a)
+            : "-",
+        "");
+    ROW("plan hits / misses",
+        (snprintf(a, sizeof a, "%" PRIu64 " / %" PRIu64, r->plan_hits, r->plan_misses), a), "");
+    ROW("plan replans / slots",
+        (snprintf(a, sizeof a, "%" PRIu64 " / %" PRIu64, r->plan_replans, r->plan_slots), a), "");
+    ROW("plan arena", r->plan_arena_bytes ? human(a, sizeof a, r->plan_arena_bytes) : "-", "");
+    ROW("plan lower bound", r->plan_lower_bound ? human(a, sizeof a, r->plan_lower_bound) : "-",
+        "");
+    ROW("marks failed",
+        (snprintf(a, sizeof a, "%" PRIu64 " / %" PRIu64, r->mark_failures, r->marks), a), "");
+    ROW("left live, freed at ends",
+        (snprintf(a, sizeof a, "%" PRIu64, r->rep_end_frees + r->rep_end_futures), a), "");
+  }
 #undef ROW
   if (any_failed)
     printf("  * leaves out the failed allocations: a failed request never became live\n");
@@ -188,17 +231,19 @@ typedef struct cap_progress {
 static void on_cap_step(void *arg, const replay_capacity_step_t *s, uint64_t lo, uint64_t hi) {
   const cap_progress_t *p = arg;
   char a[32], b[32], c[32], d[32];
-  if (p->verbose) {
-    if (s->ok)
-      fprintf(stderr, "  %s: %s%s ok (reserved %s, %.2f s); bracket (%s, %s]\n", p->label,
-              human(a, sizeof a, s->capacity), s->confirm ? " (confirm)" : "",
-              human(b, sizeof b, s->peak_reserved), s->wall_s, human(c, sizeof c, lo),
-              human(d, sizeof d, hi));
-    else
-      fprintf(stderr, "  %s: %s%s FAILED at event %" PRIu64 " (%.2f s); bracket (%s, %s]\n    %s\n",
-              p->label, human(a, sizeof a, s->capacity), s->confirm ? " (confirm)" : "",
-              s->first_failed_event, s->wall_s, human(c, sizeof c, lo), human(d, sizeof d, hi),
-              s->first_error);
+  if (p->verbose && s->ok) {
+    fprintf(stderr, "  %s: %s%s ok (reserved %s, %.2f s); bracket (%s, %s]\n", p->label,
+            human(a, sizeof a, s->capacity), s->confirm ? " (confirm)" : "",
+            human(b, sizeof b, s->peak_reserved), s->wall_s, human(c, sizeof c, lo),
+            human(d, sizeof d, hi));
+  } else if (p->verbose) {
+    char where[48] = "";
+    if (s->first_failed_rep)
+      snprintf(where, sizeof where, " of repetition %" PRIu64, s->first_failed_rep);
+    fprintf(stderr, "  %s: %s%s FAILED at event %" PRIu64 "%s (%.2f s); bracket (%s, %s]\n    %s\n",
+            p->label, human(a, sizeof a, s->capacity), s->confirm ? " (confirm)" : "",
+            s->first_failed_event, where, s->wall_s, human(c, sizeof c, lo),
+            human(d, sizeof d, hi), s->first_error);
   } else if (p->tty) {
     fprintf(stderr, "\r\033[K  min capacity %s: %s %s; bracket (%s, %s]", p->label,
             human(a, sizeof a, s->capacity), s->ok ? "ok" : "failed", human(c, sizeof c, lo),
@@ -254,7 +299,7 @@ int main(int argc, char **argv) {
   const char *inputs[MAX_INPUTS];
   int nin = 0;
   const char *json = NULL, *tl_dir = NULL, *snap_dir = NULL, *device = "sim";
-  uint64_t seed = 1;
+  uint64_t seed = 1, repeat = 0;
   int quiet = 0, min_cap = 0, verbose = 0, confirm = 1;
   double precision = 0.002, budget = 0;
   for (int i = 1; i < argc; i++) {
@@ -292,6 +337,15 @@ int main(int argc, char **argv) {
       snap_dir = argv[++i];
     } else if (strcmp(a, "--seed") == 0 && more) {
       seed = strtoull(argv[++i], NULL, 0);
+    } else if (strcmp(a, "--repeat") == 0 && more) {
+      char *end;
+      const char *v = argv[++i];
+      errno = 0;
+      repeat = strtoull(v, &end, 10);
+      if (errno || end == v || *end || *v == '-' || repeat < 1 || repeat > 1000000) {
+        fprintf(stderr, "gma-replay: --repeat wants a count from 1 to 1000000, not '%s'\n", v);
+        return 2;
+      }
     } else if (strcmp(a, "--quiet") == 0) {
       quiet = 1;
     } else if (strcmp(a, "--min-capacity") == 0) {
@@ -393,7 +447,7 @@ int main(int argc, char **argv) {
     for (int c = 0; c < ncfg; c++) {
       char path[1024], label[224];
       snprintf(label, sizeof label, "%.120s [%.60s]", name, cfg[c].name);
-      replay_options_t o = {.device = device, .progress = tty, .label = label};
+      replay_options_t o = {.device = device, .progress = tty, .label = label, .repeat = repeat};
       FILE *tl = NULL;
       if (tl_dir) {
         snprintf(path, sizeof path, "%s/%s.%s.timeline.csv", tl_dir, name, cfg[c].name);
@@ -405,7 +459,7 @@ int main(int argc, char **argv) {
       if (rc == 0 && snap_dir) { /* untimed second pass for the picture */
         replay_result_t scratch;
         snprintf(path, sizeof path, "%s/%s.%s.peak.json", snap_dir, name, cfg[c].name);
-        replay_options_t so = {.device = device, .snapshot_path = path};
+        replay_options_t so = {.device = device, .snapshot_path = path, .repeat = repeat};
         rc = replay_run(t, cfg[c].conf, &so, &scratch, err, sizeof err);
       }
       if (rc != 0) {
@@ -434,8 +488,9 @@ int main(int argc, char **argv) {
         char label[224];
         snprintf(label, sizeof label, "%.120s [%.60s]", name, cfg[c].name);
         cap_progress_t pg = {.label = label, .verbose = verbose, .tty = isatty(2) && !quiet};
-        replay_capacity_options_t co = {.precision = precision, .budget_s = budget,
-                                        .confirm = confirm, .on_step = on_cap_step, .arg = &pg};
+        replay_capacity_options_t co = {.precision = precision, .repeat = repeat,
+                                        .budget_s = budget, .confirm = confirm,
+                                        .on_step = on_cap_step, .arg = &pg};
         ok[c] = replay_min_capacity(t, cfg[c].conf, &co, &cap[c], err, sizeof err) == 0;
         if (pg.tty && !verbose) fprintf(stderr, "\r\033[K");
         if (!ok[c]) {
@@ -503,6 +558,45 @@ int main(int argc, char **argv) {
          "oom r/g: requests the recording allocator failed (oom rows) / of them, failed by gma "
          "too\n");
   if (starred) printf("* leaves out the failed allocations: a failed request never became live\n");
+  if (repeat) {
+    /* --repeat: each repetition's figures, next to the whole run's above. */
+    printf("\nrepetitions (--repeat %" PRIu64 ", one allocator, gma_iteration_mark after each): "
+           "peak reserved of the first and the last repetition, device allocations after "
+           "repetition 1 and after the plan became active, plan statistics\n",
+           repeat);
+    printf("%-34s %-11s %5s %11s %11s %11s %8s %6s %6s %6s %6s %9s %9s %11s %7s\n", "trace",
+           "config", "reps", "rep1 res", "last res", "max 2..N", "last/all", "dev1", "dev>1",
+           "active", "dev>a", "hits", "misses", "arena", "marks!");
+    for (int i = 0; i < nall; i++) {
+      const replay_result_t *r = &all[i].r;
+      char a[32], b[32], c[32], act[24] = "-", deva[24] = "-", ar[32] = "-";
+      if (r->plan_active_rep) {
+        snprintf(act, sizeof act, "%" PRIu64, r->plan_active_rep);
+        snprintf(deva, sizeof deva, "%" PRIu64, r->device_allocs_after_plan_active);
+      }
+      if (r->plan_arena_bytes) human(ar, sizeof ar, r->plan_arena_bytes);
+      printf("%-34.34s %-11.11s %5" PRIu64 " %11s %11s %11s %7.3fx %6" PRIu64 " %6" PRIu64
+             " %6s %6s %9" PRIu64 " %9" PRIu64 " %11s %7" PRIu64 "\n",
+             all[i].trace, all[i].config, r->reps_completed,
+             human(a, sizeof a, r->peak_reserved_first_rep),
+             human(b, sizeof b, r->peak_reserved_last_rep),
+             r->reps_completed > 1 ? human(c, sizeof c, r->peak_reserved_max_after_first_rep) : "-",
+             r->peak_allocated ? (double)r->peak_reserved_last_rep / (double)r->peak_allocated : 0,
+             r->device_allocs_first_rep, r->device_allocs_after_first_rep, act, deva, r->plan_hits,
+             r->plan_misses, ar, r->mark_failures);
+    }
+    printf("rep1 res / last res / max 2..N: peak reserved of repetition 1, of the last, and the "
+           "highest of repetitions 2..N (sampled after every allocation call; exact when it "
+           "reached gma's peak so far); last/all: the last repetition's peak reserved over the "
+           "run's peak allocated; dev1 / dev>1: device allocations in repetition 1 / after it; "
+           "active: the repetition after whose mark the plan was active (plan_state 4); dev>a: "
+           "device allocations after that mark; marks!: gma_iteration_mark calls that failed\n");
+    for (int i = 0; i < nall; i++)
+      if (all[i].r.mark_failures)
+        printf("%s [%s]: gma_iteration_mark failed %" PRIu64 " of %" PRIu64 " times: %s\n",
+               all[i].trace, all[i].config, all[i].r.mark_failures, all[i].r.marks,
+               all[i].r.mark_error);
+  }
   free(all);
   if (min_cap) {
     printf("\nsmallest simulated capacity with no failed allocation (bisection to %.2g%%), against "

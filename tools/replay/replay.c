@@ -363,6 +363,11 @@ typedef struct run {
   int64_t recorded;      /* the recording allocator's reserved now */
   uint64_t best_reserved; /* at the samples */
   int stream_error;
+  /* --repeat */
+  uint64_t rep;           /* the repetition being replayed, 0-based */
+  double time_offset;     /* added to row times in the timeline: rep x the trace's span */
+  uint64_t rep_reserved, rep_allocated; /* highest samples of this repetition */
+  uint64_t sample_ns;     /* time spent in those samples, left out of wall_s */
 } run_t;
 
 static gma_stream_t stream_of(run_t *x, uint64_t key) {
@@ -392,9 +397,23 @@ static void note_live(run_t *x, uint64_t req_add, uint64_t req_sub) {
 static void note_failed(run_t *x, size_t i, uint64_t n) {
   if (!x->r->failed_allocs) {
     x->r->first_failed_event = i;
+    x->r->first_failed_rep = x->o->repeat ? x->rep + 1 : 0;
     snprintf(x->r->first_error, sizeof x->r->first_error, "%s", gma_last_error());
   }
   x->r->failed_allocs += n;
+}
+
+/* --repeat, not in fast mode: reserved and allocated after an allocation call,
+ * for the repetition's peaks (replay_rep_t says why this finds them). */
+static void rep_sample(run_t *x) {
+  if (!x->o->repeat || x->o->fast) return;
+  uint64_t a = now_ns();
+  gma_stats_t s = GMA_STATS_INIT;
+  if (gma_stats(x->g, &s) == GMA_OK) {
+    if (s.reserved.current > x->rep_reserved) x->rep_reserved = s.reserved.current;
+    if (s.allocated.current > x->rep_allocated) x->rep_allocated = s.allocated.current;
+  }
+  x->sample_ns += now_ns() - a;
 }
 
 static void do_alloc(run_t *x, size_t i, const replay_event_t *e) {
@@ -411,6 +430,7 @@ static void do_alloc(run_t *x, size_t i, const replay_event_t *e) {
     note_failed(x, i, 1);
     return;
   }
+  rep_sample(x);
   slot_t *old = map_find(&x->ptrs, e->ptr);
   if (old) { /* the trace reused a live pointer: it lost a free; drop the old one */
     x->r->unmatched++;
@@ -463,6 +483,7 @@ static size_t do_batch(run_t *x, size_t i, const replay_event_t *head, void **go
   if (st != GMA_OK) {
     note_failed(x, i, n);
   } else {
+    rep_sample(x);
     for (size_t k = 0; k < n; k++) {
       map_put(&x->ptrs, x->t->ev[i + 1 + k].ptr, ptrs[k], sizes[k]);
       note_live(x, sizes[k], 0);
@@ -487,6 +508,7 @@ static void do_oom_attempt(run_t *x, const replay_event_t *e) {
   x->r->oom_attempts++;
   x->r->replayed++;
   if (gma_alloc(x->g, e->size ? e->size : 1, stream_of(x, e->stream), &p) != GMA_OK) return;
+  rep_sample(x);
   x->r->oom_served++;
   gma_free(x->g, p);
 }
@@ -502,7 +524,8 @@ static void sample(run_t *x, size_t i) {
   if (x->o->timeline) {
     /* Allocated is the highest value since the previous row, so a short
      * spike between rows still shows (peak-preserving downsampling). */
-    fprintf(x->o->timeline, "%zu,%.9f,%" PRIu64 ",%" PRIu64 ",", i, x->t->ev[i].time,
+    fprintf(x->o->timeline, "%" PRIu64 ",%.9f,%" PRIu64 ",%" PRIu64 ",",
+            (uint64_t)i + x->rep * (uint64_t)x->t->n, x->t->ev[i].time + x->time_offset,
             x->window_max > x->live ? x->window_max : x->live, s.reserved.current);
     x->window_max = x->live;
     if (x->t->has_recorded) fprintf(x->o->timeline, "%" PRId64, x->recorded);
@@ -510,13 +533,15 @@ static void sample(run_t *x, size_t i) {
   }
 }
 
-static void progress(run_t *x, size_t i, uint64_t t0) {
-  double frac = x->t->n ? (double)i / (double)x->t->n : 1;
+/* i: rows done over all repetitions, of total. */
+static void progress(run_t *x, uint64_t i, uint64_t total, uint64_t t0) {
+  double frac = total ? (double)i / (double)total : 1;
   int w = 30, full = (int)(frac * w);
   double el = (double)(now_ns() - t0) / 1e9;
-  fprintf(stderr, "\r  %-28.28s [%.*s%*s] %3d%%  %zu events  %.1f s", x->o->label ? x->o->label : "",
-          full, "##############################", w - full, "", (int)(frac * 100), i, el);
-  if (i == x->t->n) fputc('\n', stderr);
+  fprintf(stderr, "\r  %-28.28s [%.*s%*s] %3d%%  %" PRIu64 " events  %.1f s",
+          x->o->label ? x->o->label : "", full, "##############################", w - full, "",
+          (int)(frac * 100), i, el);
+  if (i == total) fputc('\n', stderr);
 }
 
 static int cmp_u32(const void *a, const void *b) {
@@ -541,11 +566,95 @@ static void sleep_s(double s) {
   }
 }
 
+/* Gives back what the replay still holds: pointers the trace never freed and
+ * futures it never collected (release frees a future's memory), and empties
+ * both maps, so the next repetition starts with none. Counts them into
+ * *nptrs and *nfut. */
+static void release_held(run_t *x, uint64_t *nptrs, uint64_t *nfut) {
+  for (size_t i = 0; i <= x->ptrs.mask; i++)
+    if (x->ptrs.s[i].key && x->ptrs.s[i].key != UINT64_MAX) {
+      gma_free(x->g, x->ptrs.s[i].ptr);
+      note_live(x, 0, x->ptrs.s[i].size);
+      (*nptrs)++;
+    }
+  for (size_t i = 0; i <= x->futures.mask; i++)
+    if (x->futures.s[i].key && x->futures.s[i].key != UINT64_MAX) {
+      pending_t *pd = x->futures.s[i].ptr;
+      gma_future_release(pd->f);
+      free(pd->ptrs);
+      free(pd);
+      (*nfut)++;
+    }
+  memset(x->ptrs.s, 0, (x->ptrs.mask + 1) * sizeof *x->ptrs.s);
+  x->ptrs.used = x->ptrs.live = 0;
+  memset(x->futures.s, 0, (x->futures.mask + 1) * sizeof *x->futures.s);
+  x->futures.used = x->futures.live = 0;
+}
+
+/* The end of repetition x->rep (--repeat): what it still holds goes back, the
+ * iteration is marked, and its figures are kept. *prev holds gma_stats at the
+ * repetition's start and becomes the next one's start. */
+static void end_rep(run_t *x, gma_stats_t *prev, uint64_t *dev_at_first, uint64_t *dev_at_active) {
+  replay_result_t *r = x->r;
+  uint64_t a = now_ns();
+  gma_stats_t s = GMA_STATS_INIT;
+  if (gma_stats(x->g, &s) == GMA_OK) { /* before the frees: the end's own sample */
+    if (s.reserved.current > x->rep_reserved) x->rep_reserved = s.reserved.current;
+    if (s.allocated.current > x->rep_allocated) x->rep_allocated = s.allocated.current;
+  }
+  x->sample_ns += now_ns() - a;
+  release_held(x, &r->rep_end_frees, &r->rep_end_futures);
+  r->marks++;
+  if (gma_iteration_mark(x->g) != GMA_OK && !r->mark_failures++)
+    snprintf(r->mark_error, sizeof r->mark_error, "%s", gma_last_error());
+  a = now_ns();
+  s = (gma_stats_t)GMA_STATS_INIT;
+  gma_stats(x->g, &s); /* after the mark: it may give memory back or take an arena */
+  x->sample_ns += now_ns() - a;
+  replay_rep_t rr = {
+      .peak_reserved = x->rep_reserved > s.reserved.current ? x->rep_reserved : s.reserved.current,
+      .peak_allocated = x->rep_allocated,
+      .reserved_end = s.reserved.current,
+      .device_allocs = s.num_device_allocs - prev->num_device_allocs,
+      .plan_hits = s.plan_hits - prev->plan_hits,
+      .plan_misses = s.plan_misses - prev->plan_misses,
+      .plan_state = s.plan_state,
+  };
+  /* A repetition that raised gma's peak reached exactly that peak; one whose
+   * sample reached the peak so far cannot have been higher. */
+  if (s.reserved.peak > prev->reserved.peak || rr.peak_reserved == s.reserved.peak) {
+    rr.peak_reserved = s.reserved.peak;
+    rr.peak_exact = 1;
+  }
+  if (s.allocated.peak > prev->allocated.peak) rr.peak_allocated = s.allocated.peak;
+  if (x->rep == 0) {
+    r->peak_reserved_first_rep = rr.peak_reserved;
+    r->device_allocs_first_rep = rr.device_allocs;
+    *dev_at_first = s.num_device_allocs;
+  } else if (rr.peak_reserved > r->peak_reserved_max_after_first_rep) {
+    r->peak_reserved_max_after_first_rep = rr.peak_reserved;
+  }
+  r->peak_reserved_last_rep = rr.peak_reserved;
+  if (!r->plan_active_rep && s.plan_state == 4) {
+    r->plan_active_rep = x->rep + 1;
+    *dev_at_active = s.num_device_allocs;
+  }
+  if (r->nreps < REPLAY_REP_LIST) r->reps[r->nreps++] = rr;
+  r->reps_completed++;
+  *prev = s;
+  x->rep_reserved = s.reserved.current; /* the next repetition starts here */
+  x->rep_allocated = s.allocated.current;
+}
+
 int replay_run(const replay_trace_t *t, const char *conf, const replay_options_t *o,
                replay_result_t *r, char *err, size_t errlen) {
   replay_options_t defaults = {0};
   if (!o) o = &defaults;
   memset(r, 0, sizeof *r);
+  const uint64_t reps = o->repeat ? o->repeat : 1;
+  if (t->n && reps > (SIZE_MAX / sizeof(uint32_t) - 1) / t->n)
+    return fail(err, errlen, "%" PRIu64 " repetitions of %zu rows are too many", reps, t->n);
+  const uint64_t total = (uint64_t)t->n * reps; /* rows over all repetitions */
   gma_config_t c = GMA_CONFIG_INIT;
   c.ignore_env = 1;
   c.device = o->device && strcmp(o->device, "cuda") == 0 ? GMA_DEVICE_CUDA : GMA_DEVICE_SIM;
@@ -561,11 +670,14 @@ int replay_run(const replay_trace_t *t, const char *conf, const replay_options_t
   r->capacity = c.sim_capacity;
   r->trace_peak_live = t->peak_live;
   r->recorded_failed = t->count[RA_OOM];
+  r->repeat = o->repeat;
+  r->trace_events = t->n;
+  r->rep_samples_per_alloc = o->repeat && !o->fast;
   run_t x = {.t = t, .o = o, .r = r};
   if (gma_create(&c, &x.g) != GMA_OK)
     return fail(err, errlen, "gma_create(%s): %s", conf ? conf : "", gma_last_error());
-  x.alat = malloc((t->n + 1) * sizeof *x.alat);
-  x.flat = malloc((t->n + 1) * sizeof *x.flat);
+  x.alat = malloc((total + 1) * sizeof *x.alat);
+  x.flat = malloc((total + 1) * sizeof *x.flat);
   if (!x.alat || !x.flat || !map_init(&x.ptrs, 4096) || !map_init(&x.futures, 64)) {
     free(x.alat);
     free(x.flat);
@@ -573,140 +685,156 @@ int replay_run(const replay_trace_t *t, const char *conf, const replay_options_t
     gma_destroy(x.g);
     return fail(err, errlen, "out of host memory");
   }
-  size_t every = o->samples ? t->n / o->samples : t->n / 2000;
+  uint64_t every = o->samples ? total / o->samples : total / 2000;
   if (every == 0) every = 1;
-  size_t pstep = t->n / 100 ? t->n / 100 : 1;
+  uint64_t pstep = total / 100 ? total / 100 : 1;
+  double span = t->n ? t->ev[t->n - 1].time - t->ev[0].time : 0;
+  gma_stats_t at_start = GMA_STATS_INIT; /* of the repetition being replayed */
+  uint64_t dev_at_first = 0, dev_at_active = 0;
+  if (o->repeat) {
+    gma_stats(x.g, &at_start);
+    x.rep_reserved = at_start.reserved.current;
+    x.rep_allocated = at_start.allocated.current;
+  }
   uint64_t t0 = now_ns(), slept = 0;
-  size_t done = t->n; /* rows replayed: fewer when stop_on_failure stopped it */
-  for (size_t i = 0; i < t->n; i++) {
-    const replay_event_t *e = &t->ev[i];
-    switch (e->action) {
-      case RA_ALLOCATE:
-        if (!e->failed && e->id == 0) do_alloc(&x, i, e);
-        break;
-      case RA_OOM:
-        do_oom_attempt(&x, e);
-        break;
-      case RA_FREE:
-        if (!e->failed) do_free(&x, e);
-        break;
-      case RA_RECORD_STREAM: {
-        slot_t *s = map_find(&x.ptrs, e->ptr);
-        if (s) gma_record_stream(x.g, s->ptr, stream_of(&x, e->stream));
-        else r->unmatched++;
-        r->replayed++;
-        break;
-      }
-      case RA_BATCH:
-        i += do_batch(&x, i, e, NULL);
-        break;
-      case RA_ASYNC_SUBMIT: {
-        /* A batch's sizes are the allocate rows after its completion. */
-        pending_t *pd = calloc(1, sizeof *pd);
-        gma_status_t st = GMA_ERR_OOM;
-        if (pd && e->count == 0) {
-          st = gma_alloc_async(x.g, e->size ? e->size : 1, stream_of(&x, e->stream), NULL, &pd->f);
-        } else if (pd) {
-          size_t k = i + 1, n = (size_t)e->count;
-          while (k < t->n && !(t->ev[k].action == RA_ASYNC_COMPLETE && t->ev[k].id == e->id)) k++;
-          size_t *sizes = k + n < t->n ? malloc(n * sizeof *sizes) : NULL;
-          pd->ptrs = sizes ? calloc(n, sizeof *pd->ptrs) : NULL;
-          pd->n = n;
-          st = GMA_ERR_INVALID_ARGUMENT; /* the trace lacks the batch's rows */
-          if (sizes && pd->ptrs) {
-            for (size_t m = 0; m < n; m++)
-              sizes[m] = t->ev[k + 1 + m].size ? t->ev[k + 1 + m].size : 1;
-            st = gma_alloc_batch_async(x.g, n, sizes, stream_of(&x, e->stream), pd->ptrs, NULL,
-                                       &pd->f);
-          }
-          free(sizes);
-        }
-        r->replayed++;
-        if (st == GMA_OK && map_put(&x.futures, e->id, pd, 0)) break;
-        note_failed(&x, i, e->count ? e->count : 1);
-        if (pd) {
-          if (st == GMA_OK) gma_future_release(pd->f);
-          free(pd->ptrs);
-          free(pd);
-        }
-        break;
-      }
-      case RA_ASYNC_COMPLETE: {
-        slot_t *s = map_find(&x.futures, e->id);
-        /* A served batch's allocate rows follow; a failed one has none. */
-        size_t n = (size_t)e->count, rows = e->failed ? 0 : n;
-        if (!s) {
-          i += rows;
+  uint64_t done = total; /* rows replayed: fewer when stop_on_failure stopped it */
+  for (x.rep = 0; x.rep < reps && !r->stopped; x.rep++) {
+    x.time_offset = (double)x.rep * (span + 1e-6);
+    for (size_t i = 0; i < t->n; i++) {
+      const replay_event_t *e = &t->ev[i];
+      const uint64_t row = x.rep * (uint64_t)t->n + i; /* over all repetitions */
+      switch (e->action) {
+        case RA_ALLOCATE:
+          if (!e->failed && e->id == 0) do_alloc(&x, i, e);
+          break;
+        case RA_OOM:
+          do_oom_attempt(&x, e);
+          break;
+        case RA_FREE:
+          if (!e->failed) do_free(&x, e);
+          break;
+        case RA_RECORD_STREAM: {
+          slot_t *s = map_find(&x.ptrs, e->ptr);
+          if (s) gma_record_stream(x.g, s->ptr, stream_of(&x, e->stream));
+          else r->unmatched++;
+          r->replayed++;
           break;
         }
-        pending_t *pd = s->ptr;
-        void *one = NULL;
-        gma_status_t st = gma_future_wait(pd->f, 10000000000ull, n ? NULL : &one);
-        if (st == GMA_OK && !e->failed) {
-          if (!n) {
-            map_put(&x.ptrs, e->ptr, one, e->size);
-            note_live(&x, e->size, 0);
+        case RA_BATCH:
+          i += do_batch(&x, i, e, NULL);
+          break;
+        case RA_ASYNC_SUBMIT: {
+          /* A batch's sizes are the allocate rows after its completion. */
+          pending_t *pd = calloc(1, sizeof *pd);
+          gma_status_t st = GMA_ERR_OOM;
+          if (pd && e->count == 0) {
+            st = gma_alloc_async(x.g, e->size ? e->size : 1, stream_of(&x, e->stream), NULL,
+                                 &pd->f);
+          } else if (pd) {
+            size_t k = i + 1, n = (size_t)e->count;
+            while (k < t->n && !(t->ev[k].action == RA_ASYNC_COMPLETE && t->ev[k].id == e->id)) k++;
+            size_t *sizes = k + n < t->n ? malloc(n * sizeof *sizes) : NULL;
+            pd->ptrs = sizes ? calloc(n, sizeof *pd->ptrs) : NULL;
+            pd->n = n;
+            st = GMA_ERR_INVALID_ARGUMENT; /* the trace lacks the batch's rows */
+            if (sizes && pd->ptrs) {
+              for (size_t m = 0; m < n; m++)
+                sizes[m] = t->ev[k + 1 + m].size ? t->ev[k + 1 + m].size : 1;
+              st = gma_alloc_batch_async(x.g, n, sizes, stream_of(&x, e->stream), pd->ptrs, NULL,
+                                         &pd->f);
+            }
+            free(sizes);
           }
-          for (size_t m = 0; m < n && m < pd->n && i + 1 + m < t->n; m++) {
-            map_put(&x.ptrs, t->ev[i + 1 + m].ptr, pd->ptrs[m], t->ev[i + 1 + m].size);
-            note_live(&x, t->ev[i + 1 + m].size, 0);
-          }
-        } else if (st == GMA_OK) { /* the recorded request failed: give it back */
-          if (!n) gma_free(x.g, one);
-          for (size_t m = 0; m < pd->n; m++) gma_free(x.g, pd->ptrs[m]);
-        } else if (!e->failed) {
-          note_failed(&x, i, n ? n : 1);
-        }
-        i += rows;
-        gma_future_release(pd->f);
-        free(pd->ptrs);
-        free(pd);
-        map_del(&x.futures, s);
-        break;
-      }
-      case RA_SEGMENT_ALLOC:
-      case RA_SEGMENT_MAP:
-        x.recorded += (int64_t)e->size;
-        break;
-      case RA_SEGMENT_FREE:
-      case RA_SEGMENT_UNMAP:
-        x.recorded -= (int64_t)e->size;
-        break;
-      case RA_TRIM:
-        if (e->explicit_trim) {
-          gma_trim(x.g, e->count);
           r->replayed++;
+          if (st == GMA_OK) rep_sample(&x); /* served at once, perhaps */
+          if (st == GMA_OK && map_put(&x.futures, e->id, pd, 0)) break;
+          note_failed(&x, i, e->count ? e->count : 1);
+          if (pd) {
+            if (st == GMA_OK) gma_future_release(pd->f);
+            free(pd->ptrs);
+            free(pd);
+          }
+          break;
         }
-        break;
-      case RA_IDLE: {
-        double s = (double)e->size / 1e9, cap = o->max_idle_s > 0 ? o->max_idle_s : 1.0;
-        if (s > cap) s = cap;
-        uint64_t a = now_ns();
-        sleep_s(s);
-        slept += now_ns() - a;
+        case RA_ASYNC_COMPLETE: {
+          slot_t *s = map_find(&x.futures, e->id);
+          /* A served batch's allocate rows follow; a failed one has none. */
+          size_t n = (size_t)e->count, rows = e->failed ? 0 : n;
+          if (!s) {
+            i += rows;
+            break;
+          }
+          pending_t *pd = s->ptr;
+          void *one = NULL;
+          gma_status_t st = gma_future_wait(pd->f, 10000000000ull, n ? NULL : &one);
+          if (st == GMA_OK) rep_sample(&x);
+          if (st == GMA_OK && !e->failed) {
+            if (!n) {
+              map_put(&x.ptrs, e->ptr, one, e->size);
+              note_live(&x, e->size, 0);
+            }
+            for (size_t m = 0; m < n && m < pd->n && i + 1 + m < t->n; m++) {
+              map_put(&x.ptrs, t->ev[i + 1 + m].ptr, pd->ptrs[m], t->ev[i + 1 + m].size);
+              note_live(&x, t->ev[i + 1 + m].size, 0);
+            }
+          } else if (st == GMA_OK) { /* the recorded request failed: give it back */
+            if (!n) gma_free(x.g, one);
+            for (size_t m = 0; m < pd->n; m++) gma_free(x.g, pd->ptrs[m]);
+          } else if (!e->failed) {
+            note_failed(&x, i, n ? n : 1);
+          }
+          i += rows;
+          gma_future_release(pd->f);
+          free(pd->ptrs);
+          free(pd);
+          map_del(&x.futures, s);
+          break;
+        }
+        case RA_SEGMENT_ALLOC:
+        case RA_SEGMENT_MAP:
+          x.recorded += (int64_t)e->size;
+          break;
+        case RA_SEGMENT_FREE:
+        case RA_SEGMENT_UNMAP:
+          x.recorded -= (int64_t)e->size;
+          break;
+        case RA_TRIM:
+          if (e->explicit_trim) {
+            gma_trim(x.g, e->count);
+            r->replayed++;
+          }
+          break;
+        case RA_IDLE: {
+          double s = (double)e->size / 1e9, cap = o->max_idle_s > 0 ? o->max_idle_s : 1.0;
+          if (s > cap) s = cap;
+          uint64_t a = now_ns();
+          sleep_s(s);
+          slept += now_ns() - a;
+          break;
+        }
+        default:
+          break;
+      }
+      if (!o->fast && (row % every == 0 || row + 1 == total)) sample(&x, i);
+      if (o->progress && (row % pstep == 0)) progress(&x, row, total, t0);
+      if (o->stop_on_failure && r->failed_allocs) {
+        r->stopped = 1;
+        done = row + 1;
         break;
       }
-      default:
-        break;
     }
-    if (!o->fast && (i % every == 0 || i + 1 == t->n)) sample(&x, i < t->n ? i : t->n - 1);
-    if (o->progress && (i % pstep == 0)) progress(&x, i, t0);
-    if (o->stop_on_failure && r->failed_allocs) {
-      r->stopped = 1;
-      done = i + 1;
-      break;
-    }
+    if (o->repeat && !r->stopped) end_rep(&x, &at_start, &dev_at_first, &dev_at_active);
   }
   uint64_t t1 = now_ns();
-  if (o->progress && !r->stopped) progress(&x, t->n, t0);
-  r->events = t->n;
-  r->wall_s = (double)(t1 - t0 - slept) / 1e9;
+  if (o->progress && !r->stopped) progress(&x, total, total, t0);
+  r->events = total;
+  r->wall_s = (double)(t1 - t0 - slept - x.sample_ns) / 1e9;
   r->events_per_s = r->wall_s > 0 ? (double)done / r->wall_s : 0;
   r->alloc = latency(x.alat, x.na);
   r->free = latency(x.flat, x.nf);
   r->recorded_peak_reserved = t->recorded_peak;
   gma_stats_t s = GMA_STATS_INIT;
-  gma_stats(x.g, &s);
+  gma_stats(x.g, &s); /* with --repeat, after the last repetition's mark */
   r->peak_allocated = s.allocated.peak;
   r->peak_reserved = s.reserved.peak;
   r->device_allocs = s.num_device_allocs;
@@ -716,16 +844,19 @@ int replay_run(const replay_trace_t *t, const char *conf, const replay_options_t
   r->hits_pool = s.hits_pool;
   r->hits_device = s.hits_device;
   r->oom_retries = s.num_oom_retries;
+  r->plan_state = s.plan_state;
+  r->plan_hits = s.plan_hits;
+  r->plan_misses = s.plan_misses;
+  r->plan_replans = s.plan_replans;
+  r->plan_arena_bytes = s.plan_arena_bytes;
+  r->plan_lower_bound = s.plan_lower_bound;
+  r->plan_slots = s.plan_slots;
+  r->plan_iterations = s.plan_iterations;
+  if (r->reps_completed) r->device_allocs_after_first_rep = s.num_device_allocs - dev_at_first;
+  if (r->plan_active_rep) r->device_allocs_after_plan_active = s.num_device_allocs - dev_at_active;
   /* What the trace left live (pre-live memory never freed) goes back now. */
-  for (size_t i = 0; i <= x.ptrs.mask; i++)
-    if (x.ptrs.s[i].key && x.ptrs.s[i].key != UINT64_MAX) gma_free(x.g, x.ptrs.s[i].ptr);
-  for (size_t i = 0; i <= x.futures.mask; i++)
-    if (x.futures.s[i].key && x.futures.s[i].key != UINT64_MAX) {
-      pending_t *pd = x.futures.s[i].ptr; /* never collected: release frees its memory */
-      gma_future_release(pd->f);
-      free(pd->ptrs);
-      free(pd);
-    }
+  uint64_t nptrs = 0, nfut = 0;
+  release_held(&x, &nptrs, &nfut);
   for (size_t i = 0; i < x.nstreams; i++) gma_stream_destroy(x.g, x.streams[i].s);
   gma_destroy(x.g);
   free(x.streams);
@@ -736,6 +867,18 @@ int replay_run(const replay_trace_t *t, const char *conf, const replay_options_t
   if (x.stream_error) fprintf(stderr, "gma-replay: some streams could not be created; their "
                                       "events ran on the default stream\n");
   return 0;
+}
+
+/* s as a JSON string, quoted and escaped. */
+static void json_string(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; *s; s++) {
+    unsigned char ch = (unsigned char)*s;
+    if (ch == '"' || ch == '\\') fprintf(f, "\\%c", ch);
+    else if (ch < 0x20) fprintf(f, "\\u%04x", ch);
+    else fputc(ch, f);
+  }
+  fputc('"', f);
 }
 
 void replay_result_json(FILE *f, const replay_result_t *r) {
@@ -754,7 +897,7 @@ void replay_result_json(FILE *f, const replay_result_t *r) {
           ", \"alloc_ns\": {\"p50\": %" PRIu64 ", \"p99\": %" PRIu64 ", \"p999\": %" PRIu64
           ", \"max\": %" PRIu64 "}, \"free_ns\": {\"p50\": %" PRIu64 ", \"p99\": %" PRIu64
           ", \"p999\": %" PRIu64 ", \"max\": %" PRIu64 "}, \"wall_s\": %.6f"
-          ", \"events_per_s\": %.0f}",
+          ", \"events_per_s\": %.0f",
           r->events, r->replayed, r->peak_requested, r->peak_allocated, r->peak_reserved,
           r->recorded_peak_reserved, r->fragmentation_at_peak, r->device_allocs, r->device_frees,
           r->hits_bin, r->hits_stream, r->hits_pool, r->hits_device, r->failed_allocs,
@@ -763,6 +906,53 @@ void replay_result_json(FILE *f, const replay_result_t *r) {
           r->stopped ? "true" : "false", r->capacity, r->alloc.p50, r->alloc.p99, r->alloc.p999,
           r->alloc.max,
           r->free.p50, r->free.p99, r->free.p999, r->free.max, r->wall_s, r->events_per_s);
+  /* Planned memory: gma_stats' plan fields at the end (all 0 under plan:off). */
+  fprintf(f,
+          ", \"repeat\": %" PRIu64 ", \"trace_events\": %" PRIu64 ", \"plan_state\": %d"
+          ", \"plan_hits\": %" PRIu64 ", \"plan_misses\": %" PRIu64 ", \"plan_replans\": %" PRIu64
+          ", \"plan_arena_bytes\": %" PRIu64 ", \"plan_lower_bound\": %" PRIu64
+          ", \"plan_slots\": %" PRIu64 ", \"plan_iterations\": %" PRIu64,
+          r->repeat, r->trace_events, r->plan_state, r->plan_hits, r->plan_misses, r->plan_replans,
+          r->plan_arena_bytes, r->plan_lower_bound, r->plan_slots, r->plan_iterations);
+  if (r->repeat) {
+    fprintf(f,
+            ", \"repetitions\": {\"completed\": %" PRIu64 ", \"peak_sampling\": \"%s\""
+            ", \"peak_reserved_first_rep\": %" PRIu64 ", \"peak_reserved_last_rep\": %" PRIu64
+            ", \"peak_reserved_max_after_first_rep\": %" PRIu64
+            ", \"device_allocs_first_rep\": %" PRIu64
+            ", \"device_allocs_after_first_rep\": %" PRIu64,
+            r->reps_completed,
+            r->rep_samples_per_alloc ? "after every allocation call" : "at repetition ends",
+            r->peak_reserved_first_rep, r->peak_reserved_last_rep,
+            r->peak_reserved_max_after_first_rep,
+            r->device_allocs_first_rep, r->device_allocs_after_first_rep);
+    if (r->plan_active_rep)
+      fprintf(f,
+              ", \"plan_active_after_rep\": %" PRIu64
+              ", \"device_allocs_after_plan_active\": %" PRIu64,
+              r->plan_active_rep, r->device_allocs_after_plan_active);
+    else
+      fputs(", \"plan_active_after_rep\": null, \"device_allocs_after_plan_active\": null", f);
+    fprintf(f,
+            ", \"rep_end_frees\": %" PRIu64 ", \"rep_end_futures\": %" PRIu64
+            ", \"marks\": %" PRIu64 ", \"mark_failures\": %" PRIu64 ", \"mark_error\": ",
+            r->rep_end_frees, r->rep_end_futures, r->marks, r->mark_failures);
+    json_string(f, r->mark_failures ? r->mark_error : "");
+    fputs(", \"reps\": [", f);
+    for (size_t i = 0; i < r->nreps; i++) {
+      const replay_rep_t *p = &r->reps[i];
+      fprintf(f,
+              "%s{\"rep\": %zu, \"peak_reserved\": %" PRIu64 ", \"peak_reserved_exact\": %s"
+              ", \"peak_allocated\": %" PRIu64 ", \"reserved_end\": %" PRIu64
+              ", \"device_allocs\": %" PRIu64 ", \"plan_state\": %d, \"plan_hits\": %" PRIu64
+              ", \"plan_misses\": %" PRIu64 "}",
+              i ? ", " : "", i + 1, p->peak_reserved, p->peak_exact ? "true" : "false",
+              p->peak_allocated, p->reserved_end, p->device_allocs, p->plan_state, p->plan_hits,
+              p->plan_misses);
+    }
+    fputs("]}", f);
+  }
+  fputc('}', f);
 }
 
 /* ---- The smallest workable capacity ------------------------------------------------ */
@@ -771,7 +961,8 @@ static int try_capacity(const replay_trace_t *t, const char *conf, uint64_t cap,
                         replay_capacity_t *c, const replay_capacity_options_t *o, uint64_t lo,
                         uint64_t hi_if_ok, uint64_t hi_if_fail, replay_result_t *res, char *err,
                         size_t errlen) {
-  replay_options_t ro = {.device = "sim", .capacity = cap, .fast = 1, .stop_on_failure = 1};
+  replay_options_t ro = {.device = "sim", .capacity = cap, .fast = 1, .stop_on_failure = 1,
+                         .repeat = o->repeat};
   uint64_t t0 = now_ns();
   if (replay_run(t, conf, &ro, res, err, errlen) != 0) return -1;
   replay_capacity_step_t st = {
@@ -780,6 +971,7 @@ static int try_capacity(const replay_trace_t *t, const char *conf, uint64_t cap,
       .confirm = confirm,
       .failed_allocs = res->failed_allocs,
       .first_failed_event = res->first_failed_event,
+      .first_failed_rep = res->first_failed_rep,
       .peak_reserved = res->peak_reserved,
       .wall_s = (double)(now_ns() - t0) / 1e9,
   };
@@ -932,6 +1124,8 @@ void replay_capacity_json(FILE *f, const replay_capacity_t *c) {
             s->capacity, s->ok ? "true" : "false", s->confirm ? "true" : "false");
     if (!s->ok)
       fprintf(f, ", \"first_failed_event\": %" PRIu64, s->first_failed_event);
+    if (!s->ok && s->first_failed_rep)
+      fprintf(f, ", \"first_failed_rep\": %" PRIu64, s->first_failed_rep);
     fprintf(f, ", \"peak_reserved\": %" PRIu64 ", \"wall_s\": %.4f}", s->peak_reserved, s->wall_s);
   }
   fputs("]}", f);

@@ -72,14 +72,49 @@ typedef struct replay_options {
                                fragmentation figure): for the many replays of --min-capacity */
   int stop_on_failure;      /* stop at the first failed allocation of a request the trace
                                records as served (an oom row's attempt does not count) */
+  uint64_t repeat;          /* 0: one plain replay. N >= 1 (gma-replay --repeat N): the trace N
+                               times in one allocator, as the iterations of a training loop: at
+                               the end of each repetition the replay frees every pointer it
+                               still holds live (allocations the trace never freed) and releases
+                               every uncollected future, then calls gma_iteration_mark (a no-op
+                               under plan:off). Pointer and future keys are per repetition;
+                               streams are kept. */
 } replay_options_t;
 
 typedef struct replay_latency {
   uint64_t n, p50, p99, p999, max; /* nanoseconds */
 } replay_latency_t;
 
+/* The most repetitions replay_result_t lists one by one (the whole-run and
+ * first/last figures cover every repetition). */
+#define REPLAY_REP_LIST 128
+
+/* One repetition of --repeat. Reserved and allocated memory are read with
+ * gma_stats at the repetition's start, after every allocation call (gma_alloc,
+ * a batch, an async submit and its completion, an oom row's attempt) and at its
+ * end; memory only grows inside allocation calls (and the worker's growth
+ * ahead, seen at the next sample), so these samples find the peak unless the
+ * worker grew and trimmed between two of them. When the repetition raised
+ * gma's global reserved.peak, or a sample reached it, peak_reserved is that
+ * peak itself (exact), and likewise allocated when it raised allocated.peak.
+ * A gma_stats call costs about 0.3 us (opt125m_zo_finetune, 10 repetitions:
+ * 25 ms of samples in a 50 ms run); their time is left out of wall_s. In fast mode (--min-capacity) only the start and the
+ * end are sampled. */
+typedef struct replay_rep {
+  uint64_t peak_reserved;   /* highest reserved in the repetition (see above) */
+  uint64_t peak_allocated;  /* highest allocated (block bytes), the same way */
+  uint64_t reserved_end;    /* reserved after its end-of-repetition frees and its mark */
+  uint64_t device_allocs;   /* device allocations made during it, its mark included */
+  uint64_t plan_hits, plan_misses; /* made during it */
+  int plan_state;           /* gma's plan_state after its mark */
+  int peak_exact;           /* peak_reserved is exact: the repetition set gma's reserved.peak,
+                               or a sample of it reached that peak */
+} replay_rep_t;
+
 typedef struct replay_result {
-  uint64_t events, replayed;         /* rows read; calls made on gma */
+  uint64_t events, replayed;         /* rows replayed (the trace's rows x repetitions); calls made
+                                        on gma (not counting --repeat's end-of-repetition frees
+                                        and marks) */
   uint64_t peak_requested;           /* bytes live (as the trace asked) at their peak */
   uint64_t peak_allocated;           /* gma's allocated.peak (block bytes) */
   uint64_t peak_reserved;            /* gma's reserved.peak */
@@ -92,6 +127,7 @@ typedef struct replay_result {
                                         replay; peak_requested and the allocated figures leave
                                         them out (they never became live) */
   uint64_t first_failed_event;       /* row index of the first of those (valid if failed_allocs) */
+  uint64_t first_failed_rep;         /* its repetition, 1-based (0 without --repeat) */
   char first_error[320];             /* gma_last_error() of the first of those */
   uint64_t recorded_failed;          /* the trace's oom rows: requests the recording allocator
                                         could not serve (PyTorch's OOMs in an imported trace) */
@@ -103,7 +139,37 @@ typedef struct replay_result {
   uint64_t unmatched;                /* frees/record_streams of pointers not live in the replay */
   uint64_t oom_retries;
   replay_latency_t alloc, free;
-  double wall_s, events_per_s;
+  double wall_s, events_per_s;       /* wall_s leaves out idle rows' sleeps and --repeat's
+                                        per-allocation gma_stats samples */
+  /* --repeat (options' repeat >= 1; all 0 otherwise). The figures above cover
+   * the whole run: every repetition in one allocator. */
+  uint64_t repeat;                   /* options' repeat: the repetitions asked for */
+  uint64_t reps_completed;           /* repetitions replayed to their end and marked (fewer than
+                                        repeat when stop_on_failure stopped the run) */
+  uint64_t trace_events;             /* rows of the trace */
+  uint64_t rep_end_frees;            /* pointers live at a repetition's end, freed by the replay */
+  uint64_t rep_end_futures;          /* futures never collected, released at a repetition's end */
+  uint64_t marks, mark_failures;     /* gma_iteration_mark calls, and those that did not return
+                                        GMA_OK (counted; the replay goes on) */
+  char mark_error[320];              /* gma_last_error() of the first failed mark */
+  int rep_samples_per_alloc;         /* 1: the per-repetition peaks sampled after every allocation
+                                        call; 0 (fast mode): at repetition ends only */
+  uint64_t peak_reserved_first_rep;  /* reps[0].peak_reserved */
+  uint64_t peak_reserved_last_rep;   /* the last repetition's peak_reserved */
+  uint64_t peak_reserved_max_after_first_rep; /* the highest peak_reserved of repetitions
+                                                    2..N */
+  uint64_t device_allocs_first_rep;  /* device allocations made in repetition 1 (its mark too) */
+  uint64_t device_allocs_after_first_rep; /* made in repetitions 2..N */
+  uint64_t plan_active_rep;          /* the first repetition after whose mark gma reported
+                                        plan_state 4 (active), 1-based; 0: never */
+  uint64_t device_allocs_after_plan_active; /* device allocations made after that mark (0 when
+                                        plan_active_rep is 0) */
+  /* gma_stats' plan fields at the end of the run (after the last mark). */
+  int plan_state;
+  uint64_t plan_hits, plan_misses, plan_replans, plan_arena_bytes, plan_lower_bound, plan_slots,
+      plan_iterations;
+  size_t nreps;                      /* entries in reps: min(repeat, REPLAY_REP_LIST) */
+  replay_rep_t reps[REPLAY_REP_LIST];
 } replay_result_t;
 
 /* Replays t on a new allocator configured by conf (GMA_CONF syntax; the
@@ -135,6 +201,7 @@ typedef struct replay_capacity_step {
   int confirm;                 /* a confirmation replay of the answer */
   uint64_t failed_allocs;      /* at least 1 when !ok (the replay stops at the first) */
   uint64_t first_failed_event; /* row index of the failure */
+  uint64_t first_failed_rep;   /* its repetition, 1-based (0 without repeat) */
   char first_error[320];       /* and gma's message for it */
   uint64_t peak_reserved;      /* gma's peak reserved in this replay */
   double wall_s;
@@ -142,6 +209,8 @@ typedef struct replay_capacity_step {
 
 typedef struct replay_capacity_options {
   double precision;       /* relative width to stop at (default 0.002: 0.2%) */
+  uint64_t repeat;        /* replay_options_t.repeat of every replay: each capacity replays all
+                             the repetitions (0: one plain replay) */
   double budget_s;        /* stop bisecting after this much time, reporting the width reached
                              (0: no budget) */
   int confirm;            /* more replays of the answer that must succeed too (default 1;
