@@ -56,6 +56,10 @@ typedef struct stamp {
 typedef struct slot {
   uint64_t offset, size;       /* immutable */
   uint32_t c0, c1;             /* immutable: its cells [c0, c1) */
+  uint32_t ps;                 /* immutable: its stream's index in the plan */
+  bool xnext;                  /* immutable: the plan's next user of some of its memory is on
+                                  another stream: its free closes the epoch at once, so that
+                                  user waits for no more than the work before the free */
   _Atomic uint8_t live;        /* 1 while handed out (a second free finds 0) */
   gma__stream_t *stream;       /* live: the stream it was handed out on */
   uint64_t requested;          /* live: bytes asked for */
@@ -133,6 +137,49 @@ static uint32_t cell_at(const gma__memplan_t *P, uint64_t off) {
   return lo;
 }
 
+/* Sets xnext: walks the slots in start order, remembering each cell's last
+ * user, wrapping around to the next iteration's first users at the end. If
+ * that would take too long (slots spanning very many cells), every slot
+ * gets xnext, which costs an event per free but is never wrong. */
+static void mark_cross_stream(gma__memplan_t *P) {
+  uint64_t work = 0;
+  for (uint32_t j = 0; j < P->nslots; j++) work += P->slots[j].c1 - P->slots[j].c0;
+  uint32_t *order = work <= 64u * 1024 * 1024 ? malloc(P->nslots * sizeof *order) : NULL;
+  uint32_t *last = order ? malloc(P->ncells * sizeof *last) : NULL;
+  uint32_t *first = last ? malloc(P->ncells * sizeof *first) : NULL;
+  if (!first) {
+    for (uint32_t j = 0; j < P->nslots; j++) P->slots[j].xnext = true;
+    free(order), free(last);
+    return;
+  }
+  for (uint32_t j = 0; j < P->nslots; j++) order[j] = j;
+  /* Insertion-free: sort slot indices by their item's start. */
+  uint64_t *keyed = malloc(P->nslots * sizeof *keyed);
+  if (!keyed) {
+    for (uint32_t j = 0; j < P->nslots; j++) P->slots[j].xnext = true;
+    free(order), free(last), free(first);
+    return;
+  }
+  for (uint32_t j = 0; j < P->nslots; j++) keyed[j] = (uint64_t)P->items[j].start << 32 | j;
+  qsort(keyed, P->nslots, sizeof *keyed, cmp_u64);
+  for (uint32_t j = 0; j < P->nslots; j++) order[j] = (uint32_t)keyed[j];
+  free(keyed);
+  memset(last, 0xff, P->ncells * sizeof *last);
+  memset(first, 0xff, P->ncells * sizeof *first);
+  for (uint32_t k = 0; k < P->nslots; k++) {
+    slot_t *sk = &P->slots[order[k]];
+    for (uint32_t c = sk->c0; c < sk->c1; c++) {
+      if (last[c] != UINT32_MAX && P->slots[last[c]].ps != sk->ps) P->slots[last[c]].xnext = true;
+      if (first[c] == UINT32_MAX) first[c] = order[k];
+      last[c] = order[k];
+    }
+  }
+  for (uint32_t c = 0; c < P->ncells; c++) /* the next iteration's first user */
+    if (last[c] != UINT32_MAX && P->slots[last[c]].ps != P->slots[first[c]].ps)
+      P->slots[last[c]].xnext = true;
+  free(order), free(last), free(first);
+}
+
 /* The worker's job (or the mark's, without a worker): places the items and
  * cuts the arena into cells. */
 static void place_job(void *arg) {
@@ -168,6 +215,7 @@ static void place_job(void *arg) {
     sl->c1 = sl->offset + sl->size == P->arena ? P->ncells : cell_at(P, sl->offset + sl->size);
     GMA__ASSERT(P->cell_lo[sl->c0] == sl->offset && sl->c1 > sl->c0);
   }
+  if (ok) mark_cross_stream(P);
   P->ok = ok;
   gma__store_release(&P->placed, true); /* pairs with the mark's acquire */
 }
@@ -394,6 +442,7 @@ static gma__memplan_t *plan_from(const gma__plan_iter_t *a, const gma__plan_iter
     const gma__plan_rec_t *q = &b->v[pos[s][r->seq]];
     P->items[j] = (gma__plan_item_t){r->size, r->start < q->start ? r->start : q->start,
                                      r->end > q->end ? r->end : q->end};
+    P->slots[j].ps = s;
   }
   goto out;
 fail:
@@ -736,9 +785,12 @@ gma_status_t gma__plan_free(gma__planner_t *pl, void *ptr) {
   gma__stream_t *s = sl->stream;
   t->stream = s;
   t->ngates = 0;
-  if (nusers || gma__load_relaxed(&s->retired)) {
-    /* Other streams used it, or its stream was retired: their epochs (a
-     * retired stream's free_epoch) are read under the lock, as pool.c does. */
+  if (nusers || sl->xnext || gma__load_relaxed(&s->retired)) {
+    /* Other streams used it, or will use its memory next, or its stream
+     * was retired: their epochs (a retired stream's free_epoch) are read
+     * under the lock, as pool.c does, and closed at once when another
+     * stream is to reuse the memory: its wait then covers only the work
+     * queued before this free. */
     gma__pool_t *p = pl->p;
     pthread_mutex_lock(&p->lock);
     bool r = gma__load_relaxed(&s->retired);
@@ -749,7 +801,9 @@ gma_status_t gma__plan_free(gma__planner_t *pl, void *ptr) {
       bool ur = gma__load_relaxed(&u->retired);
       t->gates[t->ngates++] = (gma__gate_t){u, ur ? u->free_epoch : gma__load_relaxed(&u->epoch)};
       if (!ur) gma__store_relaxed(&u->dirty, true);
+      if (!ur) gma__stream_close_epoch(p, u);
     }
+    if (!r && (sl->xnext || nusers)) gma__stream_close_epoch(p, s);
     pthread_mutex_unlock(&p->lock);
   } else {
     /* As gma__bin_free: read after the caller queued its last work on s. */
@@ -815,7 +869,13 @@ gma_status_t gma__plan_init(gma__planner_t *pl, gma__pool_t *p, struct gma__work
   pl->p = p;
   pl->w = w;
   pl->on = cfg->plan != 0;
-  pl->wait = cfg->reuse == GMA_REUSE_WAIT;
+  /* A plan reuses memory across streams by design (it was placed by the
+   * host's order of requests, which runs ahead of the device), so a planned
+   * address whose earlier user's work on another stream has not completed
+   * is handed out behind a device-side wait on that work, as reuse:wait
+   * does, rather than missed: the plan's memory figure holds. reuse:none
+   * forbids it (such a request takes the ordinary path). */
+  pl->wait = cfg->reuse != GMA_REUSE_NONE;
   pl->backoff = 1;
   if (pthread_mutex_init(&pl->mu, NULL) != 0)
     return gma__set_error(GMA_ERR_OOM, "gma_create: no mutex for planned memory");

@@ -63,7 +63,7 @@ typedef struct gma__planner {
   gma__pool_t *p;                 /* immutable */
   struct gma__worker *w;          /* immutable: places plans (NULL: placed at the mark) */
   bool on;                        /* immutable: cfg.plan */
-  bool wait;                      /* immutable: reuse:wait (device-side waits allowed) */
+  bool wait;                      /* immutable: device-side waits allowed (reuse not none) */
   pthread_mutex_t mu;             /* guards the fields below not marked atomic */
   _Atomic int state;              /* atomic: GMA__PLAN_*, read by the hot paths */
   gma__memplan_t *_Atomic active;    /* atomic: the plan serving requests, or NULL */

@@ -511,6 +511,10 @@ void gma__streams_wait_end(gma__pool_t *p);
 /* reuse:wait: a CACHED block of another stream fitting size whose closed
  * epoch the stream u can wait on; makes u wait and returns the block, or NULL. */
 gma__block_t *gma__streams_wait_fit(gma__pool_t *p, gma__stream_t *u, int kind, uint64_t size);
+/* Closes the open epoch of s now, with an event right after the work queued
+ * so far, if something was freed in it (false otherwise, or when s is
+ * retired or another thread's per-thread stream). Lock held. */
+bool gma__stream_close_epoch(gma__pool_t *p, gma__stream_t *s);
 /* Whether the work gate g covers is ordered before stream u's next work:
  * completed (its epoch is closed first if still open, and its events are
  * observed), or, with wait, u made to wait on the device for the event

@@ -236,6 +236,10 @@ void gma__streams_wait_end(gma__pool_t *p) {
   gma__streams_poll(p, true); /* what the completed work gated becomes free */
 }
 
+bool gma__stream_close_epoch(gma__pool_t *p, gma__stream_t *s) {
+  return !gma__load_relaxed(&s->retired) && close_epoch(p, s);
+}
+
 bool gma__gate_settle(gma__pool_t *p, const gma__gate_t *g, gma__stream_t *u, bool wait) {
   gma__stream_t *s = g->stream;
   if (s->safe_epoch >= g->epoch) return true;
