@@ -26,7 +26,8 @@ bool gma__plan_place(const gma__plan_item_t *items, size_t n, uint64_t *offsets,
                      uint64_t *arena, uint64_t *lower_bound);
 
 /* True when offsets is a valid placement of the items in arena bytes (as
- * described above); for tests and debug builds. O(n log n). */
+ * described above); for tests and debug builds. O(n log n). False as well
+ * when host memory for the check is lacking. */
 bool gma__plan_place_is_valid(const gma__plan_item_t *items, size_t n, const uint64_t *offsets,
                               uint64_t arena);
 
