@@ -1,4 +1,4 @@
-/* gma-bench-scenarios: three workloads as users run them, each against a
+/* gma-bench-scenarios: four workloads as users run them, each against a
  * baseline measured in the same run, on the simulated device through the
  * public API only (gma.h). Simulated kernels (gma_sim_launch) stamp a tag
  * into every buffer they are given (a few words at its start, middle and
@@ -34,13 +34,22 @@
  *    pressure levels gma_set_pressure_callback was called with. Baseline:
  *    the same, with the program calling gma_empty_cache right after each
  *    burst (gma has no knob that turns timed trimming off alone).
+ * 4. varying: the training step of 1, but the batch, activations,
+ *    workspaces and output gradients scale with a sequence length drawn per
+ *    iteration (4a: seeded, uniform 128..2048 in steps of 64; 4b: 512, 1024,
+ *    512, 2048 cycled; 4c: drawn from 256, 512, 1024, 2048, so a quarter of
+ *    consecutive iterations match and plans are made and dropped), 50
+ *    iterations (issue 18: no regression against plan off).
+ *    Columns plan:off (the default config) and plan:on, one after the other
+ *    in alternating order; host time inside gma's calls is measured too.
  *
  * Every figure is the median of --runs runs (default 5); each run creates
  * its allocators afresh. Options: --runs N, --quick (small sizes, for the
  * smoke test), --json PATH (default bench_scenarios.json), --scenario
- * training|pipeline|service, --config TEXT (appended to the gma side's
- * config: the training loop's default column, both sides of the pipeline
- * and the service). One progress line per run goes to stderr. */
+ * training|pipeline|service|varying, --config TEXT (appended to the gma
+ * side's config: the training loop's default column, both sides of the
+ * pipeline, the service, and the varying scenario's plan:off column). One
+ * progress line per run goes to stderr. */
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
@@ -375,13 +384,24 @@ typedef struct train_ctx {
   uint64_t mark_failed;    /* gma_iteration_mark calls that did not return GMA_OK */
   int plan_active_at;      /* the iteration (1-based) whose mark made the plan active; 0: none */
   uint64_t dev_at_active;  /* num_device_allocs right after that mark */
+  int tagscen;             /* mktag's scenario number: 1 + column (training), 14..19 (varying) */
+  /* The varying-sequence scenario (4) only: host time in gma calls, and one
+   * gma_stats after every mark in every column (not only while a plan:on
+   * column's plan is not active), so both columns pay for the same calls. */
+  int timed;
+  uint64_t gma_ns;         /* gma_alloc, gma_free, gma_record_stream of the iteration */
+  uint64_t mark_ns;        /* gma_iteration_mark of the iteration */
+  int state_after;         /* plan_state after the iteration's mark (timed only) */
+  uint64_t arena_after;    /* plan_arena_bytes then */
   kern_t k[32]; /* one iteration's kernels; reused once the host synchronized */
   int nk;
 } train_ctx_t;
 
 static void *tr_alloc(train_ctx_t *c, int slot, int stream) {
   void *p = NULL;
+  uint64_t t0 = c->timed ? now_ns() : 0;
   gma_status_t st = gma_alloc(c->g, c->pl->size[slot], c->s[stream], &p);
+  if (c->timed) c->gma_ns += now_ns() - t0;
   if (st == GMA_ERR_OOM) {
     c->failed++;
     return NULL;
@@ -391,11 +411,17 @@ static void *tr_alloc(train_ctx_t *c, int slot, int stream) {
 }
 
 static void tr_free(train_ctx_t *c, void *p) {
-  if (p) OK(gma_free(c->g, p));
+  if (!p) return;
+  uint64_t t0 = c->timed ? now_ns() : 0;
+  OK(gma_free(c->g, p));
+  if (c->timed) c->gma_ns += now_ns() - t0;
 }
 
 static void tr_record(train_ctx_t *c, void *p, int stream) {
-  if (p) OK(gma_record_stream(c->g, p, c->s[stream]));
+  if (!p) return;
+  uint64_t t0 = c->timed ? now_ns() : 0;
+  OK(gma_record_stream(c->g, p, c->s[stream]));
+  if (c->timed) c->gma_ns += now_ns() - t0;
 }
 
 static kern_t *tr_kern(train_ctx_t *c, atomic_int *after, long hold_us) {
@@ -413,7 +439,7 @@ static void train_iteration(train_ctx_t *c, int iter) {
   const train_plan_t *pl = c->pl;
   void *p[TR_SLOTS] = {0};
   uint64_t tag[TR_SLOTS];
-  for (int i = 0; i < TR_SLOTS; i++) tag[i] = mktag(1 + c->col, c->run, iter, i);
+  for (int i = 0; i < TR_SLOTS; i++) tag[i] = mktag(c->tagscen, c->run, iter, i);
 #define TB(slot) p[slot], pl->size[slot], tag[slot]
   c->nk = 0;
   /* The data loader's copies, on the data stream. */
@@ -484,19 +510,28 @@ static void train_iteration(train_ctx_t *c, int iter) {
    * plan:off. A failing mark is counted, and said once per process, not
    * fatal: plan:on may be unfinished in the libgma measured. */
   static atomic_int mark_said;
+  uint64_t m0 = c->timed ? now_ns() : 0;
   gma_status_t st = gma_iteration_mark(c->g);
+  if (c->timed) c->mark_ns += now_ns() - m0;
   if (st != GMA_OK && !c->mark_failed++ && !atomic_exchange(&mark_said, 1))
     fprintf(stderr, "gma-bench-scenarios: gma_iteration_mark: %s (counted as "
                     "iteration_mark_failures)\n", gma_last_error());
-  if (c->plan && !c->plan_active_at) { /* one gma_stats per step while the plan is not active */
+  if (c->timed || (c->plan && !c->plan_active_at)) { /* one gma_stats per step while the plan
+                                                       * is not active (every step: timed) */
     gma_stats_t s = GMA_STATS_INIT;
     OK(gma_stats(c->g, &s));
-    if (s.plan_state == 4) {
+    c->state_after = s.plan_state;
+    c->arena_after = s.plan_arena_bytes;
+    if (s.plan_state == 4 && !c->plan_active_at) {
       c->plan_active_at = iter + 1;
       c->dev_at_active = s.num_device_allocs;
     }
   }
 }
+
+static void tr_put_figures(train_ctx_t *c, series_t *f, const gma_stats_t *op,
+                           const gma_stats_t *wp, const gma_stats_t *ep, int iterations,
+                           double secs);
 
 typedef struct train_job {
   const train_plan_t *pl;
@@ -517,6 +552,7 @@ static void *train_once(void *arg) {
   c->hold_us = j->hold_us;
   c->run = j->run;
   c->col = j->colno;
+  c->tagscen = 1 + j->colno;
   int iterations = j->iterations;
   for (int s = 0; s < TR_STREAMS; s++) OK(gma_stream_create(c->g, &c->s[s]));
   gma_stats_t one = GMA_STATS_INIT, w = GMA_STATS_INIT, e = GMA_STATS_INIT;
@@ -529,8 +565,21 @@ static void *train_once(void *arg) {
   for (int i = TR_WARMUP; i < iterations; i++) train_iteration(c, i);
   double secs = (double)(now_ns() - t0) / 1e9;
   OK(gma_stats(c->g, &e));
+  tr_put_figures(c, j->col->f, &one, &w, &e, iterations, secs);
+  for (int s = 0; s < TR_STREAMS; s++) OK(gma_stream_destroy(c->g, c->s[s]));
+  OK(gma_destroy(c->g));
+  free(c);
+  return NULL;
+}
+
+/* The training figures of one run: one, w and e are gma_stats after
+ * iteration 1, after the warm-up and at the end; secs the time after the
+ * warm-up. */
+static void tr_put_figures(train_ctx_t *c, series_t *f, const gma_stats_t *op,
+                           const gma_stats_t *wp, const gma_stats_t *ep, int iterations,
+                           double secs) {
+  gma_stats_t one = *op, w = *wp, e = *ep;
   double allocs = (double)(e.num_allocs - w.num_allocs);
-  series_t *f = j->col->f;
   put(&f[TF_DEV_AFTER], (double)(e.num_device_allocs - w.num_device_allocs));
   put(&f[TF_DEV_FIRST], (double)one.num_device_allocs);
   put(&f[TF_DEV_WARMUP], (double)(w.num_device_allocs - one.num_device_allocs));
@@ -559,10 +608,6 @@ static void *train_once(void *arg) {
   put(&f[TF_DEV_AFTER_PLAN],
       c->plan_active_at ? (double)(e.num_device_allocs - c->dev_at_active) : NAN);
   put(&f[TF_MARK_FAILED], (double)c->mark_failed);
-  for (int s = 0; s < TR_STREAMS; s++) OK(gma_stream_destroy(c->g, c->s[s]));
-  OK(gma_destroy(c->g));
-  free(c);
-  return NULL;
 }
 
 static void run_training_variant(const char *key, const char *title, uint64_t target,
@@ -1141,6 +1186,285 @@ static void run_service(void) {
   fprintf(js, "  },\n");
 }
 
+/* ==== 4. Iterations that differ: a varying sequence length ==================== */
+
+/* The training step of scenario 1, but every iteration's sequence length
+ * (seeded) scales its batch (input, labels, mask), activations, workspaces
+ * and output gradients by seq / 2048; the weight gradients, all-reduce
+ * buckets and loss keep their size. At 2048 the step is scenario 1's (344
+ * MiB requested; 43 MiB under --quick). Two columns, plan:off (the default
+ * config) and plan:on, run one after the other in each run, in alternating
+ * order, so drift in the machine hits both alike; --config applies to the
+ * plan:off column, as to the training loop's default column. Issue 18's
+ * criterion: plan:on must not cost memory or time where no plan can be
+ * made (the planner keeps learning, verifying and backing off). */
+
+enum { VS_MAX_ITERS = 64, VS_MIN = 128, VS_MAX = 2048, VS_STEP = 64, VS_COLS = 2, VS_VARIANTS = 3 };
+#define VARY_OFF_CONF "" /* column 1: the default config */
+#define VARY_ON_CONF "plan:on"
+static const int vs_buckets[4] = {512, 1024, 512, 2048}; /* 4b: cycled in this order */
+static const int vs_random_buckets[4] = {256, 512, 1024, 2048}; /* 4c: drawn (seeded) */
+static const char *const vs_key[VS_VARIANTS] = {"varying", "varying_buckets", "varying_buckets_random"};
+static const char *const vs_seq[VS_VARIANTS] = {"uniform 128..2048 step 64, seeded per run",
+                                                "512,1024,512,2048 cycled",
+                                                "uniform from 256,512,1024,2048, seeded per run"};
+
+/* Extra figures of the varying scenario (besides tr_fig's). */
+enum { VF_GMA_US, VF_GMA_US_LEARN, VF_GMA_US_IDLE, VF_MARK_US, VF_LEARN_ITERS, VF_ACTIVATIONS,
+       VF_ACT_MARK_US, VF_ACT_NEXT_US, VF_ARENA_MAX, VF_PLANNED_ITERS, VF_MS_PLANNED, VF_MS_OTHER,
+       VF_XWAITS, VF_EQUAL_PAIRS, VF_CORRUPTIONS, VF_N };
+static const struct {
+  const char *key, *label, *fmt;
+} vs_fig[VF_N] = {
+    {"gma_us_per_iteration", "host us in alloc/free/record, mean/it", "%16.1f"},
+    {"gma_us_learning_iteration_median", "  median it., recorded by the planner", "%16.1f"},
+    {"gma_us_other_iteration_median", "  median it., not recorded", "%16.1f"},
+    {"mark_us_per_iteration", "host us in gma_iteration_mark, mean", "%16.1f"},
+    {"learning_iterations", "iterations recorded by the planner", "%16.0f"},
+    {"plan_activations", "plans made active", "%16.0f"},
+    {"activating_mark_us", "  us in the mark that activated it", "%16.1f"},
+    {"first_planned_iteration_gma_us", "  host us in gma calls, next iter.", "%16.1f"},
+    {"plan_arena_max_mib", "plan: largest arena held, MiB", "%16.1f"},
+    {"planned_iterations", "iterations served by an active plan", "%16.0f"},
+    {"iteration_ms_planned_median", "  ms per iteration, median: those", "%16.1f"},
+    {"iteration_ms_other_median", "  ms per iteration, median: others", "%16.1f"},
+    {"cross_stream_waits_after_warmup", "device-side cross-stream waits", "%16.0f"},
+    {"equal_consecutive_lengths", "consecutive equal lengths", "%16.0f"},
+    {"corruptions", "corruptions", "%16.0f"},
+};
+/* tr_fig rows the table prints, in this order (the JSON has them all). */
+static const int vs_rows[] = {TF_PEAK_RESERVED, TF_PEAK_ALLOCATED, TF_RATIO, TF_ITERS,
+                              TF_DEV_AFTER, TF_DEV_FIRST, TF_PLAN_STATE, TF_PLAN_ARENA,
+                              TF_PLAN_HITS, TF_PLAN_MISSES, TF_PLAN_REPLANS, TF_MARK_FAILED};
+
+typedef struct vary_col {
+  const char *name, *conf;
+  series_t f[TF_N], x[VF_N];
+} vary_col_t;
+
+/* Scenario 1's sizes at sequence length seq. */
+static void vary_plan(train_plan_t *out, const train_plan_t *base, int seq) {
+  *out = *base;
+  out->total = 0;
+  out->smallest = SIZE_MAX;
+  out->largest = 0;
+  for (int i = 0; i < TR_SLOTS; i++) {
+    int scales = i <= SL_MASK || (i >= SL_ACT && i < SL_LOSS) || (i >= SL_GIN && i < SL_WG);
+    if (scales) {
+      size_t v = (size_t)((double)base->size[i] * seq / VS_MAX);
+      out->size[i] = v < 512 ? 512 : v;
+    }
+    out->total += out->size[i];
+    if (out->size[i] < out->smallest) out->smallest = out->size[i];
+    if (out->size[i] > out->largest) out->largest = out->size[i];
+  }
+}
+
+/* The sequence lengths of one run: variant 0 (4a) draws each uniformly
+ * from 128..2048 in steps of 64 (seeded per run; two consecutive lengths
+ * are equal now and then, 1 in 31, as in a real loader); variant 1 (4b)
+ * cycles vs_buckets (never two equal in a row); variant 2 (4c) draws from
+ * vs_random_buckets (a quarter of consecutive pairs equal: a plan gets made
+ * and dropped again and again). Returns the equal consecutive pairs. */
+static int vary_lengths(int variant, int run, int n, int *seq) {
+  uint64_t rng = 0x5eed0005 + (uint64_t)run * 0x9e3779b9ull;
+  int eq = 0;
+  for (int i = 0; i < n; i++) {
+    seq[i] = variant == 0   ? VS_MIN + VS_STEP * (int)(xorshift(&rng) % ((VS_MAX - VS_MIN) / VS_STEP + 1))
+             : variant == 1 ? vs_buckets[i % 4]
+                            : vs_random_buckets[xorshift(&rng) % 4];
+    if (i && seq[i] == seq[i - 1]) eq++;
+  }
+  return eq;
+}
+
+static void vary_once(int variant, vary_col_t *col, int colno, int run, const int *seq,
+                      int iterations, int equal_pairs, const train_plan_t *base, long hold_us) {
+  long corr0 = atomic_load(&corruptions);
+  train_ctx_t *c = calloc(1, sizeof *c);
+  if (!c) die("out of host memory", GMA_ERR_OOM);
+  gma_config_t cfg;
+  c->g = make(col->conf, colno == 0 ? opt.extra : NULL, NULL, &cfg);
+  c->plan = cfg.plan;
+  c->hold_us = hold_us;
+  c->run = run;
+  c->col = colno;
+  c->tagscen = 14 + variant * 2 + colno; /* 14..19: no other scenario's */
+  c->timed = 1;
+  for (int s = 0; s < TR_STREAMS; s++) OK(gma_stream_create(c->g, &c->s[s]));
+  gma_stats_t one = GMA_STATS_INIT, w = GMA_STATS_INIT, e = GMA_STATS_INIT;
+  train_plan_t cur;
+  uint64_t gma_all = 0, mark_all = 0;
+  double learn_us[VS_MAX_ITERS], idle_us[VS_MAX_ITERS], planned_ms[VS_MAX_ITERS],
+      other_ms[VS_MAX_ITERS];
+  int n_learn = 0, n_idle = 0, n_planned = 0, n_other = 0, activations = 0, act_next = 0;
+  uint64_t arena_max = 0;
+  uint64_t t0 = 0;
+  for (int i = 0; i < iterations; i++) {
+    if (i == TR_WARMUP) {
+      OK(gma_stats(c->g, &w));
+      t0 = now_ns();
+    }
+    vary_plan(&cur, base, seq[i]);
+    c->pl = &cur;
+    int before = c->state_after; /* the state this iteration's requests meet */
+    c->gma_ns = c->mark_ns = 0;
+    uint64_t i0 = now_ns();
+    train_iteration(c, i);
+    double ms = (double)(now_ns() - i0) / 1e6;
+    if (i == 0) OK(gma_stats(c->g, &one));
+    if (act_next) /* the first iteration a new plan serves (only the first plan's) */
+      put(&col->x[VF_ACT_NEXT_US], (double)c->gma_ns / 1e3);
+    act_next = 0;
+    if (c->arena_after > arena_max) arena_max = c->arena_after;
+    if (c->state_after == 4 && before != 4 && !activations++) {
+      put(&col->x[VF_ACT_MARK_US], (double)c->mark_ns / 1e3);
+      act_next = 1;
+    }
+    if (i < TR_WARMUP) continue;
+    gma_all += c->gma_ns;
+    mark_all += c->mark_ns;
+    if (before == 1 || before == 2) learn_us[n_learn++] = (double)c->gma_ns / 1e3;
+    else idle_us[n_idle++] = (double)c->gma_ns / 1e3;
+    if (before == 4) planned_ms[n_planned++] = ms;
+    else other_ms[n_other++] = ms;
+  }
+  /* The timed loop includes the per-iteration gma_stats and the clock reads
+   * (both columns alike). */
+  double secs = (double)(now_ns() - t0) / 1e9;
+  OK(gma_stats(c->g, &e));
+  tr_put_figures(c, col->f, &one, &w, &e, iterations, secs);
+  int timed_iters = iterations - TR_WARMUP;
+  put(&col->x[VF_GMA_US], (double)gma_all / 1e3 / timed_iters);
+  /* Medians over the iterations: one descheduled iteration of the 2-core VM
+   * (milliseconds) would swamp a mean of tens of us. Runs with none of a
+   * kind add nothing to the series (its JSON "runs" may be shorter). */
+  series_t it = {0};
+  for (int i = 0; i < n_learn; i++) put(&it, learn_us[i]);
+  if (n_learn) put(&col->x[VF_GMA_US_LEARN], med(&it));
+  it.n = 0;
+  for (int i = 0; i < n_idle; i++) put(&it, idle_us[i]);
+  if (n_idle) put(&col->x[VF_GMA_US_IDLE], med(&it));
+  it.n = 0;
+  for (int i = 0; i < n_planned; i++) put(&it, planned_ms[i]);
+  if (n_planned) put(&col->x[VF_MS_PLANNED], med(&it));
+  it.n = 0;
+  for (int i = 0; i < n_other; i++) put(&it, other_ms[i]);
+  if (n_other) put(&col->x[VF_MS_OTHER], med(&it));
+  put(&col->x[VF_PLANNED_ITERS], n_planned);
+  put(&col->x[VF_XWAITS], (double)(e.num_cross_stream_waits - w.num_cross_stream_waits));
+  put(&col->x[VF_MARK_US], (double)mark_all / 1e3 / timed_iters);
+  put(&col->x[VF_LEARN_ITERS], n_learn);
+  put(&col->x[VF_ARENA_MAX], (double)arena_max / MiB);
+  put(&col->x[VF_ACTIVATIONS], activations);
+  put(&col->x[VF_EQUAL_PAIRS], equal_pairs);
+  for (int s = 0; s < TR_STREAMS; s++) OK(gma_stream_destroy(c->g, c->s[s]));
+  OK(gma_destroy(c->g));
+  free(c);
+  put(&col->x[VF_CORRUPTIONS], (double)(atomic_load(&corruptions) - corr0));
+}
+
+static double ratio_of(double a, double b) { return b ? a / b : NAN; }
+
+static void run_varying_variant(int variant) {
+  const char *key = vs_key[variant];
+  int iterations = opt.quick ? 8 : 50;
+  long hold_us = opt.quick ? 20 : 3000; /* as the training loop */
+  uint64_t div = opt.quick ? 8 : 1;
+  train_plan_t base;
+  train_plan(&base, 344 * MiB / div);
+  train_plan_t lo, hi;
+  vary_plan(&lo, &base, variant == 0 ? VS_MIN : variant == 1 ? 512 : 256);
+  vary_plan(&hi, &base, VS_MAX);
+  vary_col_t cols[VS_COLS] = {{.name = "plan:off", .conf = VARY_OFF_CONF},
+                              {.name = "plan:on", .conf = VARY_ON_CONF}};
+  series_t r_res = {0}, r_ips = {0}; /* per-run ratios, plan:on / plan:off */
+  long corr0 = atomic_load(&corruptions);
+  for (int run = 0; run < opt.runs; run++) {
+    uint64_t t0 = now_ns();
+    int seq[VS_MAX_ITERS];
+    int eq = vary_lengths(variant, run, iterations, seq);
+    for (int j = 0; j < VS_COLS; j++) { /* alternating order: off first in even runs */
+      int ci = (j + run) % VS_COLS;
+      vary_once(variant, &cols[ci], ci, run, seq, iterations, eq, &base, hold_us);
+    }
+    int n0 = cols[0].f[TF_PEAK_RESERVED].n - 1, n1 = cols[1].f[TF_PEAK_RESERVED].n - 1;
+    put(&r_res, ratio_of(cols[1].f[TF_PEAK_RESERVED].v[n1], cols[0].f[TF_PEAK_RESERVED].v[n0]));
+    put(&r_ips, ratio_of(cols[1].f[TF_ITERS].v[n1], cols[0].f[TF_ITERS].v[n0]));
+    progress(key, run, t0);
+  }
+  long corr = atomic_load(&corruptions) - corr0;
+  if (variant == 0)
+    printf("\n4a. varying sequence length: the training step with batch, activations, workspaces "
+           "and output\n    gradients scaled by seq/%d, seq drawn per iteration from %d..%d in "
+           "steps of %d (seeded per run)\n", VS_MAX, VS_MIN, VS_MAX, VS_STEP);
+  else if (variant == 1)
+    printf("\n4b. bucketed sequence length: the same step, seq cycling %d,%d,%d,%d (never two "
+           "equal in a row)\n", vs_buckets[0], vs_buckets[1], vs_buckets[2], vs_buckets[3]);
+  else
+    printf("\n4c. bucketed sequence length drawn at random: the same step, seq drawn from "
+           "%d,%d,%d,%d (seeded per run;\n    a quarter of consecutive pairs equal, so plans "
+           "are made and dropped)\n", vs_random_buckets[0], vs_random_buckets[1],
+           vs_random_buckets[2], vs_random_buckets[3]);
+  printf("   %d iterations, %.1f .. %.1f MiB requested per iteration, one host synchronization "
+         "per iteration,\n   gma_iteration_mark and gma_stats after each; plan:off and plan:on "
+         "run one after the other\n",
+         iterations, (double)lo.total / MiB, (double)hi.total / MiB);
+  if (*opt.extra) printf("   --config %s applies to the plan:off column\n", opt.extra);
+  printf("%-38s%16s%16s\n", "(median of runs)", cols[0].name, cols[1].name);
+  for (size_t ri = 0; ri < sizeof vs_rows / sizeof vs_rows[0]; ri++) {
+    int fi = vs_rows[ri];
+    char fmt[16];
+    snprintf(fmt, sizeof fmt, "%%16%s", strchr(tr_fig[fi].fmt, '.'));
+    printf("%-38s", tr_fig[fi].label);
+    for (int i = 0; i < VS_COLS; i++) print_cell(fmt, med(&cols[i].f[fi]));
+    printf("\n");
+  }
+  for (int xi = 0; xi < VF_N; xi++) {
+    if (xi == VF_EQUAL_PAIRS && variant == 1) continue;
+    printf("%-38s", vs_fig[xi].label);
+    for (int i = 0; i < VS_COLS; i++) print_cell(vs_fig[xi].fmt, med(&cols[i].x[xi]));
+    printf("\n");
+  }
+  double res = ratio_of(med(&cols[1].f[TF_PEAK_RESERVED]), med(&cols[0].f[TF_PEAK_RESERVED]));
+  double ips = ratio_of(med(&cols[1].f[TF_ITERS]), med(&cols[0].f[TF_ITERS]));
+  double rlo = INFINITY, rhi = -INFINITY, ilo = INFINITY, ihi = -INFINITY;
+  for (int i = 0; i < r_res.n; i++) {
+    rlo = fmin(rlo, r_res.v[i]), rhi = fmax(rhi, r_res.v[i]);
+    ilo = fmin(ilo, r_ips.v[i]), ihi = fmax(ihi, r_ips.v[i]);
+  }
+  printf("   plan:on / plan:off: peak reserved %.3fx, iterations/s %.3fx (ratios of the medians; "
+         "per-run ratios %.3f-%.3f and %.3f-%.3f)\n   corruptions: %ld\n",
+         res, ips, rlo, rhi, ilo, ihi, corr);
+
+  fprintf(js, "  \"%s\": {\"streams\": 3, \"buffers_per_iteration\": %d, \"iterations\": %d, "
+              "\"warmup_iterations\": %d, \"sequence\": \"%s\", \"requested_per_iteration_min\": "
+              "%zu, \"requested_per_iteration_max\": %zu, \"corruptions\": %ld,\n",
+          key, TR_SLOTS, iterations, TR_WARMUP,
+          vs_seq[variant],
+          lo.total, hi.total, corr);
+  fprintf(js, "   \"plan_on_over_off\": {\"peak_reserved\": ");
+  json_num(res);
+  fprintf(js, ", \"iterations_per_s\": ");
+  json_num(ips);
+  fprintf(js, ", ");
+  json_series("peak_reserved_per_run", &r_res, 1);
+  json_series("iterations_per_s_per_run", &r_ips, 0);
+  fprintf(js, "},\n   \"columns\": [\n");
+  for (int i = 0; i < VS_COLS; i++) {
+    fprintf(js, "    {\"name\": \"%s\", ", cols[i].name);
+    json_conf("config", cols[i].conf, i == 0 ? opt.extra : NULL, NULL);
+    for (int fi = 0; fi < TF_N; fi++) json_series(tr_fig[fi].key, &cols[i].f[fi], 1);
+    for (int xi = 0; xi < VF_N; xi++) json_series(vs_fig[xi].key, &cols[i].x[xi], xi + 1 < VF_N);
+    fprintf(js, "}%s\n", i + 1 < VS_COLS ? "," : "");
+  }
+  fprintf(js, "   ]},\n");
+}
+
+static void run_varying(void) {
+  for (int v = 0; v < VS_VARIANTS; v++) run_varying_variant(v);
+}
+
 /* ==== main ===================================================================== */
 
 static void usage(void) {
@@ -1150,7 +1474,7 @@ static void usage(void) {
           "  --runs N         runs per figure; every figure is the median (default 5)\n"
           "  --quick          small sizes and few iterations (the CI smoke test)\n"
           "  --json PATH      where to write the results (default bench_scenarios.json)\n"
-          "  --scenario NAME  run one: training, pipeline or service\n"
+          "  --scenario NAME  run one: training, pipeline, service or varying\n"
           "  --config TEXT    gma config appended to the gma side's (for A/B runs)\n");
   exit(2);
 }
@@ -1173,7 +1497,7 @@ int main(int argc, char **argv) {
     } else if (!strcmp(a, "--scenario")) {
       opt.scenario = argv[++i];
       if (strcmp(opt.scenario, "training") && strcmp(opt.scenario, "pipeline") &&
-          strcmp(opt.scenario, "service"))
+          strcmp(opt.scenario, "service") && strcmp(opt.scenario, "varying"))
         usage();
     } else if (!strcmp(a, "--config")) {
       opt.extra = argv[++i];
@@ -1206,9 +1530,11 @@ int main(int argc, char **argv) {
   int want_t = !opt.scenario || !strcmp(opt.scenario, "training");
   int want_p = !opt.scenario || !strcmp(opt.scenario, "pipeline");
   int want_s = !opt.scenario || !strcmp(opt.scenario, "service");
+  int want_v = !opt.scenario || !strcmp(opt.scenario, "varying");
   if (want_t) run_training();
   if (want_p) run_pipeline();
   if (want_s) run_service();
+  if (want_v) run_varying();
   long corr = atomic_load(&corruptions), late = atomic_load(&order_timeouts);
   fprintf(js, "  \"corruptions\": %ld, \"ordering_timeouts\": %ld\n}\n", corr, late);
   fclose(js);

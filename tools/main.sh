@@ -19,7 +19,7 @@
 #  3. draws memory over time and the segment map at the peak with
 #     tools/gma-viz (SVG + HTML under build/release/pictures/);
 #  4. runs the demo and the benchmarks (simulated device; gma-bench-scenarios:
-#     a training loop, a pipeline and a service), then the GPU
+#     a training loop, a pipeline, a service and varying sequence lengths), then the GPU
 #     benchmarks, which say so and skip when there is no GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
