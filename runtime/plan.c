@@ -35,6 +35,7 @@
 #define MAX_RECS (1u << 22)    /* allocations one learned iteration may hold */
 #define MAX_BACKOFF 256u       /* most marks between attempts to learn */
 #define SETTLE_NS 1000000000ull /* the activating mark's longest wait for device work */
+#define SERVED_OK 4u           /* marks a plan must stay active through to count as a success */
 
 static uint64_t round512(uint64_t n) { return (n + 511) / 512 * 512; }
 
@@ -100,6 +101,7 @@ struct gma__memplan {
   void *arena_ptr;
   uintptr_t base;
   _Atomic bool dropped;        /* seq_cst: see claim and try_release */
+  uint32_t served;             /* mu: marks it has stayed active through */
   bool held;                   /* mu: the arena is the pool's live block */
 };
 
@@ -281,6 +283,7 @@ static uint32_t map_take(gma__planner_t *pl, uintptr_t k) {
 static void learn_reset(gma__planner_t *pl) {
   pl->learn.n = 0;
   pl->clock = 0;
+  pl->nseqs = 0;
   if (pl->map_cap) memset(pl->map_key, 0, pl->map_cap * sizeof *pl->map_key);
   pl->map_used = 0;
 }
@@ -296,12 +299,17 @@ static void learn_free(gma__planner_t *pl) {
   pl->map_key = NULL, pl->map_val = NULL;
   pl->map_cap = pl->map_used = 0;
   pl->clock = 0;
+  free(pl->seq_key);
+  free(pl->seq_next);
+  pl->seq_key = NULL, pl->seq_next = NULL;
+  pl->nseqs = pl->seqs_cap = 0;
 }
 
 /* Stops learning for a while (mu): the workload does not repeat, is too
  * large to learn, or its plan could not be made. */
 static void back_off(gma__planner_t *pl) {
-  learn_free(pl);
+  learn_reset(pl); /* the buffers stay for the next attempt */
+  pl->prev.n = 0;
   pl->skip = pl->backoff;
   pl->backoff = pl->backoff * 2 > MAX_BACKOFF ? MAX_BACKOFF : pl->backoff * 2;
   pl->failures = 0;
@@ -327,12 +335,24 @@ void gma__plan_note_alloc(gma__planner_t *pl, void *ptr, size_t size, gma_stream
       }
       it->v = v, it->cap = cap;
     }
-    uint32_t seq = 0; /* this stream's requests so far: counted back (iterations are short) */
-    for (size_t i = it->n; i-- > 0;)
-      if (it->v[i].key == key) {
-        seq = it->v[i].seq + 1;
-        break;
+    uint32_t k = 0; /* this stream's requests so far (a handful of streams: a scan) */
+    while (k < pl->nseqs && pl->seq_key[k] != key) k++;
+    if (k == pl->nseqs) {
+      if (k == pl->seqs_cap) {
+        uint32_t cap = k ? 2 * k : 8;
+        uintptr_t *a = realloc(pl->seq_key, cap * sizeof *a);
+        uint32_t *b = a ? realloc(pl->seq_next, cap * sizeof *b) : NULL;
+        if (a) pl->seq_key = a;
+        if (!b) {
+          back_off(pl);
+          pthread_mutex_unlock(&pl->mu);
+          return;
+        }
+        pl->seq_next = b, pl->seqs_cap = cap;
       }
+      pl->seq_key[k] = key, pl->seq_next[k] = 0, pl->nseqs++;
+    }
+    uint32_t seq = pl->seq_next[k]++;
     it->v[it->n] = (gma__plan_rec_t){key, round512(size), pl->clock++, UINT32_MAX, seq};
     if (!map_put(pl, (uintptr_t)ptr, (uint32_t)it->n)) back_off(pl);
     else it->n++;
@@ -611,7 +631,6 @@ gma_status_t gma__plan_mark(gma__planner_t *pl) {
       if (gma__load_relaxed(&pl->retiring)) break; /* one arena at a time */
       pl->placing = NULL;
       if (P->ok && activate(pl, P)) {
-        pl->backoff = 1;
         gma__store_relaxed(&pl->state, GMA__PLAN_ACTIVE);
       } else {
         back_off(pl);
@@ -622,10 +641,15 @@ gma_status_t gma__plan_mark(gma__planner_t *pl) {
       gma__memplan_t *P = gma__load_relaxed(&pl->active);
       if (iteration_missed(P)) {
         drop(pl, P);
-        learn_reset(pl); /* learn this workload again from now */
-        gma__store_relaxed(&pl->state, GMA__PLAN_LEARNING);
+        if (P->served < SERVED_OK) { /* a plan that did not last: as a failed attempt */
+          back_off(pl);
+        } else {
+          learn_reset(pl); /* learn this workload again from now */
+          gma__store_relaxed(&pl->state, GMA__PLAN_LEARNING);
+        }
         break;
       }
+      if (++P->served == SERVED_OK) pl->backoff = 1; /* plans pay off here again */
       fold_counts(pl, P);
       for (uint32_t i = 0; i < P->nstreams; i++) gma__store_relaxed(&P->streams[i].cursor, 0);
       break;

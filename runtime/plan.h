@@ -17,7 +17,9 @@
  *   ACTIVE     from the next mark on: the mark settles the device work that
  *              gates cached memory, gives the cache back, takes the arena,
  *              and publishes the plan. An iteration whose requests miss the
- *              plan too often drops it (re-learned after a back-off).
+ *              plan too often drops it: learned again at once if it served
+ *              at least 4 iterations, else after a back-off (1, 2, 4 ... 256
+ *              marks, reset once a plan lasts 4).
  * Allocations still live at the end of the learned iteration (weights,
  * optimizer state, buffers that cross an iteration boundary) are not
  * planned: their requests keep the ordinary path.
@@ -75,6 +77,9 @@ typedef struct gma__planner {
   uint32_t *map_val;
   size_t map_cap, map_used;
   uint32_t clock;                 /* learning: the iteration's event counter */
+  uintptr_t *seq_key;             /* learning: each stream's key and its next request's */
+  uint32_t *seq_next;             /*   index in the iteration (nseqs of them) */
+  uint32_t nseqs, seqs_cap;
   uint32_t skip;                  /* marks to let pass before learning again */
   uint32_t backoff;               /* the next skip after a failure (doubles, at most 256) */
   uint32_t failures;              /* verifications failed in a row */
