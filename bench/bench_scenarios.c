@@ -332,7 +332,7 @@ enum { TF_DEV_AFTER, TF_DEV_FIRST, TF_DEV_WARMUP, TF_DEV_FREES, TF_TRIMS, TF_PEA
         * under plan:off), the iteration whose mark made the plan active, the
         * device allocations after it, and marks that did not return GMA_OK. */
        TF_PLAN_STATE, TF_PLAN_HITS, TF_PLAN_MISSES, TF_PLAN_REPLANS, TF_PLAN_ARENA, TF_PLAN_LOWER,
-       TF_PLAN_SLOTS, TF_PLAN_ITERS, TF_PLAN_ACTIVE_AT, TF_DEV_AFTER_PLAN, TF_MARK_FAILED, TF_N };
+       TF_PLAN_SLOTS, TF_PLAN_ITERS, TF_PLAN_ACTIVE_AT, TF_DEV_AFTER_PLAN, TF_RES_AFTER_PLAN, TF_MARK_FAILED, TF_N };
 /* The first of the plan figures: the table prints them only when some column
  * has one that is not 0 (the JSON always has them). */
 enum { TF_PLAN_FIRST = TF_PLAN_STATE };
@@ -364,6 +364,7 @@ static const struct {
     {"plan_iterations", "plan: iterations marked", "%22.0f"},
     {"plan_active_after_iteration", "plan: active after iteration", "%22.0f"},
     {"device_allocs_after_plan_active", "device allocs after that", "%22.0f"},
+    {"reserved_after_plan_active_mib", "reserved after that MiB", "%22.1f"},
     {"iteration_mark_failures", "gma_iteration_mark failures", "%22.0f"},
 };
 
@@ -384,6 +385,7 @@ typedef struct train_ctx {
   uint64_t mark_failed;    /* gma_iteration_mark calls that did not return GMA_OK */
   int plan_active_at;      /* the iteration (1-based) whose mark made the plan active; 0: none */
   uint64_t dev_at_active;  /* num_device_allocs right after that mark */
+  uint64_t res_at_active;  /* reserved right after that mark */
   int tagscen;             /* mktag's scenario number: 1 + column (training), 14..19 (varying) */
   /* The varying-sequence scenario (4) only: host time in gma calls, and one
    * gma_stats after every mark in every column (not only while a plan:on
@@ -525,6 +527,7 @@ static void train_iteration(train_ctx_t *c, int iter) {
     if (s.plan_state == 4 && !c->plan_active_at) {
       c->plan_active_at = iter + 1;
       c->dev_at_active = s.num_device_allocs;
+      c->res_at_active = s.reserved.current;
     }
   }
 }
@@ -607,6 +610,13 @@ static void tr_put_figures(train_ctx_t *c, series_t *f, const gma_stats_t *op,
   put(&f[TF_PLAN_ACTIVE_AT], c->plan_active_at ? (double)c->plan_active_at : INFINITY);
   put(&f[TF_DEV_AFTER_PLAN],
       c->plan_active_at ? (double)(e.num_device_allocs - c->dev_at_active) : NAN);
+  /* Reserved grows only by device allocations: with none after the plan
+   * became active, the larger of reserved then and at the end is the most
+   * it held since. */
+  put(&f[TF_RES_AFTER_PLAN],
+      !c->plan_active_at ? NAN
+      : (double)(c->res_at_active > e.reserved.current ? c->res_at_active : e.reserved.current) /
+            MiB);
   put(&f[TF_MARK_FAILED], (double)c->mark_failed);
 }
 
