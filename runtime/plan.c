@@ -36,6 +36,9 @@
 #define MAX_BACKOFF 256u       /* most marks between attempts to learn */
 #define SETTLE_NS 1000000000ull /* the activating mark's longest wait for device work */
 #define SERVED_OK 4u           /* marks a plan must stay active through to count as a success */
+#define MATCHES 2u             /* consecutive iterations equal to their predecessor a plan needs
+                                  (three in a row: a workload whose lengths repeat by chance
+                                  now and then seldom gets a plan it then drops) */
 
 static uint64_t round512(uint64_t n) { return (n + 511) / 512 * 512; }
 
@@ -311,6 +314,7 @@ static void back_off(gma__planner_t *pl) {
   learn_reset(pl); /* the buffers stay for the next attempt */
   pl->prev.n = 0;
   pl->skip = pl->backoff;
+  pl->matches = 0;
   pl->backoff = pl->backoff * 2 > MAX_BACKOFF ? MAX_BACKOFF : pl->backoff * 2;
   pl->failures = 0;
   gma__store_relaxed(&pl->state, GMA__PLAN_OFF);
@@ -605,17 +609,24 @@ gma_status_t gma__plan_mark(gma__planner_t *pl) {
     }
     case GMA__PLAN_VERIFYING: {
       gma__memplan_t *P = plan_from(&pl->prev, &pl->learn);
-      if (!P) {
+      if (P && ++pl->matches < MATCHES) { /* repeated, but not yet often enough */
+        plan_free(P);
+        P = NULL;
+      } else if (!P) {
+        pl->matches = 0;
         if (++pl->failures >= 3) {
           back_off(pl);
           break;
         }
-        gma__plan_iter_t t = pl->prev; /* compare the next iteration with this one */
+      }
+      if (!P) { /* compare the next iteration with this one */
+        gma__plan_iter_t t = pl->prev;
         pl->prev = pl->learn;
         pl->learn = t;
         learn_reset(pl);
         break;
       }
+      pl->matches = 0;
       learn_free(pl);
       pl->failures = 0;
       P->next = pl->all;

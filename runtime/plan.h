@@ -10,7 +10,7 @@
  *   LEARNING   records one iteration: per stream, the sequence of request
  *              sizes, and each allocation's lifetime in the iteration's
  *              event order;
- *   VERIFYING  records the next one; a plan is made only when two
+ *   VERIFYING  records the next ones; a plan is made only when three
  *              consecutive iterations asked for the same sizes in the same
  *              order on every stream (else it learns again, backing off);
  *   PLACING    the worker places the union of the two lifetimes;
@@ -83,6 +83,7 @@ typedef struct gma__planner {
   uint32_t skip;                  /* marks to let pass before learning again */
   uint32_t backoff;               /* the next skip after a failure (doubles, at most 256) */
   uint32_t failures;              /* verifications failed in a row */
+  uint32_t matches;               /* verifications passed in a row */
   /* Totals (mu), folded from plans at marks. */
   uint64_t iterations, replans, hits, misses;
 } gma__planner_t;
