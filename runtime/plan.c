@@ -67,6 +67,7 @@ typedef struct slot {
   _Atomic uint8_t live;        /* 1 while handed out (a second free finds 0) */
   gma__stream_t *stream;       /* live: the stream it was handed out on */
   uint64_t requested;          /* live: bytes asked for */
+  _Atomic uint8_t tag;         /* live: gma_alloc_tagged's tag id (0: untagged) */
   gma__stream_t **users;       /* live: record_stream streams (pool lock) */
   _Atomic uint32_t nusers;     /* atomic: read by the free without the lock */
   uint32_t users_cap;
@@ -729,6 +730,7 @@ static gma_status_t claim(gma__planner_t *pl, gma__memplan_t *P, uint32_t j, gma
   }
   sl->stream = s;
   sl->requested = size;
+  gma__store_relaxed(&sl->tag, 0);
   gma__store_relaxed(&sl->nusers, 0);
   gma__store_release(&sl->live, 1);
   gma__tcount_t *tc = gma__tcount(pl->p, s);
@@ -894,6 +896,38 @@ gma_status_t gma__plan_record_stream(gma__planner_t *pl, void *ptr, gma_stream_t
   }
   pthread_mutex_unlock(&p->lock);
   return st;
+}
+
+/* The live planned block holding a, or NULL (lock-free; a racing free may
+ * end it at any time, as for any pointer a caller asks about). */
+static slot_t *live_slot(gma__planner_t *pl, uintptr_t a, gma__memplan_t **out) {
+  gma__memplan_t *P = plan_of(pl, a);
+  if (!P) return NULL;
+  uint32_t o = gma__load_acquire(&P->cells[cell_at(P, a - P->base)].owner);
+  *out = P;
+  /* live's acquire pairs with claim's release: stream, requested are set. */
+  return o && gma__load_acquire(&P->slots[o - 1].live) ? &P->slots[o - 1] : NULL;
+}
+
+int gma__plan_info(gma__planner_t *pl, const void *ptr, gma_pointer_info_t *r) {
+  gma__memplan_t *P = NULL;
+  slot_t *sl = live_slot(pl, (uintptr_t)ptr, &P);
+  if (!sl) return P ? -1 : 0;
+  r->kind = GMA_MEMORY_DEVICE;
+  r->base = (void *)(P->base + sl->offset);
+  r->requested = sl->requested;
+  r->block_size = sl->size;
+  r->stream = sl->stream->handle;
+  r->tag = gma__tag_name(pl->p, gma__load_relaxed(&sl->tag));
+  return 1;
+}
+
+bool gma__plan_set_tag(gma__planner_t *pl, void *ptr, uint8_t id) {
+  gma__memplan_t *P = NULL;
+  slot_t *sl = live_slot(pl, (uintptr_t)ptr, &P);
+  if (!sl) return false;
+  gma__store_relaxed(&sl->tag, id);
+  return true;
 }
 
 /* ---- Life and figures ------------------------------------------------------------------- */

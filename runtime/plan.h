@@ -109,6 +109,14 @@ gma_status_t gma__plan_free(gma__planner_t *pl, void *ptr);
 gma_status_t gma__plan_record_stream(gma__planner_t *pl, void *ptr, gma_stream_t stream,
                                      void **base);
 
+/* gma_pointer_info for planned memory: 1 with r filled when ptr lies in a
+ * live planned block; -1 when it lies in a plan's arena but in no live
+ * block; 0 when it is not in a plan's arena. */
+int gma__plan_info(gma__planner_t *pl, const void *ptr, gma_pointer_info_t *r);
+/* gma_alloc_tagged: tags the live planned block starting at ptr (false: not
+ * planned memory). */
+bool gma__plan_set_tag(gma__planner_t *pl, void *ptr, uint8_t id);
+
 /* Learning: an ordinary allocation or free the caller made. Cheap when not
  * learning (one load). */
 void gma__plan_note_alloc(gma__planner_t *pl, void *ptr, size_t size, gma_stream_t stream);

@@ -48,6 +48,8 @@ gma_status_t gma_alloc_tagged(gma_t *g, size_t size, gma_stream_t stream, const 
   if (id < 0) return GMA_ERR_INVALID_ARGUMENT;
   gma_status_t st = gma_alloc(g, size, stream, out);
   if (st != GMA_OK) return st;
+  /* Planned memory first: the arena's own block starts where a planned one may. */
+  if (g->cfg.plan && gma__plan_set_tag(&g->plan, *out, (uint8_t)id)) return GMA_OK;
   gma__block_t *b = gma__pagemap_get(&g->pool.pagemap, (uintptr_t)*out);
   if (b) gma__store_relaxed(&b->tag, (uint8_t)id); /* ours: LIVE, handed to us */
   else gma__host_set_tag(&g->host, *out, (uint8_t)id); /* a CPU fallback */
@@ -63,21 +65,28 @@ gma_status_t gma_pointer_info(gma_t *g, const void *ptr, gma_pointer_info_t *inf
   gma_pointer_info_t r = {.size = info->size};
   gma__pool_t *p = &g->pool;
   uintptr_t a = (uintptr_t)ptr;
-  bool found = false;
-  pthread_mutex_lock(&p->lock);
-  gma__segment_t *seg = gma__seg_find(p, a);
-  gma__block_t *b = seg ? seg->first : NULL;
-  while (b && a >= b->addr + b->size) b = b->next; /* one segment's blocks */
-  if (b && gma__load_relaxed(&b->state) == GMA__LIVE) {
-    r.kind = GMA_MEMORY_DEVICE;
-    r.base = (void *)b->addr;
-    r.requested = gma__load_relaxed(&b->requested);
-    r.block_size = b->size;
-    r.stream = b->stream ? b->stream->handle : NULL;
-    r.tag = gma__tag_name(p, gma__load_relaxed(&b->tag));
-    found = true;
+  int planned = g->cfg.plan ? gma__plan_info(&g->plan, ptr, &r) : 0;
+  if (planned < 0) /* the arena is one live block to the pool: not what the caller has */
+    return gma__set_error(GMA_ERR_INVALID_POINTER,
+                          "gma_pointer_info(%p): the pointer lies in planned memory (plan:on) "
+                          "that no live allocation holds now", ptr);
+  bool found = planned > 0;
+  if (!found) {
+    pthread_mutex_lock(&p->lock);
+    gma__segment_t *seg = gma__seg_find(p, a);
+    gma__block_t *b = seg ? seg->first : NULL;
+    while (b && a >= b->addr + b->size) b = b->next; /* one segment's blocks */
+    if (b && gma__load_relaxed(&b->state) == GMA__LIVE) {
+      r.kind = GMA_MEMORY_DEVICE;
+      r.base = (void *)b->addr;
+      r.requested = gma__load_relaxed(&b->requested);
+      r.block_size = b->size;
+      r.stream = b->stream ? b->stream->handle : NULL;
+      r.tag = gma__tag_name(p, gma__load_relaxed(&b->tag));
+      found = true;
+    }
+    pthread_mutex_unlock(&p->lock);
   }
-  pthread_mutex_unlock(&p->lock);
   if (!found && !gma__host_pointer_info(&g->host, p, ptr, &r))
     return gma__set_error(GMA_ERR_INVALID_POINTER,
                           "gma_pointer_info(%p): the pointer lies in no live allocation of this "

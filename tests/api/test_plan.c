@@ -262,6 +262,28 @@ static void test_bad_frees(void) {
   CHECK_OK(gma_destroy(it.g));
 }
 
+/* gma_pointer_info and gma_alloc_tagged see planned blocks, not the arena. */
+static void test_pointer_info(void) {
+  iter_t it = {.g = plan_allocator(NULL)};
+  CHECK_OK(gma_stream_create(it.g, &it.s));
+  until_active(&it, 1);
+  void *p = NULL;
+  gma_stats_t a = stats_of(it.g);
+  CHECK_OK(gma_alloc_tagged(it.g, 3 << 20, it.s, "activations", &p));
+  CHECK(stats_of(it.g).plan_hits == a.plan_hits + 1); /* planned */
+  gma_pointer_info_t info = GMA_POINTER_INFO_INIT;
+  CHECK_OK(gma_pointer_info(it.g, (char *)p + 1000, &info));
+  CHECK(info.kind == GMA_MEMORY_DEVICE && info.base == p);
+  CHECK(info.requested == 3 << 20 && info.block_size == 3 << 20);
+  CHECK(info.stream == it.s);
+  CHECK(strcmp(info.tag, "activations") == 0);
+  CHECK_OK(gma_free(it.g, p));
+  CHECK_ST(gma_pointer_info(it.g, p, &info), GMA_ERR_INVALID_POINTER);
+  CHECK(strstr(gma_last_error(), "planned memory") != NULL);
+  CHECK_OK(gma_stream_destroy(it.g, it.s));
+  CHECK_OK(gma_destroy(it.g));
+}
+
 /* plan:off: the mark is a no-op and the plan fields stay 0. */
 static void test_off(void) {
   gma_t *g = sim_allocator(NULL);
@@ -326,7 +348,7 @@ int main(int argc, char **argv) {
       {"varying_never_plans", test_varying_never_plans},
       {"cross_stream_gate", test_cross_stream_gate},
       {"cross_stream_gate_none", test_cross_stream_gate_none},
-      {"bad_frees", test_bad_frees},       {"off", test_off},
+      {"bad_frees", test_bad_frees},       {"pointer_info", test_pointer_info},       {"off", test_off},
       {"threads", test_threads},
   };
   return run_cases(argc, argv, cases, sizeof cases / sizeof cases[0]);
