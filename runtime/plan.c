@@ -930,6 +930,47 @@ bool gma__plan_set_tag(gma__planner_t *pl, void *ptr, uint8_t id) {
   return true;
 }
 
+bool gma__plan_snapshot(gma__planner_t *pl, uintptr_t addr, FILE *f, uint64_t *live,
+                        uint64_t *requested) {
+  gma__memplan_t *P = plan_of(pl, addr);
+  if (!P || P->base != addr) return false;
+  *live = *requested = 0;
+  bool first = true;
+  for (uint32_t c = 0; c < P->ncells;) {
+    uint32_t o = gma__load_acquire(&P->cells[c].owner);
+    const slot_t *sl = o ? &P->slots[o - 1] : NULL;
+    if (sl && sl->c0 == c && gma__load_acquire(&sl->live)) {
+      *live += sl->size;
+      *requested += sl->requested;
+      if (f)
+        fprintf(f,
+                "%s{\"address\":\"0x%" PRIxPTR "\",\"size\":%" PRIu64
+                ",\"state\":\"live\",\"stream\":\"0x%" PRIxPTR "\",\"requested\":%" PRIu64
+                ",\"tag\":\"%s\"}",
+                first ? "" : ",", P->base + sl->offset, sl->size,
+                (uintptr_t)sl->stream->handle, sl->requested,
+                gma__tag_name(pl->p, gma__load_relaxed(&sl->tag)));
+      first = false;
+      c = sl->c1;
+      continue;
+    }
+    uint32_t e = c + 1; /* a run of the arena no live planned block holds now */
+    for (; e < P->ncells; e++) {
+      uint32_t q = gma__load_acquire(&P->cells[e].owner);
+      if (q && P->slots[q - 1].c0 == e) break;
+    }
+    uint64_t end = e < P->ncells ? P->cell_lo[e] : P->arena;
+    if (f)
+      fprintf(f,
+              "%s{\"address\":\"0x%" PRIxPTR "\",\"size\":%" PRIu64
+              ",\"state\":\"planned\",\"stream\":\"0x0\",\"requested\":0,\"tag\":\"\"}",
+              first ? "" : ",", P->base + P->cell_lo[c], end - P->cell_lo[c]);
+    first = false;
+    c = e;
+  }
+  return true;
+}
+
 /* ---- Life and figures ------------------------------------------------------------------- */
 
 gma_status_t gma__plan_init(gma__planner_t *pl, gma__pool_t *p, struct gma__worker *w,

@@ -34,6 +34,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "pool.h"
 
@@ -116,6 +117,16 @@ int gma__plan_info(gma__planner_t *pl, const void *ptr, gma_pointer_info_t *r);
 /* gma_alloc_tagged: tags the live planned block starting at ptr (false: not
  * planned memory). */
 bool gma__plan_set_tag(gma__planner_t *pl, void *ptr, uint8_t id);
+
+/* gma_snapshot_json: when addr is the start of a plan's arena (one live
+ * block to the pool), writes the arena's blocks instead, when f is not
+ * NULL: each live planned block, and each run no live planned block holds
+ * now (state "planned"), as JSON objects separated by commas; *live and
+ * *requested get the live planned bytes. False (nothing written) for any
+ * other address. Read without the planner's lock: a moving target, as a
+ * snapshot of bins is. */
+bool gma__plan_snapshot(gma__planner_t *pl, uintptr_t addr, FILE *f, uint64_t *live,
+                        uint64_t *requested);
 
 /* Learning: an ordinary allocation or free the caller made. Cheap when not
  * learning (one load). */

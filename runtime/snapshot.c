@@ -34,8 +34,10 @@ gma_status_t gma_snapshot_json(gma_t *g, const char *path) {
   for (size_t i = 0; i < p->nsegs; i++)
     for (gma__block_t *b = p->segs[i]->first; b; b = b->next)
       if (gma__load_relaxed(&b->state) == GMA__LIVE) {
-        live += b->size;
-        requested += gma__load_relaxed(&b->requested);
+        uint64_t pl_live, pl_req; /* a plan's arena: the planned blocks live in it */
+        bool arena = g->cfg.plan && gma__plan_snapshot(&g->plan, b->addr, NULL, &pl_live, &pl_req);
+        live += arena ? pl_live : b->size;
+        requested += arena ? pl_req : gma__load_relaxed(&b->requested);
       }
   fprintf(f,
           "{\"version\":1,\"device\":\"%s\",\"reserved\":%" PRIu64 ",\"allocated\":%" PRIu64
@@ -50,6 +52,13 @@ gma_status_t gma_snapshot_json(gma_t *g, const char *path) {
             seg->range ? "true" : "false");
     for (gma__block_t *b = seg->first; b; b = b->next) {
       uint8_t st = gma__load_relaxed(&b->state);
+      uint64_t pl_live, pl_req;
+      if (st == GMA__LIVE && g->cfg.plan &&
+          gma__plan_snapshot(&g->plan, b->addr, NULL, &pl_live, &pl_req)) {
+        if (b != seg->first) fputc(',', f); /* a plan's arena: its blocks, not one */
+        gma__plan_snapshot(&g->plan, b->addr, f, &pl_live, &pl_req);
+        continue;
+      }
       /* A FREE block belongs to no stream (its record may be stale). */
       uintptr_t stream = st != GMA__FREE && b->stream ? (uintptr_t)b->stream->handle : 0;
       fprintf(f,

@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "simkit.h"
@@ -277,6 +278,23 @@ static void test_pointer_info(void) {
   CHECK(info.requested == 3 << 20 && info.block_size == 3 << 20);
   CHECK(info.stream == it.s);
   CHECK(strcmp(info.tag, "activations") == 0);
+  /* The snapshot shows the arena's blocks: the live planned one (tagged),
+   * the rest "planned"; its allocated figure is the callers' live bytes. */
+  char path[64];
+  snprintf(path, sizeof path, "/tmp/gma-plan-snap-%d.json", (int)getpid());
+  CHECK_OK(gma_snapshot_json(it.g, path));
+  FILE *f = fopen(path, "r");
+  CHECK(f);
+  static char json[1 << 16];
+  size_t n = fread(json, 1, sizeof json - 1, f);
+  fclose(f);
+  unlink(path);
+  json[n] = 0;
+  CHECK(strstr(json, "\"state\":\"planned\"") != NULL);
+  CHECK(strstr(json, "\"tag\":\"activations\"") != NULL);
+  char want[64];
+  snprintf(want, sizeof want, "\"allocated\":%llu,", (unsigned long long)stats_of(it.g).allocated.current);
+  CHECK(strstr(json, want) != NULL);
   CHECK_OK(gma_free(it.g, p));
   CHECK_ST(gma_pointer_info(it.g, p, &info), GMA_ERR_INVALID_POINTER);
   CHECK(strstr(gma_last_error(), "planned memory") != NULL);
