@@ -530,14 +530,17 @@ typedef struct gma_stats {
   uint64_t num_oom_waits;       /* times an allocation waited for device work before an OOM
                                    (oom_wait_ms) */
   /* Planned memory (plan:on; all 0 otherwise). The arena is one allocation
-   * of the pool: allocated and reserved count all of it, used or not. */
+   * of the pool: reserved counts all of it, used or not; allocated counts the
+   * planned allocations in it. With nothing live, reserved = allocated +
+   * stream_cached + pending + free + plan_arena_bytes. */
   int plan_state;               /* 0 off, 1 learning, 2 verifying, 3 placing, 4 active */
   uint64_t plan_hits;           /* gma_alloc calls served at their planned address */
   uint64_t plan_misses;         /* calls of an active plan's streams served otherwise
                                    (another size, order or stream, an extra call, or the
                                    planned memory not yet reusable) */
   uint64_t plan_replans;        /* plans dropped because iterations stopped matching */
-  uint64_t plan_arena_bytes;    /* the active plan's arena (0: none) */
+  uint64_t plan_arena_bytes;    /* the arenas held: the active plan's, and a dropped plan's
+                                   until its blocks are freed and a mark gives it back */
   uint64_t plan_lower_bound;    /* peak live bytes of the planned allocations: no placement
                                    needs less than this */
   uint64_t plan_slots;          /* allocations the plan places per iteration */

@@ -166,6 +166,12 @@ gma_status_t gma_destroy(gma_t *g) {
   gma__host_fini(&g->host, &host_leaks, &host_leaked);
   gma_status_t st = gma__pool_fini(&g->pool);
   gma__plan_fini(&g->plan);
+  /* A planned allocation never freed is a leak as any other (its arena went
+   * back to the pool above, so the pool saw none). */
+  if (plan_leaks && st == GMA_OK)
+    st = gma__set_error(GMA_ERR_LEAK, "gma_destroy: %" PRIu64 " live planned allocations (%" PRIu64
+                        " bytes, plan:on) were never freed; gma freed them",
+                        plan_leaks, plan_leaked);
   gma__trace_free(traces);
   if (host_leaks) {
     fprintf(stderr, "gma: destroyed with %" PRIu64 " live host allocations (%" PRIu64

@@ -1046,5 +1046,10 @@ void gma__plan_stats(gma__planner_t *pl, gma_stats_t *st) {
     st->plan_lower_bound = P->lower_bound;
     st->plan_slots = P->nslots;
   }
+  /* A dropped plan's arena stays reserved until its blocks are freed (the
+   * next mark gives it back): it counts too, or reserved = allocated +
+   * stream_cached + pending + free + plan_arena_bytes would not hold. */
+  gma__memplan_t *R = gma__load_relaxed(&pl->retiring);
+  if (R && R->held) st->plan_arena_bytes += R->arena;
   pthread_mutex_unlock(&pl->mu);
 }

@@ -721,7 +721,7 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t
       st = oom_error(p, size, requested, stream, !(flags & GMA__ALLOC_ATTEMPT), oom_waited_ns(&w));
   }
   if (st == GMA_OK) {
-    (*level)++;
+    if (!(flags & GMA__ALLOC_ARENA)) (*level)++; /* an arena is no gma_alloc call: no hit level */
     take_block(p, b, size, requested, s);
     *out = (void *)b->addr;
     if (flags & GMA__ALLOC_ARENA) { /* counted out of the stats before any sample sees it */

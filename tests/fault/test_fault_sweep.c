@@ -19,12 +19,16 @@
  * own calls are swept too; gma__sim_calls counts calls per site; gma__sim_live
  * says what the device still holds (memory, reservations, events, streams).
  *
- * The workload (workload() below) runs in three configurations: "default"
+ * The workload (workload() below) runs in four configurations: "default"
  * (bins, reuse:query, no timed trimming: the most deterministic), "growable"
  * (expandable_segments:true: growth and trimming are vm_map/vm_unmap;
  * reuse:wait: a stream is made to wait on another's event on the device; the
  * worker trims every 5 ms) and "fallback" (fallback:host, bins:off,
- * reuse:none; the worker trims device and host memory every 5 ms). It uses
+ * reuse:none; the worker trims device and host memory every 5 ms) and
+ * "planned" (plan:on: "default" plus a steady loop with marks, planned_loop,
+ * whose plan is learned, activated and used under the fault; a fault in the
+ * arena's allocation or the activation's synchronize makes the mark back
+ * off). It uses
  * two user streams, the default and the per-thread stream; allocations from
  * 512 bytes to 40 MiB; simulated kernels that write and check patterns (gated
  * ones hold a stream busy, so frees stay cached or pending, and a block
@@ -58,7 +62,9 @@
  * (gma__pool_is_valid under the pool lock; Debug builds also validate after
  * every operation, GMA_DEBUG=2); no kernel saw its pattern overwritten; after
  * freeing everything and gma_empty_cache, reserved, allocated and the host
- * pool are 0 and the device holds no memory; gma_destroy returns GMA_OK and
+ * pool are 0 and the device holds no memory (plan:on: reserved is an active
+ * plan's arena and the free rest of its segment, all of it given back by
+ * gma_destroy); gma_destroy returns GMA_OK and
  * leaves the device nothing to release (but an event whose destroy failed).
  * A second sweep fails each call gma_destroy itself makes (segments, chunks,
  * reservations, events and host blocks still held): it must return GMA_OK and
@@ -87,7 +93,7 @@
 #define MiB ((size_t)1 << 20)
 #define MAXLIVE 64
 #define MAXSTREAMS 4
-#define MAXKERN 8
+#define MAXKERN 48
 #define HANG_NS 10000000000ull /* bounded waits: far beyond any run, even under TSan */
 
 static const char *const site_names[GMA__SIM_NSITES] = {
@@ -109,6 +115,7 @@ static const config_t configs[] = {
     {"fallback",
      "sim_capacity:256M,fallback:host,bins:off,reuse:none,trim_interval_ms:5,"
      "release_threshold:4M,idle_ms:1,host_release_threshold:64K,future_timeout_ms:200"},
+    {"planned", "sim_capacity:256M,plan:on,trim_interval_ms:3600000,future_timeout_ms:200"},
 };
 #define NCONFIGS (sizeof configs / sizeof configs[0])
 
@@ -319,6 +326,50 @@ static void host_release(run_t *r, void *p) {
     if (r->host[i] == p) r->host[i] = r->host[--r->nhost];
 }
 
+/* plan:on (the "planned" configuration): a steady loop of 9 iterations with
+ * marks on s1 and s2, so that a plan is learned, placed, activated (the
+ * mark settles device work, gives the cache back and takes the arena: a
+ * mem_alloc, event and stream_synchronize calls) and serves the last
+ * iterations; a block of s1 is also used on s2 after a wait
+ * (wait_stream + record_stream). Pattern kernels on every block, the
+ * streams synchronized at each iteration's end. A failed call is tolerated as
+ * anywhere in the workload; the mark never fails (a failed activation backs
+ * off). The clean run must have had planned hits. */
+static void planned_loop(run_t *r, gma_stream_t s1) {
+  gma_t *g = r->g;
+  gma_stream_t s2 = r->named[1];
+  bool have_s2 = false;
+  for (int i = 0; i < r->nstreams; i++) have_s2 |= s2 && r->streams[i] == s2;
+  if (!have_s2) s2 = NULL; /* its create failed: the default stream instead */
+  for (int it = 0; it < 9; it++) {
+    void *a = alloc(r, 12 * MiB, s1);
+    kernel(r, s1, a, 12 * MiB, false);
+    void *t = alloc(r, 64 * KiB, s1);
+    kernel(r, s1, t, 64 * KiB, false);
+    release(r, t);
+    void *b = alloc(r, 9 * MiB, s2);
+    kernel(r, s2, b, 9 * MiB, false);
+    if (a && s2 &&
+        step(r, "gma_stream_wait_stream", gma_stream_wait_stream(g, s2, s1), GMA_OK) &&
+        step(r, "gma_record_stream", gma_record_stream(g, a, s2), GMA_OK))
+      kernel(r, s2, a, 12 * MiB, false);
+    release(r, a);
+    release(r, b);
+    release(r, alloc(r, 512, s1));
+    step(r, "gma_stream_synchronize", gma_stream_synchronize(g, s1), GMA_OK);
+    step(r, "gma_stream_synchronize", gma_stream_synchronize(g, s2), GMA_OK);
+    step(r, "gma_iteration_mark", gma_iteration_mark(g), GMA_OK);
+  }
+  gma_stats_t s = stats_of(g);
+  if (verbose)
+    printf("    planned loop: plan state %d, hits %llu, misses %llu, device allocs %llu\n",
+           s.plan_state, (unsigned long long)s.plan_hits, (unsigned long long)s.plan_misses,
+           (unsigned long long)s.num_device_allocs);
+  if (!r->k && (s.plan_state != 4 || s.plan_hits == 0))
+    fail("the planned loop got no plan: state %d, hits %llu, misses %llu", s.plan_state,
+         (unsigned long long)s.plan_hits, (unsigned long long)s.plan_misses);
+}
+
 /* The workload; see the top of the file. Tolerates a failed call anywhere:
  * what it did not get, it does not use or free. */
 static void workload(run_t *r, bool free_at_end) {
@@ -412,6 +463,8 @@ static void workload(run_t *r, bool free_at_end) {
   void *h3 = host_alloc(r, 64 * KiB, s2);
   host_release(r, h3);
 
+  if (strstr(r->cfg->conf, "plan:on")) planned_loop(r, s1);
+
   stream_del(r, s2);
   gma_stream_t s3 = stream_new(r);
   r->named[2] = s3;
@@ -492,8 +545,12 @@ static void settle(run_t *r, bool free_all) {
   if (!free_all) return;
   MUST(gma_empty_cache(g));
   s = stats_of(g);
-  if (s.reserved.current || s.allocated.current || s.host_reserved.current ||
-      s.host_allocated.current || s.fallback_bytes) {
+  /* plan:on: an active plan keeps its arena (and the rest of its segment is
+   * free); it goes back at gma_destroy, which run_one checks. */
+  uint64_t arena = s.plan_arena_bytes;
+  if (s.reserved.current != (arena ? arena + s.free_bytes : 0) || s.allocated.current ||
+      (arena && (s.stream_cached_bytes || s.pending_bytes || s.num_segments != 1)) ||
+      s.host_reserved.current || s.host_allocated.current || s.fallback_bytes) {
     static char summary[16384];
     if (gma_memory_summary(g, summary, sizeof summary) == GMA_OK) fprintf(stderr, "%s\n", summary);
     gma_snapshot_json(g, "fault_snapshot.json");
@@ -509,6 +566,7 @@ static void settle(run_t *r, bool free_all) {
   }
   /* The worker's timed trim may still be unmapping chunks it took out of the
    * pool (outside the lock): give it time to finish. */
+  if (arena) return; /* the device holds the arena's segment until gma_destroy */
   gma__sim_live_t l;
   gma__sim_live(r->dev, &l);
   for (uint64_t t0 = now_ns(); (l.device_bytes || l.host_bytes) && now_ns() - t0 < HANG_NS;

@@ -48,12 +48,13 @@ TINY, SMALL, MID, LARGE, HUGE, GIANT = 0, 1, 2, 3, 4, 5
 
 def config(worker=True, expandable=False, bins_off=False, reuse=0, fallback=False, trace=False,
            faults=False, cap=1, tick=0, rel8m=False, idle_long=False, grow=False, small=False,
-           fail_alloc=0, fail_event=0, limit34=False, smallseg=False, end=0, pressure=False):
+           fail_alloc=0, fail_event=0, limit34=False, smallseg=False, end=0, pressure=False,
+           plan=False):
     b0 = (worker | expandable << 1 | bins_off << 2 | reuse << 3 | fallback << 5 | trace << 6 |
           faults << 7)
     b1 = cap | tick << 2 | rel8m << 4 | idle_long << 5 | grow << 6 | small << 7
     b2 = fail_alloc | fail_event << 3 | limit34 << 6 | smallseg << 7
-    b3 = end | (16 if pressure else 0)
+    b3 = end | (16 if pressure else 0) | (64 if plan else 0)
     return bytes([b0, b1, b2, b3])
 
 
@@ -241,6 +242,21 @@ def config_parse(pairs):
 
 def sleep(units):  # 8 us each
     return op("SLEEP", 0, units)
+
+
+# Planned memory (plan=True in config): SLEEP's argument by its top two bits.
+def plan_mark():
+    return op("SLEEP", 0, 0x40)
+
+
+def plan_loop(n=8, reps=10, threads=0, sizes=0):
+    # n allocations (2..17) a loop, reps 4/6/8/10 iterations with a mark after each;
+    # threads: 2 bits per allocation, cycled; sizes: a seed of sizes and temporaries
+    return op("SLEEP", 0, 0x80 | (n - 2) | ((reps - 4) // 2) << 4, threads, sizes)
+
+
+def plan_repeat(k=4, reps=9):  # the last k operations (1..15), reps 3/5/7/9 rounds
+    return op("SLEEP", 0, 0xC0 | (k - 1) | ((reps - 3) // 2) << 4)
 
 
 def sync_all():
@@ -439,6 +455,26 @@ seed("reporters_concurrent", config(worker=True),
      alloc(0, popular(1), tag=1), alloc(1, popular(3)), reporters(0, pairs=16, which=7),
      reporters(1, pairs=4, which=2, cap_sel=3, len_sel=0, rows_sel=3), free(0), free(1),
      reporters(3, pairs=8, which=3, quiet_cap1=True, len_sel=1, rows_sel=1))
+
+# 37-41. planned memory (plan:on, issue 18): a loop gets a plan and is served
+# from it; a new shape re-plans; planned blocks used on other streams behind
+# gated kernels; ordinary operations repeated with marks; faults at activation;
+# a planned block leaked at the end.
+seed("plan_loop", config(worker=True, plan=True),
+     plan_loop(10, 10, threads=0x00, sizes=1), plan_loop(10, 6, threads=0x00, sizes=1),
+     plan_loop(6, 10, threads=0x00, sizes=2), alloc(0, popular(1)), free(0))
+seed("plan_streams_gated", config(worker=False, plan=True),
+     plan_loop(8, 10, threads=0xE4, sizes=3),
+     alloc(0, popular(5)), hold(0, 0, gate=1), record(0, 0, 1, kernel=True, gated=True), free(0),
+     plan_loop(8, 6, threads=0xE4, sizes=3), gate_open(1), sync_all(),
+     plan_loop(8, 4, threads=0xE4, sizes=3), misuse(0, 0), misuse(1, 0))
+seed("plan_repeat", config(worker=True, plan=True, tick=1),
+     alloc(0, popular(3)), alloc(1, popular(1)), free(0), free(1), alloc(0, size(SMALL, 100)),
+     free(0), plan_repeat(6, 9), plan_repeat(6, 5), pinfo(0), plan_mark())
+seed("plan_faults", config(worker=False, plan=True, faults=True, fail_alloc=5, fail_event=1),
+     plan_loop(6, 10, threads=0x55, sizes=4), plan_loop(9, 10, threads=0x00, sizes=5))
+seed("plan_leak", config(worker=True, plan=True, end=7),
+     plan_loop(4, 10, threads=0x00, sizes=6), plan_mark(), alloc(0, popular(0)))
 
 # Minimal inputs of the issue-13 findings (written to ../regressions/; they fail
 # until the fixes land): name -> bytes.

@@ -80,3 +80,22 @@ gma_test(NAME soak SOURCES ${CMAKE_CURRENT_LIST_DIR}/soak.c
   LABELS stress soak TIMEOUT 900 ARGS --seconds 600 --seed 1)
 gma_test(NAME soak_smoke EXE soak
   LABELS smoke TIMEOUT 120 ARGS --seconds 8 --report-s 2 --phase-ms 500 --seed 2)
+
+# Planned memory (tests/stress/stress_plan.c): 3 threads, each its own stream,
+# a training-loop iteration with nested lifetimes, blocks also used on a
+# stream all threads share, marks through a barrier, deviations and held
+# blocks while the plan is active, a shape change half-way (a re-plan).
+#   stress_plan          "stress": 64 iterations (48 under TSan)
+#   stress_plan_planted  "stress": the plan's cross-stream gate removed
+#                        (GMA__TEST_NO_EPOCH_GATING); must detect corruption.
+#                        Not under TSan: the planted early reuse is a real
+#                        data race between two kernels, which TSan would stop
+#                        the run for before the test can count it.
+math(EXPR gma_stress_plan_div "(${GMA_STRESS_SCALE} + 3) / 4")
+math(EXPR gma_stress_plan_iters "80 - 16 * ${gma_stress_plan_div}")
+gma_test(NAME stress_plan SOURCES ${CMAKE_CURRENT_LIST_DIR}/stress_plan.c INTERNAL
+  LABELS stress TIMEOUT 300 ARGS 21 ${gma_stress_plan_iters} 3)
+if(NOT GMA_SANITIZE STREQUAL "thread")
+  gma_test(NAME stress_plan_planted EXE stress_plan
+    LABELS stress TIMEOUT 120 ARGS 22 ${gma_stress_plan_iters} 3 --plant)
+endif()
