@@ -442,8 +442,9 @@ typedef struct fuzz {
   bool pcb_plain;       /* pressure_cb (no context) is installed */
   /* planned memory (plan:on, issue 18) */
   bool plan;            /* byte 3 bit 6 */
-  bool strict_plan;     /* FUZZ_GMA_STRICT_PLAN: pointer_info, tags and reports of planned
-                           memory checked as for any block (open bugs, see the README) */
+  bool strict_plan;     /* FUZZ_GMA_STRICT_PLAN: the live reports of planned memory checked
+                           as for any block (an open bug, see the README); pointer_info and
+                           tags of planned blocks are always checked */
   bool next_planned;    /* add_block: the allocation it registers was planned */
   uint64_t plan_hits_seen; /* plan_hits when the last operation began or add_block looked */
   bool replaying;       /* PLAN_REPEAT is replaying earlier operations */
@@ -883,27 +884,12 @@ static mblock_t *add_block(void *ptr, size_t size, int si, unsigned gen, gma_str
   gma_pointer_info_t info = GMA_POINTER_INFO_INIT;
   gma_status_t st = gma_pointer_info(F.g, ptr, &info);
   EXPECT_ST(st, GMA_OK, "gma_pointer_info of a new allocation");
-  if (planned && !F.strict_plan) {
-    /* gma_pointer_info names the plan's arena, not the planned block (an
-     * open bug, see the README): it must at least hold the block. */
-    EXPECT(info.kind == GMA_MEMORY_DEVICE && (uintptr_t)info.base <= p &&
-               p + size <= (uintptr_t)info.base + info.block_size,
-           "pointer_info of planned %#" PRIxPTR " (+%zu): base %p block %zu kind %d", p, size,
-           info.base, info.block_size, (int)info.kind);
-    /* A planned block is its learned request rounded up to 512 bytes. */
-    info.base = ptr;
-    info.requested = size;
-    info.block_size = round_up(size, 512);
-    info.stream = h;
-    info.tag = tag >= 0 ? tag_names[tag] : "untagged";
-    how = 1;
-  }
   EXPECT((uintptr_t)info.base == p, "pointer_info base %p for %#" PRIxPTR, info.base, p);
   EXPECT(info.requested == size, "pointer_info requested %zu, asked for %zu", info.requested, size);
   EXPECT(info.block_size >= size, "block_size %zu < size %zu", info.block_size, size);
   if (info.kind == GMA_MEMORY_DEVICE) {
     EXPECT(info.block_size % 512 == 0, "block_size %zu not a multiple of 512", info.block_size);
-    if (how == 1 || size > F.bin_max) {
+    if (how == 1 || planned || size > F.bin_max) { /* planned: its learned request, 512-rounded */
       EXPECT(info.block_size == round_up(size, 512),
              "block_size %zu for %zu bytes; expected them 512-rounded (%" PRIu64 ")",
              info.block_size, size, round_up(size, 512));
@@ -927,7 +913,7 @@ static mblock_t *add_block(void *ptr, size_t size, int si, unsigned gen, gma_str
   EXPECT(info.tag && strcmp(info.tag, want_tag) == 0, "pointer_info tag '%s', expected '%s'",
          info.tag ? info.tag : "(null)", want_tag);
   /* An interior byte names the same allocation. */
-  if (size > 1 && (!planned || F.strict_plan)) {
+  if (size > 1) {
     gma_pointer_info_t in = GMA_POINTER_INFO_INIT;
     EXPECT_ST(gma_pointer_info(F.g, (char *)ptr + size - 1, &in), GMA_OK, "gma_pointer_info(last byte)");
     EXPECT(in.base == ptr, "pointer_info of the last byte gives base %p, not %p", in.base, ptr);
@@ -1316,12 +1302,7 @@ static void op_misuse(rd_t *r, int t) {
             if ((uintptr_t)pi.base == F.live[i].p && p < F.live[i].p + pi.block_size) in_tail = true;
           for (int i = 0; st == GMA_OK && i < F.nhost; i++)
             if ((uintptr_t)pi.base == F.host[i].p && p < F.host[i].p + pi.block_size) in_tail = true;
-          /* plan:on: a freed planned address lies in a plan's arena, which
-           * gma_pointer_info names (an open bug, see add_block). */
-          bool in_arena = F.plan && !F.strict_plan && st == GMA_OK && stats_now().plan_arena_bytes &&
-                          pi.kind == GMA_MEMORY_DEVICE && pi.requested == pi.block_size &&
-                          (uintptr_t)pi.base <= p && p < (uintptr_t)pi.base + pi.block_size;
-          if (!in_tail && !in_arena)
+          if (!in_tail)
             EXPECT_ST(st, GMA_ERR_INVALID_POINTER, "gma_pointer_info of a freed pointer");
         }
       }
@@ -1875,7 +1856,6 @@ static void op_pinfo(rd_t *r) {
   gma_status_t st = gma_pointer_info(F.g, (void *)p, &info);
   vlog("block #%" PRIu64 " + %" PRIuPTR " -> %s", b->id, p - b->p, gma_status_name(st));
   EXPECT_ST(st, GMA_OK, "gma_pointer_info inside a live block");
-  if (b->planned && !F.strict_plan) return; /* names the arena (open bug, see add_block) */
   EXPECT((uintptr_t)info.base == b->p && info.requested == b->size && info.block_size == b->bsize &&
              info.kind == b->kind,
          "pointer_info inside block #%" PRIu64 ": base %p requested %zu block %zu kind %d", b->id,
