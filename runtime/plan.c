@@ -68,6 +68,7 @@ typedef struct slot {
   gma__stream_t *stream;       /* live: the stream it was handed out on */
   uint64_t requested;          /* live: bytes asked for */
   _Atomic uint8_t tag;         /* live: gma_alloc_tagged's tag id (0: untagged) */
+  _Atomic uint64_t born_ns;    /* live: the pool's clock when it was handed out (reports) */
   gma__stream_t **users;       /* live: record_stream streams (pool lock) */
   _Atomic uint32_t nusers;     /* atomic: read by the free without the lock */
   uint32_t users_cap;
@@ -731,6 +732,7 @@ static gma_status_t claim(gma__planner_t *pl, gma__memplan_t *P, uint32_t j, gma
   sl->stream = s;
   sl->requested = size;
   gma__store_relaxed(&sl->tag, 0);
+  gma__store_relaxed(&sl->born_ns, gma__load_relaxed(&pl->p->clock_ns));
   gma__store_relaxed(&sl->nusers, 0);
   gma__store_release(&sl->live, 1);
   gma__tcount_t *tc = gma__tcount(pl->p, s);
@@ -967,6 +969,30 @@ bool gma__plan_snapshot(gma__planner_t *pl, uintptr_t addr, FILE *f, uint64_t *l
               first ? "" : ",", P->base + P->cell_lo[c], end - P->cell_lo[c]);
     first = false;
     c = e;
+  }
+  return true;
+}
+
+bool gma__plan_each_live(gma__planner_t *pl, uintptr_t addr,
+                         bool (*fn)(void *arg, const gma_allocation_info_t *info, uint64_t born),
+                         void *arg) {
+  gma__memplan_t *P = plan_of(pl, addr);
+  if (!P || P->base != addr) return false;
+  for (uint32_t c = 0; c < P->ncells;) {
+    uint32_t o = gma__load_acquire(&P->cells[c].owner);
+    const slot_t *sl = o ? &P->slots[o - 1] : NULL;
+    if (!sl || sl->c0 != c || !gma__load_acquire(&sl->live)) {
+      c++;
+      continue;
+    }
+    gma_allocation_info_t info = {
+        .ptr = (void *)(P->base + sl->offset),
+        .requested = sl->requested,
+        .block_size = sl->size,
+        .stream = sl->stream->handle,
+        .tag = gma__tag_name(pl->p, gma__load_relaxed(&sl->tag))};
+    if (!fn(arg, &info, gma__load_relaxed(&sl->born_ns))) break;
+    c = sl->c1;
   }
   return true;
 }

@@ -128,6 +128,13 @@ bool gma__plan_set_tag(gma__planner_t *pl, void *ptr, uint8_t id);
 bool gma__plan_snapshot(gma__planner_t *pl, uintptr_t addr, FILE *f, uint64_t *live,
                         uint64_t *requested);
 
+/* The live reports: when addr is the start of a plan's arena, calls fn
+ * with each live planned block in it (its clock when handed out in born)
+ * until fn returns false, and returns true; false for any other address. */
+bool gma__plan_each_live(gma__planner_t *pl, uintptr_t addr,
+                         bool (*fn)(void *arg, const gma_allocation_info_t *info, uint64_t born),
+                         void *arg);
+
 /* Learning: an ordinary allocation or free the caller made. Cheap when not
  * learning (one load). */
 void gma__plan_note_alloc(gma__planner_t *pl, void *ptr, size_t size, gma_stream_t stream);

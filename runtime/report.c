@@ -10,44 +10,64 @@
 
 #include "allocator.h"
 
-/* Lock held: the live blocks at least min_age old, into a malloc'd array
- * sorted oldest first (NULL with *n 0 when there are none or no memory). */
 static int by_age(const void *a, const void *b) {
   const gma_allocation_info_t *x = a, *y = b;
   return x->age_ns < y->age_ns ? 1 : x->age_ns > y->age_ns ? -1 : 0;
 }
 
-static gma_allocation_info_t *collect(gma__pool_t *p, uint64_t min_age, size_t *n) {
-  uint64_t now = gma__load_relaxed(&p->clock_ns);
-  size_t cap = 0;
-  gma_allocation_info_t *v = NULL;
-  *n = 0;
-  for (size_t i = 0; i < p->nsegs; i++)
-    for (gma__block_t *b = p->segs[i]->first; b; b = b->next) {
+typedef struct found {
+  gma_allocation_info_t *v;
+  size_t n, cap;
+  uint64_t now, min_age;
+  bool oom;
+} found_t;
+
+/* Adds info when it is old enough; false (and oom set) without host memory. */
+static bool add(void *arg, const gma_allocation_info_t *info, uint64_t born) {
+  found_t *f = arg;
+  uint64_t age = f->now > born ? f->now - born : 0;
+  if (age < f->min_age) return true;
+  if (f->n == f->cap) {
+    size_t cap = f->cap ? f->cap * 2 : 64;
+    gma_allocation_info_t *w = realloc(f->v, cap * sizeof *w);
+    if (!w) {
+      f->oom = true;
+      return false;
+    }
+    f->v = w, f->cap = cap;
+  }
+  f->v[f->n] = *info;
+  f->v[f->n++].age_ns = age;
+  return true;
+}
+
+/* Lock held: the live blocks at least min_age old, into a malloc'd array
+ * sorted oldest first (NULL with *n 0 when there are none or no memory). A
+ * plan's arena (plan:on) is one live block to the pool; the planned blocks
+ * in it are what the program holds, and those are listed. */
+static gma_allocation_info_t *collect(gma_t *g, uint64_t min_age, size_t *n) {
+  gma__pool_t *p = &g->pool;
+  found_t f = {.now = gma__load_relaxed(&p->clock_ns), .min_age = min_age};
+  for (size_t i = 0; i < p->nsegs && !f.oom; i++)
+    for (gma__block_t *b = p->segs[i]->first; b && !f.oom; b = b->next) {
       if (gma__load_relaxed(&b->state) != GMA__LIVE || gma__load_relaxed(&b->future_held)) continue;
-      uint64_t born = gma__load_relaxed(&b->born_ns);
-      uint64_t age = now > born ? now - born : 0;
-      if (age < min_age) continue;
-      if (*n == cap) {
-        cap = cap ? cap * 2 : 64;
-        gma_allocation_info_t *w = realloc(v, cap * sizeof *w);
-        if (!w) {
-          free(v);
-          *n = 0;
-          return NULL;
-        }
-        v = w;
-      }
-      v[(*n)++] = (gma_allocation_info_t){
+      if (g->cfg.plan && gma__plan_each_live(&g->plan, b->addr, add, &f)) continue;
+      gma_allocation_info_t info = {
           .ptr = (void *)b->addr,
           .requested = gma__load_relaxed(&b->requested),
           .block_size = b->size,
           .stream = b->stream ? b->stream->handle : NULL,
-          .tag = gma__tag_name(p, gma__load_relaxed(&b->tag)),
-          .age_ns = age};
+          .tag = gma__tag_name(p, gma__load_relaxed(&b->tag))};
+      add(&f, &info, gma__load_relaxed(&b->born_ns));
     }
-  if (*n > 1) qsort(v, *n, sizeof *v, by_age);
-  return v;
+  if (f.oom) {
+    free(f.v);
+    *n = 0;
+    return NULL;
+  }
+  *n = f.n;
+  if (f.n > 1) qsort(f.v, f.n, sizeof *f.v, by_age);
+  return f.v;
 }
 
 gma_status_t gma_find_old_allocations(gma_t *g, uint64_t min_age_ns, gma_allocation_info_t *out,
@@ -60,7 +80,7 @@ gma_status_t gma_find_old_allocations(gma_t *g, uint64_t min_age_ns, gma_allocat
   gma__pool_tick_clock(p);
   pthread_mutex_lock(&p->lock);
   size_t n;
-  gma_allocation_info_t *v = collect(p, min_age_ns, &n);
+  gma_allocation_info_t *v = collect(g, min_age_ns, &n);
   pthread_mutex_unlock(&p->lock);
   *count = n;
   if (cap && n) memcpy(out, v, (n < cap ? n : cap) * sizeof *out); /* v is NULL when n is 0 */
@@ -76,7 +96,7 @@ gma_status_t gma_live_report(gma_t *g, size_t rows, char *buf, size_t len) {
   gma__pool_tick_clock(p);
   pthread_mutex_lock(&p->lock);
   size_t n;
-  gma_allocation_info_t *v = collect(p, 0, &n);
+  gma_allocation_info_t *v = collect(g, 0, &n);
   pthread_mutex_unlock(&p->lock);
   uint64_t bytes[GMA__MAX_TAGS] = {0}, count[GMA__MAX_TAGS] = {0}, total = 0;
   const char *names[GMA__MAX_TAGS] = {0};

@@ -442,9 +442,6 @@ typedef struct fuzz {
   bool pcb_plain;       /* pressure_cb (no context) is installed */
   /* planned memory (plan:on, issue 18) */
   bool plan;            /* byte 3 bit 6 */
-  bool strict_plan;     /* FUZZ_GMA_STRICT_PLAN: the live reports of planned memory checked
-                           as for any block (an open bug, see the README); pointer_info and
-                           tags of planned blocks are always checked */
   bool next_planned;    /* add_block: the allocation it registers was planned */
   uint64_t plan_hits_seen; /* plan_hits when the last operation began or add_block looked */
   bool replaying;       /* PLAN_REPEAT is replaying earlier operations */
@@ -2158,8 +2155,9 @@ static void op_introspect(rd_t *r, int t) {
  * Inputs without the bit decode as before. What the model checks of
  * planned blocks is what it checks of any block (no overlap, patterns,
  * counts, the accounting equation with plan_arena_bytes, the hit levels
- * with plan_hits), except what gma gets wrong for them today: see add_block
- * and FUZZ_GMA_STRICT_PLAN. */
+ * with plan_hits, pointer info, tags and the live reports); only the
+ * default stream's gma_stream_stats, which count the arena, are not checked
+ * exactly under plan:on (see the README). */
 
 static void run_op(rd_t *r);
 
@@ -2741,9 +2739,6 @@ static void *reporter_main(void *arg) {
 static void check_reports_quiet(size_t cap) {
   snap_t quiet = snap_take();
   bool exact = quiet.valid && !futures_in_flight() && !futures_uncollected();
-  /* plan:on: the reports list a plan's arena as one allocation, not the
-   * planned blocks in it (an open bug, see add_block). */
-  if (F.plan && !F.strict_plan && quiet.valid && quiet.s.plan_arena_bytes) exact = false;
   gma_allocation_info_t *out = calloc(cap, sizeof *out);
   EXPECT(out != NULL, "host memory");
   size_t count = SIZE_MAX;
@@ -2871,7 +2866,6 @@ static void configure(rd_t *r) {
   /* Bit 6: planned memory (plan:on, issue 18); SLEEP's argument then also
    * names the plan's operations (op_sleep). */
   F.plan = (F.end_mode & 64) != 0;
-  F.strict_plan = getenv("FUZZ_GMA_STRICT_PLAN") != NULL;
   gma_config_t c = GMA_CONFIG_INIT;
   c.device = GMA_DEVICE_SIM;
   c.ignore_env = 1;
