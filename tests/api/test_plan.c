@@ -295,6 +295,15 @@ static void test_pointer_info(void) {
   char want[64];
   snprintf(want, sizeof want, "\"allocated\":%llu,", (unsigned long long)stats_of(it.g).allocated.current);
   CHECK(strstr(json, want) != NULL);
+  /* The live reports list the planned block, not the arena. */
+  gma_allocation_info_t old[4];
+  size_t count = 0;
+  CHECK_OK(gma_find_old_allocations(it.g, 0, old, 4, &count));
+  CHECK(count == 1 && old[0].ptr == p && old[0].block_size == 3 << 20);
+  CHECK(strcmp(old[0].tag, "activations") == 0);
+  char report[1024];
+  CHECK_OK(gma_live_report(it.g, 4, report, sizeof report));
+  CHECK(strncmp(report, "1 live allocations, 3145728 bytes", 33) == 0);
   CHECK_OK(gma_free(it.g, p));
   CHECK_ST(gma_pointer_info(it.g, p, &info), GMA_ERR_INVALID_POINTER);
   CHECK(strstr(gma_last_error(), "planned memory") != NULL);
