@@ -236,6 +236,23 @@ void gma__streams_wait_end(gma__pool_t *p) {
   gma__streams_poll(p, true); /* what the completed work gated becomes free */
 }
 
+/* Makes u wait on the device for the event that closed s's epoch (the
+ * first recorded at or after it covers every block freed on s up to
+ * epoch); false when no recorded event covers it yet, or the wait failed. */
+static bool wait_for_epoch(gma__pool_t *p, gma__stream_t *u, gma__stream_t *s, uint64_t epoch) {
+  for (unsigned i = 0; i < s->ev_count; i++) {
+    unsigned slot = (s->ev_head + i) % GMA__EPOCH_EVENTS;
+    if (s->ev_epoch[slot] < epoch) continue;
+    if (p->dev->ops->stream_wait_event(p->dev, u->handle, s->ev[slot]) != GMA_OK) {
+      p->c.device_errors++;
+      return false;
+    }
+    p->c.cross_stream_waits++;
+    return true;
+  }
+  return false;
+}
+
 bool gma__stream_close_epoch(gma__pool_t *p, gma__stream_t *s) {
   return !gma__load_relaxed(&s->retired) && close_epoch(p, s);
 }
@@ -249,19 +266,9 @@ bool gma__gate_settle(gma__pool_t *p, const gma__gate_t *g, gma__stream_t *u, bo
     close_epoch(p, s);
   observe_epochs(p, s);
   if (s->safe_epoch >= g->epoch) return true;
-  if (!wait || s == u) return false;
-  for (unsigned i = 0; i < s->ev_count; i++) {
-    unsigned slot = (s->ev_head + i) % GMA__EPOCH_EVENTS;
-    if (s->ev_epoch[slot] < g->epoch) continue;
-    /* This event covers all work queued on s before the free. */
-    if (p->dev->ops->stream_wait_event(p->dev, u->handle, s->ev[slot]) != GMA_OK) {
-      p->c.device_errors++;
-      return false;
-    }
-    p->c.cross_stream_waits++;
-    return true;
-  }
-  return false; /* not closed (another thread's per-thread stream) or its event failed */
+  /* Not closed (another thread's per-thread stream) or its event failed:
+   * no event to wait on. */
+  return wait && s != u && wait_for_epoch(p, u, s, g->epoch);
 }
 
 /* Best fit for size among the CACHED blocks of streams other than u whose
@@ -280,19 +287,8 @@ gma__block_t *gma__streams_wait_fit(gma__pool_t *p, gma__stream_t *u, int kind, 
     }
   }
   if (!best) return NULL;
-  gma__stream_t *s = best->stream;
-  for (unsigned i = 0; i < s->ev_count; i++) {
-    unsigned slot = (s->ev_head + i) % GMA__EPOCH_EVENTS;
-    if (s->ev_epoch[slot] < best->epoch) continue;
-    /* This event covers every block freed on s up to its epoch. */
-    if (p->dev->ops->stream_wait_event(p->dev, u->handle, s->ev[slot]) != GMA_OK) {
-      p->c.device_errors++;
-      return NULL;
-    }
-    p->c.cross_stream_waits++;
-    return best;
-  }
-  return NULL; /* its epoch is still open (or its event failed): not usable yet */
+  /* Its epoch still open (or its event failed): not usable yet. */
+  return wait_for_epoch(p, u, best->stream, best->epoch) ? best : NULL;
 }
 
 /* Fault-sweep fix: retiring a stream whose closing event could not be

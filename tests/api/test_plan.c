@@ -112,6 +112,19 @@ static void until_active(iter_t *it, size_t scale) {
   CHECK(stats_of(it->g).plan_state == 4);
 }
 
+/* An allocator with a plan active for training_step on one stream. */
+static void open_active(iter_t *it, const char *conf) {
+  memset(it, 0, sizeof *it);
+  it->g = plan_allocator(conf);
+  CHECK_OK(gma_stream_create(it->g, &it->s));
+  until_active(it, 1);
+}
+
+static void close_iter(iter_t *it) {
+  CHECK_OK(gma_stream_destroy(it->g, it->s));
+  CHECK_OK(gma_destroy(it->g));
+}
+
 static void test_steady_loop(void) {
   iter_t it = {.g = plan_allocator(NULL)};
   CHECK_OK(gma_stream_create(it.g, &it.s));
@@ -142,14 +155,12 @@ static void test_steady_loop(void) {
   CHECK_OK(gma_memory_summary(it.g, summary, sizeof summary));
   CHECK(strstr(summary, "active") != NULL);
   CHECK_OK(gma_free(it.g, weights));
-  CHECK_OK(gma_stream_destroy(it.g, it.s));
-  CHECK_OK(gma_destroy(it.g));
+  close_iter(&it);
 }
 
 static void test_deviations(void) {
-  iter_t it = {.g = plan_allocator(NULL)};
-  CHECK_OK(gma_stream_create(it.g, &it.s));
-  until_active(&it, 1);
+  iter_t it;
+  open_active(&it, NULL);
   gma_stats_t a = stats_of(it.g);
   /* A few deviations: an extra request and a larger one in the middle. */
   void *extra = take(&it, 12345);
@@ -173,8 +184,7 @@ static void test_deviations(void) {
   training_step(&it, 2);
   end_iteration(&it);
   CHECK(stats_of(it.g).plan_hits - d.plan_hits == 18);
-  CHECK_OK(gma_stream_destroy(it.g, it.s));
-  CHECK_OK(gma_destroy(it.g));
+  close_iter(&it);
 }
 
 static void test_varying_never_plans(void) {
@@ -188,8 +198,7 @@ static void test_varying_never_plans(void) {
   gma_stats_t s = stats_of(it.g);
   CHECK(s.plan_arena_bytes == 0 && s.plan_hits == 0);
   CHECK(s.plan_iterations == 30);
-  CHECK_OK(gma_stream_destroy(it.g, it.s));
-  CHECK_OK(gma_destroy(it.g));
+  close_iter(&it);
 }
 
 /* A block of the plan is used by a second stream (record_stream), whose
@@ -198,11 +207,10 @@ static void test_varying_never_plans(void) {
  * device-side wait: the new user's kernel starts only once the held one is
  * done. Under reuse:none it takes the ordinary path instead. */
 static void cross_stream_gate(const char *conf, bool waits) {
-  iter_t it = {.g = plan_allocator(conf)};
-  CHECK_OK(gma_stream_create(it.g, &it.s));
+  iter_t it;
+  open_active(&it, conf);
   gma_stream_t s2;
   CHECK_OK(gma_stream_create(it.g, &s2));
-  until_active(&it, 1);
   for (int round = 0; round < 3; round++) {
     atomic_int gate = 0;
     void *p = take(&it, 3 << 20); /* the iteration's first request: act[0]'s slot */
@@ -236,17 +244,15 @@ static void cross_stream_gate(const char *conf, bool waits) {
     end_iteration(&it);
   }
   CHECK_OK(gma_stream_destroy(it.g, s2));
-  CHECK_OK(gma_stream_destroy(it.g, it.s));
-  CHECK_OK(gma_destroy(it.g));
+  close_iter(&it);
 }
 
 static void test_cross_stream_gate(void) { cross_stream_gate(NULL, true); }
 static void test_cross_stream_gate_none(void) { cross_stream_gate("reuse:none", false); }
 
 static void test_bad_frees(void) {
-  iter_t it = {.g = plan_allocator(NULL)};
-  CHECK_OK(gma_stream_create(it.g, &it.s));
-  until_active(&it, 1);
+  iter_t it;
+  open_active(&it, NULL);
   void *p = take(&it, 3 << 20);
   CHECK(stats_of(it.g).plan_hits > 0);
   CHECK_ST(gma_free(it.g, (char *)p + 512), GMA_ERR_INVALID_POINTER);
@@ -259,15 +265,13 @@ static void test_bad_frees(void) {
   training_step(&it, 1);
   end_iteration(&it);
   CHECK(stats_of(it.g).plan_state == 4);
-  CHECK_OK(gma_stream_destroy(it.g, it.s));
-  CHECK_OK(gma_destroy(it.g));
+  close_iter(&it);
 }
 
 /* gma_pointer_info and gma_alloc_tagged see planned blocks, not the arena. */
 static void test_pointer_info(void) {
-  iter_t it = {.g = plan_allocator(NULL)};
-  CHECK_OK(gma_stream_create(it.g, &it.s));
-  until_active(&it, 1);
+  iter_t it;
+  open_active(&it, NULL);
   void *p = NULL;
   gma_stats_t a = stats_of(it.g);
   CHECK_OK(gma_alloc_tagged(it.g, 3 << 20, it.s, "activations", &p));
@@ -307,8 +311,7 @@ static void test_pointer_info(void) {
   CHECK_OK(gma_free(it.g, p));
   CHECK_ST(gma_pointer_info(it.g, p, &info), GMA_ERR_INVALID_POINTER);
   CHECK(strstr(gma_last_error(), "planned memory") != NULL);
-  CHECK_OK(gma_stream_destroy(it.g, it.s));
-  CHECK_OK(gma_destroy(it.g));
+  close_iter(&it);
 }
 
 /* plan:off: the mark is a no-op and the plan fields stay 0. */
