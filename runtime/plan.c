@@ -90,6 +90,8 @@ struct gma__memplan {
   /* The placement job's input and output (plan_place.h). */
   gma__plan_item_t *items;
   uint64_t *offsets;
+  uint32_t *group;             /* each item's thread, numbered from 0 (ngroups of them) */
+  uint32_t ngroups;
   _Atomic bool placed;         /* release: the job finished (ok tells how) */
   bool ok;
   /* Built by the job; immutable after placed. */
@@ -126,6 +128,7 @@ static void plan_free(gma__memplan_t *P) {
   free(P->cell_lo);
   free(P->items);
   free(P->offsets);
+  free(P->group);
   free(P);
 }
 
@@ -187,11 +190,64 @@ static void mark_cross_stream(gma__memplan_t *P) {
   free(order), free(last), free(first);
 }
 
+static int cmp_event(const void *a, const void *b) {
+  const uint64_t *x = a, *y = b; /* {time << 1 | is_start, size} */
+  return (x[0] > y[0]) - (x[0] < y[0]);
+}
+
+/* The most bytes live at once over all items (ends before starts at the
+ * same time, as lifetimes are half-open); UINT64_MAX without host memory. */
+static uint64_t peak_live(const gma__plan_item_t *items, size_t n) {
+  uint64_t *ev = malloc((2 * n + 1) * 2 * sizeof *ev), live = 0, peak = 0;
+  if (!ev) return UINT64_MAX;
+  for (size_t i = 0; i < n; i++) {
+    ev[4 * i] = (uint64_t)items[i].start << 1 | 1, ev[4 * i + 1] = items[i].size;
+    ev[4 * i + 2] = (uint64_t)items[i].end << 1, ev[4 * i + 3] = items[i].size;
+  }
+  qsort(ev, 2 * n, 2 * sizeof *ev, cmp_event);
+  for (size_t k = 0; k < 2 * n; k++) {
+    if (ev[2 * k] & 1) live += ev[2 * k + 1]; else live -= ev[2 * k + 1];
+    if (live > peak) peak = live;
+  }
+  free(ev);
+  return peak;
+}
+
+/* Places each thread's items on its own (plan_place.c), one group above
+ * the other: blocks of different threads never share memory, since their
+ * interleaving differs from one iteration to the next. The lower bound is
+ * the peak over all items. */
+static bool place_groups(gma__memplan_t *P) {
+  if (P->ngroups <= 1) {
+    if (!gma__plan_place(P->items, P->nslots, P->offsets, &P->arena, &P->lower_bound))
+      return false;
+    return true;
+  }
+  gma__plan_item_t *sub = malloc(P->nslots * sizeof *sub);
+  uint64_t *off = malloc(P->nslots * sizeof *off);
+  uint32_t *idx = malloc(P->nslots * sizeof *idx);
+  bool ok = sub && off && idx;
+  P->arena = 0;
+  for (uint32_t g = 0; ok && g < P->ngroups; g++) {
+    uint32_t m = 0;
+    for (uint32_t j = 0; j < P->nslots; j++)
+      if (P->group[j] == g) idx[m] = j, sub[m++] = P->items[j];
+    uint64_t arena = 0, lb = 0;
+    ok = gma__plan_place(sub, m, off, &arena, &lb);
+    for (uint32_t k = 0; ok && k < m; k++) P->offsets[idx[k]] = P->arena + off[k];
+    P->arena += arena;
+  }
+  P->lower_bound = ok ? peak_live(P->items, P->nslots) : 0;
+  ok = ok && P->lower_bound != UINT64_MAX;
+  free(sub), free(off), free(idx);
+  return ok;
+}
+
 /* The worker's job (or the mark's, without a worker): places the items and
  * cuts the arena into cells. */
 static void place_job(void *arg) {
   gma__memplan_t *P = arg;
-  bool ok = gma__plan_place(P->items, P->nslots, P->offsets, &P->arena, &P->lower_bound);
+  bool ok = place_groups(P);
 #if GMA_DEBUG >= 1
   GMA__ASSERT(!ok || gma__plan_place_is_valid(P->items, P->nslots, P->offsets, P->arena));
 #endif
@@ -359,7 +415,8 @@ void gma__plan_note_alloc(gma__planner_t *pl, void *ptr, size_t size, gma_stream
       pl->seq_key[k] = key, pl->seq_next[k] = 0, pl->nseqs++;
     }
     uint32_t seq = pl->seq_next[k]++;
-    it->v[it->n] = (gma__plan_rec_t){key, round512(size), pl->clock++, UINT32_MAX, seq};
+    it->v[it->n] =
+        (gma__plan_rec_t){key, round512(size), pl->clock++, UINT32_MAX, seq, gma__thread_id()};
     if (!map_put(pl, (uintptr_t)ptr, (uint32_t)it->n)) back_off(pl);
     else it->n++;
   }
@@ -411,6 +468,8 @@ static gma__memplan_t *plan_from(const gma__plan_iter_t *a, const gma__plan_iter
   uintptr_t *ka = stream_keys(a, &na), *kb = stream_keys(b, &nb);
   gma__memplan_t *P = NULL;
   uint32_t **pos = NULL; /* per stream of b: its requests' indices in b, by seq */
+  uint64_t *tids = NULL; /* the threads seen, by group number */
+  uint32_t ntids_cap = 0;
   bool same = ka && kb && na == nb;
   for (uint32_t i = 0; same && i < na; i++) {
     uint32_t j = 0;
@@ -458,7 +517,8 @@ static gma__memplan_t *plan_from(const gma__plan_iter_t *a, const gma__plan_iter
   P->slots = calloc(planned, sizeof *P->slots);
   P->items = malloc(planned * sizeof *P->items);
   P->offsets = malloc(planned * sizeof *P->offsets);
-  if (!P->slots || !P->items || !P->offsets) goto fail;
+  P->group = malloc(planned * sizeof *P->group);
+  if (!P->slots || !P->items || !P->offsets || !P->group) goto fail;
   for (size_t i = 0; i < a->n; i++) {
     const gma__plan_rec_t *r = &a->v[i];
     uint32_t s = 0;
@@ -469,6 +529,19 @@ static gma__memplan_t *plan_from(const gma__plan_iter_t *a, const gma__plan_iter
     P->items[j] = (gma__plan_item_t){r->size, r->start < q->start ? r->start : q->start,
                                      r->end > q->end ? r->end : q->end};
     P->slots[j].ps = s;
+    /* Threads interleave differently every iteration: blocks of different
+     * threads get apart places (groups), only one thread's blocks share. */
+    uint32_t g = 0;
+    while (g < P->ngroups && tids[g] != q->tid) g++;
+    if (g == P->ngroups) {
+      if (g == ntids_cap) {
+        uint64_t *t = realloc(tids, (ntids_cap = ntids_cap ? 2 * ntids_cap : 4) * sizeof *t);
+        if (!t) goto fail;
+        tids = t;
+      }
+      tids[P->ngroups++] = q->tid;
+    }
+    P->group[j] = g;
   }
   goto out;
 fail:
@@ -477,6 +550,7 @@ fail:
 out:
   for (uint32_t s = 0; pos && s < nb; s++) free(pos[s]);
   free(pos);
+  free(tids);
   free(ka);
   free(kb);
   return P;

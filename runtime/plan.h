@@ -13,7 +13,8 @@
  *   VERIFYING  records the next ones; a plan is made only when three
  *              consecutive iterations asked for the same sizes in the same
  *              order on every stream (else it learns again, backing off);
- *   PLACING    the worker places the union of the two lifetimes;
+ *   PLACING    the worker places the union of the last two lifetimes, each
+ *              host thread's allocations in a range of their own;
  *   ACTIVE     from the next mark on: the mark settles the device work that
  *              gates cached memory, gives the cache back, takes the arena,
  *              and publishes the plan. An iteration whose requests miss the
@@ -55,6 +56,7 @@ typedef struct gma__plan_rec {
   uint64_t size;          /* requested bytes rounded up to 512 */
   uint32_t start, end;    /* in the iteration's event order; end UINT32_MAX: live at the mark */
   uint32_t seq;           /* its index in its stream's sequence */
+  uint64_t tid;           /* the thread that asked (gma__thread_id) */
 } gma__plan_rec_t;
 
 typedef struct gma__plan_iter {

@@ -122,7 +122,7 @@ static inline uint32_t room_for(uint32_t len) {
 /* Adds [lo, hi) to the set at *off, *len, merging it with the spans it
  * overlaps or touches. False when memory ran out. */
 static bool set_add(solver_t *s, uint32_t *off, uint32_t *len, uint64_t lo, uint64_t hi) {
-  span_t *v = s->pool + *off;
+  span_t *v = s->pool ? s->pool + *off : NULL; /* no pool yet: n is 0, it moves up below */
   uint32_t n = *len, a = 0, b = n;
   while (a < b) { /* a: the first span ending at or above lo */
     uint32_t mid = a + (b - a) / 2;
