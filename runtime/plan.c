@@ -154,34 +154,25 @@ static uint32_t cell_at(const gma__memplan_t *P, uint64_t off) {
 static void mark_cross_stream(gma__memplan_t *P) {
   uint64_t work = 0;
   for (uint32_t j = 0; j < P->nslots; j++) work += P->slots[j].c1 - P->slots[j].c0;
-  uint32_t *order = work <= 64u * 1024 * 1024 ? malloc(P->nslots * sizeof *order) : NULL;
-  uint32_t *last = order ? malloc(P->ncells * sizeof *last) : NULL;
-  uint32_t *first = last ? malloc(P->ncells * sizeof *first) : NULL;
-  if (!first) {
-    for (uint32_t j = 0; j < P->nslots; j++) P->slots[j].xnext = true;
-    free(order), free(last);
-    return;
-  }
-  for (uint32_t j = 0; j < P->nslots; j++) order[j] = j;
-  /* Insertion-free: sort slot indices by their item's start. */
-  uint64_t *keyed = malloc(P->nslots * sizeof *keyed);
-  if (!keyed) {
+  /* The slots by start: (start << 32 | index), sorted. */
+  uint64_t *order = work <= 64u * 1024 * 1024 ? malloc(P->nslots * sizeof *order) : NULL;
+  uint32_t *last = malloc(P->ncells * sizeof *last), *first = malloc(P->ncells * sizeof *first);
+  if (!order || !last || !first) {
     for (uint32_t j = 0; j < P->nslots; j++) P->slots[j].xnext = true;
     free(order), free(last), free(first);
     return;
   }
-  for (uint32_t j = 0; j < P->nslots; j++) keyed[j] = (uint64_t)P->items[j].start << 32 | j;
-  qsort(keyed, P->nslots, sizeof *keyed, cmp_u64);
-  for (uint32_t j = 0; j < P->nslots; j++) order[j] = (uint32_t)keyed[j];
-  free(keyed);
+  for (uint32_t j = 0; j < P->nslots; j++) order[j] = (uint64_t)P->items[j].start << 32 | j;
+  qsort(order, P->nslots, sizeof *order, cmp_u64);
   memset(last, 0xff, P->ncells * sizeof *last);
   memset(first, 0xff, P->ncells * sizeof *first);
   for (uint32_t k = 0; k < P->nslots; k++) {
-    slot_t *sk = &P->slots[order[k]];
+    uint32_t j = (uint32_t)order[k];
+    slot_t *sk = &P->slots[j];
     for (uint32_t c = sk->c0; c < sk->c1; c++) {
       if (last[c] != UINT32_MAX && P->slots[last[c]].ps != sk->ps) P->slots[last[c]].xnext = true;
-      if (first[c] == UINT32_MAX) first[c] = order[k];
-      last[c] = order[k];
+      if (first[c] == UINT32_MAX) first[c] = j;
+      last[c] = j;
     }
   }
   for (uint32_t c = 0; c < P->ncells; c++) /* the next iteration's first user */
@@ -218,11 +209,8 @@ static uint64_t peak_live(const gma__plan_item_t *items, size_t n) {
  * interleaving differs from one iteration to the next. The lower bound is
  * the peak over all items. */
 static bool place_groups(gma__memplan_t *P) {
-  if (P->ngroups <= 1) {
-    if (!gma__plan_place(P->items, P->nslots, P->offsets, &P->arena, &P->lower_bound))
-      return false;
-    return true;
-  }
+  if (P->ngroups <= 1)
+    return gma__plan_place(P->items, P->nslots, P->offsets, &P->arena, &P->lower_bound);
   gma__plan_item_t *sub = malloc(P->nslots * sizeof *sub);
   uint64_t *off = malloc(P->nslots * sizeof *off);
   uint32_t *idx = malloc(P->nslots * sizeof *idx);
@@ -1006,47 +994,6 @@ bool gma__plan_set_tag(gma__planner_t *pl, void *ptr, uint8_t id) {
   return true;
 }
 
-bool gma__plan_snapshot(gma__planner_t *pl, uintptr_t addr, FILE *f, uint64_t *live,
-                        uint64_t *requested) {
-  gma__memplan_t *P = plan_of(pl, addr);
-  if (!P || P->base != addr) return false;
-  *live = *requested = 0;
-  bool first = true;
-  for (uint32_t c = 0; c < P->ncells;) {
-    uint32_t o = gma__load_acquire(&P->cells[c].owner);
-    const slot_t *sl = o ? &P->slots[o - 1] : NULL;
-    if (sl && sl->c0 == c && gma__load_acquire(&sl->live)) {
-      *live += sl->size;
-      *requested += sl->requested;
-      if (f)
-        fprintf(f,
-                "%s{\"address\":\"0x%" PRIxPTR "\",\"size\":%" PRIu64
-                ",\"state\":\"live\",\"stream\":\"0x%" PRIxPTR "\",\"requested\":%" PRIu64
-                ",\"tag\":\"%s\"}",
-                first ? "" : ",", P->base + sl->offset, sl->size,
-                (uintptr_t)sl->stream->handle, sl->requested,
-                gma__tag_name(pl->p, gma__load_relaxed(&sl->tag)));
-      first = false;
-      c = sl->c1;
-      continue;
-    }
-    uint32_t e = c + 1; /* a run of the arena no live planned block holds now */
-    for (; e < P->ncells; e++) {
-      uint32_t q = gma__load_acquire(&P->cells[e].owner);
-      if (q && P->slots[q - 1].c0 == e) break;
-    }
-    uint64_t end = e < P->ncells ? P->cell_lo[e] : P->arena;
-    if (f)
-      fprintf(f,
-              "%s{\"address\":\"0x%" PRIxPTR "\",\"size\":%" PRIu64
-              ",\"state\":\"planned\",\"stream\":\"0x0\",\"requested\":0,\"tag\":\"\"}",
-              first ? "" : ",", P->base + P->cell_lo[c], end - P->cell_lo[c]);
-    first = false;
-    c = e;
-  }
-  return true;
-}
-
 bool gma__plan_each_live(gma__planner_t *pl, uintptr_t addr,
                          bool (*fn)(void *arg, const gma_allocation_info_t *info, uint64_t born),
                          void *arg) {
@@ -1070,6 +1017,53 @@ bool gma__plan_each_live(gma__planner_t *pl, uintptr_t addr,
   }
   return true;
 }
+
+/* gma__plan_snapshot's walk over the live planned blocks, in address
+ * order: the run before each one (state "planned"), then the block. */
+typedef struct snap_walk {
+  FILE *f;        /* NULL: count only */
+  uintptr_t at;   /* where the next run starts */
+  bool first;     /* nothing written yet */
+  uint64_t live, requested;
+} snap_walk_t;
+
+static void snap_run(snap_walk_t *w, uintptr_t end) {
+  if (end <= w->at) return;
+  if (w->f)
+    fprintf(w->f,
+            "%s{\"address\":\"0x%" PRIxPTR "\",\"size\":%" PRIu64
+            ",\"state\":\"planned\",\"stream\":\"0x0\",\"requested\":0,\"tag\":\"\"}",
+            w->first ? "" : ",", w->at, (uint64_t)(end - w->at));
+  w->first = false;
+}
+
+static bool snap_block(void *arg, const gma_allocation_info_t *info, uint64_t born) {
+  (void)born;
+  snap_walk_t *w = arg;
+  snap_run(w, (uintptr_t)info->ptr);
+  w->live += info->block_size;
+  w->requested += info->requested;
+  if (w->f)
+    fprintf(w->f,
+            "%s{\"address\":\"0x%" PRIxPTR "\",\"size\":%" PRIu64
+            ",\"state\":\"live\",\"stream\":\"0x%" PRIxPTR "\",\"requested\":%zu"
+            ",\"tag\":\"%s\"}",
+            w->first ? "" : ",", (uintptr_t)info->ptr, (uint64_t)info->block_size,
+            (uintptr_t)info->stream, info->requested, info->tag);
+  w->first = false;
+  w->at = (uintptr_t)info->ptr + info->block_size;
+  return true;
+}
+
+bool gma__plan_snapshot(gma__planner_t *pl, uintptr_t addr, FILE *f, uint64_t *live,
+                        uint64_t *requested) {
+  snap_walk_t w = {.f = f, .at = addr, .first = true};
+  if (!gma__plan_each_live(pl, addr, snap_block, &w)) return false;
+  snap_run(&w, addr + plan_of(pl, addr)->arena);
+  *live = w.live, *requested = w.requested;
+  return true;
+}
+
 
 /* ---- Life and figures ------------------------------------------------------------------- */
 
