@@ -545,6 +545,15 @@ typedef struct gma_stats {
                                    needs less than this */
   uint64_t plan_slots;          /* allocations the plan places per iteration */
   uint64_t plan_iterations;     /* gma_iteration_mark calls */
+  /* CUDA graphs (gma_graph_pool_create). Graph pools hold chunks of the
+   * pool: reserved counts them whole; allocated counts the allocations in
+   * them; the rest of them is graph_pool_cached_bytes, so that
+   * reserved = allocated + stream_cached + pending + free
+   *            + graph_pool_cached_bytes (+ the plan's arena, see above). */
+  uint64_t graph_pools;         /* graph pools made and not released */
+  uint64_t graph_pool_bytes;    /* memory graph pools hold (used or not) */
+  uint64_t graph_pool_cached_bytes; /* the part of it no live allocation uses */
+  uint64_t graph_captures;      /* captures gma was told of and not ended */
 } gma_stats_t;
 
 #if defined(__cplusplus) && __cplusplus < 202002L
@@ -570,6 +579,80 @@ GMA_API gma_status_t gma_stats(gma_t *g, gma_stats_t *out);
  * and gives back the cache of the learning iterations before it takes the
  * arena; every other mark returns without waiting. Any thread. */
 GMA_API gma_status_t gma_iteration_mark(gma_t *g);
+
+/* ---------------------------------------------------------------------------
+ * CUDA graphs (stream capture)
+ *
+ * A captured graph replays its work at the addresses it had at capture, at
+ * every launch. Memory allocated while a stream captures therefore comes
+ * from a graph pool, which hands it to no one else until the pool is
+ * released (PyTorch's private pools). The pattern:
+ *
+ *   gma_graph_pool_t *pool;  gma_graph_pool_create(g, &pool);
+ *   gma_capture_begin(g, s, pool);      // before cuStreamBeginCapture(s, ...)
+ *   cuStreamBeginCapture(s, mode);
+ *   ... gma_alloc(g, n, s, &p) ... kernels on s ... gma_free(g, p) ...
+ *   cuStreamEndCapture(s, &graph);
+ *   gma_capture_end(g, s);
+ *   ... cuGraphLaunch(exec, s), many times ...
+ *   (graphs destroyed) gma_graph_pool_release(g, pool);
+ *
+ * While a capture gma was told of is underway, every allocation asks the
+ * device whether its stream captures (a stream that joined the capture
+ * through an event is served from the same pool); otherwise the hot path is
+ * unchanged. A request on a stream capturing without gma_capture_begin fails
+ * with GMA_ERR_INVALID_ARGUMENT when it reaches the pool (a bin hit cannot
+ * tell). gma makes no capture-unsafe call: its driver calls that CUDA counts
+ * as unsafe during capture run in relaxed capture mode, and it records no
+ * event on a capturing stream. See the README's "CUDA graphs" for the rules
+ * a program keeps (launch graphs sharing a pool in capture order).
+ * ------------------------------------------------------------------------- */
+typedef struct gma_graph_pool gma_graph_pool_t;
+
+/* Makes an empty graph pool of g (it takes memory at the first capture's
+ * first allocation). Any thread. */
+GMA_API gma_status_t gma_graph_pool_create(gma_t *g, gma_graph_pool_t **out);
+/* The program launches no graph captured into pool any more (they are
+ * destroyed or never launched again). Waits once for the device's queued
+ * work (as cuCtxSynchronize: graphs launched before may still run), then
+ * gives the pool's unused memory back to g; memory still allocated goes
+ * back as it is freed. pool is invalid afterwards. GMA_ERR_INVALID_ARGUMENT
+ * while a capture into it is underway, or for a pool that is not g's. */
+GMA_API gma_status_t gma_graph_pool_release(gma_t *g, gma_graph_pool_t *pool);
+/* Tells gma that stream is about to capture (call it before
+ * cuStreamBeginCapture: then gma records nothing on the stream in between;
+ * calling it right after also works) and that allocations in that capture,
+ * on stream and on every stream that joins it, come from pool. One capture
+ * per stream at a time; captures into one pool may share it one after the
+ * other. GMA_ERR_UNSUPPORTED on a device without capture (the simulated
+ * device). Any thread. */
+GMA_API gma_status_t gma_capture_begin(gma_t *g, gma_stream_t stream, gma_graph_pool_t *pool);
+/* The capture gma_capture_begin announced on stream has ended (call it
+ * after cuStreamEndCapture). What the capture freed becomes reusable by the
+ * pool's later captures. */
+GMA_API gma_status_t gma_capture_end(gma_t *g, gma_stream_t stream);
+
+typedef struct gma_graph_pool_stats {
+  size_t size;                  /* sizeof(gma_graph_pool_stats_t) as the caller compiled it */
+  uint64_t id;                  /* 1, 2, ... in order of creation in g */
+  uint64_t reserved_bytes;      /* memory the pool holds */
+  uint64_t peak_reserved_bytes;
+  uint64_t allocated_bytes;     /* in live allocations (and blocks freed during a capture
+                                   still underway, which only that capture may reuse) */
+  uint64_t chunks;              /* pieces of g's memory it holds */
+  uint64_t captures;            /* captures into it underway */
+  uint64_t allocs, frees;       /* allocations served from it, and their frees */
+} gma_graph_pool_stats_t;
+
+#if defined(__cplusplus) && __cplusplus < 202002L
+#define GMA_GRAPH_POOL_STATS_INIT {sizeof(gma_graph_pool_stats_t)}
+#else
+#define GMA_GRAPH_POOL_STATS_INIT {.size = sizeof(gma_graph_pool_stats_t)}
+#endif
+
+/* Fills *out (its size field set by the caller). Any thread. */
+GMA_API gma_status_t gma_graph_pool_stats(gma_t *g, gma_graph_pool_t *pool,
+                                          gma_graph_pool_stats_t *out);
 
 /* What gma knows of one stream. */
 typedef struct gma_stream_stats {

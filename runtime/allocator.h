@@ -5,6 +5,7 @@
 
 #include "device/device.h"
 #include "fork.h"
+#include "graph.h"
 #include "host.h"
 #include "plan.h"
 #include "pool.h"
@@ -33,6 +34,7 @@ struct gma {
   gma__host_t host;   /* pinned host memory and CPU fallbacks */
   gma__worker_t worker;
   gma__planner_t plan; /* planned memory (plan:on); inert otherwise */
+  gma__graphs_t graphs; /* graph pools and captures (CUDA graphs); inert until used */
 };
 
 /* GMA_OK for a live allocator; GMA_ERR_INVALID_ARGUMENT naming fn for NULL,

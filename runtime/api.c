@@ -98,6 +98,7 @@ gma_status_t gma_create(const gma_config_t *config, gma_t **out) {
     gma__pool_fini(&g->pool);
   }
   bool started = st == GMA_OK; /* pool, host pool and planner exist */
+  if (started) gma__graphs_init(&g->graphs, &g->pool, g->dev);
   if (st == GMA_OK && g->cfg.trace_path[0]) st = gma_trace_start(g, g->cfg.trace_path);
   if (st == GMA_OK) st = gma__worker_start(&g->worker, g, &g->pool, &g->cfg);
   if (st != GMA_OK && started) {
@@ -107,6 +108,7 @@ gma_status_t gma_create(const gma_config_t *config, gma_t **out) {
     gma__host_fini(&g->host, &n, &bytes);
     gma__pool_fini(&g->pool);
     gma__plan_fini(&g->plan);
+    gma__graphs_fini(&g->graphs, &n, &bytes);
     gma__trace_free(traces);
   }
   if (st != GMA_OK) {
@@ -151,7 +153,13 @@ gma_status_t gma_destroy(gma_t *g) {
   /* Device work may still use cached blocks; let it finish before the memory
    * goes back, so the device never touches memory it no longer owns. */
   g->dev->ops->device_synchronize(g->dev);
-  /* Planned memory first: its arenas are live blocks to the pool. */
+  /* Graph pools and planned memory first: their chunks and arenas are live
+   * blocks to the pool. */
+  uint64_t graph_leaks, graph_leaked;
+  gma__graphs_fini(&g->graphs, &graph_leaks, &graph_leaked);
+  if (graph_leaks)
+    fprintf(stderr, "gma: leak report at gma_destroy: %" PRIu64 " live allocations of graph "
+                    "pools (%" PRIu64 " bytes) were never freed\n", graph_leaks, graph_leaked);
   uint64_t plan_leaked, plan_leaks = gma__plan_release(&g->plan, &plan_leaked);
   if (plan_leaks)
     fprintf(stderr, "gma: leak report at gma_destroy: %" PRIu64 " live planned allocations (%"
@@ -168,6 +176,10 @@ gma_status_t gma_destroy(gma_t *g) {
   gma__plan_fini(&g->plan);
   /* A planned allocation never freed is a leak as any other (its arena went
    * back to the pool above, so the pool saw none). */
+  if (graph_leaks && st == GMA_OK)
+    st = gma__set_error(GMA_ERR_LEAK, "gma_destroy: %" PRIu64 " live allocations of graph pools (%"
+                        PRIu64 " bytes) were never freed; gma freed them",
+                        graph_leaks, graph_leaked);
   if (plan_leaks && st == GMA_OK)
     st = gma__set_error(GMA_ERR_LEAK, "gma_destroy: %" PRIu64 " live planned allocations (%" PRIu64
                         " bytes, plan:on) were never freed; gma freed them",
@@ -247,6 +259,12 @@ static gma_status_t alloc_now(gma_t *g, size_t size, gma_stream_t stream, void *
                           "gma_alloc: %zu bytes is more than this allocator can ever hold "
                           "(memory_limit / device capacity %" PRIu64 " bytes)",
                           size, g->cfg.memory_limit);
+  /* A capture gma was told of: its stream's requests come from its graph
+   * pool (one load while none is underway). */
+  if (gma__load_relaxed(&g->graphs.capturing)) {
+    gma_status_t gst = gma__graph_alloc(&g->graphs, 1, NULL, size, stream, out);
+    if (gst != GMA_PENDING) return gst;
+  }
   if (!g->cfg.plan) return alloc_pool(g, size, stream, out);
   /* plan:on: the plan's address if it has one (lock-free), else the pool;
    * what the pool served is learned while a plan is being learned. */
@@ -316,6 +334,10 @@ static gma_status_t not_device_memory(gma_t *g, void *ptr, gma_status_t st) {
 
 static gma_status_t free_now(gma_t *g, void *ptr) {
   gma_status_t st;
+  /* A graph pool's memory is an arena's to the pool (one load while no
+   * graph pool holds memory). */
+  if (gma__load_relaxed(&g->graphs.nchunks) && (st = gma__graph_free(&g->graphs, ptr)) != GMA_PENDING)
+    return st;
   if (g->cfg.plan) {
     /* Planned memory first: an arena is one live block to the pool. Learned
      * before the free, while nobody can be handed the pointer again. */
@@ -343,8 +365,9 @@ gma_status_t gma_record_stream(gma_t *g, void *ptr, gma_stream_t stream) {
   /* Anywhere inside a live allocation names the whole allocation; the
    * trace records its start. */
   void *named = ptr;
-  gma_status_t st = g->cfg.plan ? gma__plan_record_stream(&g->plan, ptr, stream, &named)
-                                : GMA_ERR_OOM;
+  gma_status_t st = gma__graph_record_stream(&g->graphs, ptr, stream, &named);
+  if (st != GMA_PENDING) goto done;
+  st = g->cfg.plan ? gma__plan_record_stream(&g->plan, ptr, stream, &named) : GMA_ERR_OOM;
   if (st == GMA_ERR_OOM) st = gma__pool_record_stream(&g->pool, ptr, stream, &named);
   if (st == GMA_ERR_INVALID_POINTER) {
     void *hbase = NULL;
@@ -360,6 +383,7 @@ gma_status_t gma_record_stream(gma_t *g, void *ptr, gma_stream_t stream) {
                           ptr);
     }
   }
+done:
   if (st == GMA_OK)
     GMA__TRACE(&g->pool, GMA__TR_RECORD_STREAM, (uintptr_t)named, 0, stream, 0, 0, 0, 0);
   return st;
@@ -418,10 +442,15 @@ gma_status_t gma_alloc_batch(gma_t *g, size_t n, const size_t *sizes, gma_stream
                             "block %zu",
                             g->cfg.memory_limit, i);
   }
-  uint64_t id;
-  gma_status_t st = g->dev->ops->stream_id(g->dev, stream, &id);
-  if (st == GMA_OK)
-    st = gma__pool_alloc_batch(&g->pool, n, sizes, stream, id, GMA__ALLOC_WAIT, ptrs);
+  gma_status_t st = gma__load_relaxed(&g->graphs.capturing)
+                        ? gma__graph_alloc(&g->graphs, n, sizes, 0, stream, ptrs)
+                        : GMA_PENDING;
+  if (st == GMA_PENDING) { /* not capturing: the pool's, as always */
+    uint64_t id;
+    st = g->dev->ops->stream_id(g->dev, stream, &id);
+    if (st == GMA_OK)
+      st = gma__pool_alloc_batch(&g->pool, n, sizes, stream, id, GMA__ALLOC_WAIT, ptrs);
+  }
   gma__trace_t *t = gma__trace_on(&g->pool.trace);
   if (t) gma__trace_batch(&g->pool, t, st, n, sizes, stream, ptrs);
   return st;
@@ -498,6 +527,12 @@ gma_status_t gma_stats(gma_t *g, gma_stats_t *out) {
   gma__worker_stats(&g->worker, &full);
   gma__host_stats(&g->host, &full);
   gma__plan_stats(&g->plan, &full);
+  uint64_t gpools, gbytes, glive;
+  gma__graphs_totals(&g->graphs, &gpools, &gbytes, &glive);
+  full.graph_pools = gpools;
+  full.graph_pool_bytes = gbytes;
+  full.graph_pool_cached_bytes = gbytes - glive;
+  full.graph_captures = gma__load_relaxed(&g->graphs.capturing);
   /* Copy only what the caller's (possibly older, smaller) struct holds. */
   size_t n = out->size;
   full.size = n;
@@ -591,4 +626,40 @@ gma__pool_t *gma__pool_of(gma_t *g) { return &g->pool; }
 gma_status_t gma_iteration_mark(gma_t *g) {
   GMA__CHECK(g, "gma_iteration_mark");
   return gma__plan_mark(&g->plan);
+}
+
+/* ---- CUDA graphs (graph.c) ------------------------------------------------------ */
+
+gma_status_t gma_graph_pool_create(gma_t *g, gma_graph_pool_t **out) {
+  GMA__CHECK(g, "gma_graph_pool_create");
+  CHECK_ARG(out, "gma_graph_pool_create: out is NULL");
+  *out = NULL;
+  return gma__graph_pool_create(&g->graphs, out);
+}
+
+gma_status_t gma_graph_pool_release(gma_t *g, gma_graph_pool_t *pool) {
+  GMA__CHECK(g, "gma_graph_pool_release");
+  CHECK_ARG(pool, "gma_graph_pool_release: pool is NULL");
+  return gma__graph_pool_release(&g->graphs, pool);
+}
+
+gma_status_t gma_capture_begin(gma_t *g, gma_stream_t stream, gma_graph_pool_t *pool) {
+  GMA__CHECK(g, "gma_capture_begin");
+  CHECK_ARG(pool, "gma_capture_begin: pool is NULL; make one with gma_graph_pool_create");
+  return gma__capture_begin(&g->graphs, gma__stream_arg(g, stream), pool);
+}
+
+gma_status_t gma_capture_end(gma_t *g, gma_stream_t stream) {
+  GMA__CHECK(g, "gma_capture_end");
+  return gma__capture_end(&g->graphs, gma__stream_arg(g, stream));
+}
+
+gma_status_t gma_graph_pool_stats(gma_t *g, gma_graph_pool_t *pool, gma_graph_pool_stats_t *out) {
+  GMA__CHECK(g, "gma_graph_pool_stats");
+  CHECK_ARG(pool, "gma_graph_pool_stats: pool is NULL");
+  CHECK_ARG(out, "gma_graph_pool_stats: out is NULL");
+  CHECK_ARG(out->size >= sizeof(size_t) && out->size <= sizeof(gma_graph_pool_stats_t),
+            "gma_graph_pool_stats: out->size is %zu; initialize with GMA_GRAPH_POOL_STATS_INIT",
+            out->size);
+  return gma__graph_pool_stats(&g->graphs, pool, out);
 }

@@ -163,6 +163,8 @@ gma_status_t gma__fork_destroy(gma_t *g) {
   p->inherited = true; /* condition variables with dead waiters are left alone */
   if (all_free((pthread_mutex_t *const[]){&p->lock, &p->count_lock, &p->trace_mu}, 3))
     gma__pool_fini(p); /* GMA_ERR_LEAK for live blocks: expected here, not returned */
+  /* Graph pools' host records (their chunks were device memory, forgotten above). */
+  if (all_free((pthread_mutex_t *const[]){&g->graphs.lock}, 1)) gma__graphs_forget(&g->graphs);
   /* The planner's host memory (its arena was device memory, forgotten above). */
   if (all_free((pthread_mutex_t *const[]){&g->plan.mu}, 1)) gma__plan_fini(&g->plan);
   g->magic = GMA__MAGIC_DEAD;

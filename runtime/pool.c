@@ -642,14 +642,22 @@ static gma__block_t *small_in_large_hole(gma__pool_t *p, int kind, uint64_t size
  * epochs, then after a poll that drains the bins), a device-side wait under
  * reuse:wait, a small hole of the large pool, or a new segment. *level says which hit counter it
  * is; nothing is counted here. GMA_ERR_OOM leaves the message to the caller. */
+/* A graph pool's chunk (GMA__ALLOC_CAPTURE): FREE memory only, never a
+ * block cached on the stream (see the flag). */
+static gma__block_t *find_fit_in(gma__pool_t *p, gma__stream_t *s, int kind, uint64_t size,
+                                 bool capture) {
+  return capture ? treap_best_fit(p->free_tree[kind], size) : find_fit(p, s, kind, size);
+}
+
 static gma_status_t find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uint64_t size,
-                                 gma__block_t **out, uint64_t **level, bool may_grow) {
+                                 gma__block_t **out, uint64_t **level, bool may_grow,
+                                 bool capture) {
   /* Blocks freed after record_stream wait in the pending list; if their
    * gates passed, put them back first, so a request of the same size finds
    * the same place and the layout does not drift from one iteration of a
    * training loop to the next. */
   if (p->pending_head) gma__streams_settle_pending(p);
-  gma__block_t *b = find_fit(p, s, kind, size);
+  gma__block_t *b = find_fit_in(p, s, kind, size, capture);
   /* Cheapest first: what completed device work freed, the bins left alone
    * (they serve the hot path); then, while the pool holds less than half the
    * device, a small request in a small hole of the large pool; only then
@@ -660,14 +668,14 @@ static gma_status_t find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uin
    * request eats into a hole that a large request may need. */
   if (!b && p->c.reserved.current < p->limit / 2) {
     gma__streams_observe(p);
-    b = find_fit(p, s, kind, size);
+    b = find_fit_in(p, s, kind, size, capture);
     if (!b) b = small_in_large_hole(p, kind, size);
   }
   if (!b) {
     gma__streams_poll(p, false);
-    b = find_fit(p, s, kind, size);
+    b = find_fit_in(p, s, kind, size, capture);
   }
-  if (!b && p->reuse == GMA_REUSE_WAIT) b = gma__streams_wait_fit(p, s, kind, size);
+  if (!b && p->reuse == GMA_REUSE_WAIT && !capture) b = gma__streams_wait_fit(p, s, kind, size);
   if (!b) b = small_in_large_hole(p, kind, size);
   if (b) {
     /* Another stream's block (reached through a device wait) counts as pool. */
@@ -698,10 +706,16 @@ uint64_t gma__pool_room(const gma__pool_t *p) {
 gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t stream,
                                   uint64_t stream_id, unsigned flags, void **out) {
   if (p->clock_in_slow_path) gma__pool_tick_clock(p);
+  bool capture = flags & GMA__ALLOC_CAPTURE;
+  if (!capture) {
+    gma_status_t refused = gma__pool_refuse_capture(p, stream, "gma_alloc");
+    if (refused != GMA_OK) return refused;
+  }
   /* Requests the bins serve get their class's size, so the block can go
-   * into a bin when freed. */
-  uint64_t size = requested <= p->bin_max ? gma__class_size(gma__class_of(requested))
-                                          : round_up(requested, GMA__ROUND);
+   * into a bin when freed; an arena is served at its own size. */
+  uint64_t size = requested <= p->bin_max && !(flags & GMA__ALLOC_ARENA)
+                      ? gma__class_size(gma__class_of(requested))
+                      : round_up(requested, GMA__ROUND);
   int kind = size <= p->small_size ? GMA__SMALL : GMA__LARGE;
   bool inline_try = flags & GMA__ALLOC_INLINE;
   gma_status_t st;
@@ -714,9 +728,9 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t
   if (!s) {
     st = gma__set_error(GMA_ERR_OOM, "host memory for a stream record");
   } else {
-    st = find_or_grow(p, s, kind, size, &b, &level, !inline_try);
+    st = find_or_grow(p, s, kind, size, &b, &level, !inline_try, capture);
     while (st == GMA_ERR_OOM && (flags & GMA__ALLOC_WAIT) && oom_wait(p, &w))
-      st = find_or_grow(p, s, kind, size, &b, &level, true);
+      st = find_or_grow(p, s, kind, size, &b, &level, true, capture);
     if (st == GMA_ERR_OOM && !inline_try)
       st = oom_error(p, size, requested, stream, !(flags & GMA__ALLOC_ATTEMPT), oom_waited_ns(&w));
   }
@@ -725,10 +739,11 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t
     take_block(p, b, size, requested, s);
     *out = (void *)b->addr;
     if (flags & GMA__ALLOC_ARENA) { /* counted out of the stats before any sample sees it */
+      gma__store_relaxed(&b->arena, 1);
       GMA__ASSERT(b->size == requested);
-      p->c.plan_arena += b->size;
-      p->c.plan_arena_total += b->size;
-      p->c.plan_arena_allocs++;
+      p->c.arena += b->size;
+      p->c.arena_total += b->size;
+      p->c.arena_allocs++;
     }
     gma__stats_sample(p);
   }
@@ -774,6 +789,8 @@ static void untake_block(gma__pool_t *p, const gma__taken_t *t) {
 gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes,
                                    gma_stream_t stream, uint64_t stream_id, unsigned flags,
                                    void **ptrs) {
+  gma_status_t refused = gma__pool_refuse_capture(p, stream, "gma_alloc_batch");
+  if (refused != GMA_OK) return refused;
   uint64_t total = 0;
   for (size_t i = 0; i < n; i++) total += round_up(sizes[i], GMA__ROUND);
   int kind = total <= p->small_size ? GMA__SMALL : GMA__LARGE;
@@ -814,7 +831,7 @@ again:
   for (int plan = 0; plan < (inline_try ? 2 : 4) && got < n; plan++) { /* inline: held memory */
     bool grow_ok = plan >= 2;
     if (plan % 2 == 0) {
-      st = find_or_grow(p, s, kind, total, &b, &level, grow_ok);
+      st = find_or_grow(p, s, kind, total, &b, &level, grow_ok, false);
       if (st == GMA_ERR_OOM) continue; /* no room that way: the next plan */
       if (st != GMA_OK) break;         /* a device error: the batch fails */
       /* One block of the total, cut front to back: each take splits off the
@@ -841,7 +858,7 @@ again:
       for (; got < n; got++) {
         uint64_t size = round_up(sizes[got], GMA__ROUND);
         int k = size <= p->small_size ? GMA__SMALL : GMA__LARGE;
-        if ((st = find_or_grow(p, s, k, size, &b, &levels[got], grow_ok)) != GMA_OK) break;
+        if ((st = find_or_grow(p, s, k, size, &b, &levels[got], grow_ok, false)) != GMA_OK) break;
         taken[got] = taken_from(b);
         take_block(p, b, size, sizes[got], s);
       }
@@ -1037,9 +1054,10 @@ gma_status_t gma__pool_free_after(gma__pool_t *p, void *ptr, gma__stream_t *cons
   if (st == GMA_OK && (!b || !gma__cas_acq_rel(&b->state, &live, GMA__PENDING)))
     st = bad_pointer(p, (uintptr_t)ptr, "gma_free");
   if (st == GMA_OK) {
+    gma__store_relaxed(&b->arena, 0);
     free_taken(p, b);
-    p->c.plan_arena -= b->size; /* in the same locked step as the free's counts */
-    p->c.plan_arena_frees++;
+    p->c.arena -= b->size; /* in the same locked step as the free's counts */
+    p->c.arena_frees++;
   }
   GMA__VALIDATE(p);
   pthread_mutex_unlock(&p->lock);
@@ -1229,6 +1247,48 @@ gma_status_t gma__pool_grow_ahead(gma__pool_t *p, uint64_t want_free) {
                      : seg_create(p, GMA__LARGE, size, &b);
     if (st == GMA_OK) p->c.grows_worker++;
   }
+  GMA__VALIDATE(p);
+  pthread_mutex_unlock(&p->lock);
+  return st;
+}
+
+gma_status_t gma__pool_refuse_capture(gma__pool_t *p, gma_stream_t stream, const char *fn) {
+  if (!p->dev->ops->stream_capture) return GMA_OK;
+  bool capturing = false;
+  uint64_t id = 0;
+  gma_status_t st = p->dev->ops->stream_capture(p->dev, stream, &capturing, &id);
+  if (st != GMA_OK || !capturing) return st;
+  if (!id)
+    return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
+                          "%s: stream %p is the legacy default stream while a blocking stream "
+                          "captures a CUDA graph: its work would join that capture; use another "
+                          "stream, or allocate before or after the capture",
+                          fn, stream);
+  return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
+                        "%s: stream %p is capturing a CUDA graph (capture id %" PRIu64
+                        ") that gma was not told of: memory gma handed out here would be "
+                        "reused while the graph still uses it; call gma_capture_begin(g, "
+                        "stream, pool) before cuStreamBeginCapture (gma.torch does this for "
+                        "torch.cuda.graph)",
+                        fn, stream, id);
+}
+
+gma_status_t gma__pool_capture_mark(gma__pool_t *p, gma_stream_t stream, uint64_t stream_id,
+                                    int delta, gma__stream_t **rec) {
+  pthread_mutex_lock(&p->lock);
+  gma__stream_t *s = gma__stream_resolve(p, stream, stream_id);
+  gma_status_t st = GMA_OK;
+  if (!s) {
+    st = gma__set_error(GMA_ERR_OOM, "host memory for a stream record");
+  } else if (delta > 0) {
+    /* Before the capture: its frees so far get an event outside it (a
+     * stream already capturing is skipped by close_epoch itself). */
+    if (!s->captures) gma__stream_close_epoch(p, s);
+    s->captures++;
+  } else if (delta < 0 && s->captures) {
+    s->captures--;
+  }
+  if (rec) *rec = s;
   GMA__VALIDATE(p);
   pthread_mutex_unlock(&p->lock);
   return st;

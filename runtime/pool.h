@@ -88,6 +88,9 @@ typedef struct gma__block {
   _Atomic uint8_t state;         /* atomic: gma__block_state_t */
   _Atomic uint8_t future_held;   /* LIVE: a completed future got it and nobody collected it
                                     yet (gma_destroy frees it quietly, not as a leak) */
+  _Atomic uint8_t arena;         /* LIVE: an arena (GMA__ALLOC_ARENA), whose memory the layer
+                                    above sub-allocates (atomic: read by graph.c's lock-free
+                                    test of a pointer; set and cleared under the lock) */
   uint64_t free_since_ns;        /* FREE in a growable segment: when a trim pass first saw
                                     it free (its idle clock); 0 otherwise */
   _Atomic uint8_t tag;           /* LIVE: its tag's id (0: untagged); atomic: set by the
@@ -163,6 +166,8 @@ typedef struct gma__stream {
   gma__block_t *fifo_head, *fifo_tail;
   uint64_t cached_bytes;     /* CACHED bytes (bins not included) */
   gma__bin_t *bins;          /* nbins bins, or NULL when bins are off */
+  uint32_t captures;         /* captures gma was told of with this stream as origin
+                                (gma__pool_capture_mark): no epoch event while nonzero */
   bool referenced;           /* scratch of the retired-record sweep (streams.c) */
   bool swept;                /* moved to the graveyard (retired, nothing referenced it) */
   gma__tcount_t *_Atomic counts; /* atomic: per-thread counters, append-only */
@@ -200,10 +205,11 @@ typedef struct gma__counters {
   uint64_t worker_wakeups;
   int pressure_level;
   uint64_t device_errors; /* event failures absorbed while polling epochs */
-  /* Planned memory's arenas (plan.c) are LIVE blocks of the pool; gma_stats
-   * shows the allocations inside them instead, so stats.c takes these out:
-   * bytes held now, bytes ever taken, arenas taken and given back. */
-  uint64_t plan_arena, plan_arena_total, plan_arena_allocs, plan_arena_frees;
+  /* Arenas (GMA__ALLOC_ARENA: planned memory's, plan.c, and graph pools'
+   * chunks, graph.c) are LIVE blocks of the pool; gma_stats shows the
+   * allocations inside them instead, so stats.c takes these out: bytes held
+   * now, bytes ever taken, arenas taken and given back. */
+  uint64_t arena, arena_total, arena_allocs, arena_frees;
 } gma__counters_t;
 
 /* Test-only switches that plant bugs, so tests can show their detectors work. */
@@ -309,14 +315,23 @@ gma_status_t gma__pool_fini(gma__pool_t *p);
  * waiting: the lock only if it is free (GMA_ERR_BUSY if not), memory the pool
  * already holds only (no device allocation, no OOM wait), and GMA_ERR_OOM
  * without a message when that is not enough; the worker then serves it. */
-/* ARENA: planned memory's arena (plan.c), a multiple of 512 bytes: counted
- * out of gma_stats (see counters' plan_arena), with the allocation's own
- * counts in the same locked step. */
+/* ARENA: an arena (planned memory's, plan.c; a graph pool's chunk, graph.c),
+ * a multiple of 512 bytes served at exactly that size: counted out of
+ * gma_stats (see counters' arena), with the allocation's own counts in the
+ * same locked step.
+ * CAPTURE: for a graph pool while stream captures (graph.c): only memory no
+ * device work can still use (FREE blocks, or a growth), never a block cached
+ * on a stream, pending, or reached through a device-side wait: the graph
+ * runs later, at its launches, where stream order no longer protects
+ * anything, and a capturing stream may not wait on work outside its
+ * capture. Without it a request on a capturing stream is refused (a graph
+ * would keep using memory the pool hands out again). */
 enum {
   GMA__ALLOC_WAIT = 1u << 0,
   GMA__ALLOC_ATTEMPT = 1u << 1,
   GMA__ALLOC_INLINE = 1u << 2,
-  GMA__ALLOC_ARENA = 1u << 3
+  GMA__ALLOC_ARENA = 1u << 3,
+  GMA__ALLOC_CAPTURE = 1u << 4
 };
 gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t size, gma_stream_t stream,
                                   uint64_t stream_id, unsigned flags, void **out);
@@ -376,6 +391,19 @@ gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes
                                    gma_stream_t stream, uint64_t stream_id, unsigned flags,
                                    void **ptrs);
 gma_status_t gma__pool_stream_retire(gma__pool_t *p, gma_stream_t stream);
+/* Stream capture. gma__pool_capture_mark counts one capture gma was told of
+ * (gma_capture_begin, delta 1) or its end (delta -1) on stream's record,
+ * made if new (delta 0 only finds or makes it): while the count is nonzero
+ * no epoch event is recorded on the stream (streams.c), and at the first
+ * mark, when the stream is not yet capturing, its open epoch is closed
+ * first, so what it freed before the capture is gated by an event outside
+ * it. *rec (if not NULL) gets the record. */
+gma_status_t gma__pool_capture_mark(gma__pool_t *p, gma_stream_t stream, uint64_t stream_id,
+                                    int delta, gma__stream_t **rec);
+/* GMA_OK when stream is not capturing (or the device has no capture), else
+ * GMA_ERR_INVALID_ARGUMENT saying that the request on it needs a
+ * gma_capture_begin; fn names the call. Any thread; no lock. */
+gma_status_t gma__pool_refuse_capture(gma__pool_t *p, gma_stream_t stream, const char *fn);
 /* Synchronizes stream on the device, then marks every epoch of it that was
  * closed by then complete: what it freed is reusable without waiting for a
  * poll to see an event complete. */

@@ -79,11 +79,11 @@ static void sample(gma_stat_t *st, uint64_t current, uint64_t total) {
  * themselves come out of every sum here. */
 static void sample_from(gma__pool_t *p, sums_t *t) {
   const gma__counters_t *c = &p->c;
-  uint64_t allocated = V(t->alloc_bytes) - V(t->free_bytes) - c->plan_arena;
-  uint64_t total = V(t->alloc_bytes) - c->plan_arena_total;
+  uint64_t allocated = V(t->alloc_bytes) - V(t->free_bytes) - c->arena;
+  uint64_t total = V(t->alloc_bytes) - c->arena_total;
   sample(&p->c.allocated, allocated, total);
-  sample(&p->c.requested, V(t->req_bytes) - V(t->req_freed) - c->plan_arena,
-         V(t->req_bytes) - c->plan_arena_total);
+  sample(&p->c.requested, V(t->req_bytes) - V(t->req_freed) - c->arena,
+         V(t->req_bytes) - c->arena_total);
   sample(&p->c.active, allocated + p->c.pending, total);
 }
 
@@ -109,12 +109,12 @@ void gma__pool_stats(gma__pool_t *p, gma_stats_t *out) {
   uint64_t allocated = c->allocated.current;
   st.cached.current = c->reserved.current > allocated ? c->reserved.current - allocated : 0;
   st.cached.peak = c->reserved.peak; /* reserved - allocated never exceeds reserved's peak */
-  st.cached.total = V(t.free_bytes) - (c->plan_arena_total - c->plan_arena);
+  st.cached.total = V(t.free_bytes) - (c->arena_total - c->arena);
   st.stream_cached_bytes = c->stream_cached + (V(t.bin_in) - V(t.bin_out));
   st.pending_bytes = c->pending;
   st.free_bytes = c->free;
-  st.num_allocs = V(t.allocs) - c->plan_arena_allocs;
-  st.num_frees = V(t.frees) - c->plan_arena_frees;
+  st.num_allocs = V(t.allocs) - c->arena_allocs;
+  st.num_frees = V(t.frees) - c->arena_frees;
   st.num_device_allocs = c->device_allocs;
   st.num_device_frees = c->device_frees;
   st.num_ooms = c->ooms;

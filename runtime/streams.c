@@ -111,9 +111,25 @@ static void observe_epochs(gma__pool_t *p, gma__stream_t *s) {
  * covered (only later). A failed device call leaves blocks where they are
  * (safe); the next poll tries again. Another thread's per-thread stream
  * cannot be named from here. */
+/* Whether s is capturing a CUDA graph now: a capture gma was told of
+ * (gma_capture_begin), or one the device reports (a stream that joined a
+ * capture through an event, or a capture begun without telling gma). An
+ * event recorded there would be part of the graph: it would never complete
+ * outside it (CUDA answers CUDA_ERROR_CAPTURED_EVENT to its queries), and
+ * another stream waiting on it would join the capture. A failed query
+ * counts as capturing: the epoch stays open, which is always safe. */
+static bool capturing(gma__pool_t *p, const gma__stream_t *s) {
+  if (s->captures) return true;
+  if (!p->dev->ops->stream_capture) return false;
+  bool on = false;
+  uint64_t id = 0;
+  return p->dev->ops->stream_capture(p->dev, s->handle, &on, &id) != GMA_OK || on;
+}
+
 static bool close_epoch(gma__pool_t *p, gma__stream_t *s) {
   if (!gma__load_relaxed(&s->dirty)) return false;
   if (s->owner_tid && s->owner_tid != gma__thread_id()) return false;
+  if (capturing(p, s)) return false; /* closed by the first poll after the capture */
   if (s->ev_count == GMA__EPOCH_EVENTS) observe_epochs(p, s);
   bool reuse_newest = s->ev_count == GMA__EPOCH_EVENTS;
   unsigned slot = (s->ev_head + s->ev_count - (reuse_newest ? 1 : 0)) % GMA__EPOCH_EVENTS;

@@ -27,7 +27,7 @@ import tempfile
 from . import _lib
 
 __all__ = [
-    "Allocator", "Future", "Error", "InvalidArgument", "InvalidSize", "OutOfMemory",
+    "Allocator", "Future", "GraphPool", "Error", "InvalidArgument", "InvalidSize", "OutOfMemory",
     "InvalidPointer", "DoubleFree", "ConfigError", "DeviceError", "NoDevice", "Unsupported",
     "Leak", "InternalError", "Timeout", "Busy", "Cancelled", "AlreadyCollected", "Pending", "STREAM_LEGACY",
     "STREAM_PER_THREAD", "device_count", "select_device", "version", "status_name",
@@ -419,6 +419,28 @@ class Allocator:
         lacks the call."""
         _check(_fn("gma_iteration_mark")(self._h("gma_iteration_mark")), "gma_iteration_mark")
 
+    # -- CUDA graphs ------------------------------------------------------------
+    def graph_pool(self):
+        """gma_graph_pool_create: a GraphPool for the allocations of CUDA
+        graph captures (see capture_begin)."""
+        h = ctypes.c_void_p()
+        _check(_fn("gma_graph_pool_create")(self._h("gma_graph_pool_create"), ctypes.byref(h)),
+               "gma_graph_pool_create")
+        return GraphPool(self, h.value)
+
+    def capture_begin(self, stream, pool):
+        """gma_capture_begin: stream is about to capture a CUDA graph (call it
+        before cuStreamBeginCapture); its allocations, and those of streams
+        that join the capture, come from pool (a GraphPool of this allocator)
+        until capture_end. Raises gma.Unsupported on the simulated device."""
+        _check(_fn("gma_capture_begin")(self._h("gma_capture_begin"), _stream(stream),
+                                        pool._handle()), "gma_capture_begin")
+
+    def capture_end(self, stream):
+        """gma_capture_end: the capture capture_begin announced on stream ended."""
+        _check(_fn("gma_capture_end")(self._h("gma_capture_end"), _stream(stream)),
+               "gma_capture_end")
+
     # -- pinned host memory ---------------------------------------------------
     def host_alloc(self, size, stream=None):
         """gma_host_alloc: pinned host memory (an int address)."""
@@ -636,3 +658,35 @@ class Future:
             self.release()
         except Exception:
             pass
+
+
+class GraphPool:
+    """A gma graph pool (gma_graph_pool_create, through Allocator.graph_pool):
+    memory for the allocations of CUDA graph captures, never handed to anyone
+    else until release(). Graphs sharing one pool must be launched in the
+    order they were captured."""
+
+    def __init__(self, allocator, handle):
+        self._alloc = allocator
+        self._h = handle
+
+    def _handle(self):
+        if self._h is None:
+            raise _error(InvalidArgument.status, "GraphPool",
+                         "this graph pool was released (GraphPool.release)")
+        return self._h
+
+    def stats(self):
+        """gma_graph_pool_stats as a dict."""
+        s = _lib.new(_lib.GraphPoolStats)
+        _check(_fn("gma_graph_pool_stats")(self._alloc._h("gma_graph_pool_stats"), self._handle(),
+                                           ctypes.byref(s)), "gma_graph_pool_stats")
+        return _to_dict(s)
+
+    def release(self):
+        """gma_graph_pool_release: no graph captured into this pool will be
+        launched again. Waits once for the device's queued work, then gives
+        the pool's unused memory back (the rest as it is freed)."""
+        _check(_fn("gma_graph_pool_release")(self._alloc._h("gma_graph_pool_release"),
+                                             self._handle()), "gma_graph_pool_release")
+        self._h = None

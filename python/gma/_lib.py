@@ -156,6 +156,25 @@ class Stats(ctypes.Structure):
         ("plan_lower_bound", u64),
         ("plan_slots", u64),
         ("plan_iterations", u64),
+        ("graph_pools", u64),
+        ("graph_pool_bytes", u64),
+        ("graph_pool_cached_bytes", u64),
+        ("graph_captures", u64),
+    ]
+
+
+class GraphPoolStats(ctypes.Structure):
+    """gma_graph_pool_stats_t."""
+    _fields_ = [
+        ("size", size_t),
+        ("id", u64),
+        ("reserved_bytes", u64),
+        ("peak_reserved_bytes", u64),
+        ("allocated_bytes", u64),
+        ("chunks", u64),
+        ("captures", u64),
+        ("allocs", u64),
+        ("frees", u64),
     ]
 
 
@@ -239,6 +258,11 @@ PROTOTYPES = {
     "gma_record_stream": (st, [vp, vp, vp]),
     "gma_empty_cache": (st, [vp]),
     "gma_iteration_mark": (st, [vp]),
+    "gma_graph_pool_create": (st, [vp, P(vp)]),
+    "gma_graph_pool_release": (st, [vp, vp]),
+    "gma_graph_pool_stats": (st, [vp, vp, P(GraphPoolStats)]),
+    "gma_capture_begin": (st, [vp, vp, vp]),
+    "gma_capture_end": (st, [vp, vp]),
     "gma_trim": (st, [vp, u64]),
     "gma_alloc_batch": (st, [vp, size_t, P(size_t), vp, P(vp)]),
     "gma_reserve": (st, [vp, vp, size_t, P(size_t), P(size_t)]),

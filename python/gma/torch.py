@@ -22,8 +22,24 @@ GMA_CONF (device_id is the device PyTorch asks for). PyTorch's
 memory_stats(), empty_cache() and Tensor.record_stream() do not reach a
 plug-in loaded from Python: use stats(), summary(), empty_cache() and
 record_stream() here instead. iteration_mark() marks the end of a training
-step for planned memory (plan:on in GMA_CONF; a no-op under plan:off). torch is imported only inside use() and
-record_stream(); everything else works through ctypes alone.
+step for planned memory (plan:on in GMA_CONF; a no-op under plan:off).
+
+CUDA graphs: torch.cuda.graph's private pools do not reach a plug-in. Capture
+with gma.torch.graph instead (a drop-in for torch.cuda.graph), so that the
+capture's allocations come from a gma graph pool and stay the graph's:
+
+    g = torch.cuda.CUDAGraph()
+    with gma.torch.graph(g) as cap:       # cap.pool: the gma graph pool
+        y = model(x)
+    g.replay()
+    ... del g; cap.pool.release()
+
+Several graphs share one pool with gma.torch.graph(g2, pool=cap.pool)
+(launch them in capture order). A capture begun without it makes gma refuse
+the capture's allocations that reach its pool (gma.InvalidArgument).
+
+torch is imported only inside use(), graph and record_stream(); everything
+else works through ctypes alone.
 """
 import ctypes
 import os
@@ -228,3 +244,45 @@ def allocator(device=0):
     if not h:
         raise _error(InvalidArgument.status, "gma_torch_allocator", last_error())
     return Allocator.from_handle(h, owner=plugin())
+
+
+def graph_pool(device=0):
+    """A new gma graph pool of device's allocator (gma.GraphPool), for
+    graph(..., pool=...) when several graphs should share one."""
+    return allocator(device).graph_pool()
+
+
+class graph:
+    """torch.cuda.graph through gma: the capture's allocations come from a gma
+    graph pool (pool, or a new one of the capture device's allocator, kept
+    as .pool), announced to gma on the capture stream before the capture
+    begins and closed after it ends. Arguments as torch.cuda.graph's, except
+    that PyTorch's pool= becomes a gma.GraphPool; stream defaults to a new
+    side stream (a capture cannot run on the default stream)."""
+
+    def __init__(self, cuda_graph, pool=None, stream=None, capture_error_mode="global"):
+        import torch
+
+        self.device = torch.cuda.current_device()
+        self.stream = stream if stream is not None else torch.cuda.Stream()
+        self.pool = pool if pool is not None else graph_pool(self.device)
+        self._gma = allocator(self.device)
+        self._torch = torch.cuda.graph(cuda_graph, stream=self.stream,
+                                       capture_error_mode=capture_error_mode)
+
+    def __enter__(self):
+        # Before torch begins the capture: gma records nothing on the stream
+        # in between, and binds the capture when it first sees it.
+        self._gma.capture_begin(self.stream.cuda_stream, self.pool)
+        try:
+            self._torch.__enter__()
+        except BaseException:
+            self._gma.capture_end(self.stream.cuda_stream)
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            return self._torch.__exit__(*exc)
+        finally:
+            self._gma.capture_end(self.stream.cuda_stream)

@@ -60,6 +60,11 @@ typedef struct cuda_driver {
 } cuda_driver_t;
 
 static cuda_driver_t drv;
+/* cuStreamGetCaptureInfo as of CUDA 12.0 (status, id, graph, dependencies,
+ * their count); loaded with the table, then read-only. */
+typedef CUresult (*capture_info_v2_t)(CUstream, CUstreamCaptureStatus *, cuuint64_t *, CUgraph *,
+                                      const CUgraphNode **, size_t *);
+static capture_info_v2_t drv_capture_info;
 static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
 static bool drv_loaded;       /* written once inside pthread_once */
 static char drv_problem[512]; /* why it did not load; written once likewise */
@@ -115,6 +120,24 @@ static void driver_load(void) {
     }
     *entries[i].slot = fn;
   }
+  /* cuStreamGetCaptureInfo with the ABI of 12.0 (the _v2 signature): cuda.h
+   * of 12.3 and newer declares a later one, with edge data, under that name. */
+  void *fn = NULL;
+  CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SUCCESS;
+  CUresult r = v2 ? v2("cuStreamGetCaptureInfo", &fn, GMA_CUDA_API_VERSION,
+                       CU_GET_PROC_ADDRESS_DEFAULT, &found)
+                  : v1("cuStreamGetCaptureInfo", &fn, GMA_CUDA_API_VERSION,
+                       CU_GET_PROC_ADDRESS_DEFAULT);
+  if (r != CUDA_SUCCESS || !fn || found != CU_GET_PROC_ADDRESS_SUCCESS) {
+    snprintf(drv_problem, sizeof drv_problem,
+             "the CUDA driver %s lacks cuStreamGetCaptureInfo (error %d); gma needs a driver "
+             "for CUDA 12.0 or newer",
+             path, (int)r);
+    memset(&drv, 0, sizeof drv);
+    dlclose(h);
+    return;
+  }
+  drv_capture_info = (capture_info_v2_t)fn;
   drv_loaded = true; /* the handle stays open for the life of the process */
 }
 
@@ -210,7 +233,7 @@ static void ctx_leave(bool pushed) {
 
 /* ---- Memory ---------------------------------------------------------------- */
 
-static gma_status_t cuda_mem_alloc(gma__device_t *d, uint64_t size, uintptr_t *out) {
+static gma_status_t cuda_mem_alloc_now(gma__device_t *d, uint64_t size, uintptr_t *out) {
   CUdeviceptr p = 0;
   CU_CALL(cuda_of(d), "cuMemAlloc", drv.cuMemAlloc(&p, (size_t)size));
   if (p % 512) { /* the boundary promises 512; the driver documents "suitably aligned" */
@@ -222,7 +245,7 @@ static gma_status_t cuda_mem_alloc(gma__device_t *d, uint64_t size, uintptr_t *o
   return GMA_OK;
 }
 
-static gma_status_t cuda_mem_free(gma__device_t *d, uintptr_t addr, uint64_t size) {
+static gma_status_t cuda_mem_free_now(gma__device_t *d, uintptr_t addr, uint64_t size) {
   (void)size;
   CU_CALL(cuda_of(d), "cuMemFree", drv.cuMemFree((CUdeviceptr)addr));
   return GMA_OK;
@@ -298,7 +321,7 @@ static gma_status_t cuda_event_record(gma__device_t *d, gma__event_t ev, gma_str
   return GMA_OK;
 }
 
-static gma_status_t cuda_event_query(gma__device_t *d, gma__event_t ev, bool *done) {
+static gma_status_t cuda_event_query_now(gma__device_t *d, gma__event_t ev, bool *done) {
   (void)d;
   /* An event belongs to its context: no switch needed to query it. */
   CUresult r = drv.cuEventQuery((CUevent)ev);
@@ -307,7 +330,7 @@ static gma_status_t cuda_event_query(gma__device_t *d, gma__event_t ev, bool *do
   return cu_fail(r, "cuEventQuery");
 }
 
-static gma_status_t cuda_event_synchronize(gma__device_t *d, gma__event_t ev) {
+static gma_status_t cuda_event_synchronize_now(gma__device_t *d, gma__event_t ev) {
   (void)d;
   CUresult r = drv.cuEventSynchronize((CUevent)ev);
   return r == CUDA_SUCCESS ? GMA_OK : cu_fail(r, "cuEventSynchronize");
@@ -373,13 +396,13 @@ static gma_status_t cuda_stream_id(gma__device_t *d, gma_stream_t stream, uint64
   return GMA_OK;
 }
 
-static gma_status_t cuda_stream_synchronize(gma__device_t *d, gma_stream_t stream) {
+static gma_status_t cuda_stream_synchronize_now(gma__device_t *d, gma_stream_t stream) {
   CU_STREAM_CALL(cuda_of(d), stream, "cuStreamSynchronize",
                  drv.cuStreamSynchronize((CUstream)stream));
   return GMA_OK;
 }
 
-static gma_status_t cuda_device_synchronize(gma__device_t *d) {
+static gma_status_t cuda_device_synchronize_now(gma__device_t *d) {
   CU_CALL(cuda_of(d), "cuCtxSynchronize", drv.cuCtxSynchronize());
   return GMA_OK;
 }
@@ -416,21 +439,21 @@ static gma_status_t cuda_vm_granularity(gma__device_t *d, uint64_t *bytes) {
   return GMA_OK;
 }
 
-static gma_status_t cuda_vm_reserve(gma__device_t *d, uint64_t size, uintptr_t *out) {
+static gma_status_t cuda_vm_reserve_now(gma__device_t *d, uint64_t size, uintptr_t *out) {
   CUdeviceptr p = 0;
   CU_CALL(cuda_of(d), "cuMemAddressReserve", drv.cuMemAddressReserve(&p, (size_t)size, 0, 0, 0));
   *out = (uintptr_t)p;
   return GMA_OK;
 }
 
-static gma_status_t cuda_vm_release(gma__device_t *d, uintptr_t addr, uint64_t size) {
+static gma_status_t cuda_vm_release_now(gma__device_t *d, uintptr_t addr, uint64_t size) {
   CU_CALL(cuda_of(d), "cuMemAddressFree",
           drv.cuMemAddressFree((CUdeviceptr)addr, (size_t)size));
   return GMA_OK;
 }
 
 /* Create, map, grant access; each failure undoes the steps before it. */
-static gma_status_t cuda_vm_map(gma__device_t *d, uintptr_t addr, uint64_t size,
+static gma_status_t cuda_vm_map_now(gma__device_t *d, uintptr_t addr, uint64_t size,
                                 uint64_t *handle) {
   cuda_device_t *dev = cuda_of(d);
   CUmemAllocationProp prop = chunk_prop(dev);
@@ -473,7 +496,7 @@ static gma_status_t cuda_vm_map(gma__device_t *d, uintptr_t addr, uint64_t size,
 
 /* Unmapping is not stream-ordered; the pool unmaps only FREE memory, whose
  * streams' work has completed. Release after unmap frees the chunk. */
-static gma_status_t cuda_vm_unmap(gma__device_t *d, uintptr_t addr, uint64_t size,
+static gma_status_t cuda_vm_unmap_now(gma__device_t *d, uintptr_t addr, uint64_t size,
                                   uint64_t handle) {
   cuda_device_t *dev = cuda_of(d);
   CU_CALL(dev, "cuMemUnmap", drv.cuMemUnmap((CUdeviceptr)addr, (size_t)size));
@@ -496,7 +519,7 @@ static gma_status_t cuda_vm_unmap(gma__device_t *d, uintptr_t addr, uint64_t siz
 
 /* Portable (usable from every context) and mapped into the device's address
  * space: the CPU fallback hands the device address to kernels. */
-static gma_status_t cuda_host_alloc(gma__device_t *d, uint64_t size, void **host,
+static gma_status_t cuda_host_alloc_now(gma__device_t *d, uint64_t size, void **host,
                                     uintptr_t *dev_addr) {
   cuda_device_t *dev = cuda_of(d);
   void *p = NULL;
@@ -515,9 +538,78 @@ static gma_status_t cuda_host_alloc(gma__device_t *d, uint64_t size, void **host
   return GMA_OK;
 }
 
-static gma_status_t cuda_host_free(gma__device_t *d, void *host, uint64_t size) {
+static gma_status_t cuda_host_free_now(gma__device_t *d, void *host, uint64_t size) {
   (void)size;
   CU_CALL(cuda_of(d), "cuMemFreeHost", drv.cuMemFreeHost(host));
+  return GMA_OK;
+}
+
+
+/* ---- Stream capture ------------------------------------------------------------ */
+
+/* Capture-safe by construction. Every call CUDA counts as potentially unsafe
+ * while a stream captures (allocation, free, mapping, synchronization, event
+ * queries) runs with the calling thread's capture mode switched to RELAXED
+ * for its duration, as PyTorch does around cudaMalloc during capture: a
+ * capture begun in GLOBAL mode on any thread, or in THREAD_LOCAL mode on
+ * this one, would otherwise make the call fail and invalidate that capture.
+ * What relaxed mode still forbids, gma never does: it records no event on a
+ * capturing stream (streams.c asks cuda_stream_capture first), so it never
+ * queries a captured event, and it never waits from or synchronizes a
+ * capturing stream on its own. Two thread-local driver calls per wrapped
+ * call; none on the hot path. */
+static CUstreamCaptureMode relax_begin(void) {
+  CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
+  if (drv.cuThreadExchangeStreamCaptureMode(&m) != CUDA_SUCCESS) m = CU_STREAM_CAPTURE_MODE_RELAXED;
+  return m;
+}
+
+static void relax_end(CUstreamCaptureMode prev) {
+  if (prev != CU_STREAM_CAPTURE_MODE_RELAXED) drv.cuThreadExchangeStreamCaptureMode(&prev);
+}
+
+#define CUDA_RELAXED(name, params, args)            \
+  static gma_status_t name params {                 \
+    CUstreamCaptureMode prev_ = relax_begin();      \
+    gma_status_t st_ = name##_now args;             \
+    relax_end(prev_);                               \
+    return st_;                                     \
+  }
+CUDA_RELAXED(cuda_mem_alloc, (gma__device_t *d, uint64_t size, uintptr_t *out), (d, size, out))
+CUDA_RELAXED(cuda_mem_free, (gma__device_t *d, uintptr_t addr, uint64_t size), (d, addr, size))
+CUDA_RELAXED(cuda_event_query, (gma__device_t *d, gma__event_t ev, bool *done), (d, ev, done))
+CUDA_RELAXED(cuda_event_synchronize, (gma__device_t *d, gma__event_t ev), (d, ev))
+CUDA_RELAXED(cuda_stream_synchronize, (gma__device_t *d, gma_stream_t stream), (d, stream))
+CUDA_RELAXED(cuda_device_synchronize, (gma__device_t *d), (d))
+CUDA_RELAXED(cuda_vm_reserve, (gma__device_t *d, uint64_t size, uintptr_t *out), (d, size, out))
+CUDA_RELAXED(cuda_vm_release, (gma__device_t *d, uintptr_t addr, uint64_t size), (d, addr, size))
+CUDA_RELAXED(cuda_vm_map, (gma__device_t *d, uintptr_t addr, uint64_t size, uint64_t *handle), (d, addr, size, handle))
+CUDA_RELAXED(cuda_vm_unmap, (gma__device_t *d, uintptr_t addr, uint64_t size, uint64_t handle), (d, addr, size, handle))
+CUDA_RELAXED(cuda_host_alloc, (gma__device_t *d, uint64_t size, void **host, uintptr_t *dev_addr), (d, size, host, dev_addr))
+CUDA_RELAXED(cuda_host_free, (gma__device_t *d, void *host, uint64_t size), (d, host, size))
+
+/* cuStreamGetCaptureInfo is legal during any capture. The legacy stream
+ * answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT while a blocking stream
+ * captures: work there would join that capture, so it counts as capturing
+ * (with no id of its own). */
+static gma_status_t cuda_stream_capture(gma__device_t *d, gma_stream_t stream, bool *capturing,
+                                        uint64_t *id) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t cid = 0;
+  bool pushed = false;
+  CUresult r = (uintptr_t)stream > 2 ? CUDA_SUCCESS : ctx_enter(cuda_of(d), &pushed);
+  if (r == CUDA_SUCCESS) r = drv_capture_info((CUstream)stream, &status, &cid, NULL, NULL, NULL);
+  ctx_leave(pushed);
+  *capturing = false;
+  *id = 0;
+  if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) {
+    *capturing = true;
+    return GMA_OK;
+  }
+  if (r != CUDA_SUCCESS) return cu_fail(r, "cuStreamGetCaptureInfo");
+  /* An invalidated capture is still one: its stream's work is not run. */
+  *capturing = status != CU_STREAM_CAPTURE_STATUS_NONE;
+  *id = *capturing ? (uint64_t)cid : 0;
   return GMA_OK;
 }
 
@@ -552,6 +644,7 @@ static const gma__device_ops_t cuda_ops = {
     .stream_destroy = cuda_stream_destroy,
     .stream_id = cuda_stream_id,
     .stream_synchronize = cuda_stream_synchronize,
+    .stream_capture = cuda_stream_capture,
     .device_synchronize = cuda_device_synchronize,
     .vm_granularity = cuda_vm_granularity,
     .vm_reserve = cuda_vm_reserve,

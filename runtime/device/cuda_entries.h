@@ -32,6 +32,7 @@
   X(cuStreamGetId)                   \
   X(cuStreamGetCtx)                  \
   X(cuStreamSynchronize)             \
+  X(cuThreadExchangeStreamCaptureMode) \
   X(cuMemGetAllocationGranularity)   \
   X(cuMemAddressReserve)             \
   X(cuMemAddressFree)                \

@@ -70,6 +70,15 @@ typedef struct gma__device_ops {
    * must be fast and must not block (no lock shared with stream threads). */
   gma_status_t (*stream_id)(gma__device_t *dev, gma_stream_t stream, uint64_t *id);
   gma_status_t (*stream_synchronize)(gma__device_t *dev, gma_stream_t stream);
+  /* Stream capture (CUDA graphs): *capturing is true while stream is being
+   * captured into a graph (its work is recorded, not run), and *id then names
+   * the capture sequence (nonzero, unique in the process; 0 when the driver
+   * cannot say, as for the legacy stream while a blocking stream captures,
+   * which counts as capturing). Legal during any capture (it is how gma
+   * stays out of one). NULL on a backend without capture (the simulated
+   * device): then no stream ever captures. */
+  gma_status_t (*stream_capture)(gma__device_t *dev, gma_stream_t stream, bool *capturing,
+                                 uint64_t *id);
   /* Blocks until every stream's queued work has finished. */
   gma_status_t (*device_synchronize)(gma__device_t *dev);
 

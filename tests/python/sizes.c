@@ -68,6 +68,8 @@ int main(void) {
   F(gma_stats_t, num_oom_waits); F(gma_stats_t, plan_state); F(gma_stats_t, plan_hits);
   F(gma_stats_t, plan_misses); F(gma_stats_t, plan_replans); F(gma_stats_t, plan_arena_bytes);
   F(gma_stats_t, plan_lower_bound); F(gma_stats_t, plan_slots); F(gma_stats_t, plan_iterations);
+  F(gma_stats_t, graph_pools); F(gma_stats_t, graph_pool_bytes);
+  F(gma_stats_t, graph_pool_cached_bytes); F(gma_stats_t, graph_captures);
   end();
   BEGIN(gma_stream_stats_t);
   F(gma_stream_stats_t, size); F(gma_stream_stats_t, allocs); F(gma_stream_stats_t, frees);

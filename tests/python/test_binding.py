@@ -535,6 +535,23 @@ class BatchesAndTrimming(unittest.TestCase):
                 self.skipTest("this libgma does not implement plan:on yet")
             self.assertEqual(a.stats()["plan_iterations"], 1)
 
+    def test_graph_pools(self):
+        # The simulated device has no stream capture: pools work, captures
+        # are refused with Unsupported; a released pool is refused after.
+        with gma.Allocator(SIM) as a:
+            pool = a.graph_pool()
+            st = pool.stats()
+            self.assertEqual((st["id"], st["reserved_bytes"], st["chunks"]), (1, 0, 0))
+            self.assertEqual(a.stats()["graph_pools"], 1)
+            with self.assertRaises(gma.Unsupported):
+                a.capture_begin(None, pool)
+            with self.assertRaises(gma.InvalidArgument):
+                a.capture_end(None)
+            pool.release()
+            self.assertEqual(a.stats()["graph_pools"], 0)
+            with self.assertRaises(gma.InvalidArgument):
+                pool.stats()
+
     def test_reserve_warms_bins(self):
         with gma.Allocator(SIM) as a:
             s = a.stream_create()

@@ -1,0 +1,341 @@
+/* CUDA graph capture through gma (issue 16): graph pools on the CUDA backend,
+ * on a real GPU (gpu_capture) and on the fake driver, whose capture is as
+ * strict as CUDA's (fakecuda_capture: a capture-unsafe call, a query of a
+ * captured event or an event recorded on a capturing stream that is then
+ * queried aborts the test). One process, cases in order:
+ *
+ *   basic      a capture allocates two blocks on s and frees one inside the
+ *              capture; a third request of the same size on s reuses it
+ *              (stream order inside the graph); the graph writes patterns
+ *              into its blocks. Then, outside the capture, 48 blocks of
+ *              various sizes on s and on another stream t are filled with
+ *              their own pattern; none overlaps the graph pool's memory;
+ *              the graph is launched three times; every block still holds
+ *              its pattern and the graph's blocks hold theirs.
+ *   shared     a second capture into the same pool, after the first
+ *              graph's outputs were freed, is served from the pool's memory
+ *              (no new chunk) and its graph writes where the first one's
+ *              outputs were.
+ *   fork       a capture that forks to a second stream through an event and
+ *              joins back: the second stream, never named to gma, is served
+ *              from the capture's pool.
+ *   busy       while s captures in GLOBAL mode (registered), another thread
+ *              allocates and frees large blocks on its own stream (device
+ *              allocations), empties the cache (device frees) and the
+ *              worker ticks with freed memory waiting on s and on a stream
+ *              that joined the capture: the capture stays valid (EndCapture
+ *              succeeds) and, on the fake, no unsafe call is made.
+ *   refused    a capture gma was not told of: a request that reaches the
+ *              pool fails with GMA_ERR_INVALID_ARGUMENT naming
+ *              gma_capture_begin, and the capture is not invalidated.
+ *   release    gma_graph_pool_release gives the pool's memory back: the
+ *              stats say 0 bytes in graph pools, and the pool's handle is
+ *              refused afterwards; errors: a pool of another allocator,
+ *              release during a capture, end without begin.
+ * Skips (77) without a CUDA device; a driver without capture entry points
+ * fails. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "drv.h"
+#include "gma.h"
+
+#define MiB ((size_t)1 << 20)
+#define CAPTURE_MODE_GLOBAL 0
+
+typedef void *graph_t, *graph_exec_t;
+static struct {
+  drv_result_t (*begin)(void *stream, int mode);
+  drv_result_t (*end)(void *stream, graph_t *graph);
+  drv_result_t (*instantiate)(graph_exec_t *exec, graph_t graph, unsigned long long flags);
+  drv_result_t (*launch)(graph_exec_t exec, void *stream);
+  drv_result_t (*exec_destroy)(graph_exec_t exec);
+  drv_result_t (*destroy)(graph_t graph);
+} cap;
+
+static void load_capture(void) {
+  void *gp = dlsym(drv.lib, "cuGetProcAddress_v2");
+  CHECK(gp);
+  cap.begin = (__typeof__(cap.begin))drv_proc(gp, "cuStreamBeginCapture");
+  cap.end = (__typeof__(cap.end))drv_proc(gp, "cuStreamEndCapture");
+  cap.instantiate = (__typeof__(cap.instantiate))drv_proc(gp, "cuGraphInstantiate");
+  cap.launch = (__typeof__(cap.launch))drv_proc(gp, "cuGraphLaunch");
+  cap.exec_destroy = (__typeof__(cap.exec_destroy))drv_proc(gp, "cuGraphExecDestroy");
+  cap.destroy = (__typeof__(cap.destroy))drv_proc(gp, "cuGraphDestroy");
+}
+
+static gma_t *g;
+static gma_stream_t s, t;
+
+static gma_graph_pool_stats_t pool_stats(gma_graph_pool_t *pool) {
+  gma_graph_pool_stats_t st = GMA_GRAPH_POOL_STATS_INIT;
+  CHECK_OK(gma_graph_pool_stats(g, pool, &st));
+  return st;
+}
+
+/* Reads bytes at p back on stream u into pinned memory; every word must be v. */
+static void expect(const void *p, size_t bytes, uint32_t v, gma_stream_t u, const char *what) {
+  uint32_t *h = drv_pinned(bytes);
+  drv_to_host(h, p, bytes, u);
+  drv_sync(u);
+  for (size_t i = 0; i < bytes / 4; i++)
+    if (h[i] != v) {
+      fprintf(stderr, "%s: word %zu of %p (%zu bytes) is %08x, expected %08x\n", what, i, p,
+              bytes, h[i], v);
+      exit(1);
+    }
+  drv_pinned_free(h);
+}
+
+static bool overlaps(const void *a, size_t an, const void *b, size_t bn) {
+  uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+  return x < y + bn && y < x + an;
+}
+
+static graph_exec_t instantiate(graph_t graph) {
+  graph_exec_t exec = NULL;
+  DRV_CHECK(cap.instantiate(&exec, graph, 0));
+  return exec;
+}
+
+/* ---- basic and shared ------------------------------------------------------------- */
+
+static void *outs[2]; /* the first graph's outputs, 1 MiB each */
+
+static void case_basic_and_shared(void) {
+  gma_graph_pool_t *pool = NULL;
+  CHECK_OK(gma_graph_pool_create(g, &pool));
+  CHECK(pool_stats(pool).reserved_bytes == 0);
+  /* Something freed on s before the capture: its epoch must close outside. */
+  void *before = NULL;
+  CHECK_OK(gma_alloc(g, 3 * MiB, s, &before));
+  CHECK_OK(gma_free(g, before));
+
+  CHECK_OK(gma_capture_begin(g, s, pool));
+  DRV_CHECK(cap.begin(s, CAPTURE_MODE_GLOBAL));
+  void *a = NULL, *tmp = NULL, *c = NULL;
+  CHECK_OK(gma_alloc(g, MiB, s, &a));
+  CHECK_OK(gma_alloc(g, MiB, s, &tmp));
+  drv_memset32(a, 0xA1A1A1A1u, MiB, s);
+  drv_memset32(tmp, 0x7777u, MiB, s);
+  CHECK_OK(gma_free(g, tmp)); /* freed inside the capture: reusable by it on s */
+  CHECK_OK(gma_alloc(g, MiB, s, &c));
+  CHECK(c == tmp);
+  drv_memset32(c, 0xC3C3C3C3u, MiB, s);
+  graph_t graph = NULL;
+  DRV_CHECK(cap.end(s, &graph));
+  CHECK_OK(gma_capture_end(g, s));
+  gma_graph_pool_stats_t ps = pool_stats(pool);
+  CHECK(ps.allocated_bytes == 2 * MiB && ps.reserved_bytes >= 2 * MiB && ps.chunks >= 1);
+  CHECK(ps.allocs == 3 && ps.frees == 1 && ps.captures == 0);
+  gma_stats_t st = GMA_STATS_INIT;
+  CHECK_OK(gma_stats(g, &st));
+  CHECK(st.graph_pools == 1 && st.graph_pool_bytes == ps.reserved_bytes);
+  CHECK(st.graph_pool_cached_bytes == ps.reserved_bytes - 2 * MiB && st.graph_captures == 0);
+  graph_exec_t exec = instantiate(graph);
+
+  /* Outside the capture: other work must never get the graph's memory. */
+  enum { N = 48 };
+  void *other[N];
+  size_t sizes[N];
+  for (int i = 0; i < N; i++) {
+    sizes[i] = (size_t)(512u << (i % 12)); /* 512 B .. 1 MiB */
+    gma_stream_t u = i % 2 ? s : t;
+    CHECK_OK(gma_alloc(g, sizes[i], u, &other[i]));
+    CHECK(!overlaps(other[i], sizes[i], a, MiB) && !overlaps(other[i], sizes[i], c, MiB));
+    drv_memset32(other[i], 0x55000000u + (uint32_t)i, sizes[i], u);
+  }
+  drv_sync(t);
+  for (int rep = 0; rep < 3; rep++) DRV_CHECK(cap.launch(exec, s));
+  drv_sync(s);
+  for (int i = 0; i < N; i++) expect(other[i], sizes[i], 0x55000000u + (uint32_t)i, s, "other");
+  expect(a, MiB, 0xA1A1A1A1u, s, "graph output a");
+  expect(c, MiB, 0xC3C3C3C3u, s, "graph output c");
+  for (int i = 0; i < N; i++) CHECK_OK(gma_free(g, other[i]));
+  outs[0] = a;
+  outs[1] = c;
+
+  /* shared: the first graph's outputs dropped, a second capture into the
+   * same pool takes their memory and no new chunk. */
+  CHECK_OK(gma_free(g, a));
+  CHECK_OK(gma_free(g, c));
+  CHECK(pool_stats(pool).allocated_bytes == 0);
+  uint64_t chunks = pool_stats(pool).chunks, reserved = pool_stats(pool).reserved_bytes;
+  CHECK_OK(gma_capture_begin(g, s, pool));
+  DRV_CHECK(cap.begin(s, CAPTURE_MODE_GLOBAL));
+  void *d = NULL;
+  CHECK_OK(gma_alloc(g, MiB, s, &d));
+  CHECK(overlaps(d, MiB, outs[0], MiB) || overlaps(d, MiB, outs[1], MiB));
+  drv_memset32(d, 0xD4D4D4D4u, MiB, s);
+  graph_t graph2 = NULL;
+  DRV_CHECK(cap.end(s, &graph2));
+  CHECK_OK(gma_capture_end(g, s));
+  CHECK(pool_stats(pool).chunks == chunks && pool_stats(pool).reserved_bytes == reserved);
+  graph_exec_t exec2 = instantiate(graph2);
+  DRV_CHECK(cap.launch(exec, s)); /* in capture order, as the pool's rule says */
+  DRV_CHECK(cap.launch(exec2, s));
+  expect(d, MiB, 0xD4D4D4D4u, s, "second graph's output");
+  CHECK_OK(gma_free(g, d));
+
+  /* release: graphs gone, memory back to g. */
+  DRV_CHECK(cap.exec_destroy(exec));
+  DRV_CHECK(cap.exec_destroy(exec2));
+  DRV_CHECK(cap.destroy(graph));
+  DRV_CHECK(cap.destroy(graph2));
+  CHECK_OK(gma_graph_pool_release(g, pool));
+  CHECK_OK(gma_stats(g, &st));
+  CHECK(st.graph_pools == 0 && st.graph_pool_bytes == 0 && st.graph_pool_cached_bytes == 0);
+  gma_graph_pool_stats_t gone = GMA_GRAPH_POOL_STATS_INIT;
+  CHECK(gma_graph_pool_stats(g, pool, &gone) == GMA_ERR_INVALID_ARGUMENT);
+  CHECK(gma_graph_pool_release(g, pool) == GMA_ERR_INVALID_ARGUMENT);
+  printf("basic, shared, release: ok (pool held %llu bytes in %llu chunks)\n",
+         (unsigned long long)reserved, (unsigned long long)chunks);
+}
+
+/* ---- fork ------------------------------------------------------------------------ */
+
+static void case_fork(void) {
+  gma_graph_pool_t *pool = NULL;
+  CHECK_OK(gma_graph_pool_create(g, &pool));
+  gma_stream_t u = NULL;
+  CHECK_OK(gma_stream_create(g, &u));
+  CHECK_OK(gma_capture_begin(g, s, pool));
+  DRV_CHECK(cap.begin(s, CAPTURE_MODE_GLOBAL));
+  void *x = NULL, *y = NULL;
+  CHECK_OK(gma_alloc(g, 2 * MiB, s, &x));
+  drv_memset32(x, 0x11111111u, 2 * MiB, s);
+  drv_order(u, s); /* u joins the capture */
+  CHECK_OK(gma_alloc(g, 2 * MiB, u, &y)); /* u was never named to gma */
+  drv_memset32(y, 0x22222222u, 2 * MiB, u);
+  drv_order(s, u); /* and joins back */
+  graph_t graph = NULL;
+  DRV_CHECK(cap.end(s, &graph));
+  CHECK_OK(gma_capture_end(g, s));
+  gma_graph_pool_stats_t ps = pool_stats(pool);
+  CHECK(ps.allocs == 2 && ps.allocated_bytes == 4 * MiB);
+  graph_exec_t exec = instantiate(graph);
+  DRV_CHECK(cap.launch(exec, s));
+  expect(x, 2 * MiB, 0x11111111u, s, "fork: x");
+  expect(y, 2 * MiB, 0x22222222u, s, "fork: y");
+  CHECK_OK(gma_free(g, x));
+  CHECK_OK(gma_free(g, y));
+  DRV_CHECK(cap.exec_destroy(exec));
+  DRV_CHECK(cap.destroy(graph));
+  CHECK_OK(gma_graph_pool_release(g, pool));
+  CHECK_OK(gma_stream_destroy(g, u));
+  printf("fork: ok\n");
+}
+
+/* ---- busy ------------------------------------------------------------------------ */
+
+static atomic_int busy_stop;
+
+static void *busy_thread(void *arg) {
+  (void)arg;
+  drv_bind_thread();
+  gma_stream_t v = NULL;
+  CHECK_OK(gma_stream_create(g, &v));
+  int rounds = 0;
+  while (!atomic_load(&busy_stop) || rounds < 4) {
+    void *p[4];
+    for (int i = 0; i < 4; i++) CHECK_OK(gma_alloc(g, (size_t)(24 + 8 * i + rounds % 3) * MiB, v, &p[i]));
+    for (int i = 0; i < 4; i++) CHECK_OK(gma_free(g, p[i]));
+    CHECK_OK(gma_stream_synchronize(g, v));
+    CHECK_OK(gma_empty_cache(g));
+    rounds++;
+  }
+  CHECK_OK(gma_stream_destroy(g, v));
+  return NULL;
+}
+
+static void case_busy(void) {
+  gma_graph_pool_t *pool = NULL;
+  CHECK_OK(gma_graph_pool_create(g, &pool));
+  gma_stream_t u = NULL;
+  CHECK_OK(gma_stream_create(g, &u));
+  /* Freed memory waiting on s and on u, which will join the capture: the
+   * worker looks every 10 ms and must record nothing on either meanwhile. */
+  void *w1 = NULL, *w2 = NULL;
+  CHECK_OK(gma_alloc(g, 5 * MiB, s, &w1));
+  CHECK_OK(gma_alloc(g, 5 * MiB, u, &w2));
+  CHECK_OK(gma_capture_begin(g, s, pool));
+  DRV_CHECK(cap.begin(s, CAPTURE_MODE_GLOBAL));
+  drv_order(u, s); /* u joins */
+  CHECK_OK(gma_free(g, w2)); /* u's epoch is dirty while u captures */
+  CHECK_OK(gma_free(g, w1));
+  atomic_store(&busy_stop, 0);
+  pthread_t th;
+  CHECK(pthread_create(&th, NULL, busy_thread, NULL) == 0);
+  void *q = NULL;
+  for (int i = 0; i < 20; i++) { /* the capture goes on meanwhile */
+    CHECK_OK(gma_alloc(g, (size_t)(i + 1) * 256 * 1024, s, &q));
+    drv_memset32(q, (uint32_t)i, (size_t)(i + 1) * 256 * 1024, s);
+    CHECK_OK(gma_free(g, q));
+    sleep_ms(3);
+  }
+  atomic_store(&busy_stop, 1);
+  CHECK(pthread_join(th, NULL) == 0);
+  drv_order(s, u); /* u joins back */
+  graph_t graph = NULL;
+  DRV_CHECK(cap.end(s, &graph)); /* fails if anything invalidated the capture */
+  CHECK_OK(gma_capture_end(g, s));
+  DRV_CHECK(cap.destroy(graph));
+  CHECK_OK(gma_graph_pool_release(g, pool));
+  /* After the capture, what s and u freed becomes free again. */
+  CHECK_OK(gma_stream_synchronize(g, s));
+  CHECK_OK(gma_stream_synchronize(g, u));
+  CHECK_OK(gma_stream_destroy(g, u));
+  printf("busy: ok\n");
+}
+
+/* ---- refused and errors -------------------------------------------------------------- */
+
+static void case_refused_and_errors(void) {
+  DRV_CHECK(cap.begin(s, CAPTURE_MODE_GLOBAL));
+  void *p = NULL;
+  gma_status_t st = gma_alloc(g, 40 * MiB, s, &p); /* no bin can serve it */
+  CHECK(st == GMA_ERR_INVALID_ARGUMENT && p == NULL);
+  CHECK(strstr(gma_last_error(), "gma_capture_begin") != NULL);
+  graph_t graph = NULL;
+  DRV_CHECK(cap.end(s, &graph)); /* the refusal did not invalidate it */
+  DRV_CHECK(cap.destroy(graph));
+  CHECK_OK(gma_alloc(g, 40 * MiB, s, &p)); /* and after it, all is as before */
+  CHECK_OK(gma_free(g, p));
+
+  gma_graph_pool_t *pool = NULL;
+  CHECK_OK(gma_graph_pool_create(g, &pool));
+  CHECK(gma_capture_end(g, s) == GMA_ERR_INVALID_ARGUMENT);
+  CHECK_OK(gma_capture_begin(g, s, pool));
+  CHECK(gma_capture_begin(g, s, pool) == GMA_ERR_INVALID_ARGUMENT); /* one at a time */
+  CHECK(gma_graph_pool_release(g, pool) == GMA_ERR_INVALID_ARGUMENT); /* capture underway */
+  CHECK_OK(gma_capture_end(g, s));
+  gma_t *other = drv_cuda_allocator(NULL);
+  CHECK(gma_capture_begin(other, s, pool) == GMA_ERR_INVALID_ARGUMENT);
+  CHECK(gma_graph_pool_release(other, pool) == GMA_ERR_INVALID_ARGUMENT);
+  CHECK_OK(gma_destroy(other));
+  CHECK(gma_capture_begin(g, s, NULL) == GMA_ERR_INVALID_ARGUMENT);
+  CHECK_OK(gma_graph_pool_release(g, pool)); /* never used: nothing to wait for */
+  printf("refused and errors: ok\n");
+}
+
+int main(void) {
+  g = drv_cuda_allocator(NULL);
+  drv_open();
+  drv_bind_thread();
+  load_capture();
+  CHECK_OK(gma_stream_create(g, &s));
+  CHECK_OK(gma_stream_create(g, &t));
+  case_basic_and_shared();
+  case_fork();
+  case_busy();
+  case_refused_and_errors();
+  CHECK_OK(gma_stream_destroy(g, s));
+  CHECK_OK(gma_stream_destroy(g, t));
+  CHECK_OK(gma_destroy(g));
+  printf("capture: all cases passed\n");
+  return 0;
+}
