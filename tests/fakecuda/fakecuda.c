@@ -1,8 +1,9 @@
 /* The fake CUDA driver for tests (libgma_fakecuda.so): owns the fake
  * driver's state: its devices and their primary contexts, each thread's
- * context stack, the bookkeeping of device memory (cuMemAlloc allocations,
- * VMM reservations, physical handles and mappings), the event-to-device
- * table, the per-entry call counters and the armed faults.
+ * context stack and stream capture mode, the bookkeeping of device memory
+ * (cuMemAlloc allocations, VMM reservations, physical handles and
+ * mappings), the event-to-device table, stream captures and graphs, the
+ * per-entry call counters and the armed faults.
  *
  * Each fake GPU is one of gma's simulated devices (runtime/device/sim.c and
  * runtime/error.c are compiled into this library, hidden and bound with
@@ -30,6 +31,20 @@
  * a stream of different devices returns CUDA_ERROR_INVALID_HANDLE, as
  * documented.
  *
+ * Stream capture, as CUDA 13's driver API documents it (fakecuda.h lists
+ * the rules and the fake's list of potentially unsafe calls): work queued
+ * on a capturing stream (fakecuda_launch kernels, memsets, copies,
+ * cuStreamWaitValue32, graph launches) becomes a node of the capture's
+ * graph instead of running; an event recorded there is a captured event,
+ * and a stream waiting on it joins the capture (fork and join across
+ * streams, checked at cuStreamEndCapture: UNJOINED); each thread has a
+ * capture mode (cuThreadExchangeStreamCaptureMode) that decides which
+ * potentially unsafe calls the captures underway prohibit; a call that
+ * breaks a rule gets CUDA's error and invalidates the capture where CUDA
+ * does. cuGraphLaunch queues the graph's work, in capture order, as one
+ * piece of work on the launch stream, with the device pointers it was
+ * captured with. Capture ids are unique for the process.
+ *
  * Stricter than a GPU where a GPU's behaviour is undefined (fakecuda.h,
  * FAKECUDA_STRICT_*; GMA_FAKECUDA_STRICT or fakecuda_strict switch the
  * checks, all on by default): the process aborts with a message naming the
@@ -46,7 +61,12 @@
  *   copy is on fc_inflight from queueing until it ran). Kernels queued with
  *   fakecuda_launch are opaque and not tracked.
  * Without a check the call returns CUDA_ERROR_INVALID_HANDLE, or (pending)
- * succeeds and the copy later sets the sticky fault.
+ * succeeds and the copy later sets the sticky fault. One more check is not
+ * about undefined behaviour: a call that breaks a stream capture rule
+ * ("capture": it invalidates a capture or gets CUDA_ERROR_CAPTURED_EVENT,
+ * _STREAM_CAPTURE_UNSUPPORTED, _ISOLATION, _IMPLICIT, _MERGE, _UNMATCHED or
+ * _WRONG_THREAD) aborts too, since gma must never make one; every such call
+ * counts in fakecuda_capture_violations either way.
  *
  * Deliberate differences, each documented where it matters:
  * - cuMemFree and cuMemUnmap do not synchronize the device. gma must not rely
@@ -61,13 +81,26 @@
  * - A physical handle can be mapped once at a time; reservations, handles and
  *   mappings belong to one device and live with its primary context; a
  *   stream can wait only on an event of its own device.
+ * - Capture: a graph launch runs its whole graph in capture order on the
+ *   launch stream (a valid schedule, with less concurrency than a GPU's);
+ *   a graph launched on a capturing stream is captured as its nodes, not
+ *   as a child graph node; the graph API beyond capture, instantiate,
+ *   launch and destroy (adding or editing nodes, updates, uploads, memory
+ *   nodes, conditional nodes, cuStreamBeginCaptureToGraph,
+ *   cuStreamUpdateCaptureDependencies) is not implemented. Where CUDA does
+ *   not say, the fake chooses the strict answer: cuStreamWaitEvent on an
+ *   event of an ended capture is CUDA_ERROR_CAPTURED_EVENT (from a capturing
+ *   stream, _ISOLATION), cuStreamDestroy of a capturing stream is refused
+ *   (_UNSUPPORTED, invalidating), and WRONG_THREAD does not invalidate.
  *
  * Locks, in order: a device's `life` (read: a call uses the device's sim;
  * write: retain/release switch the sim on or off), then `fc.mem_rw` (read: a
  * copy kernel touches device memory; write: memory is added or removed), then
  * `fc.mu` (all bookkeeping), then `fault_mu` (a leaf). `init_mu` is taken
- * alone. Stream threads of a sim run copy kernels, which take mem_rw and mu
- * but never life, so a reset can drain them while holding life.
+ * alone. Stream threads of a sim run copy kernels (and graph launches),
+ * which take mem_rw and mu but never life, so a reset can drain them while
+ * holding life. Stream capture adds no lock: its state is under fc.mu, and
+ * the sim is asked for a stream's id before mu is taken.
  *
  * Test controls: see fakecuda.h. */
 #define _GNU_SOURCE /* pthread_rwlockattr_setkind_np */
@@ -954,6 +987,9 @@ static const char *mode_name(CUstreamCaptureMode m) {
 /* The legacy default stream, as the non-per-thread entry points read it. */
 static bool is_legacy(CUstream s) { return s == NULL || s == CU_STREAM_LEGACY; }
 
+/* How a message names the legacy stream s. */
+static const char *legacy_name(CUstream s) { return s ? "CU_STREAM_LEGACY" : "NULL"; }
+
 static bool captures_live(void) {
   return atomic_load_explicit(&fc_live_captures, memory_order_relaxed) != 0;
 }
@@ -1221,9 +1257,9 @@ static CUresult capture_implicit(const char *entry, const fc_device_t *d, CUstre
   }
   if (!first) return CUDA_SUCCESS;
   return capture_violation(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
-                           "%s: the legacy stream %p used while blocking stream %p of the same "
+                           "%s: the legacy stream (%s) used while blocking stream %p of the same "
                            "device captures (capture %llu)%s",
-                           entry, (void *)s, (void *)first->handle,
+                           entry, legacy_name(s), (void *)first->handle,
                            (unsigned long long)first->cap->id,
                            invalidate ? "; the capture is invalidated" : "");
 }
@@ -1385,9 +1421,9 @@ static CUresult capture_wait_captured(fc_device_t *d, CUstream s, uint64_t sid,
   if (is_legacy(s)) {
     capture_invalidate(c, "cuStreamWaitEvent");
     return capture_violation(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
-                             "cuStreamWaitEvent: the legacy stream cannot join capture %llu "
+                             "cuStreamWaitEvent: the legacy stream (%s) cannot join capture %llu "
                              "(event %p); the capture is invalidated",
-                             (unsigned long long)c->id, (void *)e->ev);
+                             legacy_name(s), (unsigned long long)c->id, (void *)e->ev);
   }
   /* The fork: s joins the capture, its next work depending on the event's nodes. */
   return cap_stream_add(sid, s, d->ctx.ordinal, c, &e->set) ? CUDA_SUCCESS
@@ -3022,8 +3058,9 @@ static CUresult stream_begin_capture(CUstream hStream, CUstreamCaptureMode mode)
   uint64_t sid = 0;
   if (is_legacy(hStream)) {
     r = capture_violation(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
-                          "cuStreamBeginCapture: capture on the legacy stream %p is not supported",
-                          (void *)hStream);
+                          "cuStreamBeginCapture: capture on the legacy stream (%s) is not "
+                          "supported",
+                          legacy_name(hStream));
   } else {
     r = stream_sid(d, hStream, &sid);
   }
@@ -3062,42 +3099,49 @@ CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream, CUstreamCaptureMode mode
   return stream_begin_capture(hStream, mode);
 }
 
-/* Marks every node from which a node of set can be reached backwards (the
- * set and its ancestors). fc.mu held. */
-static void mark_ancestors(const fc_nodeset_t *set) {
-  for (size_t i = 0; i < set->n; i++) {
-    CUgraphNode n = set->v[i];
+/* Marks the nodes of set and every node they depend on, directly or not
+ * (iteratively: a long capture is a long chain); false when out of host
+ * memory. fc.mu held. */
+static bool mark_ancestors(const fc_nodeset_t *set) {
+  fc_nodeset_t todo = {0};
+  bool ok = set_assign(&todo, set);
+  while (ok && todo.n > 0) {
+    CUgraphNode n = todo.v[--todo.n];
     if (n->mark) continue;
     n->mark = true;
-    fc_nodeset_t deps = {n->deps, n->ndeps, n->ndeps};
-    mark_ancestors(&deps);
+    ok = set_reserve(&todo, todo.n + n->ndeps);
+    if (ok) {
+      memcpy(todo.v + todo.n, n->deps, n->ndeps * sizeof *n->deps);
+      todo.n += n->ndeps;
+    }
   }
+  set_free(&todo);
+  return ok;
 }
 
 /* Whether every stream of capture c rejoined its origin: the last work
  * captured on each (its dependency set) is waited on by the origin's.
+ * CUDA_SUCCESS, CUDA_ERROR_STREAM_CAPTURE_UNJOINED, or out of memory.
  * fc.mu held. */
-static bool capture_joined(const fc_capture_t *c, const fc_cap_stream_t *origin) {
-  mark_ancestors(&origin->deps);
+static CUresult capture_joined(const fc_capture_t *c, const fc_cap_stream_t *origin) {
   bool joined = true;
-  for (size_t i = 0; i < fc.cap_streams.n && joined; i++) {
+  bool ok = mark_ancestors(&origin->deps);
+  for (size_t i = 0; ok && i < fc.cap_streams.n && joined; i++) {
     const fc_cap_stream_t *rec = ((fc_cap_stream_entry_t *)vec_at(&fc.cap_streams, i))->rec;
     if (rec->cap != c) continue;
     for (size_t k = 0; k < rec->deps.n && joined; k++) joined = rec->deps.v[k]->mark;
   }
   for (size_t i = 0; i < c->graph->n; i++) c->graph->nodes[i]->mark = false;
-  return joined;
+  if (!ok) return CUDA_ERROR_OUT_OF_MEMORY;
+  return joined ? CUDA_SUCCESS : CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
 }
 
 /* Ends capture c from its origin stream (origin: its record): the graph
  * when it was valid and joined, else the error and no graph. fc.mu held. */
 static CUresult capture_finish(fc_capture_t *c, const fc_cap_stream_t *origin, CUgraph *out) {
-  CUresult r = CUDA_SUCCESS;
-  if (c->invalidated_by) {
-    r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-  } else if (!capture_joined(c, origin)) {
-    r = CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
-  } else {
+  CUresult r = c->invalidated_by ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+                                 : capture_joined(c, origin);
+  if (r == CUDA_SUCCESS) {
     fc_stream_key_t k = {(uintptr_t)c->graph, c->dev};
     if (!vec_insert(&fc.graphs, &k)) r = CUDA_ERROR_OUT_OF_MEMORY;
   }
