@@ -1,8 +1,9 @@
 /* The fake CUDA driver for tests (libgma_fakecuda.so): owns the fake
  * driver's state: its devices and their primary contexts, each thread's
- * context stack, the bookkeeping of device memory (cuMemAlloc allocations,
- * VMM reservations, physical handles and mappings), the event-to-device
- * table, the per-entry call counters and the armed faults.
+ * context stack and stream capture mode, the bookkeeping of device memory
+ * (cuMemAlloc allocations, VMM reservations, physical handles and
+ * mappings), the event-to-device table, stream captures and graphs, the
+ * per-entry call counters and the armed faults.
  *
  * Each fake GPU is one of gma's simulated devices (runtime/device/sim.c and
  * runtime/error.c are compiled into this library, hidden and bound with
@@ -30,6 +31,20 @@
  * a stream of different devices returns CUDA_ERROR_INVALID_HANDLE, as
  * documented.
  *
+ * Stream capture, as CUDA 13's driver API documents it (fakecuda.h lists
+ * the rules and the fake's list of potentially unsafe calls): work queued
+ * on a capturing stream (fakecuda_launch kernels, memsets, copies,
+ * cuStreamWaitValue32, graph launches) becomes a node of the capture's
+ * graph instead of running; an event recorded there is a captured event,
+ * and a stream waiting on it joins the capture (fork and join across
+ * streams, checked at cuStreamEndCapture: UNJOINED); each thread has a
+ * capture mode (cuThreadExchangeStreamCaptureMode) that decides which
+ * potentially unsafe calls the captures underway prohibit; a call that
+ * breaks a rule gets CUDA's error and invalidates the capture where CUDA
+ * does. cuGraphLaunch queues the graph's work, in capture order, as one
+ * piece of work on the launch stream, with the device pointers it was
+ * captured with. Capture ids are unique for the process.
+ *
  * Stricter than a GPU where a GPU's behaviour is undefined (fakecuda.h,
  * FAKECUDA_STRICT_*; GMA_FAKECUDA_STRICT or fakecuda_strict switch the
  * checks, all on by default): the process aborts with a message naming the
@@ -46,7 +61,12 @@
  *   copy is on fc_inflight from queueing until it ran). Kernels queued with
  *   fakecuda_launch are opaque and not tracked.
  * Without a check the call returns CUDA_ERROR_INVALID_HANDLE, or (pending)
- * succeeds and the copy later sets the sticky fault.
+ * succeeds and the copy later sets the sticky fault. One more check is not
+ * about undefined behaviour: a call that breaks a stream capture rule
+ * ("capture": it invalidates a capture or gets CUDA_ERROR_CAPTURED_EVENT,
+ * _STREAM_CAPTURE_UNSUPPORTED, _ISOLATION, _IMPLICIT, _MERGE, _UNMATCHED or
+ * _WRONG_THREAD) aborts too, since gma must never make one; every such call
+ * counts in fakecuda_capture_violations either way.
  *
  * Deliberate differences, each documented where it matters:
  * - cuMemFree and cuMemUnmap do not synchronize the device. gma must not rely
@@ -61,13 +81,26 @@
  * - A physical handle can be mapped once at a time; reservations, handles and
  *   mappings belong to one device and live with its primary context; a
  *   stream can wait only on an event of its own device.
+ * - Capture: a graph launch runs its whole graph in capture order on the
+ *   launch stream (a valid schedule, with less concurrency than a GPU's);
+ *   a graph launched on a capturing stream is captured as its nodes, not
+ *   as a child graph node; the graph API beyond capture, instantiate,
+ *   launch and destroy (adding or editing nodes, updates, uploads, memory
+ *   nodes, conditional nodes, cuStreamBeginCaptureToGraph,
+ *   cuStreamUpdateCaptureDependencies) is not implemented. Where CUDA does
+ *   not say, the fake chooses the strict answer: cuStreamWaitEvent on an
+ *   event of an ended capture is CUDA_ERROR_CAPTURED_EVENT (from a capturing
+ *   stream, _ISOLATION), cuStreamDestroy of a capturing stream is refused
+ *   (_UNSUPPORTED, invalidating), and WRONG_THREAD does not invalidate.
  *
  * Locks, in order: a device's `life` (read: a call uses the device's sim;
  * write: retain/release switch the sim on or off), then `fc.mem_rw` (read: a
  * copy kernel touches device memory; write: memory is added or removed), then
  * `fc.mu` (all bookkeeping), then `fault_mu` (a leaf). `init_mu` is taken
- * alone. Stream threads of a sim run copy kernels, which take mem_rw and mu
- * but never life, so a reset can drain them while holding life.
+ * alone. Stream threads of a sim run copy kernels (and graph launches),
+ * which take mem_rw and mu but never life, so a reset can drain them while
+ * holding life. Stream capture adds no lock: its state is under fc.mu, and
+ * the sim is asked for a stream's id before mu is taken.
  *
  * Test controls: see fakecuda.h. */
 #define _GNU_SOURCE /* pthread_rwlockattr_setkind_np */
@@ -101,20 +134,36 @@
 
 _Static_assert(sizeof(uintptr_t) == sizeof(CUdeviceptr), "device pointers are host addresses");
 _Static_assert(sizeof(uintptr_t) == sizeof(CUmemGenericAllocationHandle), "handles are keys");
+_Static_assert(sizeof(uintptr_t) >= sizeof(uint64_t), "stream ids are keys");
 
 /* ---------------------------------------------------------------------------
  * Entry points: the list gma uses (cuda_entries.h), the extra ones the GPU
  * tests call, and cuGetProcAddress itself. The X-macro makes the lookup
  * table, the call counters and the fault table from one list.
  * ------------------------------------------------------------------------- */
-#define FC_EXTRA_ENTRIES(X) \
-  X(cuCtxSetCurrent)        \
-  X(cuCtxCreate)            \
-  X(cuCtxDestroy)           \
-  X(cuMemsetD32Async)       \
-  X(cuMemcpyDtoHAsync)      \
-  X(cuMemcpyHtoDAsync)      \
-  X(cuStreamWaitValue32)
+/* Stream capture and graphs come last (see "Stream capture"); gma's runtime
+ * will call cuStreamIsCapturing and cuThreadExchangeStreamCaptureMode itself,
+ * and when they move into GMA_CUDA_ENTRIES their two lines here go: nothing
+ * else in the fake depends on which list names an entry point, and none may
+ * be named by both. */
+#define FC_EXTRA_ENTRIES(X)             \
+  X(cuCtxSetCurrent)                    \
+  X(cuCtxCreate)                        \
+  X(cuCtxDestroy)                       \
+  X(cuMemsetD32Async)                   \
+  X(cuMemcpyDtoHAsync)                  \
+  X(cuMemcpyHtoDAsync)                  \
+  X(cuStreamWaitValue32)                \
+  X(cuStreamQuery)                      \
+  X(cuStreamBeginCapture)               \
+  X(cuStreamEndCapture)                 \
+  X(cuStreamGetCaptureInfo)             \
+  X(cuGraphInstantiate)                 \
+  X(cuGraphLaunch)                      \
+  X(cuGraphExecDestroy)                 \
+  X(cuGraphDestroy)                     \
+  X(cuStreamIsCapturing)                \
+  X(cuThreadExchangeStreamCaptureMode)
 #define FC_ALL_ENTRIES(X) X(cuGetProcAddress) GMA_CUDA_ENTRIES(X) FC_EXTRA_ENTRIES(X)
 
 enum {
@@ -188,10 +237,12 @@ __attribute__((constructor)) static void fc_strict_from_env(void) {
       flags |= FAKECUDA_STRICT_HANDLES;
     } else if (n == 7 && strncmp(p, "pending", n) == 0) {
       flags |= FAKECUDA_STRICT_PENDING;
+    } else if (n == 7 && strncmp(p, "capture", n) == 0) {
+      flags |= FAKECUDA_STRICT_CAPTURE;
     } else {
       fprintf(stderr,
-              "fakecuda: GMA_FAKECUDA_STRICT=%s: expected all, none, or a list of handles and "
-              "pending; every check stays on\n",
+              "fakecuda: GMA_FAKECUDA_STRICT=%s: expected all, none, or a list of handles, "
+              "pending and capture; every check stays on\n",
               e);
       return;
     }
@@ -331,7 +382,68 @@ typedef struct fc_device {
   _Atomic int sticky;
   unsigned refs; /* fc.mu: primary context references */
   uint64_t used; /* fc.mu: bytes held by cuMemAlloc and cuMemCreate; <= capacity */
+  /* fc.mu: how many times the device was reset; an executable graph made
+   * before the last reset died with its context, as on a GPU. */
+  uint64_t epoch;
 } fc_device_t;
+
+/* A stream-ordered memset or copy of the fake (see copy_launch), queued as a
+ * kernel of its own or as one op of a graph launch. */
+typedef enum fc_copy_kind { FC_MEMSET32, FC_DTOH, FC_HTOD } fc_copy_kind_t;
+
+typedef struct fc_copy {
+  fc_copy_kind_t kind;
+  fc_device_t *dev;
+  uintptr_t dptr;
+  void *host;
+  uint64_t bytes;
+  uint32_t value;
+  CUstream stream;                /* for messages only */
+  const char *entry;              /* the entry point that queued it */
+  struct fc_copy *prev, *next;    /* fc.mu: on fc_inflight while queued or running */
+} fc_copy_t;
+
+/* cuStreamWaitValue32's wait: the stream polls a word of pinned memory. */
+typedef struct fc_wait_value {
+  volatile uint32_t *word;
+  uint32_t value;
+  unsigned op; /* CU_STREAM_WAIT_VALUE_GEQ / EQ / AND / NOR */
+} fc_wait_value_t;
+
+/* One piece of stream work, as a capture records it and a graph launch
+ * replays it: a kernel of fakecuda_launch, a memset or copy, or a wait on a
+ * value. Device pointers stay as recorded: a replay touches whatever memory
+ * is at that address then, as a real graph does. */
+typedef enum fc_op_kind { FC_OP_KERNEL, FC_OP_COPY, FC_OP_WAIT_VALUE } fc_op_kind_t;
+
+typedef struct fc_op {
+  fc_op_kind_t kind;
+  union {
+    struct {
+      void (*fn)(void *);
+      void *arg;
+    } kernel;
+    fc_copy_t copy;       /* prev/next unused until a launch queues a copy of it */
+    fc_wait_value_t wait;
+  } u;
+} fc_op_t;
+
+/* A node of a captured graph: one op and the nodes it depends on (edges
+ * point backwards, so capture order is a topological order). The CUgraphNode
+ * handle is its address. Owned by its graph. */
+struct CUgraphNode_st {
+  fc_op_t op;
+  CUgraphNode *deps;
+  size_t ndeps;
+  bool mark; /* fc.mu: scratch of cuStreamEndCapture's reachability walk */
+};
+
+/* A set of nodes: what the next node captured on a stream depends on, or
+ * what a captured event stands for. */
+typedef struct fc_nodeset {
+  CUgraphNode *v;
+  size_t n, cap;
+} fc_nodeset_t;
 
 /* A physical allocation of cuMemCreate. Its bytes count in its device's used
  * from create until it is both released and unmapped. */
@@ -371,6 +483,10 @@ typedef struct fc_event_entry {
   uintptr_t ev; /* key: the sim's event handle */
   int dev;
   CUcontext ctx; /* the context current at cuEventCreate */
+  /* A captured event (last recorded on a capturing stream): the capture's
+   * id (0: not captured) and the nodes it stands for. */
+  uint64_t cap_id;
+  fc_nodeset_t set;
 } fc_event_entry_t;
 
 /* A stream made while a created context was current (primary: no entry). */
@@ -378,6 +494,21 @@ typedef struct fc_stream_ctx {
   uintptr_t stream; /* key */
   CUcontext ctx;
 } fc_stream_ctx_t;
+
+/* A key alone, with the device it belongs to: a non-blocking stream (by
+ * stream id), a graph or an executable graph (by address). */
+typedef struct fc_stream_key {
+  uintptr_t key;
+  int dev;
+} fc_stream_key_t;
+
+/* A capturing stream, by its stream id (the sim's ids are never reused, so
+ * a recycled handle value is another key). rec is heap-allocated so that
+ * pointers to it survive the table's inserts. */
+typedef struct fc_cap_stream_entry {
+  uintptr_t sid; /* key */
+  struct fc_cap_stream *rec;
+} fc_cap_stream_entry_t;
 
 #define FC_MAX_CREATED 64
 
@@ -403,6 +534,13 @@ static struct {
   fc_vec_t stream_ctx; /* mu: fc_stream_ctx_t by stream, streams of created contexts */
   CUcontext created[FC_MAX_CREATED]; /* mu: live contexts of cuCtxCreate */
   uintptr_t next_handle; /* mu */
+  /* Stream capture (see "Stream capture: state and rules"), all under mu. */
+  fc_vec_t nonblocking;  /* fc_stream_key_t by stream id: streams made with CU_STREAM_NON_BLOCKING */
+  fc_vec_t cap_streams;  /* fc_cap_stream_entry_t by stream id: the streams capturing */
+  fc_vec_t graphs;       /* fc_stream_key_t by address: graphs handed out by cuStreamEndCapture */
+  fc_vec_t execs;        /* fc_stream_key_t by address: live executable graphs */
+  struct fc_capture *captures; /* the captures begun and not ended */
+  uint64_t next_capture_id;
 } fc = {
     .init_mu = PTHREAD_MUTEX_INITIALIZER,
     .mu = PTHREAD_MUTEX_INITIALIZER,
@@ -412,6 +550,11 @@ static struct {
     .events = {NULL, 0, 0, sizeof(fc_event_entry_t)},
     .stream_ctx = {NULL, 0, 0, sizeof(fc_stream_ctx_t)},
     .next_handle = 0x100001,
+    .nonblocking = {NULL, 0, 0, sizeof(fc_stream_key_t)},
+    .cap_streams = {NULL, 0, 0, sizeof(fc_cap_stream_entry_t)},
+    .graphs = {NULL, 0, 0, sizeof(fc_stream_key_t)},
+    .execs = {NULL, 0, 0, sizeof(fc_stream_key_t)},
+    .next_capture_id = 1,
 };
 
 /* The calling thread's context stack; only its thread touches it. */
@@ -428,6 +571,16 @@ static bool fc_ready(void) { return atomic_load_explicit(&fc.initialized, memory
     CUresult fr_;                                          \
     if (fc_enter(FC_##name, &fr_)) return fr_;             \
     if (!fc_ready()) return CUDA_ERROR_NOT_INITIALIZED;    \
+  } while (0)
+
+/* A potentially unsafe call during stream capture (fakecuda.h): refused,
+ * doing nothing else, where the calling thread's capture mode prohibits it
+ * (capture_unsafe). */
+static CUresult capture_unsafe(const char *entry);
+#define FC_UNSAFE(name)                                    \
+  do {                                                     \
+    CUresult cu_ = capture_unsafe(#name);                  \
+    if (cu_ != CUDA_SUCCESS) return cu_;                   \
   } while (0)
 
 /* Maps a sim status to a CUresult. The sim's GMA_ERR_DEVICE means host
@@ -670,6 +823,21 @@ static CUresult range_check(uintptr_t p, uint64_t n, int di) {
   E(CUDA_ERROR_SYSTEM_DRIVER_MISMATCH,                                                     \
     "system has unsupported display driver / cuda driver combination")                     \
   E(CUDA_ERROR_TIMEOUT, "wait operation timed out")                                        \
+  E(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "operation not permitted when stream is capturing") \
+  E(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,                                                 \
+    "operation failed due to a previous error during capture")                             \
+  E(CUDA_ERROR_STREAM_CAPTURE_MERGE,                                                       \
+    "operation would result in a merge of separate capture sequences")                     \
+  E(CUDA_ERROR_STREAM_CAPTURE_UNMATCHED, "capture was not ended in the same stream as it began") \
+  E(CUDA_ERROR_STREAM_CAPTURE_UNJOINED, "capturing stream has unjoined work")              \
+  E(CUDA_ERROR_STREAM_CAPTURE_ISOLATION,                                                   \
+    "dependency created on uncaptured work in another stream")                             \
+  E(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,                                                    \
+    "operation would make the legacy stream depend on a capturing blocking stream")        \
+  E(CUDA_ERROR_CAPTURED_EVENT,                                                             \
+    "operation not permitted on an event last recorded in a capturing stream")             \
+  E(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD,                                                \
+    "attempt to terminate a thread-local capture sequence from another thread")            \
   E(CUDA_ERROR_UNKNOWN, "unknown error")
 
 CUresult CUDAAPI cuGetErrorName(CUresult error, const char **pStr) {
@@ -706,6 +874,603 @@ CUresult CUDAAPI cuGetErrorString(CUresult error, const char **pStr) {
   }
   *pStr = NULL;
   return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* The name of a code FC_ERRORS lists, for messages. */
+static const char *err_name(CUresult r) {
+  const char *s = NULL;
+  switch (r) {
+#define FC_ERR_STR_(code, text) \
+  case code:                    \
+    s = #code;                  \
+    break;
+    FC_ERRORS(FC_ERR_STR_)
+#undef FC_ERR_STR_
+    default:
+      s = "an error";
+  }
+  return s;
+}
+
+/* ---------------------------------------------------------------------------
+ * Stream capture: state and rules
+ *
+ * A capture (fc_capture_t) is begun on one stream (its origin) and grows
+ * into a graph: the streams taking part (the origin, and each stream that
+ * waited on one of its captured events) are in fc.cap_streams, each with the
+ * set of nodes its next captured work depends on. Work queued on such a
+ * stream becomes a node of the graph and does not run. An event recorded on
+ * it becomes a captured event (it stands for the stream's set), and a stream
+ * waiting on that event joins the capture. cuStreamEndCapture on the origin
+ * hands the graph out and ends the capture for every stream of it.
+ *
+ * The rules (cuda.h: cuStreamBeginCapture, cuThreadExchangeStreamCaptureMode,
+ * cuStreamEndCapture, cuStreamIsCapturing, cuStreamGetCaptureInfo; the CUDA
+ * programming guide on prohibited and unhandled operations): a call that
+ * breaks one returns its error and, where CUDA says so, invalidates the
+ * capture. Such a call counts in fc_capture_violations, and with the
+ * "capture" check on it aborts the process (capture_violation): gma must
+ * never make one. Everything here is under fc.mu; fc_live_captures lets the
+ * calls that only need "no capture anywhere" skip the lock.
+ * ------------------------------------------------------------------------- */
+typedef struct fc_capture {
+  uint64_t id;             /* unique over the process lifetime, from 1 */
+  int dev;
+  uint64_t origin;         /* the stream id of the stream that began it */
+  CUstream origin_handle;  /* for messages */
+  CUstreamCaptureMode mode;
+  uint64_t thread;         /* thread_serial() of the thread that began it */
+  const char *invalidated_by; /* NULL while valid; else the entry point that broke it */
+  CUgraph graph;
+  struct fc_capture *next;
+} fc_capture_t;
+
+/* A stream taking part in a capture. */
+typedef struct fc_cap_stream {
+  uint64_t sid;
+  CUstream handle; /* as the call that made it capture named it; for messages */
+  int dev;
+  bool blocking;   /* not made with CU_STREAM_NON_BLOCKING */
+  fc_capture_t *cap;
+  fc_nodeset_t deps;      /* what its next captured node depends on */
+  CUgraphEdgeData *edges; /* cuStreamGetCaptureInfo's edge data (all default) */
+  size_t edges_cap;
+} fc_cap_stream_t;
+
+struct CUgraph_st {
+  int dev;
+  CUgraphNode *nodes; /* in capture order */
+  size_t n, cap;
+};
+
+/* An executable graph: its graph's ops in capture order (a valid schedule:
+ * every node comes after what it depends on), copied, so the graph may be
+ * destroyed at once. */
+struct CUgraphExec_st {
+  int dev;
+  uint64_t epoch; /* its device's epoch at instantiation */
+  fc_op_t *ops;
+  size_t n;
+};
+
+/* Calls that broke a capture rule (fakecuda_capture_violations). */
+static _Atomic unsigned long long fc_capture_violations_n;
+/* Captures begun and not ended: written under fc.mu; read without it only to
+ * skip the capture checks when it is 0 (a capture begun by another thread
+ * concurrently with a call is a race of the caller's either way). */
+static _Atomic unsigned fc_live_captures;
+static _Atomic uint64_t fc_next_thread_serial = 1;
+
+/* The calling thread's capture interaction mode (CU_STREAM_CAPTURE_MODE_GLOBAL,
+ * 0, by default) and its serial number (0: not assigned yet); only its
+ * thread touches them. */
+static _Thread_local CUstreamCaptureMode tls_capture_mode;
+static _Thread_local uint64_t tls_thread_serial;
+
+/* A number for the calling thread, never reused, so that a capture's
+ * beginning thread is told apart from a later thread at the same address. */
+static uint64_t thread_serial(void) {
+  if (tls_thread_serial == 0)
+    tls_thread_serial = atomic_fetch_add_explicit(&fc_next_thread_serial, 1, memory_order_relaxed);
+  return tls_thread_serial;
+}
+
+static const char *mode_name(CUstreamCaptureMode m) {
+  switch (m) {
+    case CU_STREAM_CAPTURE_MODE_GLOBAL: return "GLOBAL";
+    case CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: return "THREAD_LOCAL";
+    case CU_STREAM_CAPTURE_MODE_RELAXED: return "RELAXED";
+    default: return "unknown";
+  }
+}
+
+/* The legacy default stream, as the non-per-thread entry points read it. */
+static bool is_legacy(CUstream s) { return s == NULL || s == CU_STREAM_LEGACY; }
+
+/* How a message names the legacy stream s. */
+static const char *legacy_name(CUstream s) { return s ? "CU_STREAM_LEGACY" : "NULL"; }
+
+static bool captures_live(void) {
+  return atomic_load_explicit(&fc_live_captures, memory_order_relaxed) != 0;
+}
+
+/* The stream id of stream s of the entered device d. */
+static CUresult stream_sid(fc_device_t *d, CUstream s, uint64_t *sid) {
+  return from_sim(d->sim->ops->stream_id(d->sim, (gma_stream_t)s, sid), CUDA_ERROR_INVALID_HANDLE);
+}
+
+/* Counts a call that broke a capture rule and, with the "capture" check on,
+ * stops the process with fmt (which names the entry point, the stream or
+ * event, and the capture). Otherwise returns code, the call's answer. fc.mu
+ * may be held: aborting with it held is harmless. */
+__attribute__((format(printf, 2, 3))) static CUresult capture_violation(CUresult code,
+                                                                        const char *fmt, ...) {
+  atomic_fetch_add_explicit(&fc_capture_violations_n, 1, memory_order_relaxed);
+  if (!fc_strict(FAKECUDA_STRICT_CAPTURE)) return code;
+  va_list ap;
+  va_start(ap, fmt);
+  fputs("fakecuda: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fprintf(stderr,
+          " (%s)\nfakecuda: a call that breaks a stream capture is a failure, not an error code "
+          "for gma to handle, so the fake driver aborts (check \"capture\"; GMA_FAKECUDA_STRICT "
+          "or fakecuda_strict turn it off for a test that expects the error code)\n",
+          err_name(code));
+  fflush(stderr);
+  abort();
+}
+
+/* Marks capture c invalidated (the first breaker is kept for messages). */
+static void capture_invalidate(fc_capture_t *c, const char *entry) {
+  if (!c->invalidated_by) c->invalidated_by = entry;
+}
+
+/* ---- node sets and graphs (fc.mu held, or objects no other thread sees) */
+static bool set_reserve(fc_nodeset_t *s, size_t n) {
+  if (n <= s->cap) return true;
+  size_t ncap = s->cap ? s->cap : 4;
+  while (ncap < n) ncap *= 2;
+  CUgraphNode *v = realloc(s->v, ncap * sizeof *v);
+  if (!v) return false;
+  s->v = v;
+  s->cap = ncap;
+  return true;
+}
+
+static bool set_has(const fc_nodeset_t *s, CUgraphNode node) {
+  for (size_t i = 0; i < s->n; i++)
+    if (s->v[i] == node) return true;
+  return false;
+}
+
+/* dst becomes dst ∪ src; false (dst unchanged) when out of host memory. */
+static bool set_union(fc_nodeset_t *dst, const fc_nodeset_t *src) {
+  if (!set_reserve(dst, dst->n + src->n)) return false;
+  for (size_t i = 0; i < src->n; i++)
+    if (!set_has(dst, src->v[i])) dst->v[dst->n++] = src->v[i];
+  return true;
+}
+
+static bool set_assign(fc_nodeset_t *dst, const fc_nodeset_t *src) {
+  if (!set_reserve(dst, src->n)) return false;
+  memcpy(dst->v, src->v, src->n * sizeof *src->v);
+  dst->n = src->n;
+  return true;
+}
+
+static void set_free(fc_nodeset_t *s) {
+  free(s->v);
+  *s = (fc_nodeset_t){0};
+}
+
+static void graph_free(CUgraph g) {
+  if (!g) return;
+  for (size_t i = 0; i < g->n; i++) {
+    free(g->nodes[i]->deps);
+    free(g->nodes[i]);
+  }
+  free(g->nodes);
+  free(g);
+}
+
+/* Appends ops[0..n) to capture stream rec's graph as a chain behind rec's
+ * dependency set, and makes the last one rec's set. All or nothing: false
+ * (nothing changed) when out of host memory. */
+static bool graph_append(fc_cap_stream_t *rec, const fc_op_t *ops, size_t n) {
+  CUgraph g = rec->cap->graph;
+  if (n == 0) return true;
+  if (!set_reserve(&rec->deps, 1)) return false;
+  if (g->n + n > g->cap) {
+    size_t ncap = g->cap ? g->cap : 16;
+    while (ncap < g->n + n) ncap *= 2;
+    CUgraphNode *v = realloc(g->nodes, ncap * sizeof *v);
+    if (!v) return false;
+    g->nodes = v;
+    g->cap = ncap;
+  }
+  size_t made = 0;
+  for (; made < n; made++) {
+    CUgraphNode node = calloc(1, sizeof *node);
+    size_t nd = made == 0 ? rec->deps.n : 1;
+    CUgraphNode *deps = nd ? malloc(nd * sizeof *deps) : NULL;
+    if (!node || (nd && !deps)) {
+      free(node);
+      free(deps);
+      break;
+    }
+    node->op = ops[made];
+    node->deps = deps;
+    node->ndeps = nd;
+    if (made == 0) {
+      if (nd) memcpy(deps, rec->deps.v, nd * sizeof *deps);
+    } else {
+      deps[0] = g->nodes[g->n + made - 1];
+    }
+    g->nodes[g->n + made] = node;
+  }
+  if (made < n) { /* undo: the nodes made so far are not in g->n yet */
+    for (size_t i = 0; i < made; i++) {
+      free(g->nodes[g->n + i]->deps);
+      free(g->nodes[g->n + i]);
+    }
+    return false;
+  }
+  g->n += n;
+  rec->deps.v[0] = g->nodes[g->n - 1];
+  rec->deps.n = 1;
+  return true;
+}
+
+/* ---- lookups (fc.mu held) */
+static fc_cap_stream_t *cap_stream_find(uint64_t sid) {
+  size_t i = vec_find(&fc.cap_streams, (uintptr_t)sid);
+  return i == SIZE_MAX ? NULL : ((fc_cap_stream_entry_t *)vec_at(&fc.cap_streams, i))->rec;
+}
+
+static fc_capture_t *capture_find(uint64_t id) {
+  fc_capture_t *c = fc.captures;
+  while (c && c->id != id) c = c->next;
+  return c;
+}
+
+static fc_event_entry_t *event_entry(CUevent ev) {
+  size_t i = vec_find(&fc.events, (uintptr_t)ev);
+  return i == SIZE_MAX ? NULL : vec_at(&fc.events, i);
+}
+
+static bool stream_blocking(uint64_t sid) {
+  return vec_find(&fc.nonblocking, (uintptr_t)sid) == SIZE_MAX;
+}
+
+/* Makes the stream (sid, handle) of device di take part in capture c with
+ * dependency set deps; NULL when out of host memory. */
+static fc_cap_stream_t *cap_stream_add(uint64_t sid, CUstream handle, int di, fc_capture_t *c,
+                                       const fc_nodeset_t *deps) {
+  fc_cap_stream_t *rec = calloc(1, sizeof *rec);
+  if (!rec) return NULL;
+  *rec = (fc_cap_stream_t){.sid = sid, .handle = handle, .dev = di,
+                           .blocking = stream_blocking(sid), .cap = c};
+  fc_cap_stream_entry_t e = {(uintptr_t)sid, rec};
+  if ((deps && !set_assign(&rec->deps, deps)) || !vec_insert(&fc.cap_streams, &e)) {
+    set_free(&rec->deps);
+    free(rec);
+    return NULL;
+  }
+  return rec;
+}
+
+static void cap_stream_free(fc_cap_stream_t *rec) {
+  set_free(&rec->deps);
+  free(rec->edges);
+  free(rec);
+}
+
+/* Ends capture c: every stream of it stops capturing, c leaves the list and
+ * is freed. Its graph is the caller's (handed out or freed). */
+static void capture_end(fc_capture_t *c) {
+  for (size_t i = fc.cap_streams.n; i-- > 0;) {
+    fc_cap_stream_entry_t *e = vec_at(&fc.cap_streams, i);
+    if (e->rec->cap != c) continue;
+    cap_stream_free(e->rec);
+    vec_remove(&fc.cap_streams, i);
+  }
+  fc_capture_t **pp = &fc.captures;
+  while (*pp != c) pp = &(*pp)->next;
+  *pp = c->next;
+  atomic_fetch_sub_explicit(&fc_live_captures, 1, memory_order_relaxed);
+  free(c);
+}
+
+/* Forgets the captures, capturing streams and non-blocking streams of
+ * device di, whose sim is gone (device_reset); the graphs being built go
+ * with them. */
+static void capture_forget_device(int di) {
+  for (fc_capture_t *c = fc.captures, *next; c; c = next) {
+    next = c->next;
+    if (c->dev != di) continue;
+    graph_free(c->graph);
+    capture_end(c);
+  }
+  for (size_t i = fc.nonblocking.n; i-- > 0;)
+    if (((fc_stream_key_t *)vec_at(&fc.nonblocking, i))->dev == di) vec_remove(&fc.nonblocking, i);
+}
+
+/* ---- the rules */
+
+/* Whether capture c prohibits a potentially unsafe call from a thread in
+ * mode whose serial is me (cuThreadExchangeStreamCaptureMode): GLOBAL is
+ * prohibited by its own non-relaxed captures and by any GLOBAL capture,
+ * THREAD_LOCAL by its own non-relaxed captures only, RELAXED never. An
+ * invalidated capture still prohibits: it is underway until ended. */
+static bool capture_prohibits(const fc_capture_t *c, CUstreamCaptureMode mode, uint64_t me) {
+  bool own = c->thread == me && c->mode != CU_STREAM_CAPTURE_MODE_RELAXED;
+  switch (mode) {
+    case CU_STREAM_CAPTURE_MODE_GLOBAL: return own || c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
+    case CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: return own;
+    default: return false;
+  }
+}
+
+/* The check of a potentially unsafe call (fakecuda.h lists them), made
+ * before the call does anything: CUDA_SUCCESS, or
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED after invalidating every capture
+ * that prohibits it. Any thread, no lock held (or only a device's life). */
+static CUresult capture_unsafe(const char *entry) {
+  if (!captures_live()) return CUDA_SUCCESS;
+  CUstreamCaptureMode mode = tls_capture_mode;
+  uint64_t me = thread_serial();
+  CUresult r = CUDA_SUCCESS;
+  pthread_mutex_lock(&fc.mu);
+  fc_capture_t *first = NULL;
+  for (fc_capture_t *c = fc.captures; c; c = c->next) {
+    if (!capture_prohibits(c, mode, me)) continue;
+    capture_invalidate(c, entry);
+    if (!first) first = c;
+  }
+  if (first)
+    r = capture_violation(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+                          "%s: a potentially unsafe call from a thread in %s capture mode while "
+                          "capture %llu (begun on stream %p in %s mode by %s thread) is underway; "
+                          "it is prohibited and invalidates the capture",
+                          entry, mode_name(mode), (unsigned long long)first->id,
+                          (void *)first->origin_handle, mode_name(first->mode),
+                          first->thread == me ? "this" : "another");
+  pthread_mutex_unlock(&fc.mu);
+  return r;
+}
+
+/* The legacy stream s (NULL or CU_STREAM_LEGACY) while a blocking stream of
+ * device d captures: every use of it would make it wait for the capture, so
+ * it gets CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, and (invalidate: a use other
+ * than a capture query) those captures are invalidated. CUDA_SUCCESS for
+ * any other stream or state. fc.mu held. */
+static CUresult capture_implicit(const char *entry, const fc_device_t *d, CUstream s,
+                                 bool invalidate) {
+  if (!is_legacy(s)) return CUDA_SUCCESS;
+  const fc_cap_stream_t *first = NULL;
+  for (size_t i = 0; i < fc.cap_streams.n; i++) {
+    fc_cap_stream_t *rec = ((fc_cap_stream_entry_t *)vec_at(&fc.cap_streams, i))->rec;
+    if (rec->dev != d->ctx.ordinal || !rec->blocking) continue;
+    if (invalidate) capture_invalidate(rec->cap, entry);
+    if (!first) first = rec;
+  }
+  if (!first) return CUDA_SUCCESS;
+  return capture_violation(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+                           "%s: the legacy stream (%s) used while blocking stream %p of the same "
+                           "device captures (capture %llu)%s",
+                           entry, legacy_name(s), (void *)first->handle,
+                           (unsigned long long)first->cap->id,
+                           invalidate ? "; the capture is invalidated" : "");
+}
+
+/* Puts ops[0..n), queued by entry on stream s of the entered device d, into
+ * s's capture if s captures: *taken tells whether the capture (or a capture
+ * rule) took the call, in which case the result is the call's and nothing
+ * runs; otherwise the caller queues the work itself. */
+static CUresult capture_ops(const char *entry, fc_device_t *d, CUstream s, const fc_op_t *ops,
+                            size_t n, bool *taken) {
+  *taken = false;
+  if (!captures_live()) return CUDA_SUCCESS;
+  uint64_t sid;
+  CUresult r = stream_sid(d, s, &sid);
+  if (r != CUDA_SUCCESS) {
+    *taken = true;
+    return r;
+  }
+  pthread_mutex_lock(&fc.mu);
+  r = capture_implicit(entry, d, s, true);
+  fc_cap_stream_t *rec = r == CUDA_SUCCESS ? cap_stream_find(sid) : NULL;
+  if (r != CUDA_SUCCESS || rec) *taken = true;
+  if (rec && rec->cap->invalidated_by) {
+    r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  } else if (rec && !graph_append(rec, ops, n)) {
+    r = CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  pthread_mutex_unlock(&fc.mu);
+  return r;
+}
+
+/* A call that waits for stream s or ends it (cuStreamSynchronize,
+ * cuStreamQuery, cuStreamDestroy): on a capturing stream the work it would
+ * wait for is not scheduled, so CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and the
+ * capture is invalidated, in every mode; on the legacy stream while a
+ * blocking stream captures, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT. d entered. */
+static CUresult capture_stream_use(const char *entry, fc_device_t *d, CUstream s) {
+  if (!captures_live()) return CUDA_SUCCESS;
+  uint64_t sid;
+  CUresult r = stream_sid(d, s, &sid);
+  if (r != CUDA_SUCCESS) return r;
+  pthread_mutex_lock(&fc.mu);
+  r = capture_implicit(entry, d, s, true);
+  fc_cap_stream_t *rec = r == CUDA_SUCCESS ? cap_stream_find(sid) : NULL;
+  if (rec) {
+    capture_invalidate(rec->cap, entry);
+    r = capture_violation(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+                          "%s: stream %p is capturing (capture %llu, begun on stream %p); its "
+                          "work is not scheduled, so it cannot be waited for; the capture is "
+                          "invalidated",
+                          entry, (void *)s, (unsigned long long)rec->cap->id,
+                          (void *)rec->cap->origin_handle);
+  }
+  pthread_mutex_unlock(&fc.mu);
+  return r;
+}
+
+/* cuCtxSynchronize on device d while a stream of d captures: a device-wide
+ * wait would include the capturing streams, which the programming guide
+ * prohibits in every mode; CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and those
+ * captures are invalidated. d entered. */
+static CUresult capture_device_sync(const char *entry, const fc_device_t *d) {
+  if (!captures_live()) return CUDA_SUCCESS;
+  CUresult r = CUDA_SUCCESS;
+  pthread_mutex_lock(&fc.mu);
+  const fc_cap_stream_t *first = NULL;
+  for (size_t i = 0; i < fc.cap_streams.n; i++) {
+    fc_cap_stream_t *rec = ((fc_cap_stream_entry_t *)vec_at(&fc.cap_streams, i))->rec;
+    if (rec->dev != d->ctx.ordinal) continue;
+    capture_invalidate(rec->cap, entry);
+    if (!first) first = rec;
+  }
+  if (first)
+    r = capture_violation(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+                          "%s: stream %p of device %d is capturing (capture %llu); a device-wide "
+                          "synchronize cannot wait for it; the capture is invalidated",
+                          entry, (void *)first->handle, d->ctx.ordinal,
+                          (unsigned long long)first->cap->id);
+  pthread_mutex_unlock(&fc.mu);
+  return r;
+}
+
+/* cuEventQuery / cuEventSynchronize on a captured event: it stands for graph
+ * nodes, not for scheduled work, so CUDA_ERROR_CAPTURED_EVENT in every mode
+ * (the call "necessarily conflicts" with capture); the capture is not
+ * invalidated. */
+static CUresult capture_event_check(const char *entry, CUevent ev) {
+  CUresult r = CUDA_SUCCESS;
+  pthread_mutex_lock(&fc.mu);
+  const fc_event_entry_t *e = event_entry(ev);
+  if (e && e->cap_id) {
+    const fc_capture_t *c = capture_find(e->cap_id);
+    r = capture_violation(CUDA_ERROR_CAPTURED_EVENT,
+                          "%s: event %p was last recorded in capture %llu (%s)", entry, (void *)ev,
+                          (unsigned long long)e->cap_id, c ? "underway" : "ended since");
+  }
+  pthread_mutex_unlock(&fc.mu);
+  return r;
+}
+
+/* cuEventRecord's capture part: on a capturing stream the event becomes a
+ * captured event standing for the stream's dependency set, and nothing is
+ * recorded on the device (*taken). */
+static CUresult capture_record(fc_device_t *d, CUstream s, CUevent ev, bool *taken) {
+  *taken = false;
+  if (!captures_live()) return CUDA_SUCCESS;
+  uint64_t sid;
+  CUresult r = stream_sid(d, s, &sid);
+  if (r != CUDA_SUCCESS) {
+    *taken = true;
+    return r;
+  }
+  pthread_mutex_lock(&fc.mu);
+  r = capture_implicit("cuEventRecord", d, s, true);
+  fc_cap_stream_t *rec = r == CUDA_SUCCESS ? cap_stream_find(sid) : NULL;
+  fc_event_entry_t *e = event_entry(ev);
+  if (r != CUDA_SUCCESS || rec) *taken = true;
+  if (rec && rec->cap->invalidated_by) {
+    r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  } else if (rec && e) {
+    if (set_assign(&e->set, &rec->deps)) {
+      e->cap_id = rec->cap->id;
+    } else {
+      r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+  }
+  pthread_mutex_unlock(&fc.mu);
+  return r;
+}
+
+/* After a record outside any capture: the event stands for device work
+ * again. */
+static void event_uncapture(CUevent ev) {
+  pthread_mutex_lock(&fc.mu);
+  fc_event_entry_t *e = event_entry(ev);
+  if (e && e->cap_id) {
+    e->cap_id = 0;
+    e->set.n = 0;
+  }
+  pthread_mutex_unlock(&fc.mu);
+}
+
+/* cuStreamWaitEvent with a captured event e of live capture c, on stream s
+ * (rec: its capture record or NULL). fc.mu held. */
+static CUresult capture_wait_captured(fc_device_t *d, CUstream s, uint64_t sid,
+                                      fc_cap_stream_t *rec, fc_event_entry_t *e, fc_capture_t *c) {
+  if (c->invalidated_by || (rec && rec->cap->invalidated_by))
+    return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  if (rec && rec->cap != c) {
+    capture_invalidate(c, "cuStreamWaitEvent");
+    capture_invalidate(rec->cap, "cuStreamWaitEvent");
+    return capture_violation(CUDA_ERROR_STREAM_CAPTURE_MERGE,
+                             "cuStreamWaitEvent: stream %p of capture %llu waits on event %p of "
+                             "capture %llu; both captures are invalidated",
+                             (void *)s, (unsigned long long)rec->cap->id, (void *)e->ev,
+                             (unsigned long long)c->id);
+  }
+  if (rec) return set_union(&rec->deps, &e->set) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+  if (is_legacy(s)) {
+    capture_invalidate(c, "cuStreamWaitEvent");
+    return capture_violation(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+                             "cuStreamWaitEvent: the legacy stream (%s) cannot join capture %llu "
+                             "(event %p); the capture is invalidated",
+                             legacy_name(s), (unsigned long long)c->id, (void *)e->ev);
+  }
+  /* The fork: s joins the capture, its next work depending on the event's nodes. */
+  return cap_stream_add(sid, s, d->ctx.ordinal, c, &e->set) ? CUDA_SUCCESS
+                                                            : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* cuStreamWaitEvent's capture part, for stream s of the entered device d
+ * and event ev of d: *taken when the wait is a capture's (a join, a merge
+ * of dependencies) or breaks a rule; otherwise the caller waits on the
+ * device. A capturing stream may wait only on an event captured in its own
+ * capture (else CUDA_ERROR_STREAM_CAPTURE_ISOLATION, or _MERGE for another
+ * capture's, invalidating); a stream that does not capture and waits on a
+ * captured event joins its capture, or, when that capture has ended, gets
+ * CUDA_ERROR_CAPTURED_EVENT (the event stands for no scheduled work). */
+static CUresult capture_wait(fc_device_t *d, CUstream s, CUevent ev, bool *taken) {
+  uint64_t sid;
+  CUresult r = stream_sid(d, s, &sid);
+  *taken = r != CUDA_SUCCESS;
+  if (r != CUDA_SUCCESS) return r;
+  pthread_mutex_lock(&fc.mu);
+  fc_event_entry_t *e = event_entry(ev);
+  fc_cap_stream_t *rec = cap_stream_find(sid);
+  fc_capture_t *c = e && e->cap_id ? capture_find(e->cap_id) : NULL;
+  r = capture_implicit("cuStreamWaitEvent", d, s, true);
+  if (r != CUDA_SUCCESS || rec || (e && e->cap_id)) *taken = true;
+  if (r != CUDA_SUCCESS) {
+    /* the legacy stream: answered */
+  } else if (c) {
+    r = capture_wait_captured(d, s, sid, rec, e, c);
+  } else if (rec && rec->cap->invalidated_by) {
+    r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  } else if (rec) {
+    capture_invalidate(rec->cap, "cuStreamWaitEvent");
+    r = capture_violation(CUDA_ERROR_STREAM_CAPTURE_ISOLATION,
+                          "cuStreamWaitEvent: capturing stream %p (capture %llu) waits on event "
+                          "%p, which %s; the capture is invalidated",
+                          (void *)s, (unsigned long long)rec->cap->id, (void *)ev,
+                          e && e->cap_id ? "was captured in a capture that has ended"
+                                         : "was not recorded in this capture");
+  } else if (e && e->cap_id) {
+    r = capture_violation(CUDA_ERROR_CAPTURED_EVENT,
+                          "cuStreamWaitEvent: stream %p waits on event %p, last recorded in "
+                          "capture %llu, which has ended",
+                          (void *)s, (void *)ev, (unsigned long long)e->cap_id);
+  }
+  pthread_mutex_unlock(&fc.mu);
+  return r;
 }
 
 /* ---------------------------------------------------------------------------
@@ -991,11 +1756,16 @@ static void device_reset(fc_device_t *d) {
   for (size_t i = 0; i < fc.events.n;) {
     if (((fc_event_entry_t *)vec_at(&fc.events, i))->dev == di) {
       nevent++;
+      set_free(&((fc_event_entry_t *)vec_at(&fc.events, i))->set);
       vec_remove(&fc.events, i);
     } else {
       i++;
     }
   }
+  /* Captures on the device's streams end with them; executable graphs made
+   * in the context die with it (the epoch). */
+  capture_forget_device(di);
+  d->epoch++;
   uint64_t used = d->used;
   d->used = 0;
   d->sim = NULL;
@@ -1131,6 +1901,12 @@ CUresult CUDAAPI cuCtxSynchronize(void) {
   fc_device_t *d;
   CUresult r = ctx_enter(&d);
   if (r != CUDA_SUCCESS) return r;
+  r = capture_device_sync("cuCtxSynchronize", d);
+  if (r == CUDA_SUCCESS) r = capture_unsafe("cuCtxSynchronize");
+  if (r != CUDA_SUCCESS) {
+    dev_exit(d);
+    return r;
+  }
   r = from_sim(d->sim->ops->device_synchronize(d->sim), CUDA_ERROR_INVALID_CONTEXT);
   if (r == CUDA_SUCCESS) r = (CUresult)atomic_load(&d->sticky);
   dev_exit(d);
@@ -1144,6 +1920,7 @@ static void pending_check(const char *entry, uintptr_t p, uint64_t n, int di);
 
 CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
   FC_BEGIN(cuMemAlloc);
+  FC_UNSAFE(cuMemAlloc);
   fc_device_t *d;
   CUresult r = ctx_enter(&d);
   if (r != CUDA_SUCCESS) return r;
@@ -1203,6 +1980,7 @@ static fc_host_t *fc_hosts; /* fc.mu */
 
 CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags) {
   FC_BEGIN(cuMemHostAlloc);
+  FC_UNSAFE(cuMemHostAlloc);
   fc_device_t *d;
   CUresult r = ctx_enter(&d);
   if (r != CUDA_SUCCESS) return r;
@@ -1252,6 +2030,7 @@ CUresult CUDAAPI cuMemHostGetDevicePointer(CUdeviceptr *pdptr, void *p, unsigned
 
 CUresult CUDAAPI cuMemFreeHost(void *p) {
   FC_BEGIN(cuMemFreeHost);
+  FC_UNSAFE(cuMemFreeHost);
   fc_device_t *d;
   CUresult r = ctx_enter(&d);
   if (r != CUDA_SUCCESS) return r;
@@ -1274,6 +2053,7 @@ CUresult CUDAAPI cuMemFreeHost(void *p) {
  * current context is required, as by the driver. */
 CUresult CUDAAPI cuMemFree(CUdeviceptr dptr) {
   FC_BEGIN(cuMemFree);
+  FC_UNSAFE(cuMemFree);
   fc_device_t *cur;
   CUresult r = ctx_enter(&cur);
   if (r != CUDA_SUCCESS) return r;
@@ -1350,7 +2130,8 @@ CUresult CUDAAPI cuEventCreate(CUevent *phEvent, unsigned int Flags) {
   r = from_sim(d->sim->ops->event_create(d->sim, &ev), CUDA_ERROR_INVALID_VALUE);
   if (r == CUDA_SUCCESS) {
     CUcontext cur = ctx_current();
-    fc_event_entry_t e = {(uintptr_t)ev, d->ctx.ordinal, cur && cur->created ? cur : NULL};
+    fc_event_entry_t e = {.ev = (uintptr_t)ev, .dev = d->ctx.ordinal,
+                          .ctx = cur && cur->created ? cur : NULL};
     pthread_mutex_lock(&fc.mu);
     bool ok = vec_insert(&fc.events, &e);
     pthread_mutex_unlock(&fc.mu);
@@ -1374,7 +2155,10 @@ CUresult CUDAAPI cuEventDestroy(CUevent hEvent) {
    * cannot both reach the sim. */
   pthread_mutex_lock(&fc.mu);
   size_t i = vec_find(&fc.events, (uintptr_t)hEvent);
-  if (i != SIZE_MAX) vec_remove(&fc.events, i);
+  if (i != SIZE_MAX) {
+    set_free(&((fc_event_entry_t *)vec_at(&fc.events, i))->set);
+    vec_remove(&fc.events, i);
+  }
   pthread_mutex_unlock(&fc.mu);
   if (i == SIZE_MAX) {
     r = bad_event("cuEventDestroy", hEvent); /* destroyed by another thread meanwhile */
@@ -1402,9 +2186,12 @@ static CUresult event_record(CUevent hEvent, CUstream hStream) {
                 (void *)hEvent, (void *)hStream);
     r = CUDA_ERROR_INVALID_HANDLE;
   }
-  if (r == CUDA_SUCCESS) {
+  bool taken = false;
+  if (r == CUDA_SUCCESS) r = capture_record(d, hStream, hEvent, &taken);
+  if (r == CUDA_SUCCESS && !taken) {
     r = from_sim(d->sim->ops->event_record(d->sim, (gma__event_t)hEvent, (gma_stream_t)hStream),
                  CUDA_ERROR_INVALID_HANDLE);
+    if (r == CUDA_SUCCESS) event_uncapture(hEvent);
   }
   dev_exit(d);
   return r;
@@ -1420,6 +2207,12 @@ CUresult CUDAAPI cuEventQuery(CUevent hEvent) {
   fc_device_t *d;
   CUresult r = event_enter("cuEventQuery", hEvent, &d);
   if (r != CUDA_SUCCESS) return r;
+  r = capture_event_check("cuEventQuery", hEvent);
+  if (r == CUDA_SUCCESS) r = capture_unsafe("cuEventQuery");
+  if (r != CUDA_SUCCESS) {
+    dev_exit(d);
+    return r;
+  }
   bool done = false;
   r = from_sim(d->sim->ops->event_query(d->sim, (gma__event_t)hEvent, &done),
                CUDA_ERROR_INVALID_HANDLE);
@@ -1433,6 +2226,12 @@ CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) {
   fc_device_t *d;
   CUresult r = event_enter("cuEventSynchronize", hEvent, &d);
   if (r != CUDA_SUCCESS) return r;
+  r = capture_event_check("cuEventSynchronize", hEvent);
+  if (r == CUDA_SUCCESS) r = capture_unsafe("cuEventSynchronize");
+  if (r != CUDA_SUCCESS) {
+    dev_exit(d);
+    return r;
+  }
   r = from_sim(d->sim->ops->event_synchronize(d->sim, (gma__event_t)hEvent),
                CUDA_ERROR_INVALID_HANDLE);
   if (r == CUDA_SUCCESS) r = (CUresult)atomic_load(&d->sticky);
@@ -1448,7 +2247,9 @@ static CUresult stream_wait_event(CUstream hStream, CUevent hEvent, unsigned int
   CUresult r = event_enter("cuStreamWaitEvent", hEvent, &d);
   if (r != CUDA_SUCCESS) return r;
   r = stream_on("cuStreamWaitEvent", d, hStream, true);
-  if (r == CUDA_SUCCESS) {
+  bool taken = false;
+  if (r == CUDA_SUCCESS) r = capture_wait(d, hStream, hEvent, &taken);
+  if (r == CUDA_SUCCESS && !taken) {
     r = from_sim(
         d->sim->ops->stream_wait_event(d->sim, (gma_stream_t)hStream, (gma__event_t)hEvent),
         CUDA_ERROR_INVALID_HANDLE);
@@ -1465,6 +2266,36 @@ CUresult CUDAAPI cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned in
 /* ---------------------------------------------------------------------------
  * Streams
  * ------------------------------------------------------------------------- */
+/* Forgets what the fake keeps of stream s (id sid): its context, and
+ * whether it is non-blocking. */
+static void stream_forget(CUstream s, uint64_t sid) {
+  pthread_mutex_lock(&fc.mu);
+  size_t i = vec_find(&fc.stream_ctx, (uintptr_t)s);
+  if (i != SIZE_MAX) vec_remove(&fc.stream_ctx, i);
+  i = vec_find(&fc.nonblocking, (uintptr_t)sid);
+  if (i != SIZE_MAX) vec_remove(&fc.nonblocking, i);
+  pthread_mutex_unlock(&fc.mu);
+}
+
+/* Notes what the fake keeps of new stream s of the entered device d: the
+ * created context current at its creation (a primary context's streams
+ * need no entry), and, by its id, whether it is non-blocking (which capture
+ * needs: the legacy stream conflicts only with blocking streams' captures). */
+static CUresult stream_note(fc_device_t *d, CUstream s, unsigned flags) {
+  uint64_t sid;
+  CUresult r = stream_sid(d, s, &sid);
+  if (r != CUDA_SUCCESS) return r;
+  CUcontext cur = ctx_current();
+  fc_stream_ctx_t e = {(uintptr_t)s, cur};
+  fc_stream_key_t k = {(uintptr_t)sid, d->ctx.ordinal};
+  pthread_mutex_lock(&fc.mu);
+  bool ok = !cur->created || vec_insert(&fc.stream_ctx, &e);
+  bool ok2 = ok && (!(flags & CU_STREAM_NON_BLOCKING) || vec_insert(&fc.nonblocking, &k));
+  pthread_mutex_unlock(&fc.mu);
+  if (ok && !ok2) stream_forget(s, sid);
+  return ok2 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
 CUresult CUDAAPI cuStreamCreate(CUstream *phStream, unsigned int Flags) {
   FC_BEGIN(cuStreamCreate);
   fc_device_t *d;
@@ -1476,16 +2307,9 @@ CUresult CUDAAPI cuStreamCreate(CUstream *phStream, unsigned int Flags) {
   }
   gma_stream_t s;
   r = from_sim(d->sim->ops->stream_create(d->sim, &s), CUDA_ERROR_INVALID_VALUE);
-  CUcontext cur = ctx_current();
-  if (r == CUDA_SUCCESS && cur->created) {
-    fc_stream_ctx_t e = {(uintptr_t)s, cur};
-    pthread_mutex_lock(&fc.mu);
-    bool ok = vec_insert(&fc.stream_ctx, &e);
-    pthread_mutex_unlock(&fc.mu);
-    if (!ok) {
-      d->sim->ops->stream_destroy(d->sim, s);
-      r = CUDA_ERROR_OUT_OF_MEMORY;
-    }
+  if (r == CUDA_SUCCESS) {
+    r = stream_note(d, (CUstream)s, Flags);
+    if (r != CUDA_SUCCESS) d->sim->ops->stream_destroy(d->sim, s);
   }
   if (r == CUDA_SUCCESS) *phStream = (CUstream)s;
   dev_exit(d);
@@ -1498,14 +2322,14 @@ CUresult CUDAAPI cuStreamDestroy(CUstream hStream) {
   fc_device_t *d;
   CUresult r = stream_enter("cuStreamDestroy", hStream, &d);
   if (r != CUDA_SUCCESS) return r;
-  r = from_sim(d->sim->ops->stream_destroy(d->sim, (gma_stream_t)hStream),
-               CUDA_ERROR_INVALID_HANDLE);
-  if (r == CUDA_SUCCESS) {
-    pthread_mutex_lock(&fc.mu);
-    size_t i = vec_find(&fc.stream_ctx, (uintptr_t)hStream);
-    if (i != SIZE_MAX) vec_remove(&fc.stream_ctx, i);
-    pthread_mutex_unlock(&fc.mu);
-  }
+  /* A capturing stream is not destroyed: its capture is invalidated. */
+  uint64_t sid = 0;
+  r = capture_stream_use("cuStreamDestroy", d, hStream);
+  if (r == CUDA_SUCCESS) r = stream_sid(d, hStream, &sid);
+  if (r == CUDA_SUCCESS)
+    r = from_sim(d->sim->ops->stream_destroy(d->sim, (gma_stream_t)hStream),
+                 CUDA_ERROR_INVALID_HANDLE);
+  if (r == CUDA_SUCCESS) stream_forget(hStream, sid);
   /* A destroy racing with another destroy of the same handle lost. */
   if (r == CUDA_ERROR_INVALID_HANDLE) r = bad_stream("cuStreamDestroy", hStream);
   dev_exit(d);
@@ -1545,6 +2369,12 @@ static CUresult stream_synchronize(CUstream hStream) {
   fc_device_t *d;
   CUresult r = stream_enter("cuStreamSynchronize", hStream, &d);
   if (r != CUDA_SUCCESS) return r;
+  r = capture_stream_use("cuStreamSynchronize", d, hStream);
+  if (r == CUDA_SUCCESS) r = capture_unsafe("cuStreamSynchronize");
+  if (r != CUDA_SUCCESS) {
+    dev_exit(d);
+    return r;
+  }
   r = from_sim(d->sim->ops->stream_synchronize(d->sim, (gma_stream_t)hStream),
                CUDA_ERROR_INVALID_HANDLE);
   if (r == CUDA_SUCCESS) r = (CUresult)atomic_load(&d->sticky);
@@ -1555,6 +2385,35 @@ static CUresult stream_synchronize(CUstream hStream) {
 CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
   FC_BEGIN(cuStreamSynchronize);
   return stream_synchronize(hStream);
+}
+
+/* Whether the work queued on the stream so far has run: a sim event recorded
+ * now and queried (the sim's own calls, so no call counter moves).
+ * CUDA_ERROR_NOT_READY while it has not. */
+static CUresult stream_query(CUstream hStream) {
+  fc_device_t *d;
+  CUresult r = stream_enter("cuStreamQuery", hStream, &d);
+  if (r != CUDA_SUCCESS) return r;
+  r = capture_stream_use("cuStreamQuery", d, hStream);
+  if (r == CUDA_SUCCESS) r = capture_unsafe("cuStreamQuery");
+  gma__device_t *sim = d->sim;
+  gma__event_t ev;
+  bool done = false;
+  if (r == CUDA_SUCCESS) r = from_sim(sim->ops->event_create(sim, &ev), CUDA_ERROR_OUT_OF_MEMORY);
+  if (r == CUDA_SUCCESS) {
+    r = from_sim(sim->ops->event_record(sim, ev, (gma_stream_t)hStream), CUDA_ERROR_INVALID_HANDLE);
+    if (r == CUDA_SUCCESS) r = from_sim(sim->ops->event_query(sim, ev, &done), CUDA_ERROR_INVALID_HANDLE);
+    sim->ops->event_destroy(sim, ev);
+  }
+  if (r == CUDA_SUCCESS) r = (CUresult)atomic_load(&d->sticky);
+  if (r == CUDA_SUCCESS && !done) r = CUDA_ERROR_NOT_READY;
+  dev_exit(d);
+  return r;
+}
+
+CUresult CUDAAPI cuStreamQuery(CUstream hStream) {
+  FC_BEGIN(cuStreamQuery);
+  return stream_query(hStream);
 }
 
 /* ---------------------------------------------------------------------------
@@ -1570,20 +2429,6 @@ CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
  * give back is still to be touched by a stream (pending_check), at the call
  * that is wrong rather than at a later sticky fault.
  * ------------------------------------------------------------------------- */
-typedef enum fc_copy_kind { FC_MEMSET32, FC_DTOH, FC_HTOD } fc_copy_kind_t;
-
-typedef struct fc_copy {
-  fc_copy_kind_t kind;
-  fc_device_t *dev;
-  uintptr_t dptr;
-  void *host;
-  uint64_t bytes;
-  uint32_t value;
-  CUstream stream;                /* for messages only */
-  const char *entry;              /* the entry point that queued it */
-  struct fc_copy *prev, *next;    /* fc.mu: on fc_inflight while queued or running */
-} fc_copy_t;
-
 /* fc.mu: every copy queued and not yet finished, on any stream of any device. */
 static fc_copy_t *fc_inflight;
 
@@ -1621,8 +2466,9 @@ static void pending_check(const char *entry, uintptr_t p, uint64_t n, int di) {
   }
 }
 
-static void copy_kernel(void *arg) {
-  fc_copy_t *k = arg;
+/* Runs copy k (queued on its own or as an op of a graph launch) and takes it
+ * off fc_inflight. */
+static void copy_exec(fc_copy_t *k) {
   pthread_rwlock_rdlock(&fc.mem_rw);
   pthread_mutex_lock(&fc.mu);
   CUresult r = range_check(k->dptr, k->bytes, k->dev->ctx.ordinal);
@@ -1660,7 +2506,11 @@ static void copy_kernel(void *arg) {
   inflight_remove(k);
   pthread_mutex_unlock(&fc.mu);
   pthread_rwlock_unlock(&fc.mem_rw);
-  free(k);
+}
+
+static void copy_kernel(void *arg) {
+  copy_exec(arg);
+  free(arg);
 }
 
 /* True when [p, p + n) lies in one cuMemHostAlloc block; fc.mu held. */
@@ -1688,27 +2538,48 @@ static CUresult wait_queued(fc_device_t *d, CUstream hStream) {
   return from_sim(st, CUDA_ERROR_INVALID_HANDLE);
 }
 
-static CUresult copy_launch(const char *entry, fc_copy_kind_t kind, CUdeviceptr dptr, void *host,
-                            uint64_t bytes, uint32_t value, CUstream hStream) {
-  if ((kind != FC_MEMSET32 && !host && bytes) || (kind == FC_MEMSET32 && dptr % 4))
-    return CUDA_ERROR_INVALID_VALUE;
-  fc_device_t *d;
-  CUresult r = stream_enter(entry, hStream, &d);
+/* The copy's capture part: on a capturing stream the checked copy becomes a
+ * node of the capture (*taken) and does not run; a copy into pageable host
+ * memory is then asynchronous like any other captured copy. */
+static CUresult copy_capture(const fc_copy_t *tmpl, fc_device_t *d, bool *taken) {
+  *taken = false;
+  if (!captures_live()) return CUDA_SUCCESS;
+  pthread_mutex_lock(&fc.mu);
+  CUresult r = range_check(tmpl->dptr, tmpl->bytes, d->ctx.ordinal);
+  pthread_mutex_unlock(&fc.mu);
+  if (r != CUDA_SUCCESS) {
+    *taken = true;
+    return r;
+  }
+  fc_op_t op = {.kind = FC_OP_COPY, .u.copy = *tmpl};
+  return capture_ops(tmpl->entry, d, tmpl->stream, &op, 1, taken);
+}
+
+/* Queues copy *tmpl on its stream; into pageable host memory it waits for the
+ * copy, and is then a potentially unsafe call (a synchronous copy). */
+static CUresult copy_queue(const fc_copy_t *tmpl, fc_device_t *d) {
+  bool pageable = false;
+  if (tmpl->kind == FC_DTOH && tmpl->bytes) {
+    pthread_mutex_lock(&fc.mu);
+    pageable = !host_is_pinned(tmpl->host, tmpl->bytes);
+    pthread_mutex_unlock(&fc.mu);
+  }
+  CUresult r = pageable ? capture_unsafe(tmpl->entry) : CUDA_SUCCESS;
   if (r != CUDA_SUCCESS) return r;
   fc_copy_t *k = malloc(sizeof *k);
   bool sync = false;
   pthread_mutex_lock(&fc.mu);
-  r = range_check((uintptr_t)dptr, bytes, d->ctx.ordinal);
+  r = range_check(tmpl->dptr, tmpl->bytes, d->ctx.ordinal);
   if (r == CUDA_SUCCESS && !k) r = CUDA_ERROR_OUT_OF_MEMORY;
   if (r == CUDA_SUCCESS) {
-    *k = (fc_copy_t){kind, d, (uintptr_t)dptr, host, bytes, value, hStream, entry, NULL, NULL};
+    *k = *tmpl;
     inflight_add(k);
     /* A copy into pageable host memory is synchronous, as on a GPU. */
-    sync = kind == FC_DTOH && bytes && !host_is_pinned(host, bytes);
+    sync = tmpl->kind == FC_DTOH && tmpl->bytes && !host_is_pinned(tmpl->host, tmpl->bytes);
   }
   pthread_mutex_unlock(&fc.mu);
   if (r == CUDA_SUCCESS) {
-    r = from_sim(d->sim->ops->sim_launch(d->sim, (gma_stream_t)hStream, copy_kernel, k),
+    r = from_sim(d->sim->ops->sim_launch(d->sim, (gma_stream_t)tmpl->stream, copy_kernel, k),
                  CUDA_ERROR_INVALID_HANDLE);
     if (r != CUDA_SUCCESS) { /* not queued: the sim did not take it */
       pthread_mutex_lock(&fc.mu);
@@ -1720,9 +2591,23 @@ static CUresult copy_launch(const char *entry, fc_copy_kind_t kind, CUdeviceptr 
   }
   free(k);
   if (r == CUDA_SUCCESS && sync) {
-    r = wait_queued(d, hStream);
+    r = wait_queued(d, tmpl->stream);
     if (r == CUDA_SUCCESS) r = (CUresult)atomic_load(&d->sticky);
   }
+  return r;
+}
+
+static CUresult copy_launch(const char *entry, fc_copy_kind_t kind, CUdeviceptr dptr, void *host,
+                            uint64_t bytes, uint32_t value, CUstream hStream) {
+  if ((kind != FC_MEMSET32 && !host && bytes) || (kind == FC_MEMSET32 && dptr % 4))
+    return CUDA_ERROR_INVALID_VALUE;
+  fc_device_t *d;
+  CUresult r = stream_enter(entry, hStream, &d);
+  if (r != CUDA_SUCCESS) return r;
+  fc_copy_t tmpl = {kind, d, (uintptr_t)dptr, host, bytes, value, hStream, entry, NULL, NULL};
+  bool taken;
+  r = copy_capture(&tmpl, d, &taken);
+  if (!taken) r = copy_queue(&tmpl, d);
   dev_exit(d);
   return r;
 }
@@ -1732,14 +2617,7 @@ static CUresult copy_launch(const char *entry, fc_copy_kind_t kind, CUdeviceptr 
  * polls the word (a device pointer of pinned host memory is its host
  * address here). Only pinned host memory is accepted: what tests hold
  * streams with. */
-typedef struct fc_wait_value {
-  volatile uint32_t *word;
-  uint32_t value;
-  unsigned op; /* CU_STREAM_WAIT_VALUE_GEQ / EQ / AND / NOR */
-} fc_wait_value_t;
-
-static void wait_value_kernel(void *arg) {
-  fc_wait_value_t *w = arg;
+static void wait_value_exec(const fc_wait_value_t *w) {
   for (;;) {
     uint32_t v = __atomic_load_n(w->word, __ATOMIC_ACQUIRE);
     bool ok = w->op == CU_STREAM_WAIT_VALUE_GEQ ? (int32_t)(v - w->value) >= 0
@@ -1750,7 +2628,11 @@ static void wait_value_kernel(void *arg) {
     struct timespec ts = {0, 50000};
     nanosleep(&ts, NULL);
   }
-  free(w);
+}
+
+static void wait_value_kernel(void *arg) {
+  wait_value_exec(arg);
+  free(arg);
 }
 
 CUresult CUDAAPI cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value,
@@ -1771,9 +2653,13 @@ CUresult CUDAAPI cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, cuuint32
     r = CUDA_ERROR_OUT_OF_MEMORY;
   } else {
     *w = (fc_wait_value_t){(volatile uint32_t *)(uintptr_t)addr, value, op};
-    r = from_sim(d->sim->ops->sim_launch(d->sim, (gma_stream_t)stream, wait_value_kernel, w),
-                 CUDA_ERROR_INVALID_HANDLE);
-    if (r == CUDA_SUCCESS) w = NULL; /* the kernel frees it */
+    fc_op_t cop = {.kind = FC_OP_WAIT_VALUE, .u.wait = *w};
+    bool taken;
+    r = capture_ops("cuStreamWaitValue32", d, stream, &cop, 1, &taken);
+    if (!taken)
+      r = from_sim(d->sim->ops->sim_launch(d->sim, (gma_stream_t)stream, wait_value_kernel, w),
+                   CUDA_ERROR_INVALID_HANDLE);
+    if (r == CUDA_SUCCESS && !taken) w = NULL; /* the kernel frees it */
   }
   free(w);
   dev_exit(d);
@@ -1852,6 +2738,7 @@ static bool is_pow2(uint64_t x) { return x && !(x & (x - 1)); }
 CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
                                      CUdeviceptr addr, unsigned long long flags) {
   FC_BEGIN(cuMemAddressReserve);
+  FC_UNSAFE(cuMemAddressReserve);
   (void)addr;
   if (!fc.vmm) return CUDA_ERROR_NOT_SUPPORTED;
   if (!ptr || size == 0 || size % fc.gran || flags != 0 || (alignment && !is_pow2(alignment)))
@@ -1896,6 +2783,7 @@ static bool ranges_overlap(uintptr_t addr, uint64_t size) {
  * mapping may not outlive its reservation. */
 CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size) {
   FC_BEGIN(cuMemAddressFree);
+  FC_UNSAFE(cuMemAddressFree);
   if (!fc.vmm) return CUDA_ERROR_NOT_SUPPORTED;
   pthread_mutex_lock(&fc.mu);
   size_t i = vec_find(&fc.resv, (uintptr_t)ptr);
@@ -1932,6 +2820,7 @@ CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                              const CUmemAllocationProp *prop, unsigned long long flags) {
   FC_BEGIN(cuMemCreate);
+  FC_UNSAFE(cuMemCreate);
   if (!fc.vmm) return CUDA_ERROR_NOT_SUPPORTED;
   int di;
   CUresult r = prop_check(prop, &di);
@@ -1972,6 +2861,7 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 /* Allowed while mapped, as in CUDA: the unmap then frees the memory. */
 CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) {
   FC_BEGIN(cuMemRelease);
+  FC_UNSAFE(cuMemRelease);
   if (!fc.vmm) return CUDA_ERROR_NOT_SUPPORTED;
   pthread_mutex_lock(&fc.mu);
   size_t i = vec_find(&fc.handles, (uintptr_t)handle);
@@ -2001,6 +2891,7 @@ static int resv_device(uintptr_t p, uint64_t n) {
 CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                           CUmemGenericAllocationHandle handle, unsigned long long flags) {
   FC_BEGIN(cuMemMap);
+  FC_UNSAFE(cuMemMap);
   if (!fc.vmm) return CUDA_ERROR_NOT_SUPPORTED;
   if (offset != 0 || flags != 0 || size == 0 || size % fc.gran || ptr % fc.gran)
     return CUDA_ERROR_INVALID_VALUE;
@@ -2071,6 +2962,7 @@ static bool mapped_span(uintptr_t p, uint64_t n, int di, size_t *first, size_t *
  * released handle is freed. */
 CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
   FC_BEGIN(cuMemUnmap);
+  FC_UNSAFE(cuMemUnmap);
   if (!fc.vmm) return CUDA_ERROR_NOT_SUPPORTED;
   pthread_mutex_lock(&fc.mu);
   size_t i = vec_find(&fc.ranges, (uintptr_t)ptr);
@@ -2124,6 +3016,7 @@ CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
 CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
                                 size_t count) {
   FC_BEGIN(cuMemSetAccess);
+  FC_UNSAFE(cuMemSetAccess);
   if (!fc.vmm) return CUDA_ERROR_NOT_SUPPORTED;
   if (!desc || count == 0) return CUDA_ERROR_INVALID_VALUE;
   for (size_t k = 0; k < count; k++) {
@@ -2154,6 +3047,441 @@ CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessD
 }
 
 /* ---------------------------------------------------------------------------
+ * Stream capture: entry points, graphs and their launches (the state and the
+ * rules are above, under "Stream capture: state and rules").
+ * ------------------------------------------------------------------------- */
+static CUresult stream_begin_capture(CUstream hStream, CUstreamCaptureMode mode) {
+  if ((unsigned)mode > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
+  fc_device_t *d;
+  CUresult r = stream_enter("cuStreamBeginCapture", hStream, &d);
+  if (r != CUDA_SUCCESS) return r;
+  uint64_t sid = 0;
+  if (is_legacy(hStream)) {
+    r = capture_violation(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+                          "cuStreamBeginCapture: capture on the legacy stream (%s) is not "
+                          "supported",
+                          legacy_name(hStream));
+  } else {
+    r = stream_sid(d, hStream, &sid);
+  }
+  fc_capture_t *c = r == CUDA_SUCCESS ? calloc(1, sizeof *c) : NULL;
+  CUgraph g = c ? calloc(1, sizeof *g) : NULL;
+  if (r == CUDA_SUCCESS && !g) r = CUDA_ERROR_OUT_OF_MEMORY;
+  if (r == CUDA_SUCCESS) {
+    pthread_mutex_lock(&fc.mu);
+    if (cap_stream_find(sid)) {
+      r = CUDA_ERROR_ILLEGAL_STATE; /* already capturing */
+    } else {
+      g->dev = d->ctx.ordinal;
+      *c = (fc_capture_t){.id = fc.next_capture_id, .dev = d->ctx.ordinal, .origin = sid,
+                          .origin_handle = hStream, .mode = mode, .thread = thread_serial(),
+                          .graph = g, .next = fc.captures};
+      if (cap_stream_add(sid, hStream, d->ctx.ordinal, c, NULL)) {
+        fc.next_capture_id++;
+        fc.captures = c;
+        atomic_fetch_add_explicit(&fc_live_captures, 1, memory_order_relaxed);
+        c = NULL;
+        g = NULL;
+      } else {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+      }
+    }
+    pthread_mutex_unlock(&fc.mu);
+  }
+  free(g);
+  free(c);
+  dev_exit(d);
+  return r;
+}
+
+CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream, CUstreamCaptureMode mode) {
+  FC_BEGIN(cuStreamBeginCapture);
+  return stream_begin_capture(hStream, mode);
+}
+
+/* Marks the nodes of set and every node they depend on, directly or not
+ * (iteratively: a long capture is a long chain); false when out of host
+ * memory. fc.mu held. */
+static bool mark_ancestors(const fc_nodeset_t *set) {
+  fc_nodeset_t todo = {0};
+  bool ok = set_assign(&todo, set);
+  while (ok && todo.n > 0) {
+    CUgraphNode n = todo.v[--todo.n];
+    if (n->mark) continue;
+    n->mark = true;
+    ok = set_reserve(&todo, todo.n + n->ndeps);
+    if (ok) {
+      memcpy(todo.v + todo.n, n->deps, n->ndeps * sizeof *n->deps);
+      todo.n += n->ndeps;
+    }
+  }
+  set_free(&todo);
+  return ok;
+}
+
+/* Whether every stream of capture c rejoined its origin: the last work
+ * captured on each (its dependency set) is waited on by the origin's.
+ * CUDA_SUCCESS, CUDA_ERROR_STREAM_CAPTURE_UNJOINED, or out of memory.
+ * fc.mu held. */
+static CUresult capture_joined(const fc_capture_t *c, const fc_cap_stream_t *origin) {
+  bool joined = true;
+  bool ok = mark_ancestors(&origin->deps);
+  for (size_t i = 0; ok && i < fc.cap_streams.n && joined; i++) {
+    const fc_cap_stream_t *rec = ((fc_cap_stream_entry_t *)vec_at(&fc.cap_streams, i))->rec;
+    if (rec->cap != c) continue;
+    for (size_t k = 0; k < rec->deps.n && joined; k++) joined = rec->deps.v[k]->mark;
+  }
+  for (size_t i = 0; i < c->graph->n; i++) c->graph->nodes[i]->mark = false;
+  if (!ok) return CUDA_ERROR_OUT_OF_MEMORY;
+  return joined ? CUDA_SUCCESS : CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
+}
+
+/* Ends capture c from its origin stream (origin: its record): the graph
+ * when it was valid and joined, else the error and no graph. fc.mu held. */
+static CUresult capture_finish(fc_capture_t *c, const fc_cap_stream_t *origin, CUgraph *out) {
+  CUresult r = c->invalidated_by ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+                                 : capture_joined(c, origin);
+  if (r == CUDA_SUCCESS) {
+    fc_stream_key_t k = {(uintptr_t)c->graph, c->dev};
+    if (!vec_insert(&fc.graphs, &k)) r = CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  if (r == CUDA_SUCCESS) {
+    *out = c->graph;
+  } else {
+    graph_free(c->graph);
+    *out = NULL;
+  }
+  capture_end(c);
+  return r;
+}
+
+static CUresult stream_end_capture(CUstream hStream, CUgraph *phGraph) {
+  if (!phGraph) return CUDA_ERROR_INVALID_VALUE;
+  fc_device_t *d;
+  CUresult r = stream_enter("cuStreamEndCapture", hStream, &d);
+  if (r != CUDA_SUCCESS) return r;
+  uint64_t sid = 0;
+  r = stream_sid(d, hStream, &sid);
+  pthread_mutex_lock(&fc.mu);
+  fc_cap_stream_t *rec = r == CUDA_SUCCESS ? cap_stream_find(sid) : NULL;
+  fc_capture_t *c = rec ? rec->cap : NULL;
+  if (r != CUDA_SUCCESS) {
+    /* answered */
+  } else if (!c) {
+    r = CUDA_ERROR_ILLEGAL_STATE; /* not capturing */
+  } else if (c->origin != sid) {
+    capture_invalidate(c, "cuStreamEndCapture");
+    r = capture_violation(CUDA_ERROR_STREAM_CAPTURE_UNMATCHED,
+                          "cuStreamEndCapture: stream %p joined capture %llu but did not begin "
+                          "it (stream %p did); the capture is invalidated",
+                          (void *)hStream, (unsigned long long)c->id, (void *)c->origin_handle);
+  } else if (c->mode != CU_STREAM_CAPTURE_MODE_RELAXED && c->thread != thread_serial()) {
+    r = capture_violation(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD,
+                          "cuStreamEndCapture: capture %llu on stream %p was begun in %s mode by "
+                          "another thread, which must end it",
+                          (unsigned long long)c->id, (void *)hStream, mode_name(c->mode));
+  } else {
+    r = capture_finish(c, rec, phGraph);
+  }
+  pthread_mutex_unlock(&fc.mu);
+  dev_exit(d);
+  return r;
+}
+
+CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) {
+  FC_BEGIN(cuStreamEndCapture);
+  return stream_end_capture(hStream, phGraph);
+}
+
+/* What cuStreamIsCapturing and cuStreamGetCaptureInfo report. */
+typedef struct fc_capture_info {
+  CUstreamCaptureStatus status;
+  cuuint64_t id;
+  CUgraph graph;
+  const CUgraphNode *deps;
+  const CUgraphEdgeData *edges;
+  size_t ndeps;
+} fc_capture_info_t;
+
+/* Fills *info for stream s of the entered device d; the arrays stay valid
+ * until the next call on the stream, as documented. The legacy stream while
+ * a blocking stream captures gets CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, and the
+ * capture stays valid. Only an active capture's data is reported; otherwise
+ * it reads 0. fc.mu taken. */
+static CUresult capture_info(const char *entry, fc_device_t *d, CUstream s,
+                             fc_capture_info_t *info) {
+  *info = (fc_capture_info_t){CU_STREAM_CAPTURE_STATUS_NONE, 0, NULL, NULL, NULL, 0};
+  uint64_t sid;
+  CUresult r = stream_sid(d, s, &sid);
+  if (r != CUDA_SUCCESS) return r;
+  pthread_mutex_lock(&fc.mu);
+  r = capture_implicit(entry, d, s, false);
+  fc_cap_stream_t *rec = r == CUDA_SUCCESS ? cap_stream_find(sid) : NULL;
+  if (rec && rec->cap->invalidated_by) {
+    info->status = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+  } else if (rec) {
+    if (rec->edges_cap < rec->deps.n) { /* default edges: all zero */
+      CUgraphEdgeData *e = calloc(rec->deps.n, sizeof *e);
+      if (e) {
+        free(rec->edges);
+        rec->edges = e;
+        rec->edges_cap = rec->deps.n;
+      }
+    }
+    if (rec->edges_cap >= rec->deps.n) {
+      *info = (fc_capture_info_t){CU_STREAM_CAPTURE_STATUS_ACTIVE, rec->cap->id, rec->cap->graph,
+                                  rec->deps.v, rec->edges, rec->deps.n};
+    } else {
+      r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+  }
+  pthread_mutex_unlock(&fc.mu);
+  return r;
+}
+
+static CUresult stream_is_capturing(CUstream hStream, CUstreamCaptureStatus *captureStatus) {
+  if (!captureStatus) return CUDA_ERROR_INVALID_VALUE;
+  fc_device_t *d;
+  CUresult r = stream_enter("cuStreamIsCapturing", hStream, &d);
+  if (r != CUDA_SUCCESS) return r;
+  fc_capture_info_t info;
+  r = capture_info("cuStreamIsCapturing", d, hStream, &info);
+  if (r == CUDA_SUCCESS) *captureStatus = info.status;
+  dev_exit(d);
+  return r;
+}
+
+CUresult CUDAAPI cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus) {
+  FC_BEGIN(cuStreamIsCapturing);
+  return stream_is_capturing(hStream, captureStatus);
+}
+
+/* Both ABIs of cuStreamGetCaptureInfo: v3 has the edge data (edges_out
+ * non-NULL needs deps_out too), v2 has not (v3 = false). */
+static CUresult stream_get_capture_info(CUstream hStream, CUstreamCaptureStatus *status_out,
+                                        cuuint64_t *id_out, CUgraph *graph_out,
+                                        const CUgraphNode **deps_out,
+                                        const CUgraphEdgeData **edges_out, size_t *num_out) {
+  if (!status_out || (edges_out && !deps_out)) return CUDA_ERROR_INVALID_VALUE;
+  fc_device_t *d;
+  CUresult r = stream_enter("cuStreamGetCaptureInfo", hStream, &d);
+  if (r != CUDA_SUCCESS) return r;
+  fc_capture_info_t info;
+  r = capture_info("cuStreamGetCaptureInfo", d, hStream, &info);
+  if (r == CUDA_SUCCESS) {
+    *status_out = info.status;
+    if (id_out) *id_out = info.id;
+    if (graph_out) *graph_out = info.graph;
+    if (deps_out) *deps_out = info.deps;
+    if (edges_out) *edges_out = info.edges;
+    if (num_out) *num_out = info.ndeps;
+  }
+  dev_exit(d);
+  return r;
+}
+
+/* cuda.h's cuStreamGetCaptureInfo is the v3 ABI (CUDA 12.3). */
+CUresult CUDAAPI cuStreamGetCaptureInfo(CUstream hStream, CUstreamCaptureStatus *captureStatus_out,
+                                        cuuint64_t *id_out, CUgraph *graph_out,
+                                        const CUgraphNode **dependencies_out,
+                                        const CUgraphEdgeData **edgeData_out,
+                                        size_t *numDependencies_out) {
+  FC_BEGIN(cuStreamGetCaptureInfo);
+  return stream_get_capture_info(hStream, captureStatus_out, id_out, graph_out, dependencies_out,
+                                 edgeData_out, numDependencies_out);
+}
+
+/* The v2 ABI (CUDA 11.3 to 12.2), which cuGetProcAddress gives for a
+ * cudaVersion below 12030. */
+static CUresult CUDAAPI fc_stream_get_capture_info_v2(CUstream hStream,
+                                                      CUstreamCaptureStatus *captureStatus_out,
+                                                      cuuint64_t *id_out, CUgraph *graph_out,
+                                                      const CUgraphNode **dependencies_out,
+                                                      size_t *numDependencies_out) {
+  FC_BEGIN(cuStreamGetCaptureInfo);
+  return stream_get_capture_info(hStream, captureStatus_out, id_out, graph_out, dependencies_out,
+                                 NULL, numDependencies_out);
+}
+
+CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
+  FC_BEGIN(cuThreadExchangeStreamCaptureMode);
+  if (!mode || (unsigned)*mode > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
+  CUstreamCaptureMode old = tls_capture_mode;
+  tls_capture_mode = *mode;
+  *mode = old;
+  return CUDA_SUCCESS;
+}
+
+/* Whether key is in table (fc.graphs or fc.execs); fc.mu held. */
+static bool key_live(const fc_vec_t *table, const void *key) {
+  return vec_find(table, (uintptr_t)key) != SIZE_MAX;
+}
+
+/* Flags that change nothing for the graphs the fake captures (no memory
+ * nodes, one priority) are accepted; upload and device launch are not
+ * simulated. */
+CUresult CUDAAPI cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                    unsigned long long flags) {
+  FC_BEGIN(cuGraphInstantiate);
+  const unsigned long long known = CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH |
+                                   CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
+  if (!phGraphExec || (flags & ~known)) return CUDA_ERROR_INVALID_VALUE;
+  CUgraphExec x = calloc(1, sizeof *x);
+  if (!x) return CUDA_ERROR_OUT_OF_MEMORY;
+  CUresult r = CUDA_SUCCESS;
+  pthread_mutex_lock(&fc.mu);
+  if (!key_live(&fc.graphs, hGraph)) {
+    r = CUDA_ERROR_INVALID_HANDLE;
+  } else {
+    x->dev = hGraph->dev;
+    x->epoch = fc.dev[x->dev].epoch;
+    x->n = hGraph->n;
+    x->ops = x->n ? malloc(x->n * sizeof *x->ops) : NULL;
+    fc_stream_key_t k = {(uintptr_t)x, x->dev};
+    if ((x->n && !x->ops) || !vec_insert(&fc.execs, &k)) {
+      r = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+      for (size_t i = 0; i < x->n; i++) x->ops[i] = hGraph->nodes[i]->op;
+    }
+  }
+  pthread_mutex_unlock(&fc.mu);
+  if (r != CUDA_SUCCESS) {
+    free(x->ops);
+    free(x);
+    if (r == CUDA_ERROR_INVALID_HANDLE) r = bad_handle("cuGraphInstantiate", "graph", "cuGraphDestroy", hGraph);
+    return r;
+  }
+  *phGraphExec = x;
+  return CUDA_SUCCESS;
+}
+
+/* One graph launch: copies of the executable graph's ops, run in order by
+ * one kernel on the launch stream (a valid schedule: capture order respects
+ * every dependency), so an event recorded after the launch completes only
+ * once all of it ran. It owns what it needs, so the graph and the executable
+ * graph may be destroyed while it is queued. */
+typedef struct fc_run {
+  size_t n;
+  fc_op_t ops[];
+} fc_run_t;
+
+static void copy_exec(fc_copy_t *k);
+static void wait_value_exec(const fc_wait_value_t *w);
+
+static void run_kernel(void *arg) {
+  fc_run_t *run = arg;
+  for (size_t i = 0; i < run->n; i++) {
+    fc_op_t *op = &run->ops[i];
+    switch (op->kind) {
+      case FC_OP_KERNEL: op->u.kernel.fn(op->u.kernel.arg); break;
+      case FC_OP_COPY: copy_exec(&op->u.copy); break;
+      case FC_OP_WAIT_VALUE: wait_value_exec(&op->u.wait); break;
+    }
+  }
+  free(run);
+}
+
+/* A copy of executable graph x's ops for a launch on stream s, or an error:
+ * x not live, made before its device's reset, or of another device than d. */
+static CUresult run_make(CUgraphExec x, fc_device_t *d, CUstream s, fc_run_t **out) {
+  CUresult r = CUDA_SUCCESS;
+  fc_run_t *run = NULL;
+  pthread_mutex_lock(&fc.mu);
+  if (!key_live(&fc.execs, x) || x->epoch != fc.dev[x->dev].epoch) {
+    r = CUDA_ERROR_INVALID_HANDLE;
+  } else if (x->dev != d->ctx.ordinal) {
+    r = CUDA_ERROR_INVALID_VALUE; /* a stream of another device than the graph's */
+  } else if (!(run = malloc(sizeof *run + x->n * sizeof(fc_op_t)))) {
+    r = CUDA_ERROR_OUT_OF_MEMORY;
+  } else {
+    run->n = x->n;
+    memcpy(run->ops, x->ops, x->n * sizeof(fc_op_t));
+    for (size_t i = 0; i < run->n; i++)
+      if (run->ops[i].kind == FC_OP_COPY) run->ops[i].u.copy.stream = s;
+  }
+  pthread_mutex_unlock(&fc.mu);
+  if (r == CUDA_ERROR_INVALID_HANDLE)
+    r = bad_handle("cuGraphLaunch", "executable graph", "cuGraphExecDestroy or its context's reset",
+                   x);
+  *out = run;
+  return r;
+}
+
+static void inflight_add(fc_copy_t *k);
+static void inflight_remove(fc_copy_t *k);
+
+/* Puts every copy of run on fc_inflight (add) or takes them off. */
+static void run_inflight(fc_run_t *run, bool add) {
+  pthread_mutex_lock(&fc.mu);
+  for (size_t i = 0; i < run->n; i++) {
+    if (run->ops[i].kind != FC_OP_COPY) continue;
+    if (add) {
+      inflight_add(&run->ops[i].u.copy);
+    } else {
+      inflight_remove(&run->ops[i].u.copy);
+    }
+  }
+  pthread_mutex_unlock(&fc.mu);
+}
+
+/* On a capturing stream the graph's ops are captured, in order, as nodes of
+ * the capture (a child graph flattened). */
+static CUresult graph_launch(CUgraphExec hGraphExec, CUstream hStream) {
+  fc_device_t *d;
+  CUresult r = stream_enter("cuGraphLaunch", hStream, &d);
+  if (r != CUDA_SUCCESS) return r;
+  fc_run_t *run = NULL;
+  r = run_make(hGraphExec, d, hStream, &run);
+  bool taken = false;
+  if (r == CUDA_SUCCESS) r = capture_ops("cuGraphLaunch", d, hStream, run->ops, run->n, &taken);
+  if (r == CUDA_SUCCESS && !taken) {
+    run_inflight(run, true);
+    r = from_sim(d->sim->ops->sim_launch(d->sim, (gma_stream_t)hStream, run_kernel, run),
+                 CUDA_ERROR_INVALID_HANDLE);
+    if (r == CUDA_SUCCESS) {
+      run = NULL; /* the kernel frees it */
+    } else {
+      run_inflight(run, false);
+    }
+  }
+  free(run);
+  dev_exit(d);
+  return r;
+}
+
+CUresult CUDAAPI cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
+  FC_BEGIN(cuGraphLaunch);
+  return graph_launch(hGraphExec, hStream);
+}
+
+/* Legal while a launch of it is queued or running: the launch has its own
+ * copy of the ops. */
+CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec hGraphExec) {
+  FC_BEGIN(cuGraphExecDestroy);
+  pthread_mutex_lock(&fc.mu);
+  size_t i = vec_find(&fc.execs, (uintptr_t)hGraphExec);
+  if (i != SIZE_MAX) vec_remove(&fc.execs, i);
+  pthread_mutex_unlock(&fc.mu);
+  if (i == SIZE_MAX) return bad_handle("cuGraphExecDestroy", "executable graph", "cuGraphExecDestroy", hGraphExec);
+  free(hGraphExec->ops);
+  free(hGraphExec);
+  return CUDA_SUCCESS;
+}
+
+/* Legal while an executable graph made from it lives or runs. A graph still
+ * being captured is not the caller's to destroy (it is not in fc.graphs). */
+CUresult CUDAAPI cuGraphDestroy(CUgraph hGraph) {
+  FC_BEGIN(cuGraphDestroy);
+  pthread_mutex_lock(&fc.mu);
+  size_t i = vec_find(&fc.graphs, (uintptr_t)hGraph);
+  if (i != SIZE_MAX) vec_remove(&fc.graphs, i);
+  pthread_mutex_unlock(&fc.mu);
+  if (i == SIZE_MAX) return bad_handle("cuGraphDestroy", "graph", "cuGraphDestroy", hGraph);
+  graph_free(hGraph);
+  return CUDA_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------------
  * Per-thread-default-stream variants (CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_
  * STREAM): the NULL stream means the calling thread's own default stream.
  * ------------------------------------------------------------------------- */
@@ -2174,6 +3502,40 @@ static CUresult CUDAAPI fc_stream_get_id_ptsz(CUstream s, unsigned long long *id
 static CUresult CUDAAPI fc_stream_synchronize_ptsz(CUstream s) {
   FC_BEGIN(cuStreamSynchronize);
   return stream_synchronize(ptds(s));
+}
+static CUresult CUDAAPI fc_stream_query_ptsz(CUstream s) {
+  FC_BEGIN(cuStreamQuery);
+  return stream_query(ptds(s));
+}
+static CUresult CUDAAPI fc_stream_begin_capture_ptsz(CUstream s, CUstreamCaptureMode mode) {
+  FC_BEGIN(cuStreamBeginCapture);
+  return stream_begin_capture(ptds(s), mode);
+}
+static CUresult CUDAAPI fc_stream_end_capture_ptsz(CUstream s, CUgraph *g) {
+  FC_BEGIN(cuStreamEndCapture);
+  return stream_end_capture(ptds(s), g);
+}
+static CUresult CUDAAPI fc_stream_is_capturing_ptsz(CUstream s, CUstreamCaptureStatus *st) {
+  FC_BEGIN(cuStreamIsCapturing);
+  return stream_is_capturing(ptds(s), st);
+}
+static CUresult CUDAAPI fc_stream_get_capture_info_ptsz(CUstream s, CUstreamCaptureStatus *st,
+                                                        cuuint64_t *id, CUgraph *g,
+                                                        const CUgraphNode **deps,
+                                                        const CUgraphEdgeData **edges,
+                                                        size_t *n) {
+  FC_BEGIN(cuStreamGetCaptureInfo);
+  return stream_get_capture_info(ptds(s), st, id, g, deps, edges, n);
+}
+static CUresult CUDAAPI fc_stream_get_capture_info_v2_ptsz(CUstream s, CUstreamCaptureStatus *st,
+                                                           cuuint64_t *id, CUgraph *g,
+                                                           const CUgraphNode **deps, size_t *n) {
+  FC_BEGIN(cuStreamGetCaptureInfo);
+  return stream_get_capture_info(ptds(s), st, id, g, deps, NULL, n);
+}
+static CUresult CUDAAPI fc_graph_launch_ptsz(CUgraphExec x, CUstream s) {
+  FC_BEGIN(cuGraphLaunch);
+  return graph_launch(x, ptds(s));
 }
 static CUresult CUDAAPI fc_memset_d32_async_ptsz(CUdeviceptr d, unsigned int v, size_t n,
                                                  CUstream s) {
@@ -2218,6 +3580,15 @@ static int entry_min_version(int e) {
     case FC_cuCtxCreate: return 12050; /* the _v4 signature */
     case FC_cuStreamWaitValue32: return 11070; /* the _v2 entry point */
     case FC_cuStreamGetCtx: return 9020;
+    case FC_cuGraphInstantiate: return 12000; /* the WithFlags signature the name has since 12.0 */
+    case FC_cuStreamGetCaptureInfo: return 11030; /* v2 below 12030, v3 from it */
+    case FC_cuStreamBeginCapture:
+    case FC_cuThreadExchangeStreamCaptureMode: return 10010; /* the _v2 mode argument */
+    case FC_cuStreamEndCapture:
+    case FC_cuStreamIsCapturing:
+    case FC_cuGraphLaunch:
+    case FC_cuGraphExecDestroy:
+    case FC_cuGraphDestroy: return 10000;
     case FC_cuCtxDestroy: return 4000;
     case FC_cuDevicePrimaryCtxRelease: return 11000;
     case FC_cuMemGetAllocationGranularity:
@@ -2255,6 +3626,12 @@ static void *entry_ptsz(int e) {
     case FC_cuMemsetD32Async: return (void *)fc_memset_d32_async_ptsz;
     case FC_cuMemcpyDtoHAsync: return (void *)fc_memcpy_dtoh_async_ptsz;
     case FC_cuMemcpyHtoDAsync: return (void *)fc_memcpy_htod_async_ptsz;
+    case FC_cuStreamQuery: return (void *)fc_stream_query_ptsz;
+    case FC_cuStreamBeginCapture: return (void *)fc_stream_begin_capture_ptsz;
+    case FC_cuStreamEndCapture: return (void *)fc_stream_end_capture_ptsz;
+    case FC_cuStreamIsCapturing: return (void *)fc_stream_is_capturing_ptsz;
+    case FC_cuStreamGetCaptureInfo: return (void *)fc_stream_get_capture_info_ptsz;
+    case FC_cuGraphLaunch: return (void *)fc_graph_launch_ptsz;
     default: return NULL;
   }
 }
@@ -2280,6 +3657,11 @@ static CUresult get_proc_address(const char *symbol, void **pfn, int cudaVersion
     st = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
   } else if (e == FC_cuGetProcAddress && cudaVersion < 12000) {
     *pfn = (void *)fc_get_proc_address_v1; /* the 4-argument form */
+  } else if (e == FC_cuStreamGetCaptureInfo && cudaVersion < 12030) {
+    /* The v2 ABI (no edge data), as the driver answers an older caller. */
+    *pfn = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
+               ? (void *)fc_stream_get_capture_info_v2_ptsz
+               : (void *)fc_stream_get_capture_info_v2;
   } else {
     void *p = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) ? entry_ptsz(e) : NULL;
     *pfn = p ? p : fc_entries[e].fn;
@@ -2353,8 +3735,12 @@ FC_API CUresult fakecuda_launch(CUstream stream, void (*fn)(void *), void *arg) 
   fc_device_t *d;
   CUresult r = stream_enter("fakecuda_launch", stream, &d);
   if (r != CUDA_SUCCESS) return r;
-  r = from_sim(d->sim->ops->sim_launch(d->sim, (gma_stream_t)stream, fn, arg),
-               CUDA_ERROR_INVALID_HANDLE);
+  fc_op_t op = {.kind = FC_OP_KERNEL, .u.kernel = {fn, arg}};
+  bool taken;
+  r = capture_ops("fakecuda_launch", d, stream, &op, 1, &taken);
+  if (!taken)
+    r = from_sim(d->sim->ops->sim_launch(d->sim, (gma_stream_t)stream, fn, arg),
+                 CUDA_ERROR_INVALID_HANDLE);
   dev_exit(d);
   return r;
 }
@@ -2379,6 +3765,10 @@ FC_API unsigned fakecuda_strict(unsigned flags) {
                                   memory_order_relaxed);
 }
 
+FC_API unsigned long long fakecuda_capture_violations(void) {
+  return atomic_load_explicit(&fc_capture_violations_n, memory_order_relaxed);
+}
+
 /* The controls keep the types fakecuda.h gives tests for dlsym. */
 _Static_assert(__builtin_types_compatible_p(__typeof__(&fakecuda_fail), fakecuda_fail_fn), "");
 _Static_assert(__builtin_types_compatible_p(__typeof__(&fakecuda_clear_faults),
@@ -2389,3 +3779,5 @@ _Static_assert(__builtin_types_compatible_p(__typeof__(&fakecuda_used), fakecuda
 _Static_assert(__builtin_types_compatible_p(__typeof__(&fakecuda_strict), fakecuda_strict_fn), "");
 _Static_assert(__builtin_types_compatible_p(__typeof__(&fakecuda_last_create),
                                             fakecuda_last_create_fn), "");
+_Static_assert(__builtin_types_compatible_p(__typeof__(&fakecuda_capture_violations),
+                                            fakecuda_capture_violations_fn), "");

@@ -1,9 +1,11 @@
 /* Test controls of the fake CUDA driver (libgma_fakecuda.so, tests only).
  *
  * The fake exports cuGetProcAddress (and _v2) and every entry point listed in
- * runtime/device/cuda_entries.h, plus cuCtxSetCurrent, cuMemsetD32Async,
- * cuMemcpyDtoHAsync and cuMemcpyHtoDAsync for the GPU tests, implemented on
- * gma's simulated device (one simulated device per fake GPU). gma loads it
+ * runtime/device/cuda_entries.h, plus cuCtxSetCurrent, cuCtxCreate,
+ * cuCtxDestroy, cuMemsetD32Async, cuMemcpyDtoHAsync, cuMemcpyHtoDAsync,
+ * cuStreamWaitValue32 and cuStreamQuery for the GPU tests, and stream capture
+ * (see "Stream capture" below), implemented on gma's simulated device (one
+ * simulated device per fake GPU). gma loads it
  * when GMA_CUDA_DRIVER names it; a test reaches these controls with
  * dlopen(getenv("GMA_CUDA_DRIVER")) + dlsym (same handle as gma's).
  *
@@ -23,9 +25,9 @@
  *                             FAKECUDA_STRICT_* below): unset, "1" or "all":
  *                             every check (the default); "0" or "none": no
  *                             check, the misuse gets the error code instead;
- *                             or a comma-separated list of "handles" and
- *                             "pending". Anything else is reported on stderr
- *                             and leaves every check on.
+ *                             or a comma-separated list of "handles",
+ *                             "pending" and "capture". Anything else is
+ *                             reported on stderr and leaves every check on.
  */
 #ifndef GMA_FAKECUDA_H
 #define GMA_FAKECUDA_H
@@ -59,10 +61,19 @@ typedef unsigned long long (*fakecuda_used_fn)(int device);
  *            running memset/copy of the fake (cuMemsetD32Async,
  *            cuMemcpyDtoHAsync, cuMemcpyHtoDAsync) on some stream still
  *            touches. Without the check the call succeeds and the copy, when
- *            it runs, sets the sticky CUDA_ERROR_ILLEGAL_ADDRESS. */
+ *            it runs, sets the sticky CUDA_ERROR_ILLEGAL_ADDRESS.
+ *   CAPTURE  a call that breaks a stream capture rule (below): one that
+ *            invalidates a capture or returns CUDA_ERROR_CAPTURED_EVENT,
+ *            _STREAM_CAPTURE_UNSUPPORTED, _ISOLATION, _IMPLICIT, _MERGE,
+ *            _UNMATCHED or _WRONG_THREAD. Not undefined on a GPU, but gma
+ *            must never make such a call, so it is a failure rather than an
+ *            error code to handle. Without the check the call returns that
+ *            code (and invalidates what CUDA invalidates). */
 #define FAKECUDA_STRICT_HANDLES 1u
 #define FAKECUDA_STRICT_PENDING 2u
-#define FAKECUDA_STRICT_ALL (FAKECUDA_STRICT_HANDLES | FAKECUDA_STRICT_PENDING)
+#define FAKECUDA_STRICT_CAPTURE 4u
+#define FAKECUDA_STRICT_ALL \
+  (FAKECUDA_STRICT_HANDLES | FAKECUDA_STRICT_PENDING | FAKECUDA_STRICT_CAPTURE)
 /* Sets the checks in force (FAKECUDA_STRICT_* bits) and returns the previous
  * set; for a test that checks the error return of a misuse on purpose. */
 typedef unsigned (*fakecuda_strict_fn)(unsigned flags);
@@ -71,5 +82,60 @@ typedef unsigned (*fakecuda_strict_fn)(unsigned flags);
 #define FAKECUDA_CREATE_RDMA 1u     /* allocFlags.gpuDirectRDMACapable */
 #define FAKECUDA_CREATE_POSIX_FD 2u /* requestedHandleTypes POSIX file descriptor */
 typedef unsigned (*fakecuda_last_create_fn)(void);
+
+/* Stream capture (CUDA 13's driver API, as cuda.h documents it; entry points
+ * cuStreamBeginCapture (_v2), cuStreamEndCapture, cuStreamIsCapturing,
+ * cuStreamGetCaptureInfo (v2 ABI for a cuGetProcAddress cudaVersion below
+ * 12030, v3 from it), cuThreadExchangeStreamCaptureMode, cuGraphInstantiate
+ * (WithFlags), cuGraphLaunch, cuGraphExecDestroy, cuGraphDestroy):
+ * - Work queued on a capturing stream (fakecuda_launch kernels,
+ *   cuMemsetD32Async, cuMemcpyDtoHAsync, cuMemcpyHtoDAsync,
+ *   cuStreamWaitValue32, cuGraphLaunch) becomes a node of the capture's
+ *   graph and does not run. cuEventRecord on it makes a captured event; a
+ *   stream that waits on a captured event joins that capture (the fork), and
+ *   the origin waiting on an event of the forked stream joins it back.
+ * - cuGraphLaunch runs the graph's work in capture order on the launch
+ *   stream, as one piece of stream work; device pointers are the recorded
+ *   ones, so a replay touches whatever memory is there now.
+ * - Errors: cuEventQuery / cuEventSynchronize on a captured event,
+ *   CUDA_ERROR_CAPTURED_EVENT (also cuStreamWaitEvent on one whose capture
+ *   ended); cuStreamSynchronize / cuStreamQuery / cuStreamDestroy on a
+ *   capturing stream, and cuCtxSynchronize while a stream of the device
+ *   captures, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, invalidating; a
+ *   capturing stream waiting on an event not captured in its capture,
+ *   CUDA_ERROR_STREAM_CAPTURE_ISOLATION (another live capture's: _MERGE),
+ *   invalidating; any use of the legacy stream (NULL, CU_STREAM_LEGACY)
+ *   while a blocking stream of the device captures,
+ *   CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, invalidating except for the capture
+ *   queries; work, records and waits on a stream of an invalidated capture,
+ *   CUDA_ERROR_STREAM_CAPTURE_INVALIDATED; cuStreamBeginCapture on the legacy
+ *   stream, _UNSUPPORTED, on a capturing stream, CUDA_ERROR_ILLEGAL_STATE;
+ *   cuStreamEndCapture on a stream not capturing, CUDA_ERROR_ILLEGAL_STATE,
+ *   on a stream that joined but did not begin the capture, _UNMATCHED
+ *   (invalidating), from another thread than the one that began a capture
+ *   not begun in RELAXED mode, _WRONG_THREAD (the capture goes on), and for
+ *   an invalidated capture _INVALIDATED, for one with a forked stream whose
+ *   last captured work the origin does not wait on, _UNJOINED (no graph in
+ *   either case, and the capture ends for all its streams).
+ * - Potentially unsafe calls, as cuThreadExchangeStreamCaptureMode
+ *   documents (CUDA gives no exhaustive list; the fake's is): cuMemAlloc,
+ *   cuMemFree, cuMemHostAlloc, cuMemFreeHost, cuMemCreate, cuMemRelease,
+ *   cuMemMap, cuMemUnmap, cuMemSetAccess, cuMemAddressReserve,
+ *   cuMemAddressFree, cuCtxSynchronize, cuStreamSynchronize, cuStreamQuery,
+ *   cuEventSynchronize, cuEventQuery (any event), and cuMemcpyDtoHAsync into
+ *   pageable host memory on a stream that does not capture (it waits for the
+ *   copy like a synchronous cuMemcpy). One is prohibited from a thread in
+ *   GLOBAL mode (the default) while the thread has a capture underway not
+ *   begun in RELAXED mode or any thread has one begun in GLOBAL mode; in
+ *   THREAD_LOCAL mode only by the thread's own captures not begun in
+ *   RELAXED mode; in RELAXED mode never. A prohibited call returns
+ *   CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, does nothing else, and
+ *   invalidates the captures that prohibited it.
+ * - Capture ids are unique over the process lifetime, from 1.
+ * Every call that breaks a rule counts in fakecuda_capture_violations, and
+ * aborts the process when FAKECUDA_STRICT_CAPTURE is on. */
+/* Calls so far that broke a stream capture rule (counted whether or not the
+ * "capture" check is on). */
+typedef unsigned long long (*fakecuda_capture_violations_fn)(void);
 
 #endif
