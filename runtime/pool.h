@@ -216,8 +216,9 @@ typedef struct gma__counters {
 enum {
   GMA__TEST_NO_RECORD_GATING = 1u << 0, /* free ignores record_stream users */
   GMA__TEST_NO_EPOCH_GATING = 1u << 1,  /* freed blocks become FREE at once */
-  GMA__TEST_NO_SERVE_CLAIM = 1u << 2    /* a waiter serves a request without claiming it
+  GMA__TEST_NO_SERVE_CLAIM = 1u << 2,   /* a waiter serves a request without claiming it
                                            from the worker (future.c: both serve it) */
+  GMA__TEST_NO_CAPTURE_CHECK = 1u << 3  /* epoch events are recorded on capturing streams */
 };
 
 typedef struct gma__pool {

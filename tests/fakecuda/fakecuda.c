@@ -141,11 +141,11 @@ _Static_assert(sizeof(uintptr_t) >= sizeof(uint64_t), "stream ids are keys");
  * tests call, and cuGetProcAddress itself. The X-macro makes the lookup
  * table, the call counters and the fault table from one list.
  * ------------------------------------------------------------------------- */
-/* Stream capture and graphs come last (see "Stream capture"); gma's runtime
- * will call cuStreamIsCapturing and cuThreadExchangeStreamCaptureMode itself,
- * and when they move into GMA_CUDA_ENTRIES their two lines here go: nothing
- * else in the fake depends on which list names an entry point, and none may
- * be named by both. */
+/* Stream capture and graphs come last (see "Stream capture");
+ * cuThreadExchangeStreamCaptureMode is in GMA_CUDA_ENTRIES (gma's runtime
+ * calls it), and cuStreamGetCaptureInfo, which gma asks for by its 12.0
+ * ABI, is here: nothing else in the fake depends on which list names an
+ * entry point, and none may be named by both. */
 #define FC_EXTRA_ENTRIES(X)             \
   X(cuCtxSetCurrent)                    \
   X(cuCtxCreate)                        \
@@ -162,8 +162,7 @@ _Static_assert(sizeof(uintptr_t) >= sizeof(uint64_t), "stream ids are keys");
   X(cuGraphLaunch)                      \
   X(cuGraphExecDestroy)                 \
   X(cuGraphDestroy)                     \
-  X(cuStreamIsCapturing)                \
-  X(cuThreadExchangeStreamCaptureMode)
+  X(cuStreamIsCapturing)
 #define FC_ALL_ENTRIES(X) X(cuGetProcAddress) GMA_CUDA_ENTRIES(X) FC_EXTRA_ENTRIES(X)
 
 enum {

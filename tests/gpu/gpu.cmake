@@ -66,6 +66,14 @@ if(TARGET gma_fakecuda)
     target_compile_definitions(fakecuda_stress_planted PRIVATE GMA_STRESS_PLANT=1)
     add_dependencies(fakecuda_stress_planted gma_fakecuda)
   endif()
+  # The capture test with gma's capture check planted away: the strict fake
+  # must stop the busy case (an epoch event recorded on a capturing stream,
+  # then queried). Forks a child, which must die by SIGABRT.
+  gma_test(NAME fakecuda_capture_planted INTERNAL SOURCES ${gma_gpu_dir}/test_gpu_capture.c
+    LABELS fakecuda ENV ${gma_fake_env})
+  target_include_directories(fakecuda_capture_planted PRIVATE ${gma_gpu_dir})
+  target_compile_definitions(fakecuda_capture_planted PRIVATE GMA_CAPTURE_PLANT=1)
+  add_dependencies(fakecuda_capture_planted gma_fakecuda)
   # Growable chunks on a device without GPUDirect RDMA or POSIX fd handles:
   # gma asks for neither (the fake refuses what the device lacks).
   gma_test(NAME fakecuda_backend_growable_plain EXE fakecuda_backend_errors LABELS fakecuda

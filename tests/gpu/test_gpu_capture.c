@@ -33,9 +33,18 @@
  *              refused afterwards; errors: a pool of another allocator,
  *              release during a capture, end without begin.
  * Skips (77) without a CUDA device; a driver without capture entry points
- * fails. */
+ * fails.
+ *
+ * Built with GMA_CAPTURE_PLANT (fakecuda_capture_planted, an internal test),
+ * gma records epoch events on capturing streams (GMA__TEST_NO_CAPTURE_CHECK)
+ * and the run passes only if the busy case, in a child process, is stopped
+ * by the strict fake (SIGABRT): proof that the case reaches the worker's
+ * epoch close on a capturing stream. */
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +52,9 @@
 #include "check.h"
 #include "drv.h"
 #include "gma.h"
+#ifdef GMA_CAPTURE_PLANT
+#include "pool.h" /* gma__pool_of and the planted switch */
+#endif
 
 #define MiB ((size_t)1 << 20)
 #define CAPTURE_MODE_GLOBAL 0
@@ -322,7 +334,39 @@ static void case_refused_and_errors(void) {
   printf("refused and errors: ok\n");
 }
 
+#ifdef GMA_CAPTURE_PLANT
+/* The busy case with the planted bug, in a child: it must die by the
+ * strict fake's abort. */
+static int planted(void) {
+  fflush(NULL);
+  pid_t pid = fork();
+  CHECK(pid >= 0);
+  if (pid == 0) {
+    g = drv_cuda_allocator(NULL);
+    drv_open();
+    drv_bind_thread();
+    load_capture();
+    gma__pool_of(g)->test_flags = GMA__TEST_NO_CAPTURE_CHECK;
+    CHECK_OK(gma_stream_create(g, &s));
+    case_busy();
+    _exit(0);
+  }
+  int status = 0;
+  CHECK(waitpid(pid, &status, 0) == pid);
+  if (WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT) {
+    printf("planted: an epoch event recorded on a capturing stream was caught (SIGABRT)\n");
+    return 0;
+  }
+  fprintf(stderr, "planted: the child was not stopped (status 0x%x): the capture check "
+                  "cannot fail\n", status);
+  return 1;
+}
+#endif
+
 int main(void) {
+#ifdef GMA_CAPTURE_PLANT
+  return planted();
+#endif
   g = drv_cuda_allocator(NULL);
   drv_open();
   drv_bind_thread();
