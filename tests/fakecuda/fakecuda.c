@@ -1053,7 +1053,7 @@ static bool set_union(fc_nodeset_t *dst, const fc_nodeset_t *src) {
 
 static bool set_assign(fc_nodeset_t *dst, const fc_nodeset_t *src) {
   if (!set_reserve(dst, src->n)) return false;
-  memcpy(dst->v, src->v, src->n * sizeof *src->v);
+  if (src->n) memcpy(dst->v, src->v, src->n * sizeof *src->v); /* v may be NULL when empty */
   dst->n = src->n;
   return true;
 }
@@ -3109,7 +3109,7 @@ static bool mark_ancestors(const fc_nodeset_t *set) {
     if (n->mark) continue;
     n->mark = true;
     ok = set_reserve(&todo, todo.n + n->ndeps);
-    if (ok) {
+    if (ok && n->ndeps) { /* deps is NULL when there are none */
       memcpy(todo.v + todo.n, n->deps, n->ndeps * sizeof *n->deps);
       todo.n += n->ndeps;
     }
@@ -3394,7 +3394,7 @@ static CUresult run_make(CUgraphExec x, fc_device_t *d, CUstream s, fc_run_t **o
     r = CUDA_ERROR_OUT_OF_MEMORY;
   } else {
     run->n = x->n;
-    memcpy(run->ops, x->ops, x->n * sizeof(fc_op_t));
+    if (x->n) memcpy(run->ops, x->ops, x->n * sizeof(fc_op_t)); /* ops is NULL when empty */
     for (size_t i = 0; i < run->n; i++)
       if (run->ops[i].kind == FC_OP_COPY) run->ops[i].u.copy.stream = s;
   }

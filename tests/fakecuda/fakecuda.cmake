@@ -29,8 +29,9 @@ target_link_options(gma_fakecuda PRIVATE -Wl,-Bsymbolic -Wl,-z,nodelete)
 target_link_libraries(gma_fakecuda PRIVATE Threads::Threads)
 
 # The fake's own semantics, checked through cuGetProcAddress alone (no gma).
+# Its misuse checks run ~30 child processes, slow under TSan: a longer timeout.
 gma_test(NAME fakecuda_driver SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_fakecuda_driver.c
-  LABELS fakecuda
+  LABELS fakecuda TIMEOUT 180
   ENV "GMA_CUDA_DRIVER=$<TARGET_FILE:gma_fakecuda>" GMA_FAKECUDA_DEVICES=2
       GMA_FAKECUDA_MEM=64M,128M GMA_FAKECUDA_GRANULARITY=2M)
 target_include_directories(fakecuda_driver PRIVATE ${CMAKE_CURRENT_LIST_DIR}
