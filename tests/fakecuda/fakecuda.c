@@ -1242,7 +1242,8 @@ static CUresult capture_unsafe(const char *entry) {
 /* The legacy stream s (NULL or CU_STREAM_LEGACY) while a blocking stream of
  * device d captures: every use of it would make it wait for the capture, so
  * it gets CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, and (invalidate: a use other
- * than a capture query) those captures are invalidated. CUDA_SUCCESS for
+ * than a capture query) those captures are invalidated and the use counts
+ * as a capture violation. CUDA_SUCCESS for
  * any other stream or state. fc.mu held. */
 static CUresult capture_implicit(const char *entry, const fc_device_t *d, CUstream s,
                                  bool invalidate) {
@@ -1255,6 +1256,10 @@ static CUresult capture_implicit(const char *entry, const fc_device_t *d, CUstre
     if (!first) first = rec;
   }
   if (!first) return CUDA_SUCCESS;
+  /* A capture query answering so is how a caller learns it must stay off
+   * the legacy stream (gma asks before it records an epoch event there): no
+   * misuse, so neither counted nor stopped by the strict check. */
+  if (!invalidate) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
   return capture_violation(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
                            "%s: the legacy stream (%s) used while blocking stream %p of the same "
                            "device captures (capture %llu)%s",

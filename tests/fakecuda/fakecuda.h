@@ -65,7 +65,8 @@ typedef unsigned long long (*fakecuda_used_fn)(int device);
  *   CAPTURE  a call that breaks a stream capture rule (below): one that
  *            invalidates a capture or returns CUDA_ERROR_CAPTURED_EVENT,
  *            _STREAM_CAPTURE_UNSUPPORTED, _ISOLATION, _IMPLICIT, _MERGE,
- *            _UNMATCHED or _WRONG_THREAD. Not undefined on a GPU, but gma
+ *            _UNMATCHED or _WRONG_THREAD (a capture query's _IMPLICIT is
+ *            an answer, not a misuse). Not undefined on a GPU, but gma
  *            must never make such a call, so it is a failure rather than an
  *            error code to handle. Without the check the call returns that
  *            code (and invalidates what CUDA invalidates). */
