@@ -866,6 +866,10 @@ static int batch_threads(batch_t *b) {
   for (int i = 0; i < NTHREADS; i++) {
     t[i] = (thr_t){.sd = b->sd, .s = tstreams[i], .n = b->n, .size = b->sc->size,
                    .bar = &bar, .record = b->log != NULL};
+    if (t[i].record) { /* no reallocation inside the timed loop */
+      samples_reserve(&t[i].log.alloc, (size_t)b->n);
+      samples_reserve(&t[i].log.free, (size_t)b->n);
+    }
     if (pthread_create(&tid[i], NULL, thr_main, &t[i]) != 0) {
       fprintf(stderr, "gma-bench-gpu: pthread_create failed\n"); /* the others wait forever */
       exit(1);
