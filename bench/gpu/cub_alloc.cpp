@@ -5,6 +5,7 @@
 #include "cub_alloc.h"
 
 #include <cstdio>
+#include <mutex>
 #include <new>
 
 #include <cub/util_allocator.cuh>
@@ -12,6 +13,7 @@
 
 struct gma_bench_cub {
   cub::CachingDeviceAllocator a;
+  size_t peak = 0; // the most bytes held (cached + live) after any allocation; a.mutex
   gma_bench_cub(unsigned growth, unsigned min_bin, unsigned max_bin)
       // No cap on cached bytes, and cleanup left to gma_bench_cub_destroy
       // (which runs while the CUDA runtime is still up).
@@ -23,15 +25,32 @@ extern "C" gma_bench_cub_t *gma_bench_cub_create(unsigned growth, unsigned min_b
   return new (std::nothrow) gma_bench_cub(growth, min_bin, max_bin);
 }
 
+// CUB's own balance (cached_bytes: free and live bytes per device, under
+// its mutex) after an allocation: held memory only grows in an allocation,
+// so its peak is the highest of these.
+static void note_peak(gma_bench_cub_t *c) {
+  std::lock_guard<std::mutex> lock(c->a.mutex);
+  size_t held = 0;
+  for (const auto &d : c->a.cached_bytes) held += d.second.free + d.second.live;
+  if (held > c->peak) c->peak = held;
+}
+
 // The std::map/std::set inserts inside CUB may throw std::bad_alloc; it must
 // not cross into C.
 extern "C" int gma_bench_cub_alloc(gma_bench_cub_t *c, size_t size, cudaStream_t stream,
                                    void **out) {
   try {
-    return (int)c->a.DeviceAllocate(out, size, stream);
+    int e = (int)c->a.DeviceAllocate(out, size, stream);
+    if (e == 0) note_peak(c);
+    return e;
   } catch (...) {
     return (int)cudaErrorMemoryAllocation;
   }
+}
+
+extern "C" size_t gma_bench_cub_peak(gma_bench_cub_t *c) {
+  std::lock_guard<std::mutex> lock(c->a.mutex);
+  return c->peak;
 }
 
 extern "C" int gma_bench_cub_free(gma_bench_cub_t *c, void *p) {

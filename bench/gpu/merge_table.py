@@ -6,12 +6,20 @@ usage: merge_table.py GPU_JSON [TORCH_JSON ...]
 Rows are scenarios (matched by id), columns are allocators: gma-bench-gpu's
 (direct, cudaMallocAsync, CUB, gma, gma with expandable segments), then
 torch_bench.py's (PyTorch's caching allocator, with expandable segments, gma
-through the plug-in). A cell is the median ns per alloc+free pair, followed by
-the ratio peer/gma, where gma is gma-bench-gpu's default gma in the same
-scenario (above 1: slower than gma). torch_bench.py's figures include the
-Python call; its last column, torch/plugin, compares PyTorch's allocator with
-gma through the same Python path. A file that is missing or says "skipped" is
-reported and left out. Standard library only.
+through the plug-in). Three tables:
+
+  1. the median ns per alloc+free pair (batch wall time, kernels included;
+     memory pressure: per successful allocation), followed by the ratio
+     peer/gma, where gma is gma-bench-gpu's default gma in the same scenario
+     (above 1: slower than gma), and "NF" when N allocations failed;
+  2. the p99 of the individual calls, allocation/free (nearest rank);
+  3. the peak footprint in MiB (each allocator's own statistics; the JSON
+     names the source).
+
+torch_bench.py's figures include the Python call; the first table's last
+column, torch/plugin, compares PyTorch's allocator with gma through the same
+Python path. A file that is missing or says "skipped" is reported and left
+out. Standard library only.
 """
 import json
 import sys
@@ -46,11 +54,19 @@ def load(path):
     return data, None
 
 
+def number(v):
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else None
+
+
 def median(entry):
-    if not isinstance(entry, dict):
+    return number(entry.get("median_ns")) if isinstance(entry, dict) else None
+
+
+def p99(entry, key):
+    """The p99 of entry's alloc_ns or free_ns, None where it has none."""
+    if not isinstance(entry, dict) or not isinstance(entry.get(key), dict):
         return None
-    m = entry.get("median_ns")
-    return m if isinstance(m, (int, float)) and m > 0 else None
+    return number(entry[key].get("p99"))
 
 
 def fmt_ns(v):
@@ -65,6 +81,42 @@ def fmt_ns(v):
 
 def fmt_ratio(r):
     return ("%.1fx" % r) if r >= 10 else ("%.2fx" % r)
+
+
+def show_table(title, header, table):
+    widths = [max(len(r[i]) for r in [header] + table) for i in range(len(header))]
+
+    def show(r):
+        return "  ".join([r[0].ljust(widths[0])] +
+                         [c.rjust(w) for c, w in zip(r[1:], widths[1:])]).rstrip()
+    print(title)
+    print(show(header))
+    print(show(["-" * widths[0]] + ["-" * w for w in widths[1:]]))
+    for r in table:
+        print(show(r))
+
+
+def side_tables(rows, names, columns, cells):
+    """The per-call p99 table and the peak footprint table."""
+    header = ["scenario"] + [SHORT.get(a, a) for a in columns]
+    calls, peaks = [], []
+    for sid in rows:
+        line, pline = [names[sid]], [names[sid]]
+        for a in columns:
+            entry = cells.get((sid, a))
+            pa, pf = p99(entry, "alloc_ns"), p99(entry, "free_ns")
+            line.append("-" if pa is None and pf is None else
+                        "%s/%s" % (fmt_ns(pa), fmt_ns(pf)))
+            peak = number(entry.get("peak_bytes")) if isinstance(entry, dict) else None
+            mib = peak / (1 << 20) if peak is not None else None
+            pline.append("-" if mib is None else ("%.1f" % mib) if mib < 10 else "%.0f" % mib)
+        calls.append(line)
+        peaks.append(pline)
+    print()
+    show_table("p99 ns of the individual calls, allocation/free (nearest rank)", header, calls)
+    print()
+    show_table("peak footprint, MiB (each allocator's own statistics; sources in the JSON)",
+               header, peaks)
 
 
 def main(argv):
@@ -133,22 +185,16 @@ def main(argv):
             line.append(fmt_ratio(t / g) if t and g else "-")
         table.append(line)
 
-    widths = [max(len(r[i]) for r in [header] + table) for i in range(len(header))]
-    def show(r):
-        return "  ".join([r[0].ljust(widths[0])] +
-                         [c.rjust(w) for c, w in zip(r[1:], widths[1:])]).rstrip()
     gpu = next((d.get("config", {}).get("gpu") for _, d in sources
                 if d.get("config", {}).get("gpu")), None)
-    print("median ns per alloc+free pair (peer/gma: above 1 is slower than gma)%s" %
-          (" on %s" % gpu if gpu else ""))
-    print(show(header))
-    print(show(["-" * widths[0]] + ["-" * w for w in widths[1:]]))
-    for r in table:
-        print(show(r))
-    print("(gma: gma-bench-gpu's gma, default config; NF: N allocations failed (memory "
-          "pressure);\n -: not measured or not applicable; torch columns include the Python "
-          "call%s)" % ("; torch/plugin: PyTorch's allocator over gma through the plug-in"
-                       if plugin_ratio else ""))
+    show_table("median ns per alloc+free pair, kernels included (peer/gma: above 1 is slower "
+               "than gma)%s" % (" on %s" % gpu if gpu else ""), header, table)
+    print("(gma: gma-bench-gpu's gma, default config; memory pressure: ns per successful "
+          "allocation,\n NF: N allocations failed; -: not measured or not applicable; torch "
+          "columns include the\n Python call%s)" % (
+              "; torch/plugin: PyTorch's allocator over gma through the plug-in"
+              if plugin_ratio else ""))
+    side_tables(rows, names, columns, cells)
     for sid in rows:
         if sid in extra:
             print("%s: %s" % (names[sid], extra[sid]))

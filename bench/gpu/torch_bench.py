@@ -2,32 +2,49 @@
 """torch_bench.py: gma-bench-gpu's allocation patterns on PyTorch's allocators.
 
 Times the scenarios of gma-bench-gpu (same ids, same sizes and seeds, the same
-training-loop plan) with torch.empty(n, dtype=torch.uint8) and del, on:
+training-loop plan) with torch.empty(n, dtype=torch.uint8) and dropping the
+last reference, on:
 
   torch             PyTorch's CUDA caching allocator, default settings
                     (PYTORCH_CUDA_ALLOC_CONF cleared);
   torch_expandable  the same with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True;
   gma_torch_plugin  gma through torch.cuda.memory.CUDAPluggableAllocator, when
-                    the shared library named by $GMA_TORCH_PLUGIN exists (issue 7;
-                    it exports, with CUDAPluggableAllocator's signatures,
-                    void *gma_torch_alloc(ssize_t size, int device, cudaStream_t s)
-                    and void gma_torch_free(void *p, ssize_t size, int device,
-                    cudaStream_t s)).
+                    the plug-in named by $GMA_TORCH_PLUGIN (libgma_torch.so)
+                    exists, installed as python/gma/torch.py's use() does:
+                    through libgma_torch_shim.so beside it when that loads
+                    (an OOM raises torch.OutOfMemoryError), else through
+                    gma_torch_alloc (an OOM returns NULL).
+
+The GPU work mirrors gma-bench-gpu's: every tensor is touched on its stream
+(x[::256].fill_(1), one byte every 256 like the benchmark's touch kernel);
+in the cross-stream scenario and for the training loop's layer gradients a
+second stream waits for the first, spins --spin-us (torch.cuda._sleep,
+calibrated against CUDA events) and touches the tensor, which is freed while
+that stream still runs: Tensor.record_stream on PyTorch's allocator,
+gma.torch.record_stream through the plug-in (Tensor.record_stream does not
+reach a plug-in).
 
 Each allocator runs in its own subprocess (a plug-in must be installed before
 the process's first CUDA allocation, and no allocator's cache should weigh on
-another's measurements). Every batch is timed between two
-torch.cuda.synchronize() calls; per scenario and allocator it reports the
-median and p99 (nearest rank across batches) of ns per alloc+free pair, as
-gma-bench-gpu does (the training loop: iteration time / allocations; memory
-pressure: round time / allocations attempted, and failures). The figures
-include the Python interpreter's cost per call, which is part of what a
-PyTorch program pays; compare torch with gma_torch_plugin for the allocators
-alone.
+another's measurements), and every scenario starts from an empty cache:
+torch.cuda.empty_cache(), or gma.torch.empty_cache() for the plug-in, which
+torch.cuda.empty_cache() does not reach. Every batch is timed between two
+torch.cuda.synchronize() calls. Per scenario and allocator it reports the
+median across batches of ns per alloc+free pair (the training loop: iteration
+time / allocations), p50/p99/max (nearest rank) of the individual allocation
+and free calls, and the peak reserved memory (torch.cuda.max_memory_reserved,
+reset per scenario; not available through the plug-in, which PyTorch's
+statistics do not see). Under memory pressure a round's time is divided by
+the allocations that succeeded; failures are counted apart with the time
+spent in them. A failed allocation is a torch OutOfMemoryError or a tensor at
+address 0 (a NULL from the plug-in): both count as failures, never as
+successes. The figures include the Python interpreter's cost per call, which
+is part of what a PyTorch program pays; compare torch with gma_torch_plugin
+for the allocators alone.
 
 Without torch, or without a CUDA device, it prints why, writes
 {"skipped": reason} to the JSON file and exits 0. Python 3.8+, no other
-dependency than torch itself.
+dependency than torch itself (and python/gma for the plug-in).
 """
 import argparse
 import json
@@ -50,6 +67,7 @@ SCENARIOS = [
     ("same_2MiB", "same size 2 MiB", "pairs", 2 * MiB, 0, 0),
     ("mixed_512B_8MiB", "mixed 512 B - 8 MiB", "pairs", 0, 9, 23),
     ("large_16_256MiB", "large 16 - 256 MiB", "pairs", 0, 24, 28),
+    ("cross_stream", "cross-stream 64 KiB - 4 MiB", "cross", 0, 16, 22),
     ("training_loop", "training loop (6 layers)", "training", 0, 0, 0),
     ("streams_4x4", "4 threads x own stream, 64 KiB", "threads", 64 * KiB, 0, 0),
     ("async_4KiB", "async 4 KiB (bin hit)", "async", 4 * KiB, 0, 0),
@@ -57,6 +75,9 @@ SCENARIOS = [
     ("memory_pressure", "memory pressure", "pressure", 0, 0, 0),
 ]
 NTHREADS = 4
+TOUCH_STRIDE = 256  # gpu_work.h's GMA_BENCH_TOUCH_STRIDE
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
 
 ALLOCATORS = {
     "torch": ("PyTorch caching allocator",
@@ -65,7 +86,10 @@ ALLOCATORS = {
                          "torch.empty/del, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
     "gma_torch_plugin": ("gma via CUDAPluggableAllocator",
                          "torch.empty/del with change_current_allocator(CUDAPluggableAllocator("
-                         "$GMA_TORCH_PLUGIN, 'gma_torch_alloc', 'gma_torch_free'))"),
+                         "...)) on gma.torch.entry_points(): libgma_torch_shim.so beside "
+                         "$GMA_TORCH_PLUGIN when it loads (an OOM raises), else "
+                         "$GMA_TORCH_PLUGIN's gma_torch_alloc (an OOM returns NULL, counted "
+                         "as a failure)"),
 }
 
 
@@ -123,168 +147,340 @@ def training_plan():
     return ops, t_g1 + 1
 
 
+# The layer gradients (t_g0, t_g1): all-reduced on a second stream and
+# freed cross-stream, as gma-bench-gpu's tl_cross() says.
+GRADIENT_SLOTS = (TL_LAYERS * TL_KEPT + 6, TL_LAYERS * TL_KEPT + 7)
+
 PRESS_BLOCKS = (64, 40, 96)
 
 
-def summarize(values):
-    """Median and nearest-rank p99, rounded to 0.1 ns like gma-bench-gpu's JSON."""
+def median(values):
+    """The median of the batches, rounded to 0.1 ns like gma-bench-gpu's JSON."""
     v = sorted(values)
     n = len(v)
     if not n:
-        return None, None
-    median = v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
-    rank = (99 * n + 99) // 100
-    return round(median, 1), round(v[rank - 1], 1)
+        return None
+    return round(v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2, 1)
 
 
 # ---- the worker: runs in a subprocess, one allocator -------------------------------------
 
 
-def worker(args):
-    import torch  # noqa: imported here so the parent can report its absence
+class Failed(Exception):
+    """An allocation that failed: the allocator raised torch's OutOfMemoryError,
+    or handed out NULL (libgma_torch.so without its shim does that, and
+    PyTorch then makes a tensor at address 0)."""
 
-    if args.worker == "gma_torch_plugin":
-        alloc = torch.cuda.memory.CUDAPluggableAllocator(args.plugin, "gma_torch_alloc",
-                                                        "gma_torch_free")
-        torch.cuda.memory.change_current_allocator(alloc)
-    dev = torch.device("cuda", args.device)
-    torch.cuda.set_device(dev)
-    stream = torch.cuda.Stream(device=dev)
-    tstreams = [torch.cuda.Stream(device=dev) for _ in range(NTHREADS)]
-    sync = torch.cuda.synchronize
-    u8 = torch.uint8
-    empty = torch.empty
-    plan, nslots = training_plan()
-    plan_allocs = sum(1 for _, size in plan if size)
-    results = {}
 
-    def batch_pairs(sizes, n):
-        sync()
-        with torch.cuda.stream(stream):
+def percentiles(values):
+    """gma-bench-gpu's per-call figures: calls, p50, p99 (nearest rank), max."""
+    v = sorted(values)
+    n = len(v)
+    if not n:
+        return {"calls": 0, "p50": None, "p99": None, "max": None}
+
+    def rank(p):
+        return v[max(1, -(-p * n // 100)) - 1]
+    return {"calls": n, "p50": round(rank(50), 2), "p99": round(rank(99), 2),
+            "max": round(v[-1], 2)}
+
+
+def load_plugin(torch, plugin):
+    """Installs gma as PyTorch's allocator the way python/gma/torch.py's use()
+    does (its shim, which raises torch.OutOfMemoryError, when it loads) and
+    returns (gma.torch, the allocation entry point used)."""
+    sys.path.insert(0, os.path.join(REPO, "python"))
+    os.environ["GMA_TORCH_LIBRARY"] = plugin
+    libgma = os.path.join(os.path.dirname(plugin), "libgma.so")
+    if os.path.exists(libgma) and not os.environ.get("GMA_LIBRARY"):
+        os.environ["GMA_LIBRARY"] = libgma
+    import gma.torch as gt
+
+    path, alloc_fn, free_fn = gt.entry_points()
+    torch.cuda.memory.change_current_allocator(
+        torch.cuda.memory.CUDAPluggableAllocator(path, alloc_fn, free_fn))
+    return gt, alloc_fn
+
+
+class Bench:
+    """One allocator's scenarios, in the worker process."""
+
+    def __init__(self, torch, args, gt):
+        self.torch, self.args, self.gt = torch, args, gt
+        self.dev = torch.device("cuda", args.device)
+        torch.cuda.set_device(self.dev)
+        self.stream = torch.cuda.Stream(device=self.dev)
+        self.side = torch.cuda.Stream(device=self.dev)
+        self.tstreams = [torch.cuda.Stream(device=self.dev) for _ in range(NTHREADS)]
+        self.oom = (getattr(torch, "OutOfMemoryError", None) or
+                    getattr(torch.cuda, "OutOfMemoryError", None) or RuntimeError)
+        self.plan, self.nslots = training_plan()
+        self.plan_allocs = sum(1 for _, size in self.plan if size)
+        self.cycles_per_us = self.calibrate_spin()
+
+    def calibrate_spin(self):
+        """Clock cycles per microsecond of torch.cuda._sleep (a spin kernel
+        counting cycles), measured with CUDA events; None without _sleep."""
+        torch = self.torch
+        if not hasattr(torch.cuda, "_sleep"):
+            return None
+        torch.cuda._sleep(1000)
+        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        cycles = 20000000
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        ms = start.elapsed_time(end)
+        return cycles / (ms * 1000) if ms > 0 else None
+
+    def alloc(self, size, log):
+        """A tensor of size bytes, timed into log (a pair of lists, or None).
+        Raises Failed for an OOM or a NULL tensor."""
+        t0 = time.perf_counter_ns()
+        try:
+            x = self.torch.empty(size, dtype=self.torch.uint8, device=self.dev)
+        except self.oom as e:
+            raise Failed(str(e).splitlines()[0][:300] if str(e) else "out of memory")
+        t = time.perf_counter_ns() - t0
+        if size and x.data_ptr() == 0:
+            raise Failed("the allocator returned NULL (a tensor at address 0)")
+        if log is not None:
+            log[0].append(t)
+        return x
+
+    def touch(self, x):
+        """gma-bench-gpu's touch kernel: one byte every TOUCH_STRIDE bytes."""
+        x[::TOUCH_STRIDE].fill_(1)
+
+    def use_on_side(self, x):
+        """The side stream waits for the current one, spins --spin-us, then
+        touches x: x is in use there after the host frees it."""
+        self.side.wait_stream(self.torch.cuda.current_stream())
+        with self.torch.cuda.stream(self.side):
+            if self.cycles_per_us:
+                self.torch.cuda._sleep(int(self.args.spin_us * self.cycles_per_us))
+            self.touch(x)
+
+    def record_side(self, x):
+        """The cross-stream mechanism: Tensor.record_stream on PyTorch's
+        allocator; gma.torch.record_stream through the plug-in, which
+        Tensor.record_stream does not reach."""
+        if self.gt:
+            self.gt.record_stream(x, self.side)
+        else:
+            x.record_stream(self.side)
+
+    def free_timed(self, slots, k, log, cross=False):
+        """Drops the last reference to slots[k] (the free), timed into log."""
+        t0 = time.perf_counter_ns()
+        if cross:
+            self.record_side(slots[k])
+        slots[k] = None
+        t = time.perf_counter_ns() - t0
+        if log is not None:
+            log[1].append(t)
+
+    def batch_pairs(self, sizes, n, log, cross):
+        torch = self.torch
+        torch.cuda.synchronize()
+        slot = [None]
+        with torch.cuda.stream(self.stream):
             t0 = time.perf_counter_ns()
             for i in range(n):
-                x = empty(sizes[i], dtype=u8, device=dev)
-                del x
-            sync()
+                slot[0] = self.alloc(sizes[i], log)
+                self.touch(slot[0])
+                if cross:
+                    self.use_on_side(slot[0])
+                self.free_timed(slot, 0, log, cross)
+            torch.cuda.synchronize()
             return time.perf_counter_ns() - t0
 
-    def batch_training(n):
-        slots = [None] * nslots
-        sync()
-        with torch.cuda.stream(stream):
+    def batch_training(self, n, log):
+        torch = self.torch
+        slots = [None] * self.nslots
+        grads = set(GRADIENT_SLOTS)
+        torch.cuda.synchronize()
+        with torch.cuda.stream(self.stream):
             t0 = time.perf_counter_ns()
             for _ in range(n):
-                for slot, size in plan:
-                    slots[slot] = empty(size, dtype=u8, device=dev) if size else None
-            sync()
+                for slot, size in self.plan:
+                    if not size:
+                        self.free_timed(slots, slot, log, slot in grads)
+                        continue
+                    slots[slot] = self.alloc(size, log)
+                    self.touch(slots[slot])
+                    if slot in grads:
+                        self.use_on_side(slots[slot])
+            torch.cuda.synchronize()
             return time.perf_counter_ns() - t0
 
-    def batch_threads(size, n):
+    def batch_threads(self, size, n, log):
+        torch = self.torch
         bar = threading.Barrier(NTHREADS)
-        spans = [None] * NTHREADS
-        errors = []
+        spans, logs, errors = [None] * NTHREADS, [([], []) for _ in range(NTHREADS)], []
 
         def run(k):
             try:
-                torch.cuda.set_device(dev)
-                with torch.cuda.stream(tstreams[k]):
+                torch.cuda.set_device(self.dev)
+                slot = [None]
+                with torch.cuda.stream(self.tstreams[k]):
                     bar.wait()
                     t0 = time.perf_counter_ns()
                     for _ in range(n):
-                        x = empty(size, dtype=u8, device=dev)
-                        del x
-                    tstreams[k].synchronize()
+                        slot[0] = self.alloc(size, logs[k])
+                        self.touch(slot[0])
+                        self.free_timed(slot, 0, logs[k])
+                    self.tstreams[k].synchronize()
                     spans[k] = (t0, time.perf_counter_ns())
             except Exception as e:  # reported, not raised in a thread
-                errors.append(repr(e))
+                errors.append(str(e) if isinstance(e, Failed) else repr(e))
 
-        sync()
+        torch.cuda.synchronize()
         ts = [threading.Thread(target=run, args=(k,)) for k in range(NTHREADS)]
         for t in ts:
             t.start()
         for t in ts:
             t.join()
         if errors:
-            raise RuntimeError(errors[0])
+            raise Failed(errors[0])
+        if log is not None:
+            for a, f in logs:
+                log[0].extend(a)
+                log[1].extend(f)
         return max(s[1] for s in spans) - min(s[0] for s in spans)
 
-    def interleaved(sc):
+    def runner(self, sc):
+        """(run(n, log) -> ns, most units, probe units, least units, pairs per unit)."""
         sid, name, kind, fixed, lo, hi = sc
-        if kind == "async":
-            return {"skipped": "PyTorch has no asynchronous allocation call"}
+        a = self.args
         if kind == "training":
-            maxu, probe, minu, per_unit = args.iterations, 1, 1, plan_allocs
-            run = batch_training
-        else:
-            maxu = args.pairs
-            probe, minu, per_unit = min(maxu, 32), min(maxu, 16), 1
-            if kind == "threads":
-                def run(n):
-                    return batch_threads(fixed, n)
-            else:
-                sizes = pair_sizes(fixed, lo, hi, args.pairs, args.seed)
+            return self.batch_training, a.iterations, 1, 1, self.plan_allocs
+        if kind == "threads":
+            return (lambda n, log: self.batch_threads(fixed, n, log), a.pairs,
+                    min(a.pairs, 32), min(a.pairs, 16), 1)
+        sizes = pair_sizes(fixed, lo, hi, a.pairs, a.seed)
+        cross = kind == "cross"
+        return (lambda n, log: self.batch_pairs(sizes, n, log, cross), a.pairs,
+                min(a.pairs, 32), min(a.pairs, 16), 1)
 
-                def run(n):
-                    return batch_pairs(sizes, n)
+    def interleaved(self, sc):
+        if sc[2] == "async":
+            return {"skipped": "PyTorch has no asynchronous allocation call"}
+        run, maxu, probe, minu, per_unit = self.runner(sc)
+        log = ([], [])
         try:
-            run(probe)  # warm-up: the cache fills
-            per = run(probe) / probe
-            fit = args.batch_ms * 1e6 / max(per, 1)
+            run(probe, None)  # warm-up: the cache fills
+            per = run(probe, None) / probe
+            fit = self.args.batch_ms * 1e6 / max(per, 1)
             units = maxu if fit >= maxu else minu if fit < minu else int(fit)
-            ns = [run(units) / (units * per_unit) for _ in range(args.reps)]
-        except RuntimeError as e:
-            return {"error": str(e).splitlines()[0][:300]}
-        med, p99 = summarize(ns)
-        return {"median_ns": med, "p99_ns": p99, "units_per_batch": units, "batches": len(ns),
-                "failures": 0, "batches_ns": [round(x, 1) for x in ns]}
+            ns = [run(units, log) / (units * per_unit) for _ in range(self.args.reps)]
+        except (Failed, RuntimeError) as e:
+            return {"error": str(e).splitlines()[0][:300] if str(e) else repr(e)}
+        med = median(ns)
+        return {"median_ns": med, "units_per_batch": units, "batches": len(ns), "failures": 0,
+                "alloc_ns": percentiles(log[0]), "free_ns": percentiles(log[1]),
+                "batches_ns": [round(x, 1) for x in ns]}
 
-    def pressure():
-        sync()
-        free, total = torch.cuda.mem_get_info(dev)
-        ws = free * args.pressure_fraction
+    def pressure_round(self, bsize, log, tally):
+        torch = self.torch
+        t0 = time.perf_counter_ns()
+        for n, size in zip(PRESS_BLOCKS, bsize):
+            held = []
+            for _ in range(n):
+                a0 = time.perf_counter_ns()
+                try:
+                    held.append(self.alloc(size, log))
+                    self.touch(held[-1])
+                except Failed as e:
+                    tally["failures"] += 1
+                    tally["failed_ns"] += time.perf_counter_ns() - a0
+                    tally["error"] = tally["error"] or str(e)
+            tally["successes"] += len(held)
+            while held:
+                self.free_timed(held, len(held) - 1, log)
+                held.pop()
+            torch.cuda.synchronize()
+        return time.perf_counter_ns() - t0
+
+    def pressure(self):
+        """Round time per successful allocation; failures counted apart."""
+        torch, a = self.torch, self.args
+        torch.cuda.synchronize()
+        free, total = torch.cuda.mem_get_info(self.dev)
+        ws = free * a.pressure_fraction
         bsize = [max(2 * MiB, int(ws / n) // (2 * MiB) * (2 * MiB)) for n in PRESS_BLOCKS]
-        attempts = sum(PRESS_BLOCKS)
-        failures, first_error, ns = 0, None, []
+        log, ns = ([], []), []
+        tally = {"successes": 0, "failures": 0, "failed_ns": 0, "error": None}
         start = time.perf_counter_ns()
-        with torch.cuda.stream(stream):
-            for _ in range(args.pressure_rounds):
-                t0 = time.perf_counter_ns()
-                for n, size in zip(PRESS_BLOCKS, bsize):
-                    held = []
-                    for _ in range(n):
-                        try:
-                            held.append(empty(size, dtype=u8, device=dev))
-                        except RuntimeError as e:  # torch.cuda.OutOfMemoryError and kin
-                            failures += 1
-                            if first_error is None:
-                                first_error = str(e).splitlines()[0][:300]
-                    del held
-                    sync()
-                ns.append((time.perf_counter_ns() - t0) / attempts)
-        med, p99 = summarize(ns)
+        with torch.cuda.stream(self.stream):
+            for _ in range(a.pressure_rounds):
+                before = tally["successes"]
+                t = self.pressure_round(bsize, log, tally)
+                if tally["successes"] > before:
+                    ns.append(t / (tally["successes"] - before))
+        med = median(ns)
         note = ("working set %.1f GiB = %.0f%% of %.1f GiB free; per round %d x %d MiB, "
                 "%d x %d MiB, %d x %d MiB" % (
-                    ws / (1 << 30), args.pressure_fraction * 100, free / (1 << 30),
+                    ws / (1 << 30), a.pressure_fraction * 100, free / (1 << 30),
                     PRESS_BLOCKS[0], bsize[0] // MiB, PRESS_BLOCKS[1], bsize[1] // MiB,
                     PRESS_BLOCKS[2], bsize[2] // MiB))
-        return {"median_ns": med, "p99_ns": p99, "units_per_batch": 1, "batches": len(ns),
-                "failures": failures, "error": first_error,
+        return {"median_ns": med, "units_per_batch": 1, "batches": len(ns),
+                "successes": tally["successes"], "failures": tally["failures"],
+                "failed_calls_ms": round(tally["failed_ns"] / 1e6, 2), "error": tally["error"],
+                "alloc_ns": percentiles(log[0]), "free_ns": percentiles(log[1]),
                 "total_ms": round((time.perf_counter_ns() - start) / 1e6, 1),
                 "batches_ns": [round(x, 1) for x in ns], "note": note}
 
+    def peak(self, result):
+        """The scenario's peak footprint, where the allocator can say it."""
+        if self.gt:
+            result["peak_bytes"] = None
+            result["peak_source"] = PLUGIN_PEAK_WHY
+        else:
+            result["peak_bytes"] = self.torch.cuda.max_memory_reserved(self.dev)
+            result["peak_source"] = "torch.cuda.max_memory_reserved (reset per scenario)"
+
+    def empty(self):
+        """Every scenario starts from an empty cache: torch.cuda.empty_cache()
+        does not reach a plug-in, so gma's is emptied through gma.torch."""
+        self.torch.cuda.synchronize()
+        if self.gt:
+            self.gt.empty_cache(self.args.device)
+        else:
+            self.torch.cuda.empty_cache()
+            self.torch.cuda.reset_peak_memory_stats(self.dev)
+
+    def scenario(self, sc):
+        self.empty()
+        r = self.pressure() if sc[2] == "pressure" else self.interleaved(sc)
+        if "median_ns" in r:
+            self.peak(r)
+        return r
+
+
+PLUGIN_PEAK_WHY = ("not measured: gma's reserved.peak counts since the allocator was made and "
+                   "cannot be reset per scenario, and torch.cuda's statistics do not see a plug-in")
+
+
+def worker(args):
+    import torch  # noqa: imported here so the parent can report its absence
+
+    gt, entry = None, None
+    if args.worker == "gma_torch_plugin":
+        gt, entry = load_plugin(torch, args.plugin)
+    bench = Bench(torch, args, gt)
+    results = {}
     for sc in SCENARIOS:
         if args.scenarios and sc[0] not in args.scenarios:
             continue
         print("torch_bench [%s]: %s" % (args.worker, sc[1]), file=sys.stderr, flush=True)
-        if sc[2] == "pressure":
-            results[sc[0]] = pressure()
-        else:
-            results[sc[0]] = interleaved(sc)
-        if args.worker != "gma_torch_plugin":
-            torch.cuda.empty_cache()  # the next scenario starts from an empty cache
+        results[sc[0]] = bench.scenario(sc)
+    dev = bench.dev
     out = {"results": results, "torch_version": torch.__version__,
            "cuda_version": torch.version.cuda, "gpu": torch.cuda.get_device_name(dev),
-           "total_memory": torch.cuda.get_device_properties(dev).total_memory}
+           "total_memory": torch.cuda.get_device_properties(dev).total_memory,
+           "spin_cycles_per_us": bench.cycles_per_us, "plugin_entry": entry}
     with open(args.worker_out, "w") as f:
         json.dump(out, f)
 
@@ -308,6 +504,8 @@ def main():
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--pressure-fraction", type=float, default=0.9)
     p.add_argument("--pressure-rounds", type=int, default=3)
+    p.add_argument("--spin-us", type=int, default=20,
+                   help="how long a buffer's second stream is held (20)")
     p.add_argument("--scenarios", default="", help="comma-separated scenario ids (all)")
     p.add_argument("--allocators", default=",".join(ALLOCATORS),
                    help="comma-separated: " + ", ".join(ALLOCATORS))
@@ -356,6 +554,7 @@ def main():
         cmd += ["--worker-out", out, "--device", str(args.device), "--reps", str(args.reps),
                 "--pairs", str(args.pairs), "--iterations", str(args.iterations),
                 "--batch-ms", str(args.batch_ms), "--seed", str(args.seed),
+                "--spin-us", str(args.spin_us),
                 "--pressure-fraction", str(args.pressure_fraction),
                 "--pressure-rounds", str(args.pressure_rounds),
                 "--scenarios", ",".join(args.scenarios)]
@@ -372,6 +571,11 @@ def main():
                 per_alloc[a] = data["results"]
                 info = info or data
                 entry["available"] = True
+                if data.get("plugin_entry"):
+                    entry["entry_point"] = data["plugin_entry"]
+                if data.get("spin_cycles_per_us") is None:
+                    entry["note"] = ("torch.cuda._sleep is missing: the second stream is not "
+                                     "held in the cross-stream scenarios")
         except subprocess.TimeoutExpired:
             entry["reason"] = "worker ran longer than --timeout %d s" % args.timeout
         finally:
@@ -391,10 +595,10 @@ def main():
                 r = {"skipped": entry["reason"] or "not run"}
             note = note or r.pop("note", None)
             res[a] = r
-        unit = {"training": "ns per alloc+free pair (iteration / allocations)",
-                "pressure": "ns per allocation attempted (round / attempts)",
+        unit = {"training": "ns per alloc+free pair (iteration wall time / allocations)",
+                "pressure": "ns per successful allocation (round wall time / successes)",
                 "threads": "ns per alloc+free pair per thread (batch wall time)"}.get(
-                    kind, "ns per alloc+free pair")
+                    kind, "ns per alloc+free pair (batch wall time)")
         sc = {"id": sid, "name": name, "unit": unit, "results": res}
         if note:
             sc["note"] = note
@@ -409,9 +613,14 @@ def main():
                    "max_pairs_per_batch": args.pairs, "max_iterations_per_batch": args.iterations,
                    "batch_ms": args.batch_ms, "seed": args.seed,
                    "pressure_fraction": args.pressure_fraction,
-                   "pressure_rounds": args.pressure_rounds,
-                   "unit": "ns per alloc+free pair (Python call included)",
-                   "p99": "nearest rank across batches"},
+                   "pressure_rounds": args.pressure_rounds, "spin_us": args.spin_us,
+                   "touch_stride": TOUCH_STRIDE,
+                   "unit": "ns per alloc+free pair (batch wall time; the Python calls, the "
+                           "kernels and the synchronization included)",
+                   "median": "across batches",
+                   "percentiles": "nearest rank over individual torch.empty and free calls "
+                                  "(the free: dropping the last reference, with record_stream "
+                                  "first when cross-stream)"},
         "allocators": allocators,
         "scenarios": scenarios,
     }

@@ -65,6 +65,14 @@ if(TARGET gma_fakecuda)
     target_include_directories(fakecuda_stress_planted PRIVATE ${gma_gpu_dir})
     target_compile_definitions(fakecuda_stress_planted PRIVATE GMA_STRESS_PLANT=1)
     add_dependencies(fakecuda_stress_planted gma_fakecuda)
+    # The pipeline the same way: its held streams must let it see the reads
+    # that early reuse overwrites.
+    gma_test(NAME fakecuda_pipeline_planted INTERNAL SOURCES ${gma_gpu_dir}/test_gpu_pipeline.c
+      LABELS fakecuda ARGS 2 ${gma_gpu_pipeline_batches}
+      ENV ${gma_fake_env} GMA_FAKECUDA_STRICT=handles)
+    target_include_directories(fakecuda_pipeline_planted PRIVATE ${gma_gpu_dir})
+    target_compile_definitions(fakecuda_pipeline_planted PRIVATE GMA_PIPELINE_PLANT=1)
+    add_dependencies(fakecuda_pipeline_planted gma_fakecuda)
   endif()
   # The capture test with gma's capture check planted away: the strict fake
   # must stop the busy case (an epoch event recorded on a capturing stream,

@@ -38,6 +38,14 @@ set_tests_properties(tools_torch_policy_model PROPERTIES LABELS tools TIMEOUT 60
 # tools/gpu_check.sh and bench/gpu/torch_train.py skip cleanly without a GPU
 # (and torch_train.py without torch, or with a torch that sees no CUDA): exit
 # 0 within 10 s, the exact skip line, nothing built or written.
+# bench/gpu/torch_bench.py's measuring code on a stand-in torch (no torch or
+# GPU on CI): every scenario measured, the cache emptied before each, an OOM
+# raised or a NULL tensor counted as a failure, never as a success.
+add_test(NAME tools_torch_bench_stub
+         COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_torch_bench.py
+                 ${PROJECT_SOURCE_DIR})
+set_tests_properties(tools_torch_bench_stub PROPERTIES LABELS tools TIMEOUT 120)
+
 foreach(mode gpu_check torch_train)
   add_test(NAME tools_${mode}_skip
            COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_gpu_check.py
