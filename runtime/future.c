@@ -406,6 +406,16 @@ static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t 
     gma__trace_emit(t, gma__trace_now(), GMA__TR_ASYNC_SUBMIT, 0, total, (uintptr_t)f->stream, 0,
                     f->trace_id, f->sizes ? f->n : 0, 0);
   }
+  /* A capture gma was told of: served from its graph pool now, like
+   * gma_alloc (graph.c); the future is complete at once. */
+  if (gma__load_relaxed(&g->graphs.capturing)) {
+    gma_status_t gst = gma__graph_alloc(&g->graphs, f->n, f->sizes, f->size, f->stream, f->ptrs);
+    if (gst != GMA_PENDING) {
+      complete(w, f, gst);
+      *out = f;
+      return GMA_OK;
+    }
+  }
   /* A bin hit needs no worker: the future is complete at once (and needs no
    * clock: the submit time and deadline are the worker's). Through this
    * thread's stream cache it needs no device call either (as gma_alloc). */

@@ -1082,7 +1082,9 @@ void gma__pool_settle(gma__pool_t *p, uint64_t deadline_ns) {
 
 void gma__pool_hold(gma__pool_t *p, void *ptr, bool held) {
   gma__block_t *b = gma__pagemap_get(&p->pagemap, (uintptr_t)ptr);
-  if (b && b->addr == (uintptr_t)ptr) gma__store_relaxed(&b->future_held, held);
+  /* Not an arena: a graph pool's allocation may start where its chunk does. */
+  if (b && b->addr == (uintptr_t)ptr && !gma__load_relaxed(&b->arena))
+    gma__store_relaxed(&b->future_held, held);
 }
 
 /* PENDING -> back to the owner's cache for every block whose owner epoch and

@@ -18,7 +18,8 @@
  *              outputs were.
  *   fork       a capture that forks to a second stream through an event and
  *              joins back: the second stream, never named to gma, is served
- *              from the capture's pool.
+ *              from the capture's pool, as are an async request
+ *              (complete at once) and a batch in the capture.
  *   busy       while s captures in GLOBAL mode (registered), another thread
  *              allocates and frees large blocks on its own stream (device
  *              allocations), empties the cache (device frees) and the
@@ -223,18 +224,30 @@ static void case_fork(void) {
   drv_order(u, s); /* u joins the capture */
   CHECK_OK(gma_alloc(g, 2 * MiB, u, &y)); /* u was never named to gma */
   drv_memset32(y, 0x22222222u, 2 * MiB, u);
+  /* An async request and a batch in the capture come from the pool too. */
+  gma_future_t *fu = NULL;
+  void *z = NULL, *bp[2] = {NULL, NULL};
+  size_t bs[2] = {MiB, 2 * MiB};
+  CHECK_OK(gma_alloc_async(g, 3 * MiB, u, NULL, &fu));
+  CHECK_OK(gma_future_take(fu, 0, &z)); /* complete at once */
+  CHECK_OK(gma_alloc_batch(g, 2, bs, s, bp));
+  drv_memset32(z, 0x33333333u, 3 * MiB, u);
   drv_order(s, u); /* and joins back */
   graph_t graph = NULL;
   DRV_CHECK(cap.end(s, &graph));
   CHECK_OK(gma_capture_end(g, s));
   gma_graph_pool_stats_t ps = pool_stats(pool);
-  CHECK(ps.allocs == 2 && ps.allocated_bytes == 4 * MiB);
+  CHECK(ps.allocs == 5 && ps.allocated_bytes == 10 * MiB);
   graph_exec_t exec = instantiate(graph);
   DRV_CHECK(cap.launch(exec, s));
   expect(x, 2 * MiB, 0x11111111u, s, "fork: x");
   expect(y, 2 * MiB, 0x22222222u, s, "fork: y");
-  CHECK_OK(gma_free(g, x));
-  CHECK_OK(gma_free(g, y));
+  expect(z, 3 * MiB, 0x33333333u, s, "fork: async z");
+  void *all[5] = {x, y, z, bp[0], bp[1]};
+  size_t len[5] = {2 * MiB, 2 * MiB, 3 * MiB, MiB, 2 * MiB};
+  for (int i = 0; i < 5; i++)
+    for (int k = i + 1; k < 5; k++) CHECK(!overlaps(all[i], len[i], all[k], len[k]));
+  for (int i = 0; i < 5; i++) CHECK_OK(gma_free(g, all[i]));
   DRV_CHECK(cap.exec_destroy(exec));
   DRV_CHECK(cap.destroy(graph));
   CHECK_OK(gma_graph_pool_release(g, pool));
