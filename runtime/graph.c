@@ -393,15 +393,19 @@ static bool maybe_graph(gma__graphs_t *gs, uintptr_t addr) {
   return !b || gma__load_relaxed(&b->arena);
 }
 
-gma_status_t gma__graph_free(gma__graphs_t *gs, void *ptr) {
-  uintptr_t addr = (uintptr_t)ptr;
-  if (!maybe_graph(gs, addr)) return GMA_PENDING;
+/* Takes the lock and returns the chunk holding addr; NULL, with the lock
+ * released, when no graph pool holds it. */
+static gma__gchunk_t *lock_chunk(gma__graphs_t *gs, uintptr_t addr) {
   pthread_mutex_lock(&gs->lock);
   gma__gchunk_t *c = chunk_containing(gs, addr);
-  if (!c) {
-    pthread_mutex_unlock(&gs->lock);
-    return GMA_PENDING;
-  }
+  if (!c) pthread_mutex_unlock(&gs->lock);
+  return c;
+}
+
+gma_status_t gma__graph_free(gma__graphs_t *gs, void *ptr) {
+  uintptr_t addr = (uintptr_t)ptr;
+  gma__gchunk_t *c = maybe_graph(gs, addr) ? lock_chunk(gs, addr) : NULL;
+  if (!c) return GMA_PENDING;
   gblock_t *b = block_containing(c, addr);
   gma_status_t st = GMA_OK;
   if (b && b->addr == addr && b->state == GLIVE)
@@ -425,13 +429,8 @@ gma_status_t gma__graph_free(gma__graphs_t *gs, void *ptr) {
 gma_status_t gma__graph_record_stream(gma__graphs_t *gs, void *ptr, gma_stream_t stream,
                                       void **base) {
   uintptr_t addr = (uintptr_t)ptr;
-  if (!gma__load_relaxed(&gs->nchunks)) return GMA_PENDING;
-  pthread_mutex_lock(&gs->lock);
-  gma__gchunk_t *c = chunk_containing(gs, addr);
-  if (!c) {
-    pthread_mutex_unlock(&gs->lock);
-    return GMA_PENDING;
-  }
+  gma__gchunk_t *c = gma__load_relaxed(&gs->nchunks) ? lock_chunk(gs, addr) : NULL;
+  if (!c) return GMA_PENDING;
   gblock_t *b = block_containing(c, addr);
   gma_status_t st;
   if (!b || b->state != GLIVE) {
