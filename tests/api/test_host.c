@@ -187,7 +187,11 @@ static void fallback_record_stream(void) {
   CHECK_OK(gma_stream_synchronize(g, s1));
   CHECK_OK(gma_empty_cache(g));
   gma_stats_t st = stats_of(g);
-  CHECK(st.host_reserved.current == 0 && st.reserved.current == 0 && st.num_fallbacks >= 7);
+  /* Fallbacks for certain: fb, again and the reuse of fb in each round (6).
+   * Round 1's probes add one per try before s2's kernel ends, which may be
+   * none on a loaded machine: the bound read 7 until a fresh-clone ASan run
+   * under load found fb at the first try (1 run in 20). */
+  CHECK(st.host_reserved.current == 0 && st.reserved.current == 0 && st.num_fallbacks >= 6);
   CHECK_OK(gma_stream_destroy(g, s1));
   CHECK_OK(gma_stream_destroy(g, s2));
   CHECK_OK(gma_destroy(g));
