@@ -182,6 +182,15 @@ static gma_status_t chunk_add(gma__graphs_t *gs, gma_graph_pool_t *pool, gma_str
 
 /* Gives a chunk with nothing live back to the pool below: stream-ordered on
  * the stream it was taken on, behind any gma_record_stream on its memory. */
+/* Frees a chunk's host records (its blocks and itself). */
+static void chunk_free(gma__gchunk_t *c) {
+  for (gblock_t *b = c->first, *next; b; b = next) {
+    next = b->next;
+    free(b);
+  }
+  free(c);
+}
+
 static void chunk_give_back(gma__graphs_t *gs, gma__gchunk_t *c) {
   GMA__ASSERT(!c->live);
   chunk_remove(gs, c);
@@ -190,11 +199,7 @@ static void chunk_give_back(gma__graphs_t *gs, gma__gchunk_t *c) {
   if (gma__pool_free_after(gs->p, (void *)c->base, NULL, 0) != GMA_OK)
     gma__set_error(GMA_ERR_INTERNAL, "a graph pool's chunk at %p was not the pool's",
                    (void *)c->base);
-  for (gblock_t *b = c->first, *next; b; b = next) {
-    next = b->next;
-    free(b);
-  }
-  free(c);
+  chunk_free(c);
 }
 
 static void pool_unlink_free(gma__graphs_t *gs, gma_graph_pool_t *pool) {
@@ -216,25 +221,6 @@ static void released_tidy(gma__graphs_t *gs, gma__gchunk_t *c) {
   if (!pool->nchunks) pool_unlink_free(gs, pool);
 }
 
-/* Merges b with its FREE neighbours; b is FREE. */
-static void coalesce(gma__gchunk_t *c, gblock_t *b) {
-  gblock_t *n = b->next;
-  if (n && n->state == GFREE) {
-    b->size += n->size;
-    b->next = n->next;
-    if (n->next) n->next->prev = b;
-    free(n);
-  }
-  gblock_t *pr = b->prev;
-  if (pr && pr->state == GFREE) {
-    pr->size += b->size;
-    pr->next = b->next;
-    if (b->next) b->next->prev = pr;
-    free(b);
-  }
-  (void)c;
-}
-
 /* Merges every run of FREE neighbours of c into one block. */
 static void coalesce_all(gma__gchunk_t *c) {
   for (gblock_t *b = c->first; b; b = b->next)
@@ -247,12 +233,16 @@ static void coalesce_all(gma__gchunk_t *c) {
     }
 }
 
-static void make_free(gma__gchunk_t *c, gblock_t *b) {
+static void mark_free(gblock_t *b) {
   b->state = GFREE;
   b->stream = NULL;
   b->crossed = false;
   b->capture = 0;
-  coalesce(c, b);
+}
+
+static void make_free(gma__gchunk_t *c, gblock_t *b) {
+  mark_free(b);
+  coalesce_all(c);
 }
 
 /* Best fit among the pool's blocks a request of size bytes on stream s in
@@ -571,10 +561,7 @@ gma_status_t gma__capture_end(gma__graphs_t *gs, gma_stream_t stream) {
       if (b->state == GHELD && b->capture == cap.serial) {
         c->live -= b->size;
         cap.pool->live -= b->size;
-        b->state = GFREE;
-        b->stream = NULL;
-        b->crossed = false;
-        b->capture = 0;
+        mark_free(b);
         freed = true;
       }
     if (freed) coalesce_all(c);
@@ -625,6 +612,16 @@ void gma__graphs_totals(gma__graphs_t *gs, uint64_t *pools, uint64_t *bytes, uin
   pthread_mutex_unlock(&gs->lock);
 }
 
+/* Frees the pools' records and the tables (the chunks are gone already). */
+static void records_free(gma__graphs_t *gs) {
+  while (gs->pools) pool_unlink_free(gs, gs->pools);
+  free(gs->chunks);
+  free(gs->caps);
+  gs->chunks = NULL;
+  gs->caps = NULL;
+  gs->ncaps = gs->caps_cap = gs->chunks_cap = 0;
+}
+
 void gma__graphs_fini(gma__graphs_t *gs, uint64_t *leaks, uint64_t *leaked) {
   *leaks = *leaked = 0;
   for (size_t i = gma__load_relaxed(&gs->nchunks); i-- > 0;) {
@@ -641,31 +638,12 @@ void gma__graphs_fini(gma__graphs_t *gs, uint64_t *leaks, uint64_t *leaked) {
     c->live = 0;
     chunk_give_back(gs, c);
   }
-  while (gs->pools) pool_unlink_free(gs, gs->pools);
-  free(gs->chunks);
-  free(gs->caps);
-  gs->chunks = NULL;
-  gs->caps = NULL;
-  gs->ncaps = gs->caps_cap = gs->chunks_cap = 0;
+  records_free(gs);
   pthread_mutex_destroy(&gs->lock);
 }
 
 void gma__graphs_forget(gma__graphs_t *gs) {
-  for (size_t i = 0; i < gma__load_relaxed(&gs->nchunks); i++) {
-    for (gblock_t *b = gs->chunks[i]->first, *next; b; b = next) {
-      next = b->next;
-      free(b);
-    }
-    free(gs->chunks[i]);
-  }
+  for (size_t i = 0; i < gma__load_relaxed(&gs->nchunks); i++) chunk_free(gs->chunks[i]);
   gma__store_relaxed(&gs->nchunks, 0);
-  while (gs->pools) {
-    gma_graph_pool_t *q = gs->pools;
-    gs->pools = q->next;
-    free(q);
-  }
-  free(gs->chunks);
-  free(gs->caps);
-  gs->chunks = NULL;
-  gs->caps = NULL;
+  records_free(gs);
 }
