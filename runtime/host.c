@@ -142,6 +142,20 @@ static gma_status_t order_free(gma__host_t *h, gma__huse_t *u) {
   return st;
 }
 
+/* mu held: whether u's stream is capturing a CUDA graph (or, the legacy
+ * stream, would join another stream's capture): an event recorded there
+ * would be part of the graph (its query fails for ever) and a wait for the
+ * stream would invalidate the capture. The graph may use the block at every
+ * launch, which gma cannot see, so such a free is refused. A failed query
+ * counts as capturing: refusing is always safe. */
+static bool use_capturing(gma__host_t *h, const gma__huse_t *u) {
+  const gma__device_ops_t *o = h->dev->ops;
+  if (u->gone || !o->stream_capture) return false;
+  bool on = false;
+  uint64_t id = 0;
+  return o->stream_capture(h->dev, u->stream, &on, &id) != GMA_OK || on;
+}
+
 /* Forgets the other streams of a block whose work on them is done. */
 static void drop_xuse(gma__host_t *h, gma__hblock_t *b) {
   for (uint32_t i = 0; i < b->nxuse; i++)
@@ -282,6 +296,18 @@ gma_status_t gma__host_free(gma__host_t *h, void *ptr, bool fallback) {
    * to the block) and on the streams gma_record_stream named: until those
    * events complete the block is not handed out again. A failure leaves the
    * block live (free it again). */
+  gma__huse_t *captured = use_capturing(h, &b->own) ? &b->own : NULL;
+  for (uint32_t i = 0; !captured && i < b->nxuse; i++)
+    if (use_capturing(h, &b->xuse[i])) captured = &b->xuse[i];
+  if (captured) {
+    pthread_mutex_unlock(&h->mu);
+    return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
+                          "%s(%p): stream %p is capturing a CUDA graph (or is the legacy "
+                          "stream while another stream captures), and the graph may use this "
+                          "block at every launch; the block stays allocated: free it after "
+                          "the capture ended and the graph's last launch completed",
+                          fallback ? "gma_free" : "gma_host_free", ptr, captured->stream);
+  }
   gma__huse_t *failed = NULL;
   for (uint32_t i = 0; !failed && i < b->nxuse; i++)
     if (order_free(h, &b->xuse[i]) != GMA_OK) failed = &b->xuse[i];

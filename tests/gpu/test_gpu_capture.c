@@ -33,6 +33,10 @@
  *              stats say 0 bytes in graph pools, and the pool's handle is
  *              refused afterwards; errors: a pool of another allocator,
  *              release during a capture, end without begin.
+ *   host       a pinned block (gma_host_alloc) that a capture copies into:
+ *              its free during the capture is refused (GMA_ERR_INVALID_ARGUMENT)
+ *              without invalidating the capture; after the graph's launch
+ *              the free succeeds and the block serves again.
  * Skips (77) without a CUDA device; a driver without capture entry points
  * fails.
  *
@@ -347,6 +351,49 @@ static void case_refused_and_errors(void) {
   printf("refused and errors: ok\n");
 }
 
+/* ---- host --------------------------------------------------------------------------- */
+
+/* Pinned host memory used inside a capture: the graph copies into the block
+ * at every launch, so its free is refused while the stream captures (an
+ * event recorded there would be captured and fail every later query; the
+ * strict fake aborts on such a query) and the capture stays valid; after
+ * the capture and the graph's last launch the same free succeeds and the
+ * block's memory is reused. */
+static void case_host(void) {
+  gma_graph_pool_t *pool = NULL;
+  CHECK_OK(gma_graph_pool_create(g, &pool));
+  void *h = NULL, *d = NULL;
+  CHECK_OK(gma_host_alloc(g, 1 * MiB, s, &h));
+  CHECK_OK(gma_capture_begin(g, s, pool));
+  DRV_CHECK(cap.begin(s, CAPTURE_MODE_GLOBAL));
+  CHECK_OK(gma_alloc(g, 1 * MiB, s, &d));
+  drv_memset32(d, 0x51515151u, 1 * MiB, s);
+  drv_to_host(h, d, 1 * MiB, s);
+  gma_status_t st = gma_host_free(g, h);
+  CHECK(st == GMA_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(gma_last_error(), "capturing a CUDA graph") != NULL);
+  CHECK_OK(gma_free(g, d));
+  graph_t graph = NULL;
+  DRV_CHECK(cap.end(s, &graph)); /* the refusal did not invalidate the capture */
+  CHECK_OK(gma_capture_end(g, s));
+  graph_exec_t exec = instantiate(graph);
+  memset(h, 0, 1 * MiB);
+  DRV_CHECK(cap.launch(exec, s));
+  drv_sync(s);
+  for (size_t i = 0; i < 1 * MiB / 4; i++) CHECK(((uint32_t *)h)[i] == 0x51515151u);
+  DRV_CHECK(cap.exec_destroy(exec));
+  DRV_CHECK(cap.destroy(graph));
+  CHECK_OK(gma_host_free(g, h)); /* still allocated after the refusal: freed now */
+  CHECK(gma_host_free(g, h) == GMA_ERR_DOUBLE_FREE);
+  CHECK_OK(gma_stream_synchronize(g, s));
+  void *h2 = NULL;
+  CHECK_OK(gma_host_alloc(g, 1 * MiB, s, &h2));
+  CHECK(h2 == h); /* nothing was lost: the same block serves again */
+  CHECK_OK(gma_host_free(g, h2));
+  CHECK_OK(gma_graph_pool_release(g, pool));
+  printf("host: ok\n");
+}
+
 #ifdef GMA_CAPTURE_PLANT
 /* The busy case with the planted bug, in a child: it must die by the
  * strict fake's abort. */
@@ -390,6 +437,7 @@ int main(void) {
   case_fork();
   case_busy();
   case_refused_and_errors();
+  case_host();
   CHECK_OK(gma_stream_destroy(g, s));
   CHECK_OK(gma_stream_destroy(g, t));
   CHECK_OK(gma_destroy(g));
