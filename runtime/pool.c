@@ -474,12 +474,80 @@ static void take_block(gma__pool_t *p, gma__block_t *b, uint64_t size, size_t re
   gma__counter_add_owner(&c->req_bytes, requested);
 }
 
-/* Best fit for size among the stream's cached blocks and the shared free tree;
- * the smaller candidate wins, the stream's own on a tie (its memory is warm). */
+/* A cached block's size with its FREE address neighbours (FREE blocks
+ * coalesce, so there is at most one on each side). */
+static uint64_t joined_size(gma__block_t *b) {
+  uint64_t t = b->size;
+  if (b->prev && state_of(b->prev) == GMA__FREE) t += b->prev->size;
+  if (b->next && state_of(b->next) == GMA__FREE) t += b->next->size;
+  return t;
+}
+
+/* How many of a stream's cached blocks one search for a join looks at. */
+#define JOIN_SCAN 16
+
+/* The cached block (of a tree keyed by size) below size whose join with its
+ * FREE neighbours holds size bytes in the fewest bytes under *best_total;
+ * the largest blocks are looked at first, at most *budget of them. */
+static void join_search(gma__block_t *n, uint64_t size, uint64_t *best_total,
+                        gma__block_t **best, int *budget) {
+  if (!n || *budget <= 0) return;
+  if (n->size >= size) { /* a fit by itself: find_fit saw it; the right side is larger */
+    join_search(n->left, size, best_total, best, budget);
+    return;
+  }
+  join_search(n->right, size, best_total, best, budget);
+  if (*budget <= 0) return;
+  (*budget)--;
+  uint64_t t = joined_size(n);
+  if (t >= size && t < *best_total) {
+    *best_total = t;
+    *best = n;
+  }
+  join_search(n->left, size, best_total, best, budget);
+}
+
+/* Joins cached block b (on stream s) with its FREE neighbours: the result
+ * is cached on s with b's epoch. Safe: FREE memory has no device work to
+ * wait for, so s may use it as soon as it may use b; other streams get the
+ * whole block back when b's epoch completes (or it is taken and freed). */
+static gma__block_t *join_free(gma__pool_t *p, gma__block_t *b) {
+  gma__cached_unlink(p, b);
+  if (b->prev && state_of(b->prev) == GMA__FREE) {
+    gma__block_t *prev = b->prev;
+    gma__free_unlink(p, prev);
+    prev->stream = b->stream;
+    prev->epoch = b->epoch;
+    absorb_next(p, prev); /* recycles b */
+    b = prev;
+  }
+  if (b->next && state_of(b->next) == GMA__FREE) {
+    gma__free_unlink(p, b->next);
+    absorb_next(p, b);
+  }
+  cached_link(p, b, NULL);
+  return b;
+}
+
+/* Best fit for size among the stream's cached blocks and the shared free
+ * tree; the smaller candidate wins, the stream's own on a tie (its memory is
+ * warm). A cached block too small by itself may fit joined with the FREE
+ * memory beside it (what the stream freed last next to what became free
+ * earlier, the two halves of one old block): when that union is smaller
+ * than the best candidate, it is joined and taken instead. Without it a
+ * steady loop's request could split another stream's larger block (a block
+ * that stream needs again at the same point of the next iteration) while
+ * its own old place sits in two halves, and that stream would grow. */
 static gma__block_t *find_fit(gma__pool_t *p, gma__stream_t *s, int kind, uint64_t size) {
   gma__block_t *c = treap_best_fit(s->cached_tree[kind], size);
   gma__block_t *f = treap_best_fit(p->free_tree[kind], size);
-  return c && (!f || c->size <= f->size) ? c : f;
+  gma__block_t *best = c && (!f || c->size <= f->size) ? c : f;
+  if (best == c && c) return c;
+  uint64_t total = best ? best->size : UINT64_MAX;
+  gma__block_t *j = NULL;
+  int budget = JOIN_SCAN;
+  join_search(s->cached_tree[kind], size, &total, &j, &budget);
+  return j ? join_free(p, j) : best;
 }
 
 /* Segment size for a request: small requests share small segments, mid-size

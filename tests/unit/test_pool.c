@@ -248,7 +248,48 @@ static void bins(void) {
   CHECK_OK(gma_destroy(g));
 }
 
+/* A stream's cached block joined with the FREE memory beside it serves a
+ * request that neither fits alone, when the union is smaller than the best
+ * FREE block: the stream takes its own old place again instead of splitting
+ * another stream's larger block (which that stream would then have to grow
+ * for). */
+static void cached_joins_free_neighbour(void) {
+  gma_t *g = sim_allocator("bins:off");
+  gma_stream_t a, b;
+  CHECK_OK(gma_stream_create(g, &a));
+  CHECK_OK(gma_stream_create(g, &b));
+  const size_t M = (size_t)1 << 20;
+  void *z, *y, *x, *q, *r;
+  CHECK_OK(gma_alloc(g, 26 * M, b, &z)); /* b's block: a 26 MiB segment */
+  CHECK_OK(gma_alloc(g, 16 * M, a, &y)); /* a's: a 16 MiB segment */
+  CHECK_OK(gma_free(g, z));
+  CHECK_OK(gma_free(g, y));
+  CHECK_OK(gma_stream_synchronize(g, b)); /* both FREE now */
+  CHECK_OK(gma_stream_synchronize(g, a));
+  CHECK_OK(gma_alloc(g, 10 * M + M / 2, a, &x)); /* best fit: y's 16 MiB, split */
+  CHECK(x == y);
+  CHECK_OK(gma_free(g, x)); /* cached on a: 10.5 MiB beside 5.5 MiB FREE */
+  gma_stats_t s0 = stats_of(g);
+  CHECK(s0.num_device_allocs == 2 && s0.stream_cached_bytes == 10 * M + M / 2);
+  CHECK_OK(gma_alloc(g, 14 * M, a, &q)); /* the join (16 MiB), not z's 26 MiB */
+  CHECK(q == y);
+  CHECK_OK(gma_alloc(g, 25 * M, b, &r)); /* so b finds its place again */
+  CHECK(r == z);
+  gma_stats_t s = stats_of(g);
+  CHECK(s.num_device_allocs == 2 && s.hits_stream == s0.hits_stream + 1);
+  check_valid(g);
+  CHECK_OK(gma_free(g, q));
+  CHECK_OK(gma_free(g, r));
+  CHECK_OK(gma_stream_synchronize(g, a));
+  CHECK_OK(gma_stream_synchronize(g, b));
+  check_valid(g);
+  CHECK_OK(gma_stream_destroy(g, a));
+  CHECK_OK(gma_stream_destroy(g, b));
+  CHECK_OK(gma_destroy(g));
+}
+
 int main(void) {
+  cached_joins_free_neighbour();
   size_classes();
   bins();
   best_fit_prefers_smallest();
