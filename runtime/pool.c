@@ -213,8 +213,10 @@ static void absorb_next(gma__pool_t *p, gma__block_t *b) {
   gma__block_recycle(p, n);
 }
 
-/* Makes an unlinked block FREE, coalescing with FREE neighbours. */
-void gma__block_make_free(gma__pool_t *p, gma__block_t *b) {
+/* Absorbs the FREE address neighbours of unlinked block b; returns the
+ * merged block (b, or its former left neighbour, whose fields other than
+ * the size and links the caller sets). */
+static gma__block_t *absorb_free_neighbours(gma__pool_t *p, gma__block_t *b) {
   if (b->prev && state_of(b->prev) == GMA__FREE) {
     gma__block_t *prev = b->prev;
     gma__free_unlink(p, prev);
@@ -225,6 +227,12 @@ void gma__block_make_free(gma__pool_t *p, gma__block_t *b) {
     gma__free_unlink(p, b->next);
     absorb_next(p, b);
   }
+  return b;
+}
+
+/* Makes an unlinked block FREE, coalescing with FREE neighbours. */
+void gma__block_make_free(gma__pool_t *p, gma__block_t *b) {
+  b = absorb_free_neighbours(p, b);
   /* Memory freed just now is not idle: the merged block's idle clock starts
    * again (it used to keep an idle neighbour's, so a timed trim gave back
    * memory freed a moment before). */
@@ -512,19 +520,12 @@ static void join_search(gma__block_t *n, uint64_t size, uint64_t *best_total,
  * wait for, so s may use it as soon as it may use b; other streams get the
  * whole block back when b's epoch completes (or it is taken and freed). */
 static gma__block_t *join_free(gma__pool_t *p, gma__block_t *b) {
+  gma__stream_t *s = b->stream;
+  uint64_t epoch = b->epoch;
   gma__cached_unlink(p, b);
-  if (b->prev && state_of(b->prev) == GMA__FREE) {
-    gma__block_t *prev = b->prev;
-    gma__free_unlink(p, prev);
-    prev->stream = b->stream;
-    prev->epoch = b->epoch;
-    absorb_next(p, prev); /* recycles b */
-    b = prev;
-  }
-  if (b->next && state_of(b->next) == GMA__FREE) {
-    gma__free_unlink(p, b->next);
-    absorb_next(p, b);
-  }
+  b = absorb_free_neighbours(p, b);
+  b->stream = s;
+  b->epoch = epoch;
   cached_link(p, b, NULL);
   return b;
 }
@@ -541,13 +542,12 @@ static gma__block_t *join_free(gma__pool_t *p, gma__block_t *b) {
 static gma__block_t *find_fit(gma__pool_t *p, gma__stream_t *s, int kind, uint64_t size) {
   gma__block_t *c = treap_best_fit(s->cached_tree[kind], size);
   gma__block_t *f = treap_best_fit(p->free_tree[kind], size);
-  gma__block_t *best = c && (!f || c->size <= f->size) ? c : f;
-  if (best == c && c) return c;
-  uint64_t total = best ? best->size : UINT64_MAX;
+  if (c && (!f || c->size <= f->size)) return c;
+  uint64_t total = f ? f->size : UINT64_MAX;
   gma__block_t *j = NULL;
   int budget = JOIN_SCAN;
   join_search(s->cached_tree[kind], size, &total, &j, &budget);
-  return j ? join_free(p, j) : best;
+  return j ? join_free(p, j) : f;
 }
 
 /* Segment size for a request: small requests share small segments, mid-size
