@@ -175,6 +175,13 @@ static gma_status_t cu_fail(CUresult r, const char *call) {
                         text ? text : "unknown error", name ? name : "CUDA_ERROR_?", (int)r);
 }
 
+/* One stream's entry in the table of stream ids ("Stream ids, also during a
+ * capture"). */
+typedef struct id_entry {
+  uint64_t drv; /* the driver's id + 1 when last asked outside a capture; 0: not known */
+  uint64_t gma; /* what stream_id answers; 0: no entry (never met, or destroyed) */
+} id_entry_t;
+
 typedef struct cuda_device {
   gma__device_t base; /* must stay first: the device boundary passes &base */
   /* Immutable after creation. */
@@ -184,6 +191,8 @@ typedef struct cuda_device {
   bool vmm;      /* virtual memory management supported */
   bool vmm_rdma; /* growable chunks can be GPUDirect RDMA capable (for NICs, NCCL) */
   bool vmm_posix_fd; /* growable chunks can be exported as POSIX file descriptors (IPC) */
+  /* The legacy stream's entry in the table of stream ids (under ids_lock). */
+  id_entry_t legacy;
 } cuda_device_t;
 
 static cuda_device_t *cuda_of(gma__device_t *d) { return (cuda_device_t *)d; }
@@ -381,18 +390,143 @@ static gma_status_t cuda_stream_create(gma__device_t *d, gma_stream_t *out) {
   return GMA_OK;
 }
 
+/* ---- Stream ids, also during a capture -------------------------------------
+ * cuStreamGetId is refused on a capturing stream in every capture mode, and
+ * the refused call invalidates the capture (measured on an H100 with driver
+ * 580; docs/gpu/RESULTS.md, "Capture rules"). So gma never asks it about a
+ * capturing stream (cuStreamGetCaptureInfo, which is allowed, comes first),
+ * and the ids it hands up are kept here, one entry per stream handle:
+ *   - outside a capture, the driver's id R (plus one: gma keeps 0 for "no
+ *     stream") is what the entry is checked against: an entry with drv == R
+ *     answers its gma id; one whose drv is not known yet (made during a
+ *     capture) takes R and keeps its gma id; one with another drv means the
+ *     handle now names a new stream, which gets gma id R;
+ *   - during a capture, the entry's gma id; a stream gma never met (one
+ *     made and forked into the capture without being named to gma) gets a
+ *     new id from a range the driver's never reach (top bit set), so gma's
+ *     records of it are as new as the stream.
+ * Where entries live: a created stream's in a process-wide table under
+ * ids_lock (open addressing, grown by doubling; cleared when gma destroys
+ * the stream); the legacy stream's (NULL, 0x1) in its device; the
+ * per-thread stream's (0x2) per thread and device. */
+typedef struct id_slot {
+  uintptr_t handle; /* 0: an empty slot */
+  id_entry_t e;
+} id_slot_t;
+static pthread_mutex_t ids_lock = PTHREAD_MUTEX_INITIALIZER;
+static id_slot_t *ids;
+static size_t ids_cap, ids_n; /* slots (a power of two, or 0) and used ones */
+static _Atomic uint64_t ids_synthetic; /* ids made during captures, counted */
+#define IDS_PTDS 4
+static __thread struct {
+  const cuda_device_t *dev;
+  id_entry_t e;
+} ids_ptds[IDS_PTDS];
+
+static size_t ids_slot(const id_slot_t *t, size_t cap, uintptr_t h) {
+  size_t i = (size_t)(((uint64_t)h * 0x9E3779B97F4A7C15ull) >> 20) & (cap - 1);
+  while (t[i].handle && t[i].handle != h) i = (i + 1) & (cap - 1);
+  return i;
+}
+
+/* The table's entry for h, made (empty) if there is none; NULL without host
+ * memory for a bigger table. ids_lock held. */
+static id_entry_t *ids_entry(uintptr_t h) {
+  if ((ids_n + 1) * 4 > ids_cap * 3) {
+    size_t cap = ids_cap ? 2 * ids_cap : 64;
+    id_slot_t *t = calloc(cap, sizeof *t);
+    if (t) {
+      for (size_t i = 0; i < ids_cap; i++)
+        if (ids[i].handle) t[ids_slot(t, cap, ids[i].handle)] = ids[i];
+      free(ids);
+      ids = t;
+      ids_cap = cap;
+    }
+  }
+  if (!ids_cap) return NULL;
+  id_slot_t *sl = &ids[ids_slot(ids, ids_cap, h)];
+  if (!sl->handle) {
+    if ((ids_n + 1) * 4 > ids_cap * 3) return NULL;
+    sl->handle = h;
+    ids_n++;
+  }
+  return &sl->e;
+}
+
+/* The rules above for one entry: r is the driver's id + 1, or 0 while the
+ * stream captures. */
+static uint64_t ids_resolve(id_entry_t *e, uint64_t r) {
+  if (r == 0) {
+    if (!e->gma) *e = (id_entry_t){0, (1ull << 63) | (atomic_fetch_add(&ids_synthetic, 1) + 1)};
+  } else if (e->gma && e->drv == 0) {
+    e->drv = r; /* met first during a capture; the same stream now */
+  } else if (!e->gma || e->drv != r) {
+    *e = (id_entry_t){r, r};
+  }
+  return e->gma;
+}
+
+/* stream's gma id; 0 only without host memory for the table. */
+static uint64_t ids_lookup(cuda_device_t *dev, gma_stream_t stream, uint64_t r) {
+  uintptr_t h = (uintptr_t)stream;
+  if (h == 2) {
+    unsigned k = 0;
+    while (k + 1 < IDS_PTDS && ids_ptds[k].dev && ids_ptds[k].dev != dev) k++;
+    if (ids_ptds[k].dev != dev) ids_ptds[k].e = (id_entry_t){0, 0}; /* the last slot is shared */
+    ids_ptds[k].dev = dev;
+    return ids_resolve(&ids_ptds[k].e, r);
+  }
+  pthread_mutex_lock(&ids_lock);
+  id_entry_t *e = h < 2 ? &dev->legacy : ids_entry(h);
+  uint64_t id = e ? ids_resolve(e, r) : r;
+  pthread_mutex_unlock(&ids_lock);
+  return id;
+}
+
 static gma_status_t cuda_stream_destroy(gma__device_t *d, gma_stream_t stream) {
   CU_STREAM_CALL(cuda_of(d), stream, "cuStreamDestroy", drv.cuStreamDestroy((CUstream)stream));
+  if ((uintptr_t)stream > 2) {
+    pthread_mutex_lock(&ids_lock);
+    if (ids_cap) {
+      id_slot_t *sl = &ids[ids_slot(ids, ids_cap, (uintptr_t)stream)];
+      if (sl->handle) sl->e = (id_entry_t){0, 0};
+    }
+    pthread_mutex_unlock(&ids_lock);
+  }
   return GMA_OK;
 }
 
-/* Called on every allocation: no context switch for a created stream. */
+/* Called on every allocation that misses the thread's stream cache: two
+ * driver calls (is it capturing, its id) and the table, no context switch
+ * for a created stream. */
 static gma_status_t cuda_stream_id(gma__device_t *d, gma_stream_t stream, uint64_t *id) {
+  cuda_device_t *dev = cuda_of(d);
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t cid = 0;
   unsigned long long v = 0;
-  CU_STREAM_CALL(cuda_of(d), stream, "cuStreamGetId", drv.cuStreamGetId((CUstream)stream, &v));
-  /* gma reserves 0 for "no stream"; the driver's ids start at 1, but make
-   * sure a 0 could never alias. */
-  *id = v + 1;
+  bool pushed = false;
+  const char *what = "cuCtxPushCurrent";
+  CUresult r = (uintptr_t)stream > 2 ? CUDA_SUCCESS : ctx_enter(dev, &pushed);
+  if (r == CUDA_SUCCESS) {
+    what = "cuStreamGetCaptureInfo";
+    r = drv_capture_info((CUstream)stream, &status, &cid, NULL, NULL, NULL);
+  }
+  /* The legacy stream answers _IMPLICIT while a blocking stream captures. */
+  bool capturing = r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT ||
+                   (r == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE);
+  if (r == CUDA_SUCCESS && !capturing) {
+    what = "cuStreamGetId";
+    r = drv.cuStreamGetId((CUstream)stream, &v);
+  }
+  ctx_leave(pushed);
+  if (r != CUDA_SUCCESS && !capturing) return cu_fail(r, what);
+  /* The driver's ids start at 1, but make sure a 0 could never alias. */
+  uint64_t got = ids_lookup(dev, stream, capturing ? 0 : (uint64_t)v + 1);
+  if (!got)
+    return gma__set_error(GMA_ERR_OOM, "host memory for gma's table of stream ids (stream %p "
+                          "is capturing, and gma cannot ask the driver its id then)",
+                          stream);
+  *id = got;
   return GMA_OK;
 }
 

@@ -68,6 +68,9 @@
  * _WRONG_THREAD) aborts too, since gma must never make one; every such call
  * counts in fakecuda_capture_violations either way.
  *
+ * cuMemFreeHost synchronizes the device, as a GPU's does: a test that frees
+ * pinned memory while one of its streams is held hangs, as on a GPU.
+ *
  * Deliberate differences, each documented where it matters:
  * - cuMemFree and cuMemUnmap do not synchronize the device. gma must not rely
  *   on that (device.h: the caller makes sure no work still uses the range);
@@ -1296,29 +1299,35 @@ static CUresult capture_ops(const char *entry, fc_device_t *d, CUstream s, const
 }
 
 /* A call that waits for stream s or ends it (cuStreamSynchronize,
- * cuStreamQuery, cuStreamDestroy): on a capturing stream the work it would
- * wait for is not scheduled, so CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and the
- * capture is invalidated, in every mode; on the legacy stream while a
- * blocking stream captures, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT. d entered. */
-static CUresult capture_stream_use(const char *entry, fc_device_t *d, CUstream s) {
+ * cuStreamQuery, cuStreamDestroy), or asks its id (cuStreamGetId: an H100
+ * with driver 580 refuses it on a capturing stream in every mode, measured
+ * by gma's capture-rules probe): on a capturing stream
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and the capture is invalidated, in
+ * every mode; with implicit, on the legacy stream while a blocking stream
+ * captures, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT. d entered. */
+static CUresult capture_stream_check(const char *entry, fc_device_t *d, CUstream s,
+                                     bool implicit) {
   if (!captures_live()) return CUDA_SUCCESS;
   uint64_t sid;
   CUresult r = stream_sid(d, s, &sid);
   if (r != CUDA_SUCCESS) return r;
   pthread_mutex_lock(&fc.mu);
-  r = capture_implicit(entry, d, s, true);
+  r = implicit ? capture_implicit(entry, d, s, true) : CUDA_SUCCESS;
   fc_cap_stream_t *rec = r == CUDA_SUCCESS ? cap_stream_find(sid) : NULL;
   if (rec) {
     capture_invalidate(rec->cap, entry);
     r = capture_violation(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
-                          "%s: stream %p is capturing (capture %llu, begun on stream %p); its "
-                          "work is not scheduled, so it cannot be waited for; the capture is "
-                          "invalidated",
+                          "%s: stream %p is capturing (capture %llu, begun on stream %p); the "
+                          "call is not permitted on a capturing stream (its work is not "
+                          "scheduled); the capture is invalidated",
                           entry, (void *)s, (unsigned long long)rec->cap->id,
                           (void *)rec->cap->origin_handle);
   }
   pthread_mutex_unlock(&fc.mu);
   return r;
+}
+static CUresult capture_stream_use(const char *entry, fc_device_t *d, CUstream s) {
+  return capture_stream_check(entry, d, s, true);
 }
 
 /* cuCtxSynchronize on device d while a stream of d captures: a device-wide
@@ -2038,6 +2047,12 @@ CUresult CUDAAPI cuMemFreeHost(void *p) {
   fc_device_t *d;
   CUresult r = ctx_enter(&d);
   if (r != CUDA_SUCCESS) return r;
+  /* It synchronizes the device first, as on a GPU (an H100 with driver 580
+   * waited there for a stream held by cuStreamWaitValue32, and the other
+   * threads' calls waited behind it): a caller that frees pinned memory
+   * while a stream it has yet to release is held hangs here too. No lock of
+   * the fake is held while it waits. */
+  (void)d->sim->ops->device_synchronize(d->sim);
   pthread_mutex_lock(&fc.mu);
   fc_host_t **pp = &fc_hosts;
   while (*pp && (*pp)->ptr != p) pp = &(*pp)->next;
@@ -2345,6 +2360,11 @@ static CUresult stream_get_id(CUstream hStream, unsigned long long *streamId) {
   fc_device_t *d;
   CUresult r = stream_enter("cuStreamGetId", hStream, &d);
   if (r != CUDA_SUCCESS) return r;
+  r = capture_stream_check("cuStreamGetId", d, hStream, false);
+  if (r != CUDA_SUCCESS) {
+    dev_exit(d);
+    return r;
+  }
   uint64_t id = 0;
   r = from_sim(d->sim->ops->stream_id(d->sim, (gma_stream_t)hStream, &id),
                CUDA_ERROR_INVALID_HANDLE);

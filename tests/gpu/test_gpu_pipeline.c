@@ -247,6 +247,12 @@ int main(int argc, char **argv) {
   for (unsigned k = 0; k < STAGES; k++) {
     pthread_join(th[k], NULL);
     at_once += st[k].futures_at_once;
+  }
+  /* Only now: cuMemFreeHost synchronizes the device, so while a stage still
+   * holds its stream it would wait for ever, and on a GPU it also blocks the
+   * other threads' driver calls (seen on an H100: the stages stuck in
+   * cuEventRecord and cuMemsetD32Async behind it, their holds never let go). */
+  for (unsigned k = 0; k < STAGES; k++) {
     drv_pinned_free(st[k].samples);
     drv_pinned_free((void *)st[k].flag);
   }

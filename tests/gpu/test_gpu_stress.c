@@ -46,6 +46,9 @@
 #define LIVE_BUDGET ((size_t)48 << 20) /* per thread */
 #define WINDOW 4096                    /* bytes per sampled window */
 #define CHECK_EVERY 32                 /* ops between a thread's verifications */
+/* Samples between two verifications: one per op, and the final frees. */
+#define SAMPLES_MAX (CHECK_EVERY + MAX_LIVE)
+#define SAMPLE_BYTES (3 * WINDOW)
 
 static gma_t *g;
 static uint64_t seed = 1;
@@ -118,8 +121,9 @@ typedef struct worker {
   gma_stream_t streams[MAX_STREAMS];
   block_t live[MAX_LIVE];
   size_t nlive, live_bytes;
-  sample_t *samples;
-  size_t nsamples, capsamples;
+  sample_t samples[SAMPLES_MAX];
+  size_t nsamples;
+  char *arena;             /* pinned: SAMPLES_MAX samples' host buffers */
   volatile uint32_t *flag; /* pinned: what held streams wait for */
   uint32_t hold_seq;       /* held streams wait for flag >= hold_seq + 1 */
   bool holding;
@@ -130,14 +134,10 @@ typedef struct worker {
 static void sample(worker_t *w, const block_t *b, gma_stream_t s, const char *what) {
   size_t win = b->bytes < 3 * WINDOW ? b->bytes : WINDOW;
   size_t nwin = b->bytes < 3 * WINDOW ? 1 : 3;
-  uint32_t *host = drv_pinned(nwin * win);
+  CHECK(w->nsamples < SAMPLES_MAX);
+  uint32_t *host = (uint32_t *)(w->arena + w->nsamples * SAMPLE_BYTES);
   size_t offs[3] = {0, (b->bytes / 2 - win / 2) & ~(size_t)3, b->bytes - win};
   for (size_t i = 0; i < nwin; i++) drv_to_host((char *)host + i * win, b->p + offs[i], win, s);
-  if (w->nsamples == w->capsamples) {
-    w->capsamples = w->capsamples ? 2 * w->capsamples : 64;
-    w->samples = realloc(w->samples, w->capsamples * sizeof *w->samples);
-    CHECK(w->samples);
-  }
   w->samples[w->nsamples++] = (sample_t){host, nwin * win / 4, b->v, what};
 }
 
@@ -157,7 +157,6 @@ static void verify(worker_t *w) {
         break;
       }
     }
-    drv_pinned_free(x->host);
     atomic_fetch_add(&checked, 1);
   }
   w->nsamples = 0;
@@ -205,8 +204,6 @@ static void do_free(worker_t *w, size_t i) {
 static void *worker_main(void *arg) {
   worker_t *w = arg;
   drv_bind_thread();
-  w->flag = drv_pinned(64);
-  *w->flag = 0;
   for (unsigned op = 0; op < ops; op++) {
     bool alloc = w->nlive == 0 || (w->nlive < MAX_LIVE && rnd(&w->rng) % 100 < 55);
     if (alloc) {
@@ -218,8 +215,6 @@ static void *worker_main(void *arg) {
   }
   while (w->nlive) do_free(w, w->nlive - 1);
   verify(w);
-  free(w->samples);
-  drv_pinned_free((void *)w->flag);
   return NULL;
 }
 
@@ -235,6 +230,16 @@ static void phase(const char *conf) {
   worker_t *ws = calloc(nthreads, sizeof *ws);
   pthread_t *th = calloc(nthreads, sizeof *th);
   CHECK(ws && th);
+  /* Pinned memory is taken and given back only while no stream is held:
+   * cuMemFreeHost synchronizes the device, so a thread freeing a sample
+   * buffer while another thread's stream waits for that thread's next check
+   * waits for ever; on an H100 it also blocked the other threads' driver
+   * calls (cuMemHostAlloc, cuEventRecord) behind it. */
+  for (unsigned t = 0; t < nthreads; t++) {
+    ws[t].arena = drv_pinned((size_t)SAMPLES_MAX * SAMPLE_BYTES);
+    ws[t].flag = drv_pinned(64);
+    *ws[t].flag = 0;
+  }
   for (unsigned t = 0; t < nthreads; t++) {
     ws[t].id = t;
     ws[t].rng = seed * 0x9e3779b97f4a7c15ull + t + 1;
@@ -249,6 +254,10 @@ static void phase(const char *conf) {
   for (unsigned t = 0; t < nthreads; t++)
     CHECK(pthread_create(&th[t], NULL, worker_main, &ws[t]) == 0);
   for (unsigned t = 0; t < nthreads; t++) pthread_join(th[t], NULL);
+  for (unsigned t = 0; t < nthreads; t++) {
+    drv_pinned_free(ws[t].arena);
+    drv_pinned_free((void *)ws[t].flag);
+  }
   CHECK(nlive_tab == 0);
   gma_stats_t s = GMA_STATS_INIT;
   CHECK_OK(gma_stats(g, &s));
@@ -289,6 +298,7 @@ int main(int argc, char **argv) {
   gma_t *probe = drv_cuda_allocator(NULL); /* skips without a CUDA device */
   CHECK_OK(gma_destroy(probe));
   drv_open();
+  drv_bind_thread(); /* the pinned buffers are taken here (phase) */
   live_tab = calloc((size_t)nthreads * MAX_LIVE + 1, sizeof *live_tab);
   CHECK(live_tab);
   phase("expandable_segments:false");
