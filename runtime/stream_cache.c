@@ -25,10 +25,14 @@
 #define MISS GMA_ERR_OOM
 
 /* ---- Thread identity --------------------------------------------------------
- * Ids are never reused, unlike pthread_t values or TLS addresses. The
- * initial-exec TLS model keeps TLS access a plain load in the shared library
- * (the general model calls __tls_get_addr on every access). */
-#define GMA__TLS __thread __attribute__((tls_model("initial-exec")))
+ * Ids are never reused, unlike pthread_t values or TLS addresses. TLS uses
+ * the default model for a shared library, so libgma.so can be loaded with
+ * dlopen into a process whose static TLS is spent (the initial-exec model
+ * failed on a GPU machine: "cannot allocate memory in static TLS block"
+ * when PyTorch's plug-in loaded it); CMake adds -mtls-dialect=gnu2 where
+ * the compiler has it, which makes an access a descriptor call instead of
+ * __tls_get_addr. */
+#define GMA__TLS __thread
 
 static _Atomic uint64_t next_thread_id = 1;
 static GMA__TLS uint64_t thread_id;

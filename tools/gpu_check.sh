@@ -170,7 +170,10 @@ if [ "$built" -eq 0 ]; then
 else
   begin "ctest -L gpu" "gma's CUDA backend on the real driver" 600
   run_logged "$logs/ctest.log" 600 ctest --test-dir "$build" -L gpu --output-on-failure --timeout 300
-  total=$(sed -n 's/.* tests* failed out of \([0-9]*\).*/\1/p' "$logs/ctest.log" | tail -n 1)
+  # "N% tests passed, M tests failed out of T", or (newer CTest, none failed)
+  # "100% tests passed out of T".
+  total=$(sed -n -e 's/.* tests* failed out of \([0-9]*\).*/\1/p' \
+                 -e 's/.*% tests passed out of \([0-9]*\).*/\1/p' "$logs/ctest.log" | tail -n 1)
   passed=$(grep -cE 'Test +#[0-9]+: .* Passed' "$logs/ctest.log" || true)
   skipped=$(grep -cE 'Test +#[0-9]+: .*\*\*\*Skipped' "$logs/ctest.log" || true)
   ctest_lines=$(grep -E 'Test +#[0-9]+: ' "$logs/ctest.log" || true)
