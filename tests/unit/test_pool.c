@@ -122,6 +122,41 @@ static void oom_retry_releases_cache(void) {
   CHECK_OK(gma_destroy(g));
 }
 
+/* Memory pressure with changing sizes: two 48 MiB blocks, freed, then five
+ * of 19 MiB in a 100 MiB device. Splitting the whole free 48 MiB segments
+ * (two 19s each, 10 MiB left in each that no segment can give back while a
+ * 19 lives there) fails the fifth; a fresh 20 MiB segment per request, the
+ * free 48s given back when the device is full, serves all five. */
+static void oversize_segments_stay_whole(void) {
+  gma_t *g = sim_allocator("sim_capacity:100M,bins:off");
+  const size_t M = (size_t)1 << 20;
+  void *a[2], *b[5];
+  for (int i = 0; i < 2; i++) CHECK_OK(gma_alloc(g, 48 * M, NULL, &a[i]));
+  for (int i = 0; i < 2; i++) CHECK_OK(gma_free(g, a[i]));
+  CHECK_OK(gma_stream_synchronize(g, NULL));
+  for (int i = 0; i < 5; i++) CHECK_OK(gma_alloc(g, 19 * M, NULL, &b[i]));
+  gma_stats_t s = stats_of(g);
+  CHECK(s.reserved.current == 100 * M && s.num_ooms == 0);
+  CHECK(s.num_oom_retries >= 1 && s.num_device_frees == 2); /* the 48s went back */
+  check_valid(g);
+  for (int i = 0; i < 5; i++) CHECK_OK(gma_free(g, b[i]));
+  /* With room on the device, the whole 48s stay cached beside a new one. */
+  CHECK_OK(gma_stream_synchronize(g, NULL));
+  CHECK_OK(gma_empty_cache(g));
+  CHECK_OK(gma_alloc(g, 48 * M, NULL, &a[0]));
+  CHECK_OK(gma_free(g, a[0]));
+  CHECK_OK(gma_stream_synchronize(g, NULL));
+  CHECK_OK(gma_alloc(g, 19 * M, NULL, &b[0]));
+  s = stats_of(g);
+  CHECK(b[0] != a[0] && s.reserved.current == 68 * M && s.free_bytes == 49 * M); /* 1 MiB: the new 20 MiB segment's rest */
+  CHECK_OK(gma_alloc(g, 40 * M, NULL, &b[1])); /* and serve what fits them */
+  CHECK(b[1] == a[0]);
+  CHECK_OK(gma_free(g, b[0]));
+  CHECK_OK(gma_free(g, b[1]));
+  check_valid(g);
+  CHECK_OK(gma_destroy(g));
+}
+
 static void memory_limit_is_honoured(void) {
   gma_t *g = sim_allocator("memory_limit:8M,bins:off");
   void *a, *b;
@@ -296,6 +331,7 @@ int main(void) {
   coalesce_then_release();
   segment_sizes();
   oom_retry_releases_cache();
+  oversize_segments_stay_whole();
   memory_limit_is_honoured();
   random_workload(0x5eed1234, "bins:on");
   random_workload(42, "bins:on");
