@@ -140,17 +140,27 @@ static void oversize_segments_stay_whole(void) {
   CHECK(s.num_oom_retries >= 1 && s.num_device_frees == 2); /* the 48s went back */
   check_valid(g);
   for (int i = 0; i < 5; i++) CHECK_OK(gma_free(g, b[i]));
-  /* With room on the device, the whole 48s stay cached beside a new one. */
+  /* With room on the device and the pool above half of it, a whole 60
+   * stays cached beside a new segment... */
+  CHECK_OK(gma_stream_synchronize(g, NULL));
+  CHECK_OK(gma_empty_cache(g));
+  CHECK_OK(gma_alloc(g, 60 * M, NULL, &a[0]));
+  CHECK_OK(gma_free(g, a[0]));
+  CHECK_OK(gma_alloc(g, 19 * M, NULL, &b[0]));
+  s = stats_of(g);
+  CHECK(b[0] != a[0] && s.reserved.current == 80 * M);
+  CHECK_OK(gma_alloc(g, 40 * M, NULL, &b[1])); /* and serves what fits it */
+  CHECK(b[1] == a[0]);
+  CHECK_OK(gma_free(g, b[0]));
+  CHECK_OK(gma_free(g, b[1]));
+  /* ...while below half a split costs nothing: a whole 48 is split. */
   CHECK_OK(gma_stream_synchronize(g, NULL));
   CHECK_OK(gma_empty_cache(g));
   CHECK_OK(gma_alloc(g, 48 * M, NULL, &a[0]));
   CHECK_OK(gma_free(g, a[0]));
-  CHECK_OK(gma_stream_synchronize(g, NULL));
   CHECK_OK(gma_alloc(g, 19 * M, NULL, &b[0]));
-  s = stats_of(g);
-  CHECK(b[0] != a[0] && s.reserved.current == 68 * M && s.free_bytes == 49 * M); /* 1 MiB: the new 20 MiB segment's rest */
-  CHECK_OK(gma_alloc(g, 40 * M, NULL, &b[1])); /* and serve what fits them */
-  CHECK(b[1] == a[0]);
+  CHECK(b[0] == a[0] && stats_of(g).reserved.current == 48 * M);
+  CHECK_OK(gma_alloc(g, 19 * M, NULL, &b[1]));
   CHECK_OK(gma_free(g, b[0]));
   CHECK_OK(gma_free(g, b[1]));
   check_valid(g);
