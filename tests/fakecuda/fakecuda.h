@@ -100,7 +100,8 @@ typedef unsigned (*fakecuda_last_create_fn)(void);
  *   ones, so a replay touches whatever memory is there now.
  * - Errors: cuEventQuery / cuEventSynchronize on a captured event,
  *   CUDA_ERROR_CAPTURED_EVENT (also cuStreamWaitEvent on one whose capture
- *   ended); cuStreamSynchronize / cuStreamQuery / cuStreamDestroy on a
+ *   ended); cuStreamSynchronize / cuStreamQuery / cuStreamDestroy /
+ *   cuStreamGetId (refused so on an H100, docs/gpu/capture_rules.txt) on a
  *   capturing stream, and cuCtxSynchronize while a stream of the device
  *   captures, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, invalidating; a
  *   capturing stream waiting on an event not captured in its capture,
