@@ -393,6 +393,14 @@ static void release_free_segments(gma__pool_t *p) {
     if (seg_is_free(p->segs[i])) release_segment(p, i);
 }
 
+/* The OOM retry's release, counted: completed work polled (its blocks FREE),
+ * then every whole FREE segment given back. Never waits for the device. */
+static void oom_release(gma__pool_t *p) {
+  p->c.oom_retries++;
+  gma__streams_poll(p, true);
+  release_free_segments(p);
+}
+
 /* ---- Allocation ----------------------------------------------------------------*/
 
 /* Pool serials: never reused in a process (nor across fork(): a child's
@@ -659,9 +667,7 @@ static bool oom_wait(gma__pool_t *p, oom_waiting_t *w) {
 static gma_status_t grow_region(gma__pool_t *p, int kind, uint64_t size, gma__block_t **out) {
   gma_status_t st = gma__segs_grow(p, kind, size);
   if (st == GMA_ERR_OOM) {
-    p->c.oom_retries++;
-    gma__streams_poll(p, true);
-    release_free_segments(p);
+    oom_release(p);
     if ((*out = treap_best_fit(p->free_tree[kind], size))) return GMA_OK;
     st = gma__segs_grow(p, kind, size);
   }
@@ -679,9 +685,7 @@ static gma_status_t grow(gma__pool_t *p, int kind, uint64_t size, gma__block_t *
   uint64_t seg_size = segment_size_for(p, kind, size);
   gma_status_t st = seg_create(p, kind, seg_size, out);
   if (st != GMA_ERR_OOM) return st;
-  p->c.oom_retries++;
-  gma__streams_poll(p, true);
-  release_free_segments(p);
+  oom_release(p);
   *out = treap_best_fit(p->free_tree[kind], size); /* polling may have freed a fit */
   if (*out) return GMA_OK;
   st = seg_create(p, kind, seg_size, out);
@@ -757,15 +761,14 @@ static gma__block_t *fresh_for_oversize(gma__pool_t *p, int kind, uint64_t size,
   uint64_t own = round_up(size, SEGMENT_ROUND);
   gma__block_t *f = NULL;
   if (seg_create(p, kind, own, &f) == GMA_OK) return f;
-  p->c.oom_retries++;
   if (state_of(*b) == GMA__FREE) {
     size_t i = 0;
     while (i < p->nsegs && p->segs[i] != (*b)->seg) i++;
     if (i == p->nsegs) return NULL; /* cannot be: b's segment is the pool's */
+    p->c.oom_retries++;
     release_segment(p, i);
   } else {
-    gma__streams_poll(p, true);
-    release_free_segments(p);
+    oom_release(p);
   }
   *b = NULL; /* released, or perhaps merged by the poll */
   return seg_create(p, kind, own, &f) == GMA_OK ? f : NULL;

@@ -390,6 +390,22 @@ static gma_status_t cuda_stream_create(gma__device_t *d, gma_stream_t *out) {
   return GMA_OK;
 }
 
+/* Whether stream captures, from cuStreamGetCaptureInfo (legal during any
+ * capture), with the stream's context current for the special handles. The
+ * legacy stream answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT while a blocking
+ * stream captures: work there would join that capture, so it counts as
+ * capturing (with no id of its own). An invalidated capture is still one:
+ * its stream's work is not run. */
+static CUresult capture_query(CUstream stream, bool *capturing, uint64_t *id) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t cid = 0;
+  CUresult r = drv_capture_info(stream, &status, &cid, NULL, NULL, NULL);
+  *capturing = r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT ||
+               (r == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE);
+  *id = r == CUDA_SUCCESS && *capturing ? (uint64_t)cid : 0;
+  return r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT ? CUDA_SUCCESS : r;
+}
+
 /* ---- Stream ids, also during a capture -------------------------------------
  * cuStreamGetId is refused on a capturing stream in every capture mode, and
  * the refused call invalidates the capture (measured on an H100 with driver
@@ -501,25 +517,22 @@ static gma_status_t cuda_stream_destroy(gma__device_t *d, gma_stream_t stream) {
  * for a created stream. */
 static gma_status_t cuda_stream_id(gma__device_t *d, gma_stream_t stream, uint64_t *id) {
   cuda_device_t *dev = cuda_of(d);
-  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-  cuuint64_t cid = 0;
+  bool capturing = false;
+  uint64_t cid = 0;
   unsigned long long v = 0;
   bool pushed = false;
   const char *what = "cuCtxPushCurrent";
   CUresult r = (uintptr_t)stream > 2 ? CUDA_SUCCESS : ctx_enter(dev, &pushed);
   if (r == CUDA_SUCCESS) {
     what = "cuStreamGetCaptureInfo";
-    r = drv_capture_info((CUstream)stream, &status, &cid, NULL, NULL, NULL);
+    r = capture_query((CUstream)stream, &capturing, &cid);
   }
-  /* The legacy stream answers _IMPLICIT while a blocking stream captures. */
-  bool capturing = r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT ||
-                   (r == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE);
   if (r == CUDA_SUCCESS && !capturing) {
     what = "cuStreamGetId";
     r = drv.cuStreamGetId((CUstream)stream, &v);
   }
   ctx_leave(pushed);
-  if (r != CUDA_SUCCESS && !capturing) return cu_fail(r, what);
+  if (r != CUDA_SUCCESS) return cu_fail(r, what);
   /* The driver's ids start at 1, but make sure a 0 could never alias. */
   uint64_t got = ids_lookup(dev, stream, capturing ? 0 : (uint64_t)v + 1);
   if (!got)
@@ -722,29 +735,15 @@ CUDA_RELAXED(cuda_vm_unmap, (gma__device_t *d, uintptr_t addr, uint64_t size, ui
 CUDA_RELAXED(cuda_host_alloc, (gma__device_t *d, uint64_t size, void **host, uintptr_t *dev_addr), (d, size, host, dev_addr))
 CUDA_RELAXED(cuda_host_free, (gma__device_t *d, void *host, uint64_t size), (d, host, size))
 
-/* cuStreamGetCaptureInfo is legal during any capture. The legacy stream
- * answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT while a blocking stream
- * captures: work there would join that capture, so it counts as capturing
- * (with no id of its own). */
 static gma_status_t cuda_stream_capture(gma__device_t *d, gma_stream_t stream, bool *capturing,
                                         uint64_t *id) {
-  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-  cuuint64_t cid = 0;
   bool pushed = false;
-  CUresult r = (uintptr_t)stream > 2 ? CUDA_SUCCESS : ctx_enter(cuda_of(d), &pushed);
-  if (r == CUDA_SUCCESS) r = drv_capture_info((CUstream)stream, &status, &cid, NULL, NULL, NULL);
-  ctx_leave(pushed);
   *capturing = false;
   *id = 0;
-  if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) {
-    *capturing = true;
-    return GMA_OK;
-  }
-  if (r != CUDA_SUCCESS) return cu_fail(r, "cuStreamGetCaptureInfo");
-  /* An invalidated capture is still one: its stream's work is not run. */
-  *capturing = status != CU_STREAM_CAPTURE_STATUS_NONE;
-  *id = *capturing ? (uint64_t)cid : 0;
-  return GMA_OK;
+  CUresult r = (uintptr_t)stream > 2 ? CUDA_SUCCESS : ctx_enter(cuda_of(d), &pushed);
+  if (r == CUDA_SUCCESS) r = capture_query((CUstream)stream, capturing, id);
+  ctx_leave(pushed);
+  return r == CUDA_SUCCESS ? GMA_OK : cu_fail(r, "cuStreamGetCaptureInfo");
 }
 
 /* ---- Lifetime -------------------------------------------------------------------- */
