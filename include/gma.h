@@ -109,7 +109,9 @@ typedef enum gma_device_kind {
 typedef enum gma_reuse {
   GMA_REUSE_QUERY = 0, /* once the host has seen S's work on it complete (default) */
   GMA_REUSE_WAIT = 1,  /* also before that: U is made to wait on S's event on the device
-                          (no host blocking), when that saves growing the pool */
+                          (no host blocking), when that saves growing the pool; a block
+                          freed after gma_record_stream too, U then waiting on the event
+                          of S and of every recorded stream */
   GMA_REUSE_NONE = 2   /* never automatically: S keeps its freed blocks until
                           gma_empty_cache or gma_stream_retire */
 } gma_reuse_t;

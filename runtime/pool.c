@@ -243,7 +243,7 @@ void gma__block_make_free(gma__pool_t *p, gma__block_t *b) {
 /* Caches an unlinked block on its stream (b->stream, b->epoch set), merging
  * with neighbours cached on the same stream. The merged block takes the
  * newest epoch of its parts, so it is released only when all are safe. */
-void gma__cache_block(gma__pool_t *p, gma__block_t *b) {
+gma__block_t *gma__cache_block(gma__pool_t *p, gma__block_t *b) {
   gma__stream_t *s = b->stream;
   if (b->prev && state_of(b->prev) == GMA__CACHED && b->prev->stream == s) {
     gma__block_t *prev = b->prev;
@@ -259,6 +259,7 @@ void gma__cache_block(gma__pool_t *p, gma__block_t *b) {
     absorb_next(p, b);
   }
   cached_link(p, b, NULL);
+  return b;
 }
 
 /* ---- Segments ----------------------------------------------------------------*/
@@ -774,6 +775,34 @@ static gma__block_t *fresh_for_oversize(gma__pool_t *p, int kind, uint64_t size,
   return seg_create(p, kind, own, &f) == GMA_OK ? f : NULL;
 }
 
+/* Lock held, reuse:wait: the best fit for size among PENDING blocks (freed
+ * after gma_record_stream, their work not yet seen to complete), made safe
+ * for s on the device: s waits for the event of every stream that used it
+ * (gma__gate_settle closes an open epoch first). The block then belongs to
+ * s, cached in s's open epoch: s's stream order covers it, and every other
+ * stream gets it only once that epoch's event, recorded after the waits,
+ * completes. NULL when none fits or a wait could not be made. */
+static gma__block_t *pending_wait_fit(gma__pool_t *p, gma__stream_t *s, int kind,
+                                      uint64_t size) {
+  gma__block_t *best = NULL;
+  for (gma__block_t *b = p->pending_head; b; b = b->qnext)
+    if (b->seg->kind == kind && b->size >= size && (!best || b->size < best->size)) best = b;
+  if (!best) return NULL;
+  if (best->stream != s) {
+    gma__gate_t owner = {best->stream, best->epoch};
+    if (!gma__gate_settle(p, &owner, s, true)) return NULL;
+  }
+  uint32_t n = gma__load_relaxed(&best->ngates);
+  for (uint32_t i = 0; i < n; i++)
+    if (best->gates[i].stream != s && !gma__gate_settle(p, &best->gates[i], s, true)) return NULL;
+  pending_unlink(p, best);
+  gma__store_relaxed(&best->ngates, 0);
+  best->stream = s;
+  best->epoch = gma__load_relaxed(&s->epoch);
+  gma__store_relaxed(&s->dirty, true);
+  return gma__cache_block(p, best);
+}
+
 static gma_status_t find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uint64_t size,
                                  gma__block_t **out, uint64_t **level, bool may_grow,
                                  bool capture) {
@@ -800,7 +829,12 @@ static gma_status_t find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uin
     gma__streams_poll(p, false);
     b = find_fit_in(p, s, kind, size, capture);
   }
-  if (!b && p->reuse == GMA_REUSE_WAIT && !capture) b = gma__streams_wait_fit(p, s, kind, size);
+  bool waited = false; /* reached through a device-side wait: counts as pool */
+  if (!b && p->reuse == GMA_REUSE_WAIT && !capture) {
+    b = gma__streams_wait_fit(p, s, kind, size);
+    if (!b) b = pending_wait_fit(p, s, kind, size);
+    waited = b != NULL;
+  }
   if (!b) b = small_in_large_hole(p, kind, size);
   if (b && may_grow && !capture && splits_whole_oversize(p, s, b, kind, size)) {
     gma__block_t *f = fresh_for_oversize(p, kind, size, &b);
@@ -812,8 +846,8 @@ static gma_status_t find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uin
     }
   }
   if (b) {
-    /* Another stream's block (reached through a device wait) counts as pool. */
-    *level = state_of(b) == GMA__CACHED && b->stream == s ? &p->c.hits_stream : &p->c.hits_pool;
+    *level = !waited && state_of(b) == GMA__CACHED && b->stream == s ? &p->c.hits_stream
+                                                                        : &p->c.hits_pool;
     *out = b;
     return GMA_OK;
   }

@@ -418,7 +418,7 @@ bool gma__pool_is_valid(gma__pool_t *p);
 /* pool.c helpers shared with streams.c (lock held). */
 void gma__block_make_free(gma__pool_t *p, gma__block_t *b);
 void gma__cached_unlink(gma__pool_t *p, gma__block_t *b);
-void gma__cache_block(gma__pool_t *p, gma__block_t *b);
+gma__block_t *gma__cache_block(gma__pool_t *p, gma__block_t *b);
 void gma__pending_poll(gma__pool_t *p);
 uint64_t gma__pool_largest_idle(const gma__pool_t *p);
 

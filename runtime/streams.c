@@ -288,8 +288,9 @@ bool gma__gate_settle(gma__pool_t *p, const gma__gate_t *g, gma__stream_t *u, bo
   return wait && s != u && wait_for_epoch(p, u, s, g->epoch);
 }
 
-/* Best fit for size among the CACHED blocks of streams other than u whose
- * epoch is closed, then a device-side wait of u on the event closing it. */
+/* Best fit for size among the CACHED blocks of streams other than u; its
+ * stream's epoch is closed now if still open (one event), then u waits for
+ * that event on the device (gma__gate_settle). */
 gma__block_t *gma__streams_wait_fit(gma__pool_t *p, gma__stream_t *u, int kind, uint64_t size) {
   gma__block_t *best = NULL;
   for (gma__stream_t *s = p->stream_list; s; s = s->next_all) {
@@ -304,8 +305,8 @@ gma__block_t *gma__streams_wait_fit(gma__pool_t *p, gma__stream_t *u, int kind, 
     }
   }
   if (!best) return NULL;
-  /* Its epoch still open (or its event failed): not usable yet. */
-  return wait_for_epoch(p, u, best->stream, best->epoch) ? best : NULL;
+  gma__gate_t g = {best->stream, best->epoch};
+  return gma__gate_settle(p, &g, u, true) ? best : NULL;
 }
 
 /* Fault-sweep fix: retiring a stream whose closing event could not be

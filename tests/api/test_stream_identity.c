@@ -570,14 +570,15 @@ static void test_reuse_none(void) {
 /* A kernel on U that notes, when it starts, whether S's held kernel had
  * finished, then writes the block. */
 typedef struct probe {
-  held_t *other;
+  held_t *other, *other2; /* other2: NULL, or a second holder it must follow too */
   atomic_int started, saw_other_done;
   pattern_kernel_t k;
 } probe_t;
 
 static void probe_run(void *arg) {
   probe_t *p = arg;
-  atomic_store(&p->saw_other_done, atomic_load(&p->other->done));
+  atomic_store(&p->saw_other_done,
+               atomic_load(&p->other->done) && (!p->other2 || atomic_load(&p->other2->done)));
   atomic_store(&p->started, 1);
   pattern_kernel_run(&p->k);
 }
@@ -587,74 +588,88 @@ static void probe_run(void *arg) {
 typedef struct watchdog {
   atomic_int *gate;
   atomic_int stop;
+  atomic_int *gate2; /* NULL, or a second gate it opens too */
 } watchdog_t;
 
 static void *watchdog_main(void *arg) {
   watchdog_t *w = arg;
   for (int i = 0; i < 3000 && !atomic_load(&w->stop); i++) sleep_us(1000);
   atomic_store(w->gate, 1);
+  if (w->gate2) atomic_store(w->gate2, 1);
   return NULL;
 }
 
 /* X (12 MiB, a segment of its own) is freed on S while a kernel holds it:
- * S's own kernel, or (via_record) a kernel on a third stream R declared with
- * gma_record_stream while S is idle. U asks for 12 MiB. Under reuse:wait,
- * handing X to U (with U made to wait on the device for the holder's event)
- * saves growing the pool; under reuse:query it must not. */
-static void reuse_held_block(const char *conf, int wait_policy, int via_record) {
+ * S's own kernel (holders 0); a kernel on a third stream R declared with
+ * gma_record_stream while S is idle (1); or both, each on half of X (2). U
+ * asks for 12 MiB. Under reuse:wait, handing X to U (with U made to wait on
+ * the device for every holder's event) saves growing the pool; under
+ * reuse:query it must not. */
+static void reuse_held_block(const char *conf, int wait_policy, int holders) {
   gma_t *g = sim_allocator(conf);
   const size_t len = 12 * MiB;
-  atomic_int gate = 0, corruptions = 0;
+  atomic_int gate = 0, gate2 = 0, corruptions = 0;
   gma_stream_t s, u, r;
   CHECK_OK(gma_stream_create(g, &s));
   CHECK_OK(gma_stream_create(g, &u));
   CHECK_OK(gma_stream_create(g, &r));
   void *x, *y;
   CHECK_OK(gma_alloc(g, len, s, &x));
-  held_t hx = {{x, len, 0x5A, &gate, 0, &corruptions, 0}, 0};
+  int via_record = holders > 0, both = holders == 2;
+  size_t half = both ? len / 2 : 0;
+  held_t hx = {{(char *)x + half, len - half, 0x5A, &gate, 0, &corruptions, 0}, 0};
+  held_t hs = {{x, half, 0x5C, &gate2, 0, &corruptions, 0}, 0}; /* ends after hx */
   /* Fresh memory: R needs no ordering after earlier work to use it. */
   CHECK_OK(gma_sim_launch(g, via_record ? r : s, held_run, &hx));
   pattern_kernel_wait_started(&hx.k);
+  if (both) {
+    CHECK_OK(gma_sim_launch(g, s, held_run, &hs));
+    pattern_kernel_wait_started(&hs.k);
+  }
   if (via_record) CHECK_OK(gma_record_stream(g, x, r));
   CHECK_OK(gma_free(g, x));
 
-  watchdog_t wd = {&gate, 0};
+  watchdog_t wd = {&gate, 0, &gate2};
   pthread_t wt;
   CHECK(pthread_create(&wt, NULL, watchdog_main, &wd) == 0);
   uint64_t t0 = now_ns();
   CHECK_OK(gma_alloc(g, len, u, &y));
   uint64_t alloc_ns = now_ns() - t0;
-  CHECK(!atomic_load(&hx.done)); /* gma_alloc returned without waiting for S's kernel */
+  CHECK(!atomic_load(&hx.done)); /* gma_alloc returned without waiting for the holders */
+  CHECK(!atomic_load(&hs.done));
   CHECK(alloc_ns < 1000000000u);
 
-  probe_t pr = {&hx, 0, 0, {y, len, 0x6B, NULL, 0, &corruptions, 0}};
+  probe_t pr = {&hx, both ? &hs : NULL, 0, 0, {y, len, 0x6B, NULL, 0, &corruptions, 0}};
   CHECK_OK(gma_sim_launch(g, u, probe_run, &pr));
   sleep_us(20000);
   gma_stats_t st = stats_of(g);
-  /* Under reuse:wait, S's own held block must come back to U: it is the
-   * only fit without growing. A block held by a record_stream user may be
-   * kept back instead (gma.h describes the wait for S's event only), but if
-   * it is handed out, U must wait for the user's work too. */
+  /* Under reuse:wait X must come back to U, whoever holds it: it is the
+   * only fit without growing. A block freed after gma_record_stream waits
+   * for its owner's and every recorded stream's events. */
   int handed = y == x;
-  if (wait_policy && !via_record) CHECK(handed);
-  if (wait_policy && via_record && !handed)
-    printf("(e) note: reuse:wait kept a block with a pending record_stream user back (grew "
-           "instead)\n");
-  if (wait_policy && handed) {
+  if (wait_policy) {
+    CHECK(handed);
     CHECK(st.num_cross_stream_waits > 0);
-    CHECK(!atomic_load(&pr.started)); /* U waits on the device for the holder's event */
+    CHECK(st.reserved.current == len); /* no second segment */
+    CHECK(!atomic_load(&pr.started)); /* U waits on the device for the holders' events */
   } else {
     CHECK(!overlaps(y, len, x, len));
     CHECK(st.num_cross_stream_waits == 0);
   }
   atomic_store(&gate, 1);
+  if (both && wait_policy) { /* R's holder is done; S's (X's owner) is not: U still waits */
+    held_wait_done(&hx);
+    sleep_us(20000);
+    CHECK(!atomic_load(&pr.started));
+  }
+  atomic_store(&gate2, 1);
   CHECK_OK(gma_stream_synchronize(g, u));
   CHECK_OK(gma_stream_synchronize(g, s));
   CHECK_OK(gma_stream_synchronize(g, r));
   atomic_store(&wd.stop, 1);
   CHECK(pthread_join(wt, NULL) == 0);
   CHECK(atomic_load(&pr.started));
-  if (wait_policy && handed) CHECK(atomic_load(&pr.saw_other_done)); /* after the holder */
+  if (wait_policy) CHECK(atomic_load(&pr.saw_other_done)); /* after every holder */
   CHECK(atomic_load(&corruptions) == 0);
   CHECK_OK(gma_free(g, y));
   CHECK_OK(gma_stream_destroy(g, s));
@@ -669,9 +684,12 @@ static void test_reuse_policies(void) {
   reuse_held_block("reuse:wait", 1, 0);
   printf("(e) reuse:wait: U got S's held block and its kernel ran only after S's finished\n");
   reuse_held_block("reuse:wait", 1, 1);
-  printf("(e) reuse:wait: a block held by a record_stream user never reached U unordered\n");
+  printf("(e) reuse:wait: U got a block a record_stream user held, after that user's work\n");
+  reuse_held_block("reuse:wait", 1, 2);
+  printf("(e) reuse:wait: U got a block S and a record_stream user held, after both\n");
   reuse_held_block(NULL, 0, 0);
   reuse_held_block(NULL, 0, 1);
+  reuse_held_block(NULL, 0, 2);
   printf("(e) reuse:query: U did not get a held block (S's own or a record_stream user's)\n");
 }
 

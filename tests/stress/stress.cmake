@@ -4,6 +4,7 @@
 # run the executables by hand with other seeds (they print how to rerun).
 #
 #   stress_streams_smoke    default set ("smoke"): 4 streams x 2 threads, 30000 ops
+#   stress_reuse_wait_smoke "smoke": the same under reuse:wait
 #   stress_streams          "stress": the same workload, 1,000,000 ops
 #   stress_planted_epoch    "smoke": epoch gating removed; must detect corruption
 #   stress_planted_record   "smoke": record_stream gating removed; must detect it
@@ -28,6 +29,10 @@ gma_test(NAME stress_streams_smoke SOURCES ${gma_stress_src} INTERNAL
 gma_test(NAME stress_expandable_smoke SOURCES ${gma_stress_src} INTERNAL
   LABELS smoke TIMEOUT 120 ARGS 5 ${gma_stress_smoke_ops} 4 2
   --conf expandable_segments:true,trim_interval_ms:5,release_threshold:512,idle_ms:1)
+# reuse:wait: blocks of other streams, cached or freed after record_stream,
+# handed out behind device-side waits instead of growing the pool
+gma_test(NAME stress_reuse_wait_smoke SOURCES ${gma_stress_src} INTERNAL
+  LABELS smoke TIMEOUT 180 ARGS 7 ${gma_stress_smoke_ops} 4 2 --conf reuse:wait)
 gma_test(NAME stress_trace_smoke SOURCES ${gma_stress_src} INTERNAL
   LABELS smoke TIMEOUT 120 ARGS 6 ${gma_stress_smoke_ops} 4 2
   --conf trace:${CMAKE_CURRENT_BINARY_DIR}/stress_trace.csv)
