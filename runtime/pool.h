@@ -537,8 +537,9 @@ size_t gma__streams_wait_begin(gma__pool_t *p, gma__event_t *evs, size_t cap);
 bool gma__streams_wait_any(gma__pool_t *p, const gma__event_t *evs, size_t n,
                            uint64_t deadline_ns);
 void gma__streams_wait_end(gma__pool_t *p);
-/* reuse:wait: a CACHED block of another stream fitting size whose closed
- * epoch the stream u can wait on; makes u wait and returns the block, or NULL. */
+/* reuse:wait: the best-fitting CACHED block of another stream; closes that
+ * stream's epoch if still open, makes u wait for it on the device and
+ * returns the block, or NULL. (Pending blocks: pool.c's pending_wait_fit.) */
 gma__block_t *gma__streams_wait_fit(gma__pool_t *p, gma__stream_t *u, int kind, uint64_t size);
 /* Closes the open epoch of s now, with an event right after the work queued
  * so far, if something was freed in it (false otherwise, or when s is
@@ -548,7 +549,8 @@ bool gma__stream_close_epoch(gma__pool_t *p, gma__stream_t *s);
  * completed (its epoch is closed first if still open, and its events are
  * observed), or, with wait, u made to wait on the device for the event
  * covering it. Planned memory (plan.c) asks this of the previous users of a
- * planned address. */
+ * planned address; reuse:wait of the owner and recorded users of a block it
+ * hands to another stream (streams.c, pool.c). */
 bool gma__gate_settle(gma__pool_t *p, const gma__gate_t *g, gma__stream_t *u, bool wait);
 /* Retires s: closes its epoch (one event) unless orphan; later frees carry
  * the closed epoch, or never become safe when orphan (a recycled handle whose
