@@ -423,9 +423,10 @@ gma_status_t gma__graph_record_stream(gma__graphs_t *gs, void *ptr, gma_stream_t
   if (!c) return GMA_PENDING;
   gblock_t *b = block_containing(c, addr);
   gma_status_t st;
-  if (!b || b->state != GLIVE) {
+  if (!b || b->state != GLIVE || addr - b->addr >= (b->requested ? b->requested : 1)) {
     st = gma__set_error(GMA_ERR_INVALID_POINTER,
-                        "gma_record_stream(%p): graph pool memory that is not allocated", ptr);
+                        "gma_record_stream(%p): graph pool memory that is not allocated (or "
+                        "past the bytes asked for, in gma's rounding)", ptr);
   } else {
     /* The chunk carries the gate in the pool below, so it goes back only
      * after that stream's work; and the block is not reused inside the

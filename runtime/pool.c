@@ -1085,6 +1085,13 @@ static gma_status_t bad_pointer(const gma__pool_t *p, uintptr_t addr, const char
                           "%s(%p): the pointer was not allocated by this allocator (it lies in "
                           "none of its %zu segments)",
                           op, (void *)addr, p->nsegs);
+  uint64_t req = gma__load_relaxed(&b->requested);
+  if (state_of(b) == GMA__LIVE && addr - b->addr >= req && addr != b->addr)
+    return gma__set_error(GMA_ERR_INVALID_POINTER,
+                          "%s(%p): the pointer lies past the end of the live allocation at %p "
+                          "(%" PRIu64 " bytes asked for; the %" PRIu64 " bytes after them are "
+                          "gma's rounding, not part of it)",
+                          op, (void *)addr, (void *)b->addr, req, b->size - req);
   if (state_of(b) == GMA__LIVE && b->addr != addr)
     return gma__set_error(GMA_ERR_INVALID_POINTER,
                           "%s(%p): interior pointer, %" PRIu64
@@ -1194,9 +1201,11 @@ gma_status_t gma__pool_record_stream(gma__pool_t *p, void *ptr, gma_stream_t str
   if (st != GMA_OK) return st;
   pthread_mutex_lock(&p->lock);
   gma__block_t *b = live_block(p, (uintptr_t)ptr);
-  if (!b) {
+  if (!b) { /* an interior pointer: inside the bytes asked for, not gma's rounding */
     b = block_containing(p, (uintptr_t)ptr);
-    if (b && state_of(b) != GMA__LIVE) b = NULL;
+    if (b && (state_of(b) != GMA__LIVE ||
+              (uintptr_t)ptr - b->addr >= gma__load_relaxed(&b->requested)))
+      b = NULL;
   }
   if (b) *base = (void *)b->addr;
   gma__stream_t *u = b ? gma__stream_resolve(p, stream, id) : NULL;
