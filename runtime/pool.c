@@ -1077,6 +1077,12 @@ static gma__block_t *block_containing(const gma__pool_t *p, uintptr_t addr) {
   return b;
 }
 
+/* Whether addr lies in the bytes asked for of b (not in gma's rounding after
+ * them): where an interior pointer may name b. */
+static bool within_requested(const gma__block_t *b, uintptr_t addr) {
+  return addr - b->addr < gma__load_relaxed(&b->requested);
+}
+
 /* Says why addr is not a live allocation: foreign, interior, or already freed. */
 static gma_status_t bad_pointer(const gma__pool_t *p, uintptr_t addr, const char *op) {
   gma__block_t *b = block_containing(p, addr);
@@ -1086,7 +1092,7 @@ static gma_status_t bad_pointer(const gma__pool_t *p, uintptr_t addr, const char
                           "none of its %zu segments)",
                           op, (void *)addr, p->nsegs);
   uint64_t req = gma__load_relaxed(&b->requested);
-  if (state_of(b) == GMA__LIVE && addr - b->addr >= req && addr != b->addr)
+  if (state_of(b) == GMA__LIVE && !within_requested(b, addr) && addr != b->addr)
     return gma__set_error(GMA_ERR_INVALID_POINTER,
                           "%s(%p): the pointer lies past the end of the live allocation at %p "
                           "(%" PRIu64 " bytes asked for; the %" PRIu64 " bytes after them are "
@@ -1203,9 +1209,7 @@ gma_status_t gma__pool_record_stream(gma__pool_t *p, void *ptr, gma_stream_t str
   gma__block_t *b = live_block(p, (uintptr_t)ptr);
   if (!b) { /* an interior pointer: inside the bytes asked for, not gma's rounding */
     b = block_containing(p, (uintptr_t)ptr);
-    if (b && (state_of(b) != GMA__LIVE ||
-              (uintptr_t)ptr - b->addr >= gma__load_relaxed(&b->requested)))
-      b = NULL;
+    if (b && (state_of(b) != GMA__LIVE || !within_requested(b, (uintptr_t)ptr))) b = NULL;
   }
   if (b) *base = (void *)b->addr;
   gma__stream_t *u = b ? gma__stream_resolve(p, stream, id) : NULL;
