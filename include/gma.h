@@ -127,7 +127,7 @@ typedef struct gma_config {
                                   (1 MiB; 512..64M) */
   uint64_t small_segment_size; /* "small_segment": segment size of the small pool (2 MiB;
                                   a multiple of 512, small_size..1G) */
-  uint64_t large_segment_size; /* "large_segment": segment shared by large requests up to
+  uint64_t large_segment_size; /* "large_segment": segment shared by large requests below
                                   10 MiB (20 MiB; a multiple of 2M, up to 64G) */
   gma_reuse_t reuse;           /* "reuse": query | wait | none */
   uint64_t bin_max;            /* "bin_max": largest request served by the lock-free

@@ -12,9 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Large requests below this get a shared segment of segment_size[LARGE]; above
- * it, a segment of their own rounded to 2 MiB (as PyTorch does). */
-#define LARGE_SHARED_MAX (10ull << 20)
+/* Large requests below this share segments of segment_size[LARGE]; from it
+ * up, each gets a segment of its own rounded to 2 MiB (PyTorch's rule too). A
+ * request of exactly 10 MiB shared before: two filled a 20 MiB segment, but
+ * such segments then took part-splits of whole free oversize segments, and
+ * a transformer trace needed 0.2% more device memory. */
+#define LARGE_OWN_MIN (10ull << 20)
 #define SEGMENT_ROUND (2ull << 20)
 
 static uint64_t round_up(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
@@ -566,7 +569,7 @@ static gma__block_t *find_fit(gma__pool_t *p, gma__stream_t *s, int kind, uint64
 static uint64_t segment_size_for(const gma__pool_t *p, int kind, uint64_t size) {
   if (kind == GMA__SMALL) return p->segment_size[GMA__SMALL];
   uint64_t own = round_up(size, SEGMENT_ROUND);
-  if (size <= LARGE_SHARED_MAX && own < p->segment_size[GMA__LARGE])
+  if (size < LARGE_OWN_MIN && own < p->segment_size[GMA__LARGE])
     return p->segment_size[GMA__LARGE];
   /* Near a memory_limit that is not a multiple of 2 MiB, rounding up would
    * make a request that fits the limit unservable: round less there. */
@@ -725,7 +728,7 @@ static gma__block_t *find_fit_in(gma__pool_t *p, gma__stream_t *s, int kind, uin
 }
 
 /* Lock held. Whether b, the fit found for a request of size bytes that
- * gets a segment of its own (above LARGE_SHARED_MAX), is a whole ordinary
+ * gets a segment of its own (LARGE_OWN_MIN or more), is a whole ordinary
  * segment made for a bigger request (FREE, or cached on s, the requesting
  * stream), which the request would split leaving more of it unused than it
  * uses. Only while the pool holds half its limit or more: with room to
@@ -735,7 +738,7 @@ static gma__block_t *find_fit_in(gma__pool_t *p, gma__stream_t *s, int kind, uin
  * device memory.) */
 static bool splits_whole_oversize(const gma__pool_t *p, gma__stream_t *s, gma__block_t *b,
                                   int kind, uint64_t size) {
-  if (kind != GMA__LARGE || p->growable || size <= LARGE_SHARED_MAX ||
+  if (kind != GMA__LARGE || p->growable || size < LARGE_OWN_MIN ||
       p->c.reserved.current < p->limit / 2 || b->prev || b->next || b->seg->range ||
       b->seg->size <= p->segment_size[GMA__LARGE])
     return false;
