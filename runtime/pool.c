@@ -377,8 +377,6 @@ static bool seg_is_free(gma__segment_t *seg) {
   return !seg->range && state_of(seg->first) == GMA__FREE && seg->first->size == seg->size;
 }
 
-/* Returns every segment that is one FREE block to the device (the OOM
- * retry: the caller is waiting for this memory anyway, so under the lock). */
 /* Returns p->segs[i], one FREE block, to the device. */
 static void release_segment(gma__pool_t *p, size_t i) {
   gma__span_t x;
@@ -391,6 +389,8 @@ static void release_segment(gma__pool_t *p, size_t i) {
     seg_adopt(p, x.kind, x.addr, x.size, NULL);
 }
 
+/* Returns every segment that is one FREE block to the device (the OOM
+ * retry: the caller is waiting for this memory anyway, so under the lock). */
 static void release_free_segments(gma__pool_t *p) {
   if (p->growable) gma__segs_release_free(p);
   for (size_t i = p->nsegs; i-- > 0;)
@@ -766,9 +766,8 @@ static gma__block_t *fresh_for_oversize(gma__pool_t *p, int kind, uint64_t size,
   gma__block_t *f = NULL;
   if (seg_create(p, kind, own, &f) == GMA_OK) return f;
   if (state_of(*b) == GMA__FREE) {
-    size_t i = 0;
-    while (i < p->nsegs && p->segs[i] != (*b)->seg) i++;
-    if (i == p->nsegs) return NULL; /* cannot be: b's segment is the pool's */
+    size_t i = seg_index_at_or_before(p, (*b)->seg->base) - 1;
+    GMA__ASSERT(p->segs[i] == (*b)->seg);
     p->c.oom_retries++;
     release_segment(p, i);
   } else {
