@@ -822,7 +822,7 @@ static void *stage_main(void *arg) {
 }
 
 enum { PF_BLOCKED_MS, PF_WAIT_P50_US, PF_WAIT_P99_US, PF_WAIT_MAX_US, PF_MB_PER_S, PF_SUBMIT_MS,
-       PF_N };
+       PF_PEAK_RESERVED, PF_XWAITS, PF_N };
 static const struct {
   const char *key, *label, *fmt;
 } p_fig[PF_N] = {
@@ -832,6 +832,8 @@ static const struct {
     {"wait_max_us", "one wait max, us", "%16.1f"},
     {"micro_batches_per_s", "micro-batches/s", "%16.1f"},
     {"submit_ms", "in gma_alloc_batch_async, ms (sum)", "%16.2f"},
+    {"peak_reserved_mib", "peak reserved MiB", "%16.1f"},
+    {"cross_stream_waits", "device-side cross-stream waits", "%16.0f"},
 };
 
 static int cmp_u64v(const void *a, const void *b) { return cmp_u64(a, b); }
@@ -876,6 +878,10 @@ static void pipe_once(int async, int run, series_t *f, const size_t sizes[P_STAG
   put(&f[PF_WAIT_MAX_US], (double)all[n - 1] / 1e3);
   put(&f[PF_MB_PER_S], r->micro / secs);
   put(&f[PF_SUBMIT_MS], async ? (double)submit / 1e6 : NAN);
+  gma_stats_t gs = GMA_STATS_INIT;
+  OK(gma_stats(r->g, &gs));
+  put(&f[PF_PEAK_RESERVED], (double)gs.reserved.peak / MiB);
+  put(&f[PF_XWAITS], (double)gs.num_cross_stream_waits);
   for (int i = 0; i < P_STAGES; i++) OK(gma_stream_destroy(r->g, r->st[i].stream));
   for (int i = 0; i < P_STAGES - 1; i++) {
     pthread_mutex_destroy(&r->ch[i].mu);
@@ -936,7 +942,11 @@ static void run_pipeline(void) {
   fprintf(js, "\n   \"async\": {");
   for (int fi = 0; fi < PF_N; fi++) json_series(p_fig[fi].key, &fa[fi], fi + 1 < PF_N);
   fprintf(js, "},\n   \"sync\": {");
-  for (int fi = 0; fi < PF_N - 1; fi++) json_series(p_fig[fi].key, &fs[fi], fi + 2 < PF_N);
+  for (int fi = 0, sep = 0; fi < PF_N; fi++) /* the sync side has no submit time */
+    if (fi != PF_SUBMIT_MS) {
+      if (sep++) fprintf(js, ", ");
+      json_series(p_fig[fi].key, &fs[fi], 0);
+    }
   fprintf(js, "}},\n");
 }
 

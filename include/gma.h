@@ -107,13 +107,19 @@ typedef enum gma_device_kind {
 
 /* Cross-stream reuse: when may a block freed on stream S serve stream U? */
 typedef enum gma_reuse {
-  GMA_REUSE_QUERY = 0, /* once the host has seen S's work on it complete (default) */
+  GMA_REUSE_AUTO = 0,  /* as QUERY, and a block freed after gma_record_stream(ptr, U) for
+                          one stream U serves U before that, when that saves growing the
+                          pool: U waits on S's event on the device (U already waited for
+                          S's work on the block); ordinary segments serve the stream that
+                          made them first (default) */
   GMA_REUSE_WAIT = 1,  /* also before that: U is made to wait on S's event on the device
                           (no host blocking), when that saves growing the pool; a block
                           freed after gma_record_stream too, U then waiting on the event
                           of S and of every recorded stream */
-  GMA_REUSE_NONE = 2   /* never automatically: S keeps its freed blocks until
+  GMA_REUSE_NONE = 2,  /* never automatically: S keeps its freed blocks until
                           gma_empty_cache or gma_stream_retire */
+  GMA_REUSE_QUERY = 3  /* once the host has seen S's work on it complete (no device-side
+                          wait ever; the default before 2026-11-24) */
 } gma_reuse_t;
 
 typedef struct gma_config {
@@ -129,7 +135,7 @@ typedef struct gma_config {
                                   a multiple of 512, small_size..1G) */
   uint64_t large_segment_size; /* "large_segment": segment shared by large requests below
                                   10 MiB (20 MiB; a multiple of 2M, up to 64G) */
-  gma_reuse_t reuse;           /* "reuse": query | wait | none */
+  gma_reuse_t reuse;           /* "reuse": auto | query | wait | none */
   uint64_t bin_max;            /* "bin_max": largest request served by the lock-free
                                   per-stream bins (1 MiB; 512..1G) */
   uint64_t bin_depth;          /* "bin_depth": most blocks one bin holds (64; 1..65536) */
@@ -498,7 +504,7 @@ typedef struct gma_stats {
   uint64_t largest_free_block;  /* largest block in stream caches or the free pool */
   double fragmentation;         /* 1 - largest_free_block / (stream_cached + free); 0 if none */
   uint64_t num_streams;         /* streams gma keeps a record of (retired ones excluded) */
-  uint64_t num_cross_stream_waits; /* reuse:wait: device-side waits made instead of growing */
+  uint64_t num_cross_stream_waits; /* reuse:auto/wait: device-side waits made instead of growing */
   uint64_t num_epoch_events;    /* events recorded to close stream epochs */
   uint64_t num_batches;         /* gma_alloc_batch calls that succeeded */
   uint64_t num_batches_split;   /* of those, placed block by block (no contiguous room) */

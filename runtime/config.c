@@ -40,7 +40,7 @@ static const key_spec_t keys[] = {
     {"small_size", FIELD(small_size), KIND_SIZE, 512, 64 * MiB},
     {"small_segment", FIELD(small_segment_size), KIND_SIZE, 512, 1 * GiB},
     {"large_segment", FIELD(large_segment_size), KIND_SIZE, 2 * MiB, 64 * GiB},
-    {"reuse", FIELD(reuse), KIND_REUSE, 0, 2},
+    {"reuse", FIELD(reuse), KIND_REUSE, 0, 3},
     {"bin_max", FIELD(bin_max), KIND_SIZE, 512, 1 * GiB},
     {"bin_depth", FIELD(bin_depth), KIND_COUNT, 1, 65536},
     {"bins", FIELD(bins_off), KIND_ONOFF, 0, 1},
@@ -169,7 +169,7 @@ static bool parse_name(const char *s, size_t len, const char *const *names, uint
 }
 
 static const char *const device_names[] = {"auto", "sim", "cuda"};
-static const char *const reuse_names[] = {"query", "wait", "none"};
+static const char *const reuse_names[] = {"auto", "wait", "none", "query"};
 /* "bins" sets bins_off: index 0 is "on" (bins_off = 0). */
 static const char *const onoff_names[] = {"on", "off"};
 static const char *const bool_names[] = {"false", "true"};
@@ -196,7 +196,7 @@ static void list_keys(char *buf, size_t len) {
 static const char *const *names_of(const key_spec_t *k, uint64_t *n) {
   switch (k->kind) {
     case KIND_DEVICE: *n = 3; return device_names;
-    case KIND_REUSE: *n = 3; return reuse_names;
+    case KIND_REUSE: *n = 4; return reuse_names;
     case KIND_ONOFF: *n = 2; return onoff_names;
     case KIND_BOOL: *n = 2; return bool_names;
     case KIND_FALLBACK: *n = 2; return fallback_names;
@@ -372,8 +372,8 @@ gma_status_t gma_config_parse(gma_config_t *config, const char *text) {
         expected = "auto, sim or cuda";
         break;
       case KIND_REUSE:
-        ok = parse_name(val, vlen, reuse_names, 3, &v);
-        expected = "query, wait or none";
+        ok = parse_name(val, vlen, reuse_names, 4, &v);
+        expected = "auto, query, wait or none";
         break;
       case KIND_ONOFF:
         ok = parse_name(val, vlen, onoff_names, 2, &v);

@@ -553,9 +553,33 @@ static gma__block_t *join_free(gma__pool_t *p, gma__block_t *b) {
  * steady loop's request could split another stream's larger block (a block
  * that stream needs again at the same point of the next iteration) while
  * its own old place sits in two halves, and that stream would grow. */
-static gma__block_t *find_fit(gma__pool_t *p, gma__stream_t *s, int kind, uint64_t size) {
+/* The smallest block of tree n that holds size bytes and lies in a segment
+ * of stream `home` (or of none), looking at *budget fits at most. */
+static gma__block_t *home_best_fit(gma__block_t *n, uint64_t size, uint64_t home, int *budget) {
+  if (!n || *budget <= 0) return NULL;
+  if (n->size >= size) {
+    gma__block_t *b = home_best_fit(n->left, size, home, budget);
+    if (b || *budget <= 0) return b;
+    (*budget)--;
+    if (!n->seg->home || n->seg->home == home) return n;
+  }
+  return home_best_fit(n->right, size, home, budget);
+}
+
+/* How many FREE fits home_best_fit looks at before it gives up (the search
+ * then goes on as if no FREE block fitted, and later takes any). */
+#define HOME_SCAN 32
+
+/* Lock held. home: only FREE blocks of segments s made (or of none), as
+ * reuse:auto searches first (see find_or_grow). */
+static gma__block_t *find_fit(gma__pool_t *p, gma__stream_t *s, int kind, uint64_t size,
+                              bool home) {
   gma__block_t *c = treap_best_fit(s->cached_tree[kind], size);
   gma__block_t *f = treap_best_fit(p->free_tree[kind], size);
+  if (home && f && f->seg->home && f->seg->home != s->serial) {
+    int budget = HOME_SCAN;
+    f = home_best_fit(p->free_tree[kind], size, s->serial, &budget);
+  }
   if (c && (!f || c->size <= f->size)) return c;
   uint64_t total = f ? f->size : UINT64_MAX;
   gma__block_t *j = NULL;
@@ -724,7 +748,7 @@ static gma__block_t *small_in_large_hole(gma__pool_t *p, int kind, uint64_t size
  * block cached on the stream (see the flag). */
 static gma__block_t *find_fit_in(gma__pool_t *p, gma__stream_t *s, int kind, uint64_t size,
                                  bool capture) {
-  return capture ? treap_best_fit(p->free_tree[kind], size) : find_fit(p, s, kind, size);
+  return capture ? treap_best_fit(p->free_tree[kind], size) : find_fit(p, s, kind, size, false);
 }
 
 /* Lock held. Whether b, the fit found for a request of size bytes that
@@ -777,7 +801,15 @@ static gma__block_t *fresh_for_oversize(gma__pool_t *p, int kind, uint64_t size,
   return seg_create(p, kind, own, &f) == GMA_OK ? f : NULL;
 }
 
-/* Lock held, reuse:wait: the best fit for size among PENDING blocks (freed
+/* Whether s is the one stream besides its own that used pending block b
+ * (gma_record_stream): s consumed what b's stream made, so the program
+ * already made s wait for that stream's work on b. */
+static bool consumed_by(const gma__block_t *b, const gma__stream_t *s) {
+  return b->stream != s && gma__load_relaxed(&b->ngates) == 1 && b->gates[0].stream == s;
+}
+
+/* Lock held, reuse:wait (consumer false) or reuse:auto (consumer true: only
+ * blocks consumed_by s): the best fit for size among PENDING blocks (freed
  * after gma_record_stream, their work not yet seen to complete), made safe
  * for s on the device: s waits for the event of every stream that used it
  * (gma__gate_settle closes an open epoch first). The block then belongs to
@@ -785,12 +817,15 @@ static gma__block_t *fresh_for_oversize(gma__pool_t *p, int kind, uint64_t size,
  * stream gets it only once that epoch's event, recorded after the waits,
  * completes. NULL when none fits or a wait could not be made. */
 static gma__block_t *pending_wait_fit(gma__pool_t *p, gma__stream_t *s, int kind,
-                                      uint64_t size) {
+                                      uint64_t size, bool consumer) {
   gma__block_t *best = NULL;
   for (gma__block_t *b = p->pending_head; b; b = b->qnext)
-    if (b->seg->kind == kind && b->size >= size && (!best || b->size < best->size)) best = b;
+    if (b->seg->kind == kind && b->size >= size && (!best || b->size < best->size) &&
+        (!consumer || consumed_by(b, s)))
+      best = b;
   if (!best) return NULL;
-  if (best->stream != s) {
+  bool planted = consumer && (p->test_flags & GMA__TEST_NO_CONSUMER_WAIT);
+  if (best->stream != s && !planted) {
     gma__gate_t owner = {best->stream, best->epoch};
     if (!gma__gate_settle(p, &owner, s, true)) return NULL;
   }
@@ -813,7 +848,20 @@ static gma_status_t find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uin
    * the same place and the layout does not drift from one iteration of a
    * training loop to the next. */
   if (p->pending_head) gma__streams_settle_pending(p);
-  gma__block_t *b = find_fit_in(p, s, kind, size, capture);
+  gma__block_t *b = NULL;
+  bool waited = false; /* reached through a device-side wait: counts as pool */
+  /* reuse:auto: first s's own cache and the FREE blocks of segments s made,
+   * then what s consumed from another stream (pending_wait_fit: a device-side
+   * wait on work s already waited for), and only then FREE memory of other
+   * streams' segments. Taking another stream's FREE segment costs nothing
+   * now, but that stream grows when it comes back to it at the same point
+   * of the next iteration; this order gives a training loop's iterations
+   * the places its first one found. */
+  if (p->reuse == GMA_REUSE_AUTO && !capture) {
+    b = find_fit(p, s, kind, size, true);
+    if (!b && p->pending_head) waited = (b = pending_wait_fit(p, s, kind, size, true)) != NULL;
+  }
+  if (!b) b = find_fit_in(p, s, kind, size, capture);
   /* Cheapest first: what completed device work freed, the bins left alone
    * (they serve the hot path); then, while the pool holds less than half the
    * device, a small request in a small hole of the large pool; only then
@@ -831,16 +879,16 @@ static gma_status_t find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uin
     gma__streams_poll(p, false);
     b = find_fit_in(p, s, kind, size, capture);
   }
-  bool waited = false; /* reached through a device-side wait: counts as pool */
   if (!b && p->reuse == GMA_REUSE_WAIT && !capture) {
     b = gma__streams_wait_fit(p, s, kind, size);
-    if (!b) b = pending_wait_fit(p, s, kind, size);
+    if (!b) b = pending_wait_fit(p, s, kind, size, false);
     waited = b != NULL;
   }
   if (!b) b = small_in_large_hole(p, kind, size);
   if (b && may_grow && !capture && splits_whole_oversize(p, s, b, kind, size)) {
     gma__block_t *f = fresh_for_oversize(p, kind, size, &b);
     if (f) {
+      f->seg->home = s->serial;
       *level = &p->c.hits_device;
       p->c.grows_inline++;
       *out = f;
@@ -857,6 +905,8 @@ static gma_status_t find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uin
   if (!may_grow) return GMA_ERR_OOM; /* the caller has another plan; no message */
   gma_status_t st = grow(p, kind, size, out);
   p->c.grows_inline += st == GMA_OK;
+  /* A new ordinary segment is s's (a growable one is shared: no home). */
+  if (st == GMA_OK && !(*out)->seg->range && !(*out)->seg->home) (*out)->seg->home = s->serial;
   return st;
 }
 

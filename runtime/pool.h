@@ -111,6 +111,8 @@ typedef struct gma__segment {
   gma__block_t *first, *last;
   const void *range;      /* the source's range (compared, never read); NULL: ordinary */
   uint64_t free_since_ns; /* ordinary: when a trim pass first saw it wholly free; 0: not free */
+  uint64_t home;          /* ordinary: serial of the stream whose request made it, whose
+                             searches prefer it under reuse:auto (find_fit); 0: none */
 } gma__segment_t;
 
 /* One lock-free bin: blocks of one size class freed on one stream.
@@ -218,7 +220,9 @@ enum {
   GMA__TEST_NO_EPOCH_GATING = 1u << 1,  /* freed blocks become FREE at once */
   GMA__TEST_NO_SERVE_CLAIM = 1u << 2,   /* a waiter serves a request without claiming it
                                            from the worker (future.c: both serve it) */
-  GMA__TEST_NO_CAPTURE_CHECK = 1u << 3  /* epoch events are recorded on capturing streams */
+  GMA__TEST_NO_CAPTURE_CHECK = 1u << 3, /* epoch events are recorded on capturing streams */
+  GMA__TEST_NO_CONSUMER_WAIT = 1u << 4  /* reuse:auto hands a consumer a pending block
+                                           without making it wait for the block's stream */
 };
 
 typedef struct gma__pool {

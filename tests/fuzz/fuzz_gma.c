@@ -14,7 +14,7 @@
  *
  * INPUT ENCODING (tests/fuzz/make_corpus.py writes seeds in it)
  *   byte 0  configuration flags: bit0 worker on, bit1 expandable_segments,
- *           bit2 bins off, bits3-4 reuse (0 query, 1 wait, 2 none, 3 query),
+ *           bit2 bins off, bits3-4 reuse (0 auto, 1 wait, 2 none, 3 query),
  *           bit5 fallback:host, bit6 trace to /dev/null, bit7 fault injection
  *   byte 1  bits0-1 sim_capacity (32M, 64M, 64M, 128M), bits2-3 trim_interval_ms
  *           (1, 2, 5, 50), bit4 release_threshold 8M (else 512 B), bit5

@@ -288,7 +288,9 @@ class Streams(unittest.TestCase):
             a.stream_destroy(s2)
 
     def test_record_stream_gates_the_free(self):
-        with gma.Allocator("device:sim,bins:off") as a:
+        # reuse:query: under the default (auto) s2, the stream that used p,
+        # may take it behind a device-side wait (api_test_consumer_reuse).
+        with gma.Allocator("device:sim,bins:off,reuse:query") as a:
             s1, s2 = a.stream_create(), a.stream_create()
             p = a.alloc(2 * MiB, stream=s1)
             gate, started = threading.Event(), threading.Event()

@@ -1,0 +1,175 @@
+/* reuse:auto (the default): a block freed after gma_record_stream(x, U) for
+ * one stream U, its work not yet seen complete, serves U before the pool
+ * grows, behind a device-side wait on the event of x's own stream; and
+ * ordinary segments serve the stream that made them first.
+ *
+ *   consumer_waits      U gets x while x's stream A still runs a kernel on
+ *                       it; U's next kernel on x must start only after A's
+ *                       ends. The planted variant (GMA__TEST_NO_CONSUMER_WAIT)
+ *                       hands x over without the wait, and A's kernel must
+ *                       see U's kernel overwrite its pattern.
+ *   only_the_consumer   the owner A and a third stream C do not get x early;
+ *                       nor does U when C used x too; nor under reuse:query.
+ *   home_segment_first  with two FREE segments that fit, a stream takes the
+ *                       one it made (reuse:query: the smaller one), and
+ *                       takes another stream's when none of its own fits,
+ *                       without growing.
+ *
+ * Run one case with `unit_test_consumer_reuse NAME`. */
+#include <inttypes.h>
+
+#include "pool.h"
+#include "simkit.h"
+
+#define MiB ((size_t)1 << 20)
+
+/* A writes a pattern into x and holds it (until *gate) as a kernel still
+ * reading x would; U used x too (recorded) and x is freed. Returns x. */
+static void *consumed_block(gma_t *g, gma_stream_t a, gma_stream_t u, pattern_kernel_t *ka,
+                            atomic_int *gate, atomic_int *corruptions) {
+  void *x;
+  CHECK_OK(gma_alloc(g, 4 * MiB, a, &x));
+  *ka = (pattern_kernel_t){x, 4 * MiB, 0xA1, gate, 0, corruptions, 0};
+  CHECK_OK(gma_sim_launch(g, a, pattern_kernel_run, ka));
+  pattern_kernel_wait_started(ka);
+  CHECK_OK(gma_record_stream(g, x, u));
+  CHECK_OK(gma_free(g, x));
+  return x;
+}
+
+/* Returns the corruptions seen; *same says whether U got x. */
+static int consumer_run(unsigned flags, bool *same, uint64_t *waits) {
+  gma_t *g = sim_allocator(NULL);
+  gma__pool_of(g)->test_flags = flags;
+  gma_stream_t a, u;
+  CHECK_OK(gma_stream_create(g, &a));
+  CHECK_OK(gma_stream_create(g, &u));
+  atomic_int gate = 0, corruptions = 0;
+  pattern_kernel_t ka;
+  void *x = consumed_block(g, a, u, &ka, &gate, &corruptions), *y;
+  uint64_t w0 = stats_of(g).num_cross_stream_waits;
+  CHECK_OK(gma_alloc(g, 4 * MiB, u, &y));
+  *same = x == y;
+  *waits = stats_of(g).num_cross_stream_waits - w0;
+  pattern_kernel_t ku = {y, 4 * MiB, 0xB2, NULL, 1000, &corruptions, 0};
+  CHECK_OK(gma_sim_launch(g, u, pattern_kernel_run, &ku));
+  sleep_us(20000); /* long enough for U's kernel to run, had it not waited */
+  atomic_store(&gate, 1);
+  CHECK_OK(gma_stream_synchronize(g, u));
+  CHECK_OK(gma_stream_synchronize(g, a));
+  CHECK_OK(gma_free(g, y));
+  CHECK_OK(gma_stream_destroy(g, a));
+  CHECK_OK(gma_stream_destroy(g, u));
+  CHECK_OK(gma_destroy(g));
+  return atomic_load(&corruptions);
+}
+
+static void consumer_waits(void) {
+  bool same;
+  uint64_t waits;
+  int c = consumer_run(0, &same, &waits);
+  printf("gated: U got x %d, waits %" PRIu64 ", corruptions %d\n", same, waits, c);
+  CHECK(same && waits == 1 && c == 0);
+  c = consumer_run(GMA__TEST_NO_CONSUMER_WAIT, &same, &waits);
+  printf("planted (no wait): U got x %d, corruptions %d\n", same, c);
+  CHECK(same && c > 0);
+}
+
+/* x as in consumer_waits; then the stream given asks for x's size. */
+static bool early(const char *conf, int who, bool second_user) {
+  gma_t *g = sim_allocator(conf);
+  gma_stream_t s[3];
+  for (int i = 0; i < 3; i++) CHECK_OK(gma_stream_create(g, &s[i]));
+  atomic_int gate = 0, corruptions = 0;
+  pattern_kernel_t ka;
+  void *x;
+  CHECK_OK(gma_alloc(g, 4 * MiB, s[0], &x));
+  ka = (pattern_kernel_t){x, 4 * MiB, 0xA1, &gate, 0, &corruptions, 0};
+  CHECK_OK(gma_sim_launch(g, s[0], pattern_kernel_run, &ka));
+  pattern_kernel_wait_started(&ka);
+  CHECK_OK(gma_record_stream(g, x, s[1]));
+  if (second_user) CHECK_OK(gma_record_stream(g, x, s[2]));
+  CHECK_OK(gma_free(g, x));
+  void *y;
+  CHECK_OK(gma_alloc(g, 4 * MiB, s[who], &y));
+  bool got = x == y;
+  CHECK(got || stats_of(g).num_cross_stream_waits == 0);
+  atomic_store(&gate, 1);
+  CHECK_OK(gma_free(g, y));
+  for (int i = 0; i < 3; i++) CHECK_OK(gma_stream_destroy(g, s[i]));
+  CHECK_OK(gma_destroy(g));
+  CHECK(atomic_load(&corruptions) == 0);
+  return got;
+}
+
+static void only_the_consumer(void) {
+  CHECK(early(NULL, 1, false));           /* the consumer: yes (consumer_waits) */
+  CHECK(!early(NULL, 0, false));          /* the owner would wait for the consumer */
+  CHECK(!early(NULL, 2, false));          /* a stream that never used x */
+  CHECK(!early(NULL, 1, true));           /* two users: not the consumer's alone */
+  CHECK(!early("reuse:query", 1, false)); /* never a device-side wait */
+  printf("only the one consumer gets x early\n");
+}
+
+/* a makes a 14 MiB segment, b an 18 MiB one; both FREE; b asks for 12 MiB. */
+static void home_case(const char *conf, bool want_own) {
+  gma_t *g = sim_allocator(conf);
+  gma_stream_t a, b, c;
+  CHECK_OK(gma_stream_create(g, &a));
+  CHECK_OK(gma_stream_create(g, &b));
+  CHECK_OK(gma_stream_create(g, &c));
+  void *pa, *pb, *y, *z, *w;
+  CHECK_OK(gma_alloc(g, 14 * MiB, a, &pa));
+  CHECK_OK(gma_alloc(g, 18 * MiB, b, &pb));
+  CHECK_OK(gma_free(g, pa));
+  CHECK_OK(gma_free(g, pb));
+  CHECK_OK(gma_stream_synchronize(g, a));
+  CHECK_OK(gma_stream_synchronize(g, b));
+  CHECK_OK(gma_alloc(g, 12 * MiB, b, &y));
+  CHECK(y == (want_own ? pb : pa));
+  CHECK_OK(gma_free(g, y));
+  CHECK_OK(gma_stream_synchronize(g, b));
+  /* c made nothing: it takes the best fit, a's; then b, none of whose own
+   * fits 17 MiB now... b's 18 MiB does: the same place again. */
+  CHECK_OK(gma_alloc(g, 13 * MiB, c, &z));
+  CHECK(z == pa);
+  CHECK_OK(gma_alloc(g, 17 * MiB, b, &w));
+  CHECK(w == pb);
+  CHECK_OK(gma_free(g, z));
+  CHECK_OK(gma_free(g, w));
+  CHECK_OK(gma_stream_synchronize(g, b));
+  CHECK_OK(gma_stream_synchronize(g, c));
+  /* a's own segment is taken (z freed on c, synchronized: FREE); a asks
+   * for 16 MiB: none of a's fits, b's does, and nothing grows. */
+  CHECK_OK(gma_alloc(g, 16 * MiB, a, &z));
+  CHECK(z == pb && stats_of(g).num_device_allocs == 2);
+  CHECK_OK(gma_free(g, z));
+  CHECK_OK(gma_stream_destroy(g, a));
+  CHECK_OK(gma_stream_destroy(g, b));
+  CHECK_OK(gma_stream_destroy(g, c));
+  CHECK_OK(gma_destroy(g));
+}
+
+static void home_segment_first(void) {
+  home_case(NULL, true);
+  home_case("reuse:query", false);
+  printf("a stream's own FREE segment first (reuse:query: best fit)\n");
+}
+
+int main(int argc, char **argv) {
+  static const struct {
+    const char *name;
+    void (*fn)(void);
+  } cases[] = {{"consumer_waits", consumer_waits},
+               {"only_the_consumer", only_the_consumer},
+               {"home_segment_first", home_segment_first}};
+  int ran = 0;
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+    if (argc < 2 || !strcmp(argv[1], cases[i].name)) {
+      cases[i].fn();
+      ran++;
+    }
+  CHECK(ran > 0);
+  printf("ok\n");
+  return 0;
+}
