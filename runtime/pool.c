@@ -544,15 +544,6 @@ static gma__block_t *join_free(gma__pool_t *p, gma__block_t *b) {
   return b;
 }
 
-/* Best fit for size among the stream's cached blocks and the shared free
- * tree; the smaller candidate wins, the stream's own on a tie (its memory is
- * warm). A cached block too small by itself may fit joined with the FREE
- * memory beside it (what the stream freed last next to what became free
- * earlier, the two halves of one old block): when that union is smaller
- * than the best candidate, it is joined and taken instead. Without it a
- * steady loop's request could split another stream's larger block (a block
- * that stream needs again at the same point of the next iteration) while
- * its own old place sits in two halves, and that stream would grow. */
 /* The smallest block of tree n that holds size bytes and lies in a segment
  * of stream `home` (or of none), looking at *budget fits at most. */
 static gma__block_t *home_best_fit(gma__block_t *n, uint64_t size, uint64_t home, int *budget) {
@@ -570,7 +561,16 @@ static gma__block_t *home_best_fit(gma__block_t *n, uint64_t size, uint64_t home
  * then goes on as if no FREE block fitted, and later takes any). */
 #define HOME_SCAN 32
 
-/* Lock held. home: only FREE blocks of segments s made (or of none), as
+/* Best fit for size among the stream's cached blocks and the shared free
+ * tree; the smaller candidate wins, the stream's own on a tie (its memory is
+ * warm). A cached block too small by itself may fit joined with the FREE
+ * memory beside it (what the stream freed last next to what became free
+ * earlier, the two halves of one old block): when that union is smaller
+ * than the best candidate, it is joined and taken instead. Without it a
+ * steady loop's request could split another stream's larger block (a block
+ * that stream needs again at the same point of the next iteration) while
+ * its own old place sits in two halves, and that stream would grow.
+ * Lock held. home: only FREE blocks of segments s made (or of none), as
  * reuse:auto searches first (see find_or_grow). */
 static gma__block_t *find_fit(gma__pool_t *p, gma__stream_t *s, int kind, uint64_t size,
                               bool home) {

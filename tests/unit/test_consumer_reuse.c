@@ -24,15 +24,17 @@
 #define MiB ((size_t)1 << 20)
 
 /* A writes a pattern into x and holds it (until *gate) as a kernel still
- * reading x would; U used x too (recorded) and x is freed. Returns x. */
-static void *consumed_block(gma_t *g, gma_stream_t a, gma_stream_t u, pattern_kernel_t *ka,
-                            atomic_int *gate, atomic_int *corruptions) {
+ * reading x would; u used x too (recorded), and so did also when not NULL;
+ * then x is freed. Returns x. */
+static void *consumed_block(gma_t *g, gma_stream_t a, gma_stream_t u, gma_stream_t *also,
+                            pattern_kernel_t *ka, atomic_int *gate, atomic_int *corruptions) {
   void *x;
   CHECK_OK(gma_alloc(g, 4 * MiB, a, &x));
   *ka = (pattern_kernel_t){x, 4 * MiB, 0xA1, gate, 0, corruptions, 0};
   CHECK_OK(gma_sim_launch(g, a, pattern_kernel_run, ka));
   pattern_kernel_wait_started(ka);
   CHECK_OK(gma_record_stream(g, x, u));
+  if (also) CHECK_OK(gma_record_stream(g, x, *also));
   CHECK_OK(gma_free(g, x));
   return x;
 }
@@ -46,7 +48,7 @@ static int consumer_run(unsigned flags, bool *same, uint64_t *waits) {
   CHECK_OK(gma_stream_create(g, &u));
   atomic_int gate = 0, corruptions = 0;
   pattern_kernel_t ka;
-  void *x = consumed_block(g, a, u, &ka, &gate, &corruptions), *y;
+  void *x = consumed_block(g, a, u, NULL, &ka, &gate, &corruptions), *y;
   uint64_t w0 = stats_of(g).num_cross_stream_waits;
   CHECK_OK(gma_alloc(g, 4 * MiB, u, &y));
   *same = x == y;
@@ -82,14 +84,7 @@ static bool early(const char *conf, int who, bool second_user) {
   for (int i = 0; i < 3; i++) CHECK_OK(gma_stream_create(g, &s[i]));
   atomic_int gate = 0, corruptions = 0;
   pattern_kernel_t ka;
-  void *x;
-  CHECK_OK(gma_alloc(g, 4 * MiB, s[0], &x));
-  ka = (pattern_kernel_t){x, 4 * MiB, 0xA1, &gate, 0, &corruptions, 0};
-  CHECK_OK(gma_sim_launch(g, s[0], pattern_kernel_run, &ka));
-  pattern_kernel_wait_started(&ka);
-  CHECK_OK(gma_record_stream(g, x, s[1]));
-  if (second_user) CHECK_OK(gma_record_stream(g, x, s[2]));
-  CHECK_OK(gma_free(g, x));
+  void *x = consumed_block(g, s[0], s[1], second_user ? &s[2] : NULL, &ka, &gate, &corruptions);
   void *y;
   CHECK_OK(gma_alloc(g, 4 * MiB, s[who], &y));
   bool got = x == y;
