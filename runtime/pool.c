@@ -570,13 +570,17 @@ static gma__block_t *home_best_fit(gma__block_t *n, uint64_t size, uint64_t home
  * steady loop's request could split another stream's larger block (a block
  * that stream needs again at the same point of the next iteration) while
  * its own old place sits in two halves, and that stream would grow.
- * Lock held. home: only FREE blocks of segments s made (or of none), as
- * reuse:auto searches first (see find_or_grow). */
+ * Lock held. passed_by NULL: any FREE block; else only FREE blocks of
+ * segments s made (or of none), as reuse:auto searches first (see
+ * find_or_grow), and *passed_by says whether a fitting FREE block of
+ * another stream's segment was passed by (else a search for any block
+ * would find nothing more). */
 static gma__block_t *find_fit(gma__pool_t *p, gma__stream_t *s, int kind, uint64_t size,
-                              bool home) {
+                              bool *passed_by) {
   gma__block_t *c = treap_best_fit(s->cached_tree[kind], size);
   gma__block_t *f = treap_best_fit(p->free_tree[kind], size);
-  if (home && f && f->seg->home && f->seg->home != s->serial) {
+  if (passed_by) *passed_by = f && f->seg->home && f->seg->home != s->serial;
+  if (passed_by && *passed_by) {
     int budget = HOME_SCAN;
     f = home_best_fit(p->free_tree[kind], size, s->serial, &budget);
   }
@@ -748,7 +752,7 @@ static gma__block_t *small_in_large_hole(gma__pool_t *p, int kind, uint64_t size
  * block cached on the stream (see the flag). */
 static gma__block_t *find_fit_in(gma__pool_t *p, gma__stream_t *s, int kind, uint64_t size,
                                  bool capture) {
-  return capture ? treap_best_fit(p->free_tree[kind], size) : find_fit(p, s, kind, size, false);
+  return capture ? treap_best_fit(p->free_tree[kind], size) : find_fit(p, s, kind, size, NULL);
 }
 
 /* Lock held. Whether b, the fit found for a request of size bytes that
@@ -857,11 +861,12 @@ static gma_status_t find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uin
    * now, but that stream grows when it comes back to it at the same point
    * of the next iteration; this order gives a training loop's iterations
    * the places its first one found. */
+  bool passed_by = true; /* whether a search for any block may find more */
   if (p->reuse == GMA_REUSE_AUTO && !capture) {
-    b = find_fit(p, s, kind, size, true);
+    b = find_fit(p, s, kind, size, &passed_by);
     if (!b && p->pending_head) waited = (b = pending_wait_fit(p, s, kind, size, true)) != NULL;
   }
-  if (!b) b = find_fit_in(p, s, kind, size, capture);
+  if (!b && passed_by) b = find_fit_in(p, s, kind, size, capture);
   /* Cheapest first: what completed device work freed, the bins left alone
    * (they serve the hot path); then, while the pool holds less than half the
    * device, a small request in a small hole of the large pool; only then
