@@ -696,12 +696,13 @@ static bool oom_wait(gma__pool_t *p, oom_waiting_t *w) {
 /* Growable segments: maps just enough chunks (segments.c), with the same
  * retry after releasing safe cached memory; the fit then comes from the
  * free tree. */
-static gma_status_t grow_region(gma__pool_t *p, int kind, uint64_t size, gma__block_t **out) {
-  gma_status_t st = gma__segs_grow(p, kind, size);
+static gma_status_t grow_region(gma__pool_t *p, int kind, uint64_t size, uint64_t home,
+                                gma__block_t **out) {
+  gma_status_t st = gma__segs_grow(p, kind, size, home);
   if (st == GMA_ERR_OOM) {
     oom_release(p);
     if ((*out = treap_best_fit(p->free_tree[kind], size))) return GMA_OK;
-    st = gma__segs_grow(p, kind, size);
+    st = gma__segs_grow(p, kind, size, home);
   }
   if (st == GMA_OK && !(*out = treap_best_fit(p->free_tree[kind], size)))
     st = gma__set_error(GMA_ERR_INTERNAL, "growable segment grew but holds no fit for %" PRIu64,
@@ -712,8 +713,9 @@ static gma_status_t grow_region(gma__pool_t *p, int kind, uint64_t size, gma__bl
 /* Grows the pool by one segment that can hold size bytes. On device OOM it
  * releases cached memory that is already safe (never waiting for the device)
  * and retries, the second time with the smallest segment that fits. */
-static gma_status_t grow(gma__pool_t *p, int kind, uint64_t size, gma__block_t **out) {
-  if (p->growable) return grow_region(p, kind, size, out);
+static gma_status_t grow(gma__pool_t *p, int kind, uint64_t size, uint64_t home,
+                         gma__block_t **out) {
+  if (p->growable) return grow_region(p, kind, size, home, out);
   uint64_t seg_size = segment_size_for(p, kind, size);
   gma_status_t st = seg_create(p, kind, seg_size, out);
   if (st != GMA_ERR_OOM) return st;
@@ -908,9 +910,10 @@ static gma_status_t find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uin
   }
   *level = &p->c.hits_device;
   if (!may_grow) return GMA_ERR_OOM; /* the caller has another plan; no message */
-  gma_status_t st = grow(p, kind, size, out);
+  gma_status_t st = grow(p, kind, size, s->serial, out);
   p->c.grows_inline += st == GMA_OK;
-  /* A new ordinary segment is s's (a growable one is shared: no home). */
+  /* A new ordinary segment is s's (growable memory got s's home as the
+   * source mapped it). */
   if (st == GMA_OK && !(*out)->seg->range && !(*out)->seg->home) (*out)->seg->home = s->serial;
   return st;
 }
@@ -1483,7 +1486,7 @@ gma_status_t gma__pool_grow_ahead(gma__pool_t *p, uint64_t want_free) {
     gma__block_t *b;
     uint64_t size = p->segment_size[GMA__LARGE];
     if (want_free - p->c.free > size) size = round_up(want_free - p->c.free, SEGMENT_ROUND);
-    st = p->growable ? gma__segs_grow(p, GMA__LARGE, want_free - p->c.free)
+    st = p->growable ? gma__segs_grow(p, GMA__LARGE, want_free - p->c.free, 0)
                      : seg_create(p, GMA__LARGE, size, &b);
     if (st == GMA_OK) p->c.grows_worker++;
   }

@@ -111,8 +111,10 @@ typedef struct gma__segment {
   gma__block_t *first, *last;
   const void *range;      /* the source's range (compared, never read); NULL: ordinary */
   uint64_t free_since_ns; /* ordinary: when a trim pass first saw it wholly free; 0: not free */
-  uint64_t home;          /* ordinary: serial of the stream whose request made it, whose
-                             searches prefer it under reuse:auto (find_fit); 0: none */
+  uint64_t home;          /* serial of the stream whose request made it, whose searches
+                             prefer it under reuse:auto (find_fit); 0: none (the worker's
+                             growth ahead). Growable memory of two homes is never one
+                             segment (gma__segs_adopt), so it never coalesces */
 } gma__segment_t;
 
 /* One lock-free bin: blocks of one size class freed on one stream.
@@ -439,18 +441,22 @@ gma_status_t gma__segs_insert(gma__pool_t *p, gma__segment_t *seg);
 void gma__segs_remove(gma__pool_t *p, gma__segment_t *seg);
 
 /* segments.c: the pool's side of growable segments (p->growable). Lock held. */
-/* Gives the source's memory [addr, addr + size) of range to the pool as one
- * FREE block: appended to the segment of range ending at addr (or a new
- * one of kind), then the segment starting right after is merged in; FREE
- * neighbours coalesce. On failure (host memory) nothing changed. */
+/* Gives the source's memory [addr, addr + size) of range, made for the
+ * stream of serial home (0: none), to the pool as one FREE block: appended
+ * to the segment of range ending at addr (or a new one of kind), then the
+ * segment starting right after is merged in, each only when its home is
+ * the same or none; FREE neighbours coalesce. On failure (host memory)
+ * nothing changed. */
 gma_status_t gma__segs_adopt(gma__pool_t *p, const void *range, int kind, uintptr_t addr,
-                             uint64_t size);
-/* Grows kind so that its free tree holds a block of at least size bytes:
- * offers the source the segments ending in FREE blocks, has it map one
- * chunk (at least its minimum chunk, vmm.c) and adopts it, merged with its
- * neighbours. Free chunks elsewhere stay mapped: growth never unmaps (the
- * OOM retry gives them back, then grows again). */
-gma_status_t gma__segs_grow(gma__pool_t *p, int kind, uint64_t size);
+                             uint64_t size, uint64_t home);
+/* Grows kind so that its free tree holds a block of at least size bytes,
+ * for the stream of serial home (0: none): offers the source the segments
+ * of that home (or none) ending in FREE blocks, then, if that finds no room,
+ * those of any home; has it map one chunk (at least its minimum chunk,
+ * vmm.c) and adopts it, merged with its neighbours of the same home. Free
+ * chunks elsewhere stay mapped: growth never unmaps (the OOM retry gives
+ * them back, then grows again). */
+gma_status_t gma__segs_grow(gma__pool_t *p, int kind, uint64_t size, uint64_t home);
 /* Takes what the source can give back inside FREE block b of a growable
  * segment out of the pool, splitting its segment, and has the source take
  * it (out, for give_back without the lock); false when there is none or

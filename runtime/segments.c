@@ -51,10 +51,16 @@ static gma__segment_t *seg_starting_at(gma__pool_t *p, const void *range, uintpt
   return s && s->range == range && s->base == addr ? s : NULL;
 }
 
+/* Whether memory of homes a and b may be one segment: the same stream's,
+ * or one of them nobody's (the worker's growth ahead). */
+static bool homes_match(uint64_t a, uint64_t b) { return a == b || !a || !b; }
+
 gma_status_t gma__segs_adopt(gma__pool_t *p, const void *range, int kind, uintptr_t addr,
-                             uint64_t size) {
+                             uint64_t size, uint64_t home) {
   gma__segment_t *prev = seg_ending_at(p, range, addr);
+  if (prev && !homes_match(prev->home, home)) prev = NULL;
   gma__segment_t *next = seg_starting_at(p, range, addr + size);
+  if (next && !homes_match(next->home, prev && prev->home ? prev->home : home)) next = NULL;
   gma__segment_t *seg = prev ? prev : calloc(1, sizeof *seg);
   gma__block_t *b = gma__block_new(p);
   if (!seg || !b || !gma__pagemap_set(&p->pagemap, addr, b)) {
@@ -83,7 +89,9 @@ gma_status_t gma__segs_adopt(gma__pool_t *p, const void *range, int kind, uintpt
       return gma__set_error(GMA_ERR_OOM, "host memory for the segment table");
     }
   }
+  if (!seg->home) seg->home = home;
   if (next) {
+    if (!seg->home) seg->home = next->home;
     for (gma__block_t *x = next->first; x; x = x->next) x->seg = seg;
     seg->last->next = next->first;
     next->first->prev = seg->last;
@@ -139,6 +147,7 @@ bool gma__segs_detach(gma__pool_t *p, gma__block_t *b, gma__span_t *out) {
     rseg->size = seg_end - hi;
     rseg->kind = seg->kind;
     rseg->range = seg->range;
+    rseg->home = seg->home;
     rseg->first = first;
     rseg->last = seg->last == b ? rb : seg->last;
     for (gma__block_t *x = first; x; x = x->next) x->seg = rseg;
@@ -178,7 +187,7 @@ void gma__segs_finish(gma__pool_t *p, gma__span_t *x) {
    * handed out, and given back at destroy. */
   uintptr_t at = x->addr + x->done;
   uint64_t rest = x->size - x->done;
-  if (gma__segs_adopt(p, x->range, x->kind, at, rest) == GMA_OK)
+  if (gma__segs_adopt(p, x->range, x->kind, at, rest, 0) == GMA_OK)
     s->ops->reuse(s, x->range, at, rest);
 }
 
@@ -213,16 +222,20 @@ void gma__segs_release_free(gma__pool_t *p) {
 
 /* ---- Growth -----------------------------------------------------------------------*/
 
-/* The pool's offer to a growth of size bytes of kind: the growable segments
- * of kind that end in a FREE block smaller than size (which the source may
- * extend), in segment order; the blocks in p->tail_blocks. */
-static void collect_tails(gma__pool_t *p, int kind, uint64_t size, gma__grow_req_t *req) {
+/* The pool's offer to a growth of size bytes of kind for home: the growable
+ * segments of kind and a matching home that end in a FREE block smaller than
+ * size (which the source may extend), in segment order; the blocks in
+ * p->tail_blocks. */
+static void collect_tails(gma__pool_t *p, int kind, uint64_t size, uint64_t home,
+                          gma__grow_req_t *req) {
   req->tails = NULL;
   req->ntails = 0;
   size_t n = 0;
   for (size_t i = 0; i < p->nsegs; i++) {
     gma__segment_t *seg = p->segs[i];
-    if (!seg->range || seg->kind != kind || state_of(seg->last) != GMA__FREE) continue;
+    if (!seg->range || seg->kind != kind || state_of(seg->last) != GMA__FREE ||
+        !homes_match(seg->home, home))
+      continue;
     if (seg->last->size >= size) continue;
     if (n == p->tails_cap) {
       size_t cap = p->tails_cap ? p->tails_cap * 2 : 16;
@@ -244,12 +257,12 @@ static void collect_tails(gma__pool_t *p, int kind, uint64_t size, gma__grow_req
 /* One growth as planned: the source maps, the pool adopts (merging with the
  * segments around), or the source takes it back. */
 static gma_status_t grow_once(gma__pool_t *p, const gma__grow_req_t *req, gma__plan_t *pl,
-                              gma__grown_t *g) {
+                              gma__grown_t *g, uint64_t home) {
   gma__source_t *s = p->src;
   *g = (gma__grown_t){0};
   gma_status_t st = s->ops->grow(s, req, pl, g);
   if (st != GMA_OK) return st;
-  st = gma__segs_adopt(p, g->range, req->kind, g->addr, g->size);
+  st = gma__segs_adopt(p, g->range, req->kind, g->addr, g->size, home);
   if (st != GMA_OK) {
     s->ops->ungrow(s, g);
     return st;
@@ -259,21 +272,30 @@ static gma_status_t grow_once(gma__pool_t *p, const gma__grow_req_t *req, gma__p
   return GMA_OK;
 }
 
-gma_status_t gma__segs_grow(gma__pool_t *p, int kind, uint64_t size) {
+static gma_status_t grow_for(gma__pool_t *p, int kind, uint64_t size, uint64_t home) {
   gma__source_t *s = p->src;
   gma__grow_req_t req = {.kind = kind, .size = size};
   gma__plan_t pl;
-  collect_tails(p, kind, size, &req);
+  collect_tails(p, kind, size, home, &req);
   s->ops->plan(s, &req, &pl); /* no room: grow reserves another range */
   req.left = gma__pool_room(p); /* a trim's bytes still on the device count as held */
   if (pl.need > req.left)
     return gma__set_error(GMA_ERR_OOM, "memory_limit of %" PRIu64 " bytes reached", p->limit);
   gma__grown_t g;
-  gma_status_t st = grow_once(p, &req, &pl, &g);
+  gma_status_t st = grow_once(p, &req, &pl, &g, home);
   if (st == GMA_ERR_OOM && g.size > pl.need) {
     req.least = true;
-    st = grow_once(p, &req, &pl, &g);
+    st = grow_once(p, &req, &pl, &g, home);
   }
+  return st;
+}
+
+/* First as home's own memory, extending only free ends of its segments (or
+ * of nobody's); if that finds no room, as nobody's, extending any segment's
+ * free end, which may need less: near the limit, memory comes first. */
+gma_status_t gma__segs_grow(gma__pool_t *p, int kind, uint64_t size, uint64_t home) {
+  gma_status_t st = grow_for(p, kind, size, home);
+  if (st == GMA_ERR_OOM && home) st = grow_for(p, kind, size, 0);
   return st;
 }
 

@@ -14,6 +14,11 @@
  *                       one it made (reuse:query: the smaller one), and
  *                       takes another stream's when none of its own fits,
  *                       without growing.
+ *   growable_homes      the same with growable segments: memory mapped for
+ *                       two streams' requests stays two segments (never one
+ *                       coalesced FREE block), each stream takes its own
+ *                       first, a third stream extends neither, and the
+ *                       worker's growth ahead (no home) merges with either.
  *
  * Run one case with `unit_test_consumer_reuse NAME`. */
 #include <inttypes.h>
@@ -145,6 +150,60 @@ static void home_case(const char *conf, bool want_own) {
   CHECK_OK(gma_destroy(g));
 }
 
+/* Growable segments: a's and b's growths are mapped side by side in one
+ * range; before homes, they formed one segment, their FREE memory one
+ * block, and b's request took a's place at its start. */
+static void growable_homes(void) {
+  gma_t *g = sim_allocator("expandable_segments:true,reuse:auto");
+  gma__pool_t *p = gma__pool_of(g);
+  gma_stream_t a, b, c;
+  CHECK_OK(gma_stream_create(g, &a));
+  CHECK_OK(gma_stream_create(g, &b));
+  CHECK_OK(gma_stream_create(g, &c));
+  void *pa, *pb, *y, *z;
+  CHECK_OK(gma_alloc(g, 14 * MiB, a, &pa));
+  CHECK_OK(gma_alloc(g, 30 * MiB, b, &pb));
+  CHECK(stats_of(g).num_segments == 2); /* adjacent in the range, not merged */
+  CHECK_OK(gma_free(g, pa));
+  CHECK_OK(gma_free(g, pb));
+  CHECK_OK(gma_stream_synchronize(g, a));
+  CHECK_OK(gma_stream_synchronize(g, b));
+  CHECK(stats_of(g).num_segments == 2);
+  CHECK_OK(gma_alloc(g, 12 * MiB, b, &y)); /* a's fits better; b's own comes first */
+  CHECK(y == pb);
+  CHECK_OK(gma_alloc(g, 12 * MiB, a, &z));
+  CHECK(z == pa);
+  CHECK_OK(gma_free(g, y));
+  CHECK_OK(gma_free(g, z));
+  /* c made nothing: a request larger than any free block maps new memory
+   * and extends neither a's nor b's segment. */
+  uint64_t segs = stats_of(g).num_segments;
+  CHECK_OK(gma_alloc(g, 40 * MiB, c, &y));
+  CHECK(stats_of(g).num_segments == segs + 1);
+  pthread_mutex_lock(&p->lock);
+  for (size_t i = 0; i < p->nsegs; i++)
+    CHECK(!p->segs[i]->range || p->segs[i]->home); /* every growth has a stream */
+  pthread_mutex_unlock(&p->lock);
+  CHECK_OK(gma_free(g, y));
+  /* The worker's growth ahead has no home and extends a segment's free end
+   * (c's, the last): no new segment. */
+  CHECK_OK(gma_stream_synchronize(g, c));
+  uint64_t reserved = stats_of(g).reserved.current;
+  pthread_mutex_lock(&p->lock);
+  uint64_t want = p->c.free + 64 * MiB;
+  pthread_mutex_unlock(&p->lock);
+  CHECK_OK(gma__pool_grow_ahead(p, want));
+  CHECK(stats_of(g).reserved.current > reserved && stats_of(g).num_segments == segs + 1);
+  pthread_mutex_lock(&p->lock);
+  CHECK(gma__pool_is_valid(p));
+  pthread_mutex_unlock(&p->lock);
+  CHECK_OK(gma_stream_destroy(g, a));
+  CHECK_OK(gma_stream_destroy(g, b));
+  CHECK_OK(gma_stream_destroy(g, c));
+  CHECK_OK(gma_destroy(g));
+  printf("growable memory of two streams stays two segments; each takes its own first\n");
+}
+
 static void home_segment_first(void) {
   home_case(NULL, true);
   home_case("reuse:query", false);
@@ -157,7 +216,8 @@ int main(int argc, char **argv) {
     void (*fn)(void);
   } cases[] = {{"consumer_waits", consumer_waits},
                {"only_the_consumer", only_the_consumer},
-               {"home_segment_first", home_segment_first}};
+               {"home_segment_first", home_segment_first},
+               {"growable_homes", growable_homes}};
   int ran = 0;
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
     if (argc < 2 || !strcmp(argv[1], cases[i].name)) {
