@@ -7,8 +7,10 @@
  * blocks like any segment. Memory mapped next to a segment extends it (and
  * merges it with a segment that starts right after), so a FREE block at the
  * end of one chunk coalesces with the new memory: a growing workload gets
- * one large free block instead of many segment-sized ones. Giving memory
- * back splits a segment around the hole. The source never sees any of
+ * one large free block instead of many segment-sized ones, but only memory
+ * of one stream's requests (its home: reuse:auto's search prefers a
+ * stream's own memory, and that works only while two streams' memory never
+ * coalesces). Giving memory back splits a segment around the hole. The source never sees any of
  * this: it is offered segment ends to extend (gma__tail_t) and free ranges
  * to give back, and answers in address ranges.
  *

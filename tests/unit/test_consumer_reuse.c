@@ -1,7 +1,7 @@
 /* reuse:auto (the default): a block freed after gma_record_stream(x, U) for
  * one stream U, its work not yet seen complete, serves U before the pool
  * grows, behind a device-side wait on the event of x's own stream; and
- * ordinary segments serve the stream that made them first.
+ * segments, ordinary or growable, serve the stream that made them first.
  *
  *   consumer_waits      U gets x while x's stream A still runs a kernel on
  *                       it; U's next kernel on x must start only after A's
