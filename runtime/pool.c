@@ -307,7 +307,7 @@ void gma__segs_remove(gma__pool_t *p, gma__segment_t *seg) {
 }
 
 static gma_status_t seg_adopt(gma__pool_t *p, int kind, uintptr_t base, uint64_t size,
-                              gma__block_t **out) {
+                              uint64_t home, gma__block_t **out) {
   gma__segment_t *seg = calloc(1, sizeof *seg);
   gma__block_t *b = gma__block_new(p);
   if (!seg || !b || !gma__pagemap_set(&p->pagemap, base, b)) {
@@ -318,6 +318,7 @@ static gma_status_t seg_adopt(gma__pool_t *p, int kind, uintptr_t base, uint64_t
   seg->base = base;
   seg->size = size;
   seg->kind = kind;
+  seg->home = home;
   seg->first = seg->last = b;
   b->seg = seg;
   b->addr = base;
@@ -335,8 +336,10 @@ static gma_status_t seg_adopt(gma__pool_t *p, int kind, uintptr_t base, uint64_t
   return GMA_OK;
 }
 
-/* An ordinary segment of size bytes from the source (one device allocation). */
-static gma_status_t seg_create(gma__pool_t *p, int kind, uint64_t size, gma__block_t **out) {
+/* An ordinary segment of size bytes from the source (one device allocation),
+ * made for the stream of serial home (0: none). */
+static gma_status_t seg_create(gma__pool_t *p, int kind, uint64_t size, uint64_t home,
+                               gma__block_t **out) {
   if (size > gma__pool_room(p))
     return gma__set_error(GMA_ERR_OOM, "memory_limit of %" PRIu64 " bytes reached", p->limit);
   gma__source_t *src = p->src;
@@ -346,7 +349,7 @@ static gma_status_t seg_create(gma__pool_t *p, int kind, uint64_t size, gma__blo
   src->ops->plan(src, &req, &pl);
   gma_status_t st = src->ops->grow(src, &req, &pl, &g);
   if (st != GMA_OK) return st;
-  st = seg_adopt(p, kind, g.addr, g.size, out);
+  st = seg_adopt(p, kind, g.addr, g.size, home, out);
   if (st != GMA_OK) {
     src->ops->ungrow(src, &g);
     return st;
@@ -386,7 +389,7 @@ static void release_segment(gma__pool_t *p, size_t i) {
   p->c.device_frees += x.calls;
   p->c.bytes_trimmed += x.done; /* as growable chunks given back here count */
   if (x.done < x.size) /* keep what the device would not take back */
-    seg_adopt(p, x.kind, x.addr, x.size, NULL);
+    seg_adopt(p, x.kind, x.addr, x.size, 0, NULL);
 }
 
 /* Returns every segment that is one FREE block to the device (the OOM
@@ -710,27 +713,29 @@ static gma_status_t grow_region(gma__pool_t *p, int kind, uint64_t size, uint64_
   return st;
 }
 
-/* Grows the pool by one segment that can hold size bytes. On device OOM it
+/* Grows the pool by one segment that can hold size bytes, the memory of the
+ * stream of serial home (gma__segment_t.home). On device OOM it
  * releases cached memory that is already safe (never waiting for the device)
  * and retries, the second time with the smallest segment that fits. */
 static gma_status_t grow(gma__pool_t *p, int kind, uint64_t size, uint64_t home,
                          gma__block_t **out) {
   if (p->growable) return grow_region(p, kind, size, home, out);
   uint64_t seg_size = segment_size_for(p, kind, size);
-  gma_status_t st = seg_create(p, kind, seg_size, out);
+  gma_status_t st = seg_create(p, kind, seg_size, home, out);
   if (st != GMA_ERR_OOM) return st;
   oom_release(p);
   *out = treap_best_fit(p->free_tree[kind], size); /* polling may have freed a fit */
   if (*out) return GMA_OK;
-  st = seg_create(p, kind, seg_size, out);
+  st = seg_create(p, kind, seg_size, home, out);
   uint64_t least = kind == GMA__LARGE ? round_up(size, SEGMENT_ROUND) : seg_size;
-  if (st == GMA_ERR_OOM && least < seg_size) st = seg_create(p, kind, least, out);
+  if (st == GMA_ERR_OOM && least < seg_size) st = seg_create(p, kind, least, home, out);
   /* Right below memory_limit: only what the request needs, or what is left
    * of the limit for a small segment (a 512-byte request must not fail with
    * a megabyte left below the limit). */
   uint64_t room = gma__pool_room(p);
   uint64_t need = kind == GMA__SMALL ? (room < seg_size ? room : seg_size) : round_up(size, GMA__ROUND);
-  if (st == GMA_ERR_OOM && need >= size && need < least) st = seg_create(p, kind, need, out);
+  if (st == GMA_ERR_OOM && need >= size && need < least)
+    st = seg_create(p, kind, need, home, out);
   return st;
 }
 
@@ -791,10 +796,10 @@ static bool splits_whole_oversize(const gma__pool_t *p, gma__stream_t *s, gma__b
  * whole FREE segment given back). Returns the new segment's block, or NULL:
  * split *b as before, or grow as before when *b is NULL (it went back). */
 static gma__block_t *fresh_for_oversize(gma__pool_t *p, int kind, uint64_t size,
-                                        gma__block_t **b) {
+                                        uint64_t home, gma__block_t **b) {
   uint64_t own = round_up(size, SEGMENT_ROUND);
   gma__block_t *f = NULL;
-  if (seg_create(p, kind, own, &f) == GMA_OK) return f;
+  if (seg_create(p, kind, own, home, &f) == GMA_OK) return f;
   if (state_of(*b) == GMA__FREE) {
     size_t i = seg_index_at_or_before(p, (*b)->seg->base) - 1;
     GMA__ASSERT(p->segs[i] == (*b)->seg);
@@ -804,7 +809,7 @@ static gma__block_t *fresh_for_oversize(gma__pool_t *p, int kind, uint64_t size,
     oom_release(p);
   }
   *b = NULL; /* released, or perhaps merged by the poll */
-  return seg_create(p, kind, own, &f) == GMA_OK ? f : NULL;
+  return seg_create(p, kind, own, home, &f) == GMA_OK ? f : NULL;
 }
 
 /* Whether s is the one stream besides its own that used pending block b
@@ -893,9 +898,8 @@ static gma_status_t find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uin
   }
   if (!b) b = small_in_large_hole(p, kind, size);
   if (b && may_grow && !capture && splits_whole_oversize(p, s, b, kind, size)) {
-    gma__block_t *f = fresh_for_oversize(p, kind, size, &b);
+    gma__block_t *f = fresh_for_oversize(p, kind, size, s->serial, &b);
     if (f) {
-      f->seg->home = s->serial;
       *level = &p->c.hits_device;
       p->c.grows_inline++;
       *out = f;
@@ -910,11 +914,8 @@ static gma_status_t find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uin
   }
   *level = &p->c.hits_device;
   if (!may_grow) return GMA_ERR_OOM; /* the caller has another plan; no message */
-  gma_status_t st = grow(p, kind, size, s->serial, out);
+  gma_status_t st = grow(p, kind, size, s->serial, out); /* new memory is s's */
   p->c.grows_inline += st == GMA_OK;
-  /* A new ordinary segment is s's (growable memory got s's home as the
-   * source mapped it). */
-  if (st == GMA_OK && !(*out)->seg->range && !(*out)->seg->home) (*out)->seg->home = s->serial;
   return st;
 }
 
@@ -1445,7 +1446,7 @@ gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r) {
   for (size_t i = 0; i < n; i++) {
     p->src->ops->settle(p->src, &out[i]);
     p->c.device_frees += out[i].calls;
-    if (out[i].done < out[i].size) seg_adopt(p, out[i].kind, out[i].addr, out[i].size, NULL);
+    if (out[i].done < out[i].size) seg_adopt(p, out[i].kind, out[i].addr, out[i].size, 0, NULL);
   }
   p->c.bytes_trimmed += freed;
   for (size_t i = 0; i < nr; i++) {
@@ -1487,7 +1488,7 @@ gma_status_t gma__pool_grow_ahead(gma__pool_t *p, uint64_t want_free) {
     uint64_t size = p->segment_size[GMA__LARGE];
     if (want_free - p->c.free > size) size = round_up(want_free - p->c.free, SEGMENT_ROUND);
     st = p->growable ? gma__segs_grow(p, GMA__LARGE, want_free - p->c.free, 0)
-                     : seg_create(p, GMA__LARGE, size, &b);
+                     : seg_create(p, GMA__LARGE, size, 0, &b);
     if (st == GMA_OK) p->c.grows_worker++;
   }
   GMA__VALIDATE(p);
