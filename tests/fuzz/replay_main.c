@@ -5,20 +5,111 @@
  * Usage: fuzz_replay FILE|DIR...   (a directory: every regular file in it,
  * in name order; files whose name starts with '.' or ends in ".md" are
  * skipped). Prints one line per input when FUZZ_GMA_VERBOSE is set, and a
- * summary; a failing check aborts inside the input that broke it. */
+ * summary; a failing check aborts inside the input that broke it.
+ *
+ * Quiet unless something fails: what an input writes to stderr (gma's leak
+ * reports for the inputs that leak on purpose, its error messages) goes to a
+ * scratch file that the next input overwrites. When an input fails (an
+ * abort, a crash, or a sanitizer report that ends the process), the input's
+ * name and its whole output go to the real stderr, so a CI log that shows
+ * only the start of the output still shows the failure.
+ * FUZZ_GMA_VERBOSE=1 writes everything to stderr as it happens instead. */
 #include <dirent.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+/* The sanitizers' hook, called before a report ends the process (absent in
+ * builds without a sanitizer). */
+extern void __sanitizer_set_death_callback(void (*callback)(void)) __attribute__((weak));
 
 static unsigned long runs;
 static double slowest;
 static char slowest_name[512];
+
+/* The quiet mode's state: the real stderr, the scratch file, the input now
+ * running. Read by the failure path, which may run in a signal handler. */
+static int real_err = -1, scratch = -1;
+static char current[512];
+static volatile sig_atomic_t dumped;
+
+static void put(int fd, const char *s) {
+  for (size_t n = strlen(s); n;) {
+    ssize_t w = write(fd, s, n);
+    if (w <= 0) return;
+    s += w;
+    n -= (size_t)w;
+  }
+}
+
+/* Async-signal-safe: the failing input's name and output, to the real stderr. */
+static void dump_failure(void) {
+  if (real_err < 0 || !current[0] || dumped) return;
+  dumped = 1;
+  put(real_err, "fuzz_replay: FAILED on ");
+  put(real_err, current);
+  put(real_err, "; what it wrote to stderr:\n");
+  char buf[4096];
+  ssize_t n;
+  for (off_t off = 0; (n = pread(scratch, buf, sizeof buf, off)) > 0; off += n)
+    if (write(real_err, buf, (size_t)n) != n) break;
+  put(real_err, "fuzz_replay: (end of the output of ");
+  put(real_err, current);
+  put(real_err, ")\n");
+}
+
+static void on_fatal_signal(int sig) {
+  dump_failure();
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+/* Sets up the quiet mode (its scratch file and the failure hooks); without
+ * a scratch file everything goes to stderr as in verbose mode. */
+static void quiet_setup(void) {
+  char name[] = "/tmp/fuzz_replay_XXXXXX";
+  scratch = mkstemp(name);
+  if (scratch < 0) return;
+  unlink(name);
+  real_err = dup(2);
+  if (real_err < 0) {
+    close(scratch);
+    scratch = -1;
+    return;
+  }
+  /* A sanitizer reports crashes itself and then calls dump_failure; its
+   * SEGV handler stays. An abort() (a failed check) comes here in any build. */
+  signal(SIGABRT, on_fatal_signal);
+  if (__sanitizer_set_death_callback) {
+    __sanitizer_set_death_callback(dump_failure);
+  } else {
+    static const int sigs[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL};
+    for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++) signal(sigs[i], on_fatal_signal);
+  }
+}
+
+/* Before an input: stderr to the emptied scratch file. False: not quiet. */
+static int quiet_begin(const char *path) {
+  if (scratch < 0) return 0;
+  fflush(stderr);
+  if (ftruncate(scratch, 0) != 0 || lseek(scratch, 0, SEEK_SET) != 0 || dup2(scratch, 2) < 0)
+    return 0;
+  snprintf(current, sizeof current, "%s", path);
+  return 1;
+}
+
+/* After it passed: stderr back (what the input wrote is dropped). */
+static void quiet_end(void) {
+  fflush(stderr);
+  dup2(real_err, 2);
+  current[0] = 0;
+}
 
 static double now_s(void) {
   struct timespec ts;
@@ -48,9 +139,11 @@ static int run_file(const char *path) {
     return 1;
   }
   if (getenv("FUZZ_GMA_VERBOSE")) fprintf(stderr, "fuzz_replay: %s (%zu bytes)\n", path, n);
+  int quiet = quiet_begin(path);
   double t0 = now_s();
   LLVMFuzzerTestOneInput(buf, n);
   double dt = now_s() - t0;
+  if (quiet) quiet_end();
   if (dt > slowest) {
     slowest = dt;
     snprintf(slowest_name, sizeof slowest_name, "%s", path);
@@ -107,6 +200,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: fuzz_replay FILE|DIR...\n");
     return 2;
   }
+  if (!getenv("FUZZ_GMA_VERBOSE")) quiet_setup();
   double t0 = now_s();
   int rc = 0;
   for (int i = 1; i < argc; i++) rc |= run_path(argv[i]);
