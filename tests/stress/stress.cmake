@@ -11,6 +11,12 @@
 #   stream_rotation         "smoke": 64 streams in turn; reserved memory stays bounded
 #   stress_expandable_smoke "smoke": the smoke workload on growable segments, with
 #                           the worker trimming (unmapping) every 5 ms under it
+#   stress_expandable_limit_smoke "smoke": the same under a memory_limit of 360 MiB
+#                           (about 60% of what it reserves without one) with the
+#                           worker growing 16 MiB ahead: growths of four streams'
+#                           own segments, nobody's growth ahead and growths at the
+#                           limit that extend any segment race with trims; OOM is
+#                           allowed (--oom-ok), wrong memory is not
 #   stress_trace_smoke      "smoke": the smoke workload with trace recording on
 #                           (8 threads' events into one trace; TSan checks it)
 set(gma_stress_src ${CMAKE_CURRENT_LIST_DIR}/stress_streams.c)
@@ -29,6 +35,9 @@ gma_test(NAME stress_streams_smoke SOURCES ${gma_stress_src} INTERNAL
 gma_test(NAME stress_expandable_smoke SOURCES ${gma_stress_src} INTERNAL
   LABELS smoke TIMEOUT 120 ARGS 5 ${gma_stress_smoke_ops} 4 2
   --conf expandable_segments:true,trim_interval_ms:5,release_threshold:512,idle_ms:1)
+gma_test(NAME stress_expandable_limit_smoke EXE stress_streams_smoke
+  LABELS smoke TIMEOUT 120 ARGS 8 ${gma_stress_smoke_ops} 4 2 --oom-ok
+  --conf expandable_segments:true,trim_interval_ms:5,release_threshold:512,idle_ms:1,memory_limit:360M,grow_ahead:16M,oom_wait_ms:100)
 # reuse:wait: blocks of other streams, cached or freed after record_stream,
 # handed out behind device-side waits instead of growing the pool
 gma_test(NAME stress_reuse_wait_smoke SOURCES ${gma_stress_src} INTERNAL

@@ -37,9 +37,11 @@
  * this test can fail.
  *
  * Usage: stress_streams [seed] [ops] [streams] [threads_per_stream]
- *                       [--plant epoch|record] [--conf key:value,...]
+ *                       [--plant epoch|record] [--conf key:value,...] [--oom-ok]
  * (--conf configures the allocator as GMA_CONF would, e.g. "reuse:wait" or
- * "bins:off,bin_depth:2", to stress other policies by hand.)
+ * "bins:off,bin_depth:2", to stress other policies by hand. --oom-ok: with a
+ * memory_limit in --conf, gma_alloc may return GMA_ERR_OOM; those are counted,
+ * not failures, and everything else is checked as usual.)
  * Internal test: it includes pool.h only for gma__pool_of and the switches. */
 #include <inttypes.h>
 #include <pthread.h>
@@ -100,6 +102,7 @@ typedef struct shared {
   int nstreams, tps;
   uint64_t seed;
   unsigned plant; /* GMA__TEST_* planted, 0 normally */
+  bool oom_ok;    /* --oom-ok: a memory_limit run, where gma_alloc may fail */
   size_t popular[NPOPULAR];
   checker_t ck;
   atomic_ullong next_kernel;    /* kernel ids, for unique patterns */
@@ -109,6 +112,7 @@ typedef struct shared {
   atomic_ullong cross_uses;     /* blocks used on a second stream */
   atomic_ullong spin_timeouts;  /* flag-wait kernels that gave up */
   atomic_ullong failures;       /* gma calls that did not return GMA_OK */
+  atomic_ullong ooms;           /* gma_alloc's GMA_ERR_OOM under --oom-ok */
   atomic_ullong ops_done;
   atomic_ullong *stream_allocs, *stream_frees; /* per stream, counted by the test */
   atomic_long *backlog; /* per stream: pattern kernels queued and not finished */
@@ -304,7 +308,10 @@ static void *worker_main(void *argp) {
     size_t size = pick_size(sh, &rng);
     void *p = NULL;
     gma_status_t st = gma_alloc(sh->g, size, mine, &p);
-    note(sh, st, "gma_alloc");
+    if (st == GMA_ERR_OOM && sh->oom_ok)
+      atomic_fetch_add(&sh->ooms, 1);
+    else
+      note(sh, st, "gma_alloc");
     atomic_fetch_add_explicit(&sh->ops_done, 1, memory_order_relaxed);
     if (st != GMA_OK) continue;
     atomic_fetch_add(&sh->stream_allocs[si], 1);
@@ -342,7 +349,7 @@ static void free_run(shared_t *sh, pthread_t *threads, worker_t *workers) {
 
 static void usage(void) {
   fprintf(stderr, "usage: stress_streams [seed] [ops] [streams] [threads_per_stream] "
-                  "[--plant epoch|record] [--conf key:value,...]\n");
+                  "[--plant epoch|record] [--conf key:value,...] [--oom-ok]\n");
   exit(2);
 }
 
@@ -363,6 +370,8 @@ int main(int argc, char **argv) {
         sh.plant = GMA__TEST_NO_RECORD_GATING;
       else
         usage();
+    } else if (strcmp(argv[i], "--oom-ok") == 0) {
+      sh.oom_ok = true;
     } else if (strcmp(argv[i], "--conf") == 0) {
       if (++i >= argc) usage();
       conf = argv[i];
@@ -472,7 +481,9 @@ int main(int argc, char **argv) {
   CHECK(atomic_load(&sh.kernels_run) == atomic_load(&sh.kernels_queued));
   CHECK(done == (unsigned long long)ops);
   /* No call is in flight: the snapshot is exact. */
-  CHECK(s.num_allocs == (uint64_t)ops && s.num_frees == (uint64_t)ops);
+  uint64_t served = (uint64_t)ops - atomic_load(&sh.ooms);
+  if (sh.oom_ok) printf("  gma_alloc GMA_ERR_OOM (--oom-ok): %llu\n", (unsigned long long)sh.ooms);
+  CHECK(s.num_allocs == served && s.num_frees == served);
   CHECK(s.allocated.current == 0 && s.requested.current == 0);
   CHECK(s.reserved.current ==
         s.allocated.current + s.stream_cached_bytes + s.pending_bytes + s.free_bytes);
