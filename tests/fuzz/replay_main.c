@@ -12,7 +12,8 @@
  * scratch file that the next input overwrites. When an input fails (an
  * abort, a crash, or a sanitizer report that ends the process), the input's
  * name and its whole output go to the real stderr, so a CI log that shows
- * only the start of the output still shows the failure.
+ * only the start of the output still shows the failure. Sanitizer reports
+ * themselves always go to the real stderr, as they happen.
  * FUZZ_GMA_VERBOSE=1 writes everything to stderr as it happens instead. */
 #include <dirent.h>
 #include <signal.h>
@@ -25,9 +26,12 @@
 #include <unistd.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-/* The sanitizers' hook, called before a report ends the process (absent in
- * builds without a sanitizer). */
+/* The sanitizers' hooks (absent in builds without a sanitizer): one called
+ * before a report ends the process, one that sends their reports to a file
+ * descriptor (the real stderr: a report that does not end the process, as
+ * under TSan without halt_on_error, must not land in the scratch file). */
 extern void __sanitizer_set_death_callback(void (*callback)(void)) __attribute__((weak));
+extern void __sanitizer_set_report_fd(void *fd) __attribute__((weak));
 
 static unsigned long runs;
 static double slowest;
@@ -86,6 +90,7 @@ static void quiet_setup(void) {
   /* A sanitizer reports crashes itself and then calls dump_failure; its
    * SEGV handler stays. An abort() (a failed check) comes here in any build. */
   signal(SIGABRT, on_fatal_signal);
+  if (__sanitizer_set_report_fd) __sanitizer_set_report_fd((void *)(intptr_t)real_err);
   if (__sanitizer_set_death_callback) {
     __sanitizer_set_death_callback(dump_failure);
   } else {
