@@ -43,14 +43,17 @@ static int real_err = -1, scratch = -1;
 static char current[512];
 static volatile sig_atomic_t dumped;
 
-static void put(int fd, const char *s) {
-  for (size_t n = strlen(s); n;) {
+/* write(2) until all n bytes went or it fails (async-signal-safe). */
+static void put_n(int fd, const char *s, size_t n) {
+  while (n) {
     ssize_t w = write(fd, s, n);
     if (w <= 0) return;
     s += w;
     n -= (size_t)w;
   }
 }
+
+static void put(int fd, const char *s) { put_n(fd, s, strlen(s)); }
 
 /* Async-signal-safe: the failing input's name and output, to the real stderr. */
 static void dump_failure(void) {
@@ -62,7 +65,7 @@ static void dump_failure(void) {
   char buf[4096];
   ssize_t n;
   for (off_t off = 0; (n = pread(scratch, buf, sizeof buf, off)) > 0; off += n)
-    if (write(real_err, buf, (size_t)n) != n) break;
+    put_n(real_err, buf, (size_t)n);
   put(real_err, "fuzz_replay: (end of the output of ");
   put(real_err, current);
   put(real_err, ")\n");
