@@ -161,7 +161,7 @@ typedef struct gma_config {
   int worker_off;                /* "worker": on | off (off: no thread, no timed trimming,
                                     and async requests fail with GMA_ERR_UNSUPPORTED) */
   uint64_t ring_size;            /* "ring_size": async request ring slots (1024; a power of
-                                    2, 2..1048576) */
+                                    2, 2..1048576); it holds ring_size - 1 requests */
   uint64_t future_timeout_ms;    /* "future_timeout_ms": default time an async request waits
                                     for memory (1000; 1..86400000) */
   /* Growable segments: one reserved address range per pool, physical chunks
@@ -290,9 +290,9 @@ GMA_API const char *gma_device_name(const gma_t *g);
  * oom_wait_ms), then retries. Any thread. */
 GMA_API gma_status_t gma_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out);
 /* gma_alloc with a tag naming what the memory is for ("weights", "kv-cache";
- * 1..31 characters, at most 255 distinct tags per allocator): snapshots, the
- * memory summary and leak reports group memory by tag. gma_alloc's memory has
- * the tag "untagged". Any thread. */
+ * 1..31 characters of printable text, at most 255 distinct tags per
+ * allocator): snapshots, the memory summary and leak reports group memory by
+ * tag. gma_alloc's memory has the tag "untagged". Any thread. */
 GMA_API gma_status_t gma_alloc_tagged(gma_t *g, size_t size, gma_stream_t stream,
                                       const char *tag, void **out);
 /* Frees ptr, ordered on the stream it was allocated on: work already queued on
@@ -485,7 +485,8 @@ typedef struct gma_stats {
   gma_stat_t requested; /* bytes callers asked for in live allocations */
   gma_stat_t reserved;  /* bytes held from the device in segments */
   gma_stat_t active;    /* allocated + pending: memory the device may still use */
-  gma_stat_t cached;    /* reserved - allocated: memory gma holds for reuse */
+  gma_stat_t cached;    /* reserved - allocated: memory gma holds for reuse (peaks of
+                           allocated, requested, active, cached: sampled, README) */
   uint64_t stream_cached_bytes; /* freed, reusable at once on its own stream only */
   uint64_t pending_bytes;       /* freed, waiting for other streams' work (record_stream) */
   uint64_t free_bytes;          /* reusable on any stream */
@@ -522,7 +523,8 @@ typedef struct gma_stats {
   uint64_t worker_wakeups;      /* times the worker thread woke up */
   int pressure_level;           /* gma_pressure_t at the worker's last look */
   uint64_t futures_submitted;   /* async requests accepted (single and batch) */
-  uint64_t futures_ready_at_once; /* of those, served by a bin at once (no worker hop) */
+  uint64_t futures_ready_at_once; /* of those, served at once on the submitting thread
+                                     (a bin, or the pool's held memory; no worker hop) */
   uint64_t futures_ready;       /* completed with memory (at once or by the worker) */
   uint64_t futures_failed;      /* completed with an error other than a timeout */
   uint64_t futures_timed_out;   /* completed with GMA_ERR_TIMEOUT */
@@ -710,8 +712,10 @@ typedef struct gma_pointer_info {
 #define GMA_POINTER_INFO_INIT {.size = sizeof(gma_pointer_info_t)}
 #endif
 
-/* Describes the live allocation ptr points into (its start or inside it).
- * GMA_ERR_INVALID_POINTER if ptr lies in no live allocation of g. Any thread. */
+/* Describes the live allocation ptr points into (its start or inside the
+ * bytes asked for). GMA_ERR_INVALID_POINTER if ptr lies in no live
+ * allocation of g, or in a block's rounding past the bytes asked for. Any
+ * thread. */
 GMA_API gma_status_t gma_pointer_info(gma_t *g, const void *ptr, gma_pointer_info_t *info);
 
 /* Pinned (page-locked) host memory for copies between host and device, from
@@ -764,8 +768,9 @@ GMA_API gma_status_t gma_trace_start(gma_t *g, const char *path);
 /* Writes what is buffered and closes the trace; GMA_OK when none runs. */
 GMA_API gma_status_t gma_trace_stop(gma_t *g);
 /* Writes g's segments and blocks (address, size, state, stream, requested
- * size) as JSON to path, taken under the pool lock (a consistent picture).
- * Any thread. */
+ * size, tag) as JSON to path, taken under the pool lock (a consistent
+ * picture). GMA_ERR_INVALID_ARGUMENT if the file cannot be created or
+ * written. Any thread. */
 GMA_API gma_status_t gma_snapshot_json(gma_t *g, const char *path);
 /* Writes a human-readable table of g's memory (current, peak and total by
  * pool, segments, OOMs and retries, hits by level, futures, trims) into buf,

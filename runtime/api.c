@@ -215,6 +215,8 @@ const char *gma_device_name(const gma_t *g) {
 }
 
 static gma_status_t alloc_now(gma_t *g, size_t size, gma_stream_t stream, void **out);
+static void trace_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out,
+                        gma_status_t st);
 static gma_status_t alloc_fallback(gma_t *g, size_t size, gma_stream_t stream, void **out);
 static gma_status_t free_now(gma_t *g, void *ptr);
 
@@ -228,13 +230,26 @@ gma_status_t gma_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out) {
   GMA__CHECK(g, "gma_alloc");
   stream = gma__stream_arg(g, stream);
   CHECK_ARG(out, "gma_alloc: out is NULL");
+  if (!g->cfg.fallback_host) {
+    gma_status_t st = alloc_now(g, size, stream, out);
+    trace_alloc(g, size, stream, out, st);
+    return st;
+  }
+  unsigned kept = gma__error_keep(); /* the OOM a fallback then serves is not said */
   gma_status_t st = alloc_now(g, size, stream, out);
-  if (st == GMA_ERR_OOM && g->cfg.fallback_host) st = alloc_fallback(g, size, stream, out);
+  if (st == GMA_ERR_OOM) st = alloc_fallback(g, size, stream, out);
+  if (st == GMA_OK) gma__error_restore(kept);
+  trace_alloc(g, size, stream, out, st);
+  return st;
+}
+
+/* The trace row of a gma_alloc, stamped after it: its pointer exists from now on. */
+static void trace_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out,
+                        gma_status_t st) {
   gma__trace_t *t = gma__trace_on(&g->pool.trace);
-  if (t) /* stamped after the allocation: its pointer exists from now on */
+  if (t)
     gma__trace_emit(t, gma__trace_now(), st == GMA_OK ? GMA__TR_ALLOCATE : GMA__TR_ALLOCATE_FAILURE,
                     (uintptr_t)*out, size, (uintptr_t)stream, block_size(g, *out), 0, 0, st);
-  return st;
 }
 
 /* fallback:host: device memory is exhausted even after releasing cache and
@@ -243,7 +258,10 @@ static gma_status_t alloc_fallback(gma_t *g, size_t size, gma_stream_t stream, v
   char why[512];
   snprintf(why, sizeof why, "%s", gma__error_detail(gma_last_error()));
   gma_status_t st = gma__host_alloc(&g->host, size, stream, true, out);
-  if (st == GMA_OK) return GMA_OK;
+  if (st == GMA_OK) {
+    gma__pool_oom_served(&g->pool); /* num_ooms counts failed calls */
+    return GMA_OK;
+  }
   return gma__set_error(GMA_ERR_OOM, "%s; the CPU fallback (fallback:host) failed too: %s", why,
                         gma__error_detail(gma_last_error()));
 }
@@ -391,6 +409,7 @@ done:
 
 gma_status_t gma_empty_cache(gma_t *g) {
   GMA__CHECK(g, "gma_empty_cache");
+  gma__plan_empty(&g->plan); /* an idle plan's arena is cache too */
   gma__host_trim(&g->host, 0);
   return gma__pool_trim(&g->pool, 0);
 }

@@ -7,8 +7,24 @@
 #include "device/device.h"
 #include "gma.h"
 
-/* Written only by the owning thread, read only by it: no synchronization. */
-static _Thread_local char last_error[1024];
+/* Written only by the owning thread, read only by it: no synchronization.
+ * kept_error: the message gma__error_keep's caller may restore; err_gen
+ * counts messages set; keep_gen: err_gen when the keep began (or ~0u: none). */
+static _Thread_local char last_error[1024], kept_error[1024];
+static _Thread_local unsigned err_gen, keep_gen = ~0u;
+
+unsigned gma__error_keep(void) {
+  keep_gen = err_gen;
+  return err_gen;
+}
+
+void gma__error_restore(unsigned kept) {
+  if (err_gen != kept && keep_gen == kept) {
+    memcpy(last_error, kept_error, sizeof last_error);
+    err_gen = kept;
+  }
+  keep_gen = ~0u;
+}
 
 const char *gma_status_name(gma_status_t status) {
   switch (status) {
@@ -66,6 +82,8 @@ gma_status_t gma__set_error(gma_status_t status, const char *fmt, ...) {
   const char *name = gma_status_name(status);
   int room = (int)sizeof msg - (int)strlen(name) - 3; /* ": " and the terminator */
   snprintf(msg, sizeof msg, "%s: %.*s", name, room > 0 ? room : 0, gma__error_detail(body));
+  if (err_gen == keep_gen) memcpy(kept_error, last_error, sizeof last_error);
+  if (++err_gen == ~0u) err_gen = 0; /* ~0u: keep_gen's "none" */
   memcpy(last_error, msg, sizeof msg);
   return status;
 }

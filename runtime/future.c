@@ -557,14 +557,17 @@ static gma_status_t gone(const char *fn) {
                         fn);
 }
 
-gma_status_t gma_future_poll(gma_future_t *f) {
-  if (!f) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_future_poll: future is NULL");
-  if (forked(f)) return gma__fork_future_error("gma_future_poll");
+/* gma_future_poll and gma_future_status: the same, errors naming fn. */
+static gma_status_t poll_as(gma_future_t *f, const char *fn) {
+  if (!f) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "%s: future is NULL", fn);
+  if (forked(f)) return gma__fork_future_error(fn);
   gma_status_t st = (gma_status_t)atomic_load_explicit(&f->state, memory_order_acquire);
-  return st == GMA_OK && destroyed(f) ? gone("gma_future_poll") : st;
+  return st == GMA_OK && destroyed(f) ? gone(fn) : st;
 }
 
-gma_status_t gma_future_status(gma_future_t *f) { return gma_future_poll(f); }
+gma_status_t gma_future_poll(gma_future_t *f) { return poll_as(f, "gma_future_poll"); }
+
+gma_status_t gma_future_status(gma_future_t *f) { return poll_as(f, "gma_future_status"); }
 
 /* Waits for f->done until timeout_ns (not 0) runs out: the slow part of a
  * wait, out of line, so that a wait on a complete future reads no clock. */

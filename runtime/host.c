@@ -321,8 +321,12 @@ gma_status_t gma__host_free(gma__host_t *h, void *ptr, bool fallback) {
   }
   h->live_bytes -= b->size;
   gma__stat_sub(&h->allocated, b->size);
-  if (b->fallback) h->fallback_live -= b->size;
-  else h->frees++;
+  if (b->fallback) {
+    h->fallback_live -= b->size;
+    h->fallback_frees++;
+  } else {
+    h->frees++;
+  }
   bool recorded = b->own.ev != NULL;
   for (uint32_t i = 0; i < b->nxuse; i++) recorded = recorded || b->xuse[i].ev;
   if (!recorded) drop_xuse(h, b);
@@ -523,6 +527,9 @@ void gma__host_stats(gma__host_t *h, gma_stats_t *out) {
   out->num_host_allocs = h->allocs;
   out->num_host_frees = h->frees;
   out->num_fallbacks = h->fallbacks;
+  /* A fallback is a successful gma_alloc, its free a successful gma_free. */
+  out->num_allocs += h->fallbacks;
+  out->num_frees += h->fallback_frees;
   out->fallback_bytes = h->fallback_live;
   pthread_mutex_unlock(&h->mu);
 }

@@ -70,7 +70,7 @@ typedef struct gma__host {
   gma__hblock_t *pending_head, *pending_tail;
   uint64_t free_bytes, pending_bytes, live_bytes, fallback_live;
   gma_stat_t allocated, reserved;
-  uint64_t allocs, frees, fallbacks;
+  uint64_t allocs, frees, fallbacks, fallback_frees;
   uint64_t device_errors;
 } gma__host_t;
 

@@ -734,6 +734,22 @@ gma_status_t gma__plan_mark(gma__planner_t *pl) {
   return GMA_OK;
 }
 
+void gma__plan_empty(gma__planner_t *pl) {
+  if (!pl->on) return;
+  pthread_mutex_lock(&pl->mu);
+  gma__memplan_t *R = gma__load_relaxed(&pl->retiring);
+  if (R && try_release(pl, R)) gma__store_release(&pl->retiring, NULL);
+  gma__memplan_t *A = gma__load_relaxed(&pl->active);
+  bool idle = A && !gma__load_relaxed(&pl->retiring);
+  for (uint32_t c = 0; idle && c < A->ncells; c++) idle = !atomic_load(&A->cells[c].owner);
+  if (idle) { /* a claim racing with this is settled by drop's dropped flag */
+    drop(pl, A);
+    learn_reset(pl);
+    gma__store_relaxed(&pl->state, GMA__PLAN_LEARNING);
+  }
+  pthread_mutex_unlock(&pl->mu);
+}
+
 /* ---- Serving ---------------------------------------------------------------------------- */
 
 static void unclaim(gma__memplan_t *P, uint32_t c0, uint32_t c1) {
@@ -1043,13 +1059,14 @@ static bool snap_block(void *arg, const gma_allocation_info_t *info, uint64_t bo
   snap_run(w, (uintptr_t)info->ptr);
   w->live += info->block_size;
   w->requested += info->requested;
+  char tag[GMA__TAG_JSON];
   if (w->f)
     fprintf(w->f,
             "%s{\"address\":\"0x%" PRIxPTR "\",\"size\":%" PRIu64
             ",\"state\":\"live\",\"stream\":\"0x%" PRIxPTR "\",\"requested\":%zu"
             ",\"tag\":\"%s\"}",
             w->first ? "" : ",", (uintptr_t)info->ptr, (uint64_t)info->block_size,
-            (uintptr_t)info->stream, info->requested, info->tag);
+            (uintptr_t)info->stream, info->requested, gma__tag_json(info->tag, tag));
   w->first = false;
   w->at = (uintptr_t)info->ptr + info->block_size;
   return true;

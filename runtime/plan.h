@@ -98,6 +98,11 @@ void gma__plan_fini(gma__planner_t *pl);
 
 /* gma_iteration_mark. Any thread (one mark at a time is serialized). */
 gma_status_t gma__plan_mark(gma__planner_t *pl);
+/* gma_empty_cache: an active plan none of whose blocks is live stops
+ * serving and its arena goes back to the pool (then trimmed with the rest
+ * once the streams that used it are done); gma learns the workload again
+ * from now. A plan with a live block is kept (its arena could not go back). */
+void gma__plan_empty(gma__planner_t *pl);
 
 /* A planned allocation of size on stream (already mapped by
  * gma__stream_arg): GMA_OK with *out set, or GMA_ERR_OOM meaning "not from

@@ -948,6 +948,7 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t
   int kind = size <= p->small_size ? GMA__SMALL : GMA__LARGE;
   bool inline_try = flags & GMA__ALLOC_INLINE;
   gma_status_t st;
+  unsigned kept = gma__error_keep(); /* a failure inside a call that succeeds is not said */
   if (!inline_try) pthread_mutex_lock(&p->lock);
   else if (pthread_mutex_trylock(&p->lock) != 0) return GMA_ERR_BUSY; /* the worker serves it */
   gma__stream_t *s = gma__stream_resolve(p, stream, stream_id);
@@ -978,6 +979,7 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t
   }
   GMA__VALIDATE(p);
   pthread_mutex_unlock(&p->lock);
+  if (st == GMA_OK) gma__error_restore(kept);
   return st;
 }
 
@@ -1032,6 +1034,7 @@ gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes
     return gma__set_error(GMA_ERR_OOM, "host memory for a batch of %zu", n);
   }
   bool inline_try = flags & GMA__ALLOC_INLINE;
+  unsigned kept = gma__error_keep(); /* a failure inside a call that succeeds is not said */
   if (!inline_try) {
     pthread_mutex_lock(&p->lock);
   } else if (pthread_mutex_trylock(&p->lock) != 0) { /* the worker serves it */
@@ -1124,6 +1127,7 @@ out:
   pthread_mutex_unlock(&p->lock);
   free(taken);
   free(levels);
+  if (st == GMA_OK) gma__error_restore(kept);
   return st;
 }
 
@@ -1165,11 +1169,22 @@ static gma_status_t bad_pointer(const gma__pool_t *p, uintptr_t addr, const char
                           " bytes into the live allocation at %p; pass the pointer gma_alloc "
                           "returned",
                           op, (void *)addr, (uint64_t)(addr - b->addr), (void *)b->addr);
+  /* Every pointer gma returns is GMA__ROUND-aligned: one that is not was
+   * never returned. Of an aligned one gma cannot tell a block freed twice
+   * (perhaps merged since with free memory before it) from a pointer it
+   * never returned into free memory; the first is by far the likelier. */
+  if (addr % GMA__ROUND)
+    return gma__set_error(GMA_ERR_INVALID_POINTER,
+                          "%s(%p): gma never returned this pointer (its pointers are %u-byte "
+                          "aligned); it lies in free memory of a segment",
+                          op, (void *)addr, GMA__ROUND);
   return gma__set_error(strcmp(op, "gma_free") == 0 ? GMA_ERR_DOUBLE_FREE
                                                     : GMA_ERR_INVALID_POINTER,
-                        "%s(%p): the pointer is not live: it lies in memory that was already "
-                        "freed (double free or use after free?)",
-                        op, (void *)addr);
+                        "%s(%p): the pointer is not live: %s (double free or use after free?)",
+                        op, (void *)addr,
+                        b->addr == addr ? "the block that starts there was already freed"
+                                        : "it lies in memory already freed, where no "
+                                          "allocation starts now (or gma never returned it)");
 }
 
 /* The LIVE block starting at addr, or NULL. Lock held. */
@@ -1546,6 +1561,12 @@ gma_status_t gma__pool_stream_retire(gma__pool_t *p, gma_stream_t stream) {
   GMA__VALIDATE(p);
   pthread_mutex_unlock(&p->lock);
   return st;
+}
+
+void gma__pool_oom_served(gma__pool_t *p) {
+  pthread_mutex_lock(&p->lock);
+  if (p->c.ooms) p->c.ooms--;
+  pthread_mutex_unlock(&p->lock);
 }
 
 gma_status_t gma__pool_oom_report(gma__pool_t *p, uint64_t bytes, gma_stream_t stream) {

@@ -199,7 +199,7 @@ typedef struct gma__stable {
  * reserved = (LIVE + BINNED bytes) + stream_cached + pending + free. */
 typedef struct gma__counters {
   gma_stat_t reserved;
-  gma_stat_t allocated, requested, active; /* peaks sampled, see stats.c */
+  gma_stat_t allocated, requested, active, cached; /* peaks sampled, see stats.c */
   uint64_t stream_cached, pending, free;
   uint64_t device_allocs, device_frees, ooms, oom_retries, oom_waits;
   uint64_t hits_stream, hits_pool, hits_device;
@@ -342,6 +342,9 @@ enum {
 };
 gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t size, gma_stream_t stream,
                                   uint64_t stream_id, unsigned flags, void **out);
+/* A gma_alloc whose pool OOM (counted in num_ooms) the CPU fallback then
+ * served: the call did not fail, so the count is taken back. */
+void gma__pool_oom_served(gma__pool_t *p);
 /* An async request gives up: counts it in num_ooms, traces it and sets the
  * full OOM message (what is where, and why) as the last error. */
 gma_status_t gma__pool_oom_report(gma__pool_t *p, uint64_t bytes, gma_stream_t stream);
@@ -604,6 +607,10 @@ void gma__stats_bury(gma__stream_t *s, gma__tcount_t *into);
  * error set (bad name, table full). The name of an id. */
 int gma__tag_intern(gma__pool_t *p, const char *tag);
 const char *gma__tag_name(gma__pool_t *p, unsigned id);
+/* A tag's name (at most 31 characters) escaped for a JSON string ('"' and
+ * '\\'), written to out and returned. */
+#define GMA__TAG_JSON 64
+const char *gma__tag_json(const char *name, char out[GMA__TAG_JSON]);
 
 /* api.c: a batch's trace rows (a batch row, then its allocate rows). */
 void gma__trace_batch(gma__pool_t *p, gma__trace_t *t, gma_status_t st, size_t n,

@@ -61,13 +61,15 @@ gma_status_t gma_snapshot_json(gma_t *g, const char *path) {
       }
       /* A FREE block belongs to no stream (its record may be stale). */
       uintptr_t stream = st != GMA__FREE && b->stream ? (uintptr_t)b->stream->handle : 0;
+      char tag[GMA__TAG_JSON];
       fprintf(f,
               "%s{\"address\":\"0x%" PRIxPTR "\",\"size\":%" PRIu64
               ",\"state\":\"%s\",\"stream\":\"0x%" PRIxPTR "\",\"requested\":%" PRIu64
               ",\"tag\":\"%s\"}",
               b == seg->first ? "" : ",", b->addr, b->size, state_name(st), stream,
               st == GMA__LIVE ? gma__load_relaxed(&b->requested) : 0,
-              st == GMA__LIVE ? gma__tag_name(p, gma__load_relaxed(&b->tag)) : "");
+              st == GMA__LIVE ? gma__tag_json(gma__tag_name(p, gma__load_relaxed(&b->tag)), tag)
+                              : "");
     }
     fputs("]}", f);
   }

@@ -85,6 +85,13 @@ static void sample_from(gma__pool_t *p, sums_t *t) {
   sample(&p->c.requested, V(t->req_bytes) - V(t->req_freed) - c->arena,
          V(t->req_bytes) - c->arena_total);
   sample(&p->c.active, allocated + p->c.pending, total);
+  /* Cached (reserved - allocated) peaks after frees, which the bins make
+   * without the lock: sampled like the others, so its peak is the highest
+   * seen at a locked operation or read (a trim's look before it releases
+   * included), never more than was held. */
+  uint64_t reserved = c->reserved.current;
+  sample(&p->c.cached, reserved > allocated ? reserved - allocated : 0,
+         V(t->free_bytes) - (c->arena_total - c->arena));
 }
 
 void gma__stats_sample(gma__pool_t *p) {
@@ -106,10 +113,7 @@ void gma__pool_stats(gma__pool_t *p, gma_stats_t *out) {
   st.requested = c->requested;
   st.reserved = c->reserved;
   st.active = c->active;
-  uint64_t allocated = c->allocated.current;
-  st.cached.current = c->reserved.current > allocated ? c->reserved.current - allocated : 0;
-  st.cached.peak = c->reserved.peak; /* reserved - allocated never exceeds reserved's peak */
-  st.cached.total = V(t.free_bytes) - (c->arena_total - c->arena);
+  st.cached = c->cached;
   st.stream_cached_bytes = c->stream_cached + (V(t.bin_in) - V(t.bin_out));
   st.pending_bytes = c->pending;
   st.free_bytes = c->free;

@@ -14,6 +14,14 @@ int gma__tag_intern(gma__pool_t *p, const char *tag) {
                    tag ? tag : "(null)", sizeof p->tag_names[0] - 1);
     return -1;
   }
+  /* A tag is one line of text: reports print it in table rows, traces and
+   * snapshots in fields, where a control character would break the line. */
+  for (size_t i = 0; i < len; i++)
+    if ((unsigned char)tag[i] < 0x20 || tag[i] == 0x7f) {
+      gma__set_error(GMA_ERR_INVALID_ARGUMENT, "tag with a control character (byte 0x%02x at "
+                     "offset %zu): a tag is printable text", (unsigned char)tag[i], i);
+      return -1;
+    }
   /* Known tags are found without a lock: names are published before ntags. */
   uint32_t n = gma__load_acquire(&p->ntags);
   for (uint32_t i = 1; i <= n; i++)
@@ -37,6 +45,16 @@ int gma__tag_intern(gma__pool_t *p, const char *tag) {
 
 const char *gma__tag_name(gma__pool_t *p, unsigned id) {
   return id == 0 || id > gma__load_acquire(&p->ntags) ? "untagged" : p->tag_names[id];
+}
+
+const char *gma__tag_json(const char *name, char out[GMA__TAG_JSON]) {
+  size_t n = 0;
+  for (; *name; name++) { /* interned tags hold no control characters */
+    if (*name == '"' || *name == '\\') out[n++] = '\\';
+    out[n++] = *name;
+  }
+  out[n] = '\0';
+  return out;
 }
 
 gma_status_t gma_alloc_tagged(gma_t *g, size_t size, gma_stream_t stream, const char *tag,
@@ -91,6 +109,15 @@ gma_status_t gma_pointer_info(gma_t *g, const void *ptr, gma_pointer_info_t *inf
     return gma__set_error(GMA_ERR_INVALID_POINTER,
                           "gma_pointer_info(%p): the pointer lies in no live allocation of this "
                           "allocator (device or host)", ptr);
+  /* The allocation is the bytes asked for; the block's rounding after them
+   * is gma's (gma_free and gma_record_stream refuse a pointer there too). */
+  uintptr_t off = a - (uintptr_t)r.base;
+  if (off && off >= r.requested)
+    return gma__set_error(GMA_ERR_INVALID_POINTER,
+                          "gma_pointer_info(%p): the pointer lies past the end of the live "
+                          "allocation at %p (%zu bytes asked for; the %zu bytes after them are "
+                          "gma's rounding, not part of it)",
+                          ptr, r.base, r.requested, r.block_size - r.requested);
   memcpy(info, &r, info->size);
   return GMA_OK;
 }

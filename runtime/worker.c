@@ -238,7 +238,8 @@ static void *worker_main(void *arg) {
 gma_status_t gma__worker_submit(gma__worker_t *w, gma_future_t *f, bool nonblocking) {
   if (!ck_ring_enqueue_mpsc(&w->ring, w->ring_buf, f)) {
     if (nonblocking)
-      return gma__set_error(GMA_ERR_BUSY, "the async request ring (%u slots) is full",
+      return gma__set_error(GMA_ERR_BUSY, "the async request ring is full: %u requests wait "
+                            "for the worker (ring_size - 1); wait for one, or raise ring_size",
                             ck_ring_capacity(&w->ring) - 1);
     /* Wait for room: the worker broadcasts room_cv after each pass. */
     pthread_mutex_lock(&w->mu);

@@ -190,5 +190,13 @@ gma_status_t gma__set_error(gma_status_t status, const char *fmt, ...)
 /* A message without its leading "GMA_...: " status name, to quote it in
  * another message (gma__set_error may quote gma_last_error() itself). */
 const char *gma__error_detail(const char *msg);
+/* A call that may fail inside and still succeed (a segment the device
+ * refused before a retry found memory) keeps gma_last_error() as it was:
+ * gma__error_keep() before, gma__error_restore(its value) once the call
+ * succeeded. The message the first failure replaces is copied aside then
+ * (failures are rare; nothing is copied on the way in). One level: a call
+ * that keeps inside a kept call restores to the inner point only. */
+unsigned gma__error_keep(void);
+void gma__error_restore(unsigned kept);
 
 #endif /* GMA_DEVICE_H */

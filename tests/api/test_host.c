@@ -97,6 +97,7 @@ static void fallback_to_host(void) {
 
   g = sim_allocator("worker:off,sim_capacity:16M,fallback:host");
   CHECK_OK(gma_alloc(g, 10 * MiB, NULL, &a));
+  CHECK_ST(gma_alloc(g, 0, NULL, &b), GMA_ERR_INVALID_SIZE); /* a known last error */
   CHECK_OK(gma_alloc_tagged(g, 10 * MiB, NULL, "activations", &b));
   gma_pointer_info_t i = info_of(g, b);
   CHECK(i.kind == GMA_MEMORY_FALLBACK && i.base == b && i.requested == 10 * MiB &&
@@ -104,6 +105,9 @@ static void fallback_to_host(void) {
   CHECK(info_of(g, a).kind == GMA_MEMORY_DEVICE);
   gma_stats_t st = stats_of(g);
   CHECK(st.num_fallbacks == 1 && st.fallback_bytes >= 10 * MiB);
+  /* A fallback is a successful call: counted as an allocation, not an OOM. */
+  CHECK(st.num_allocs == 2 && st.num_ooms == 0);
+  CHECK(strstr(gma_last_error(), "GMA_ERR_INVALID_SIZE") == gma_last_error()); /* kept */
   CHECK(st.reserved.current <= 16 * MiB); /* the device is full; the rest is host */
   /* The device can use it: a simulated kernel writes and checks it. */
   atomic_int corruptions = 0;
@@ -117,6 +121,8 @@ static void fallback_to_host(void) {
   st = stats_of(g);
   CHECK(st.fallback_bytes == 0 && st.num_fallbacks == 1);
   CHECK_OK(gma_free(g, a));
+  st = stats_of(g);
+  CHECK(st.num_frees == 2 && st.num_allocs == 2);
   CHECK_OK(gma_destroy(g));
 }
 

@@ -372,8 +372,34 @@ static void test_threads(void) {
   CHECK_OK(gma_destroy(g));
 }
 
+/* gma_empty_cache with a plan active: kept while a planned block is live;
+ * once none is, the arena goes back with the rest of the cache (reserved
+ * 0), and the loop plans again later. */
+static void test_empty_cache(void) {
+  iter_t it;
+  open_active(&it, NULL);
+  void *p = take(&it, 3 << 20); /* the first planned request: a planned block */
+  CHECK(stats_of(it.g).plan_hits > 0);
+  CHECK_OK(gma_stream_synchronize(it.g, it.s));
+  CHECK_OK(gma_empty_cache(it.g));
+  gma_stats_t a = stats_of(it.g);
+  CHECK(a.plan_state == 4 && a.plan_arena_bytes > 0 && a.reserved.current > 0);
+  give(&it, p);
+  it.nk = 0;
+  CHECK_OK(gma_stream_synchronize(it.g, it.s));
+  CHECK_OK(gma_empty_cache(it.g));
+  gma_stats_t b = stats_of(it.g);
+  CHECK(b.plan_state != 4 && b.plan_arena_bytes == 0);
+  CHECK(b.reserved.current == 0 && b.allocated.current == 0);
+  CHECK(b.plan_replans == a.plan_replans + 1);
+  CHECK_OK(gma_iteration_mark(it.g)); /* the partial iteration ends */
+  until_active(&it, 1);               /* and the loop is planned again */
+  close_iter(&it);
+}
+
 int main(int argc, char **argv) {
   static const test_case_t cases[] = {
+      {"empty_cache", test_empty_cache},
       {"steady_loop", test_steady_loop},   {"deviations", test_deviations},
       {"varying_never_plans", test_varying_never_plans},
       {"cross_stream_gate", test_cross_stream_gate},

@@ -738,9 +738,11 @@ static void check_stats(void) {
          ", model %" PRIu64 "/%" PRIu64 "/%" PRIu64 "/0",
          s.futures_ready, s.futures_failed, s.futures_timed_out, s.queue_depth, F.n_ready,
          F.n_failed, F.n_timed_out);
-  EXPECT(s.hits_bin + s.hits_stream + s.hits_pool + s.hits_device + s.plan_hits == s.num_allocs,
-         "hits by level and plan_hits sum to %" PRIu64 ", num_allocs %" PRIu64,
-         s.hits_bin + s.hits_stream + s.hits_pool + s.hits_device + s.plan_hits, s.num_allocs);
+  EXPECT(s.hits_bin + s.hits_stream + s.hits_pool + s.hits_device + s.plan_hits +
+                 s.num_fallbacks == s.num_allocs,
+         "hits by level, plan_hits and num_fallbacks sum to %" PRIu64 ", num_allocs %" PRIu64,
+         s.hits_bin + s.hits_stream + s.hits_pool + s.hits_device + s.plan_hits + s.num_fallbacks,
+         s.num_allocs);
   EXPECT(accounting_holds(&s, m.planned_bytes),
            "accounting: reserved %" PRIu64 " + planned live %" PRIu64 " != allocated %" PRIu64
            " + stream_cached %" PRIu64 " + pending %" PRIu64 " + free %" PRIu64
@@ -922,8 +924,9 @@ static mblock_t *add_block(void *ptr, size_t size, int si, unsigned gen, gma_str
   grave_remove(F.grave, &F.ngrave, p);
   if (info.kind == GMA_MEMORY_DEVICE) {
     if (F.st[si].gen == gen) F.st[si].allocs++;
-  } else {
+  } else { /* a successful gma_alloc too: num_allocs counts it (callers count device blocks) */
     F.n_fallbacks++;
+    F.n_allocs++;
   }
   return b;
 }
@@ -1071,10 +1074,8 @@ static void free_block(int i, const char *what) {
   vlog("%s block #%" PRIu64 " %#" PRIxPTR " (%zu) -> %s", what, b->id, b->p, b->size,
        gma_status_name(st));
   EXPECT_ST(st, GMA_OK, what);
-  if (b->kind == GMA_MEMORY_DEVICE) {
-    F.n_frees++;
-    if (F.st[b->si].gen == b->gen) F.st[b->si].frees++;
-  }
+  F.n_frees++; /* a CPU-fallback block's free counts in num_frees too */
+  if (b->kind == GMA_MEMORY_DEVICE && F.st[b->si].gen == b->gen) F.st[b->si].frees++;
   remove_block(i);
 }
 
@@ -2552,8 +2553,8 @@ static void op_ptds_thread(rd_t *r) {
   join_thread(th);
   vlog("a thread used PER_THREAD: %d x %d blocks (%" PRIu64 " device, %" PRIu64 " fallback), %" PRIu64
        " kernels, and exited", j.rounds, j.n, j.dev_allocs, j.fb_allocs, j.launched);
-  F.n_allocs += j.dev_allocs;
-  F.n_frees += j.dev_frees;
+  F.n_allocs += j.dev_allocs + j.fb_allocs; /* a fallback is a gma_alloc call too */
+  F.n_frees += j.dev_frees + j.fb_allocs;   /* and every block the thread got, it freed */
   F.n_fallbacks += j.fb_allocs;
   F.kernels_launched += j.launched;
 }
