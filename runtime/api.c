@@ -214,7 +214,8 @@ const char *gma_device_name(const gma_t *g) {
   return g && g->magic == GMA__MAGIC_LIVE ? g->dev->name : "none";
 }
 
-static gma_status_t alloc_now(gma_t *g, size_t size, gma_stream_t stream, void **out);
+static gma_status_t alloc_now(gma_t *g, size_t size, gma_stream_t stream, unsigned flags,
+                              bool *pooled, void **out);
 static void trace_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out,
                         gma_status_t st);
 static gma_status_t alloc_fallback(gma_t *g, size_t size, gma_stream_t stream, void **out);
@@ -231,14 +232,18 @@ gma_status_t gma_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out) {
   stream = gma__stream_arg(g, stream);
   CHECK_ARG(out, "gma_alloc: out is NULL");
   if (!g->cfg.fallback_host) {
-    gma_status_t st = alloc_now(g, size, stream, out);
+    bool pooled;
+    gma_status_t st = alloc_now(g, size, stream, 0, &pooled, out);
     trace_alloc(g, size, stream, out, st);
     return st;
   }
-  unsigned kept = gma__error_keep(); /* the OOM a fallback then serves is not said */
-  gma_status_t st = alloc_now(g, size, stream, out);
-  if (st == GMA_ERR_OOM) st = alloc_fallback(g, size, stream, out);
-  if (st == GMA_OK) gma__error_restore(kept);
+  /* fallback:host: the pool's OOM is neither said nor counted unless the
+   * fallback fails too (then it is, once). */
+  unsigned kept = gma__error_keep();
+  bool pooled;
+  gma_status_t st = alloc_now(g, size, stream, GMA__ALLOC_UNCOUNTED, &pooled, out);
+  if (st == GMA_ERR_OOM && pooled) st = alloc_fallback(g, size, stream, out);
+  gma__error_done(kept, st);
   trace_alloc(g, size, stream, out, st);
   return st;
 }
@@ -258,18 +263,21 @@ static gma_status_t alloc_fallback(gma_t *g, size_t size, gma_stream_t stream, v
   char why[512];
   snprintf(why, sizeof why, "%s", gma__error_detail(gma_last_error()));
   gma_status_t st = gma__host_alloc(&g->host, size, stream, true, out);
-  if (st == GMA_OK) {
-    gma__pool_oom_served(&g->pool); /* num_ooms counts failed calls */
-    return GMA_OK;
-  }
+  if (st == GMA_OK) return GMA_OK;
+  gma__pool_oom_count(&g->pool, size, stream); /* the call fails: one OOM */
   return gma__set_error(GMA_ERR_OOM, "%s; the CPU fallback (fallback:host) failed too: %s", why,
                         gma__error_detail(gma_last_error()));
 }
 
-static gma_status_t alloc_pool(gma_t *g, size_t size, gma_stream_t stream, void **out);
+static gma_status_t alloc_pool(gma_t *g, size_t size, gma_stream_t stream, unsigned flags,
+                               void **out);
 
-static gma_status_t alloc_now(gma_t *g, size_t size, gma_stream_t stream, void **out) {
+/* flags: extra GMA__ALLOC_ flags for the pool (GMA__ALLOC_UNCOUNTED); *pooled:
+ * false when a capture's graph pool answered instead of the pool. */
+static gma_status_t alloc_now(gma_t *g, size_t size, gma_stream_t stream, unsigned flags,
+                              bool *pooled, void **out) {
   *out = NULL;
+  *pooled = true;
   if (size == 0)
     return gma__set_error(GMA_ERR_INVALID_SIZE, "gma_alloc: size is 0; ask for 1 byte or more");
   if (size > g->cfg.memory_limit)
@@ -281,18 +289,22 @@ static gma_status_t alloc_now(gma_t *g, size_t size, gma_stream_t stream, void *
    * pool (one load while none is underway). */
   if (gma__load_relaxed(&g->graphs.capturing)) {
     gma_status_t gst = gma__graph_alloc(&g->graphs, 1, NULL, size, stream, out);
-    if (gst != GMA_PENDING) return gst;
+    if (gst != GMA_PENDING) {
+      *pooled = false; /* the graph pool's answer (an OOM there is counted there) */
+      return gst;
+    }
   }
-  if (!g->cfg.plan) return alloc_pool(g, size, stream, out);
+  if (!g->cfg.plan) return alloc_pool(g, size, stream, flags, out);
   /* plan:on: the plan's address if it has one (lock-free), else the pool;
    * what the pool served is learned while a plan is being learned. */
   if (gma__plan_alloc(&g->plan, size, stream, out) == GMA_OK) return GMA_OK;
-  gma_status_t st = alloc_pool(g, size, stream, out);
+  gma_status_t st = alloc_pool(g, size, stream, flags, out);
   if (st == GMA_OK) gma__plan_note_alloc(&g->plan, *out, size, stream);
   return st;
 }
 
-static gma_status_t alloc_pool(gma_t *g, size_t size, gma_stream_t stream, void **out) {
+static gma_status_t alloc_pool(gma_t *g, size_t size, gma_stream_t stream, unsigned flags,
+                               void **out) {
   /* A bin hit through this thread's stream cache: no lock and no device
    * call (stream_cache.c; it relies on streams being retired before they
    * are destroyed). */
@@ -305,7 +317,7 @@ static gma_status_t alloc_pool(gma_t *g, size_t size, gma_stream_t stream, void 
   gma_status_t st = g->dev->ops->stream_id(g->dev, stream, &id);
   if (st != GMA_OK) return st;
   if (binnable && gma__bin_alloc(&g->pool, size, stream, id, out) == GMA_OK) return GMA_OK;
-  return gma__pool_alloc_slow(&g->pool, size, stream, id, GMA__ALLOC_WAIT, out);
+  return gma__pool_alloc_slow(&g->pool, size, stream, id, GMA__ALLOC_WAIT | flags, out);
 }
 
 gma_status_t gma_free(gma_t *g, void *ptr) {
@@ -363,13 +375,17 @@ static gma_status_t free_now(gma_t *g, void *ptr) {
     gma__plan_note_free(&g->plan, ptr);
   }
   st = gma__bin_free(&g->pool, ptr);
-  if (st != GMA_OK) st = gma__pool_free_slow(&g->pool, ptr);
-  /* Not device memory of ours: a CPU fallback's host memory, perhaps, or
-   * pinned host memory given to the wrong free. */
-  if (st == GMA_ERR_INVALID_POINTER && gma__host_owns_fallback(&g->host, ptr))
-    st = gma__host_free(&g->host, ptr, true);
-  else if (st == GMA_ERR_INVALID_POINTER)
-    st = not_device_memory(g, ptr, st);
+  if (st != GMA_OK) {
+    unsigned kept = gma__error_keep(); /* a CPU fallback's free is said nothing about */
+    st = gma__pool_free_slow(&g->pool, ptr);
+    /* Not device memory of ours: a CPU fallback's host memory, perhaps, or
+     * pinned host memory given to the wrong free. */
+    if (st == GMA_ERR_INVALID_POINTER && gma__host_owns_fallback(&g->host, ptr))
+      st = gma__host_free(&g->host, ptr, true);
+    else if (st == GMA_ERR_INVALID_POINTER)
+      st = not_device_memory(g, ptr, st);
+    gma__error_done(kept, st);
+  }
   /* An async request waits for memory: let the worker try again. */
   if (st == GMA_OK && atomic_load_explicit(&g->worker.memory_wanted, memory_order_relaxed))
     gma__worker_kick(&g->worker);
@@ -385,6 +401,7 @@ gma_status_t gma_record_stream(gma_t *g, void *ptr, gma_stream_t stream) {
   void *named = ptr;
   gma_status_t st = gma__graph_record_stream(&g->graphs, ptr, stream, &named);
   if (st != GMA_PENDING) goto done;
+  unsigned kept = gma__error_keep(); /* a CPU fallback's record is said nothing about */
   st = g->cfg.plan ? gma__plan_record_stream(&g->plan, ptr, stream, &named) : GMA_ERR_OOM;
   if (st == GMA_ERR_OOM) st = gma__pool_record_stream(&g->pool, ptr, stream, &named);
   if (st == GMA_ERR_INVALID_POINTER) {
@@ -401,6 +418,7 @@ gma_status_t gma_record_stream(gma_t *g, void *ptr, gma_stream_t stream) {
                           ptr);
     }
   }
+  gma__error_done(kept, st);
 done:
   if (st == GMA_OK)
     GMA__TRACE(&g->pool, GMA__TR_RECORD_STREAM, (uintptr_t)named, 0, stream, 0, 0, 0, 0);

@@ -14,12 +14,14 @@ static _Thread_local char last_error[1024], kept_error[1024];
 static _Thread_local unsigned err_gen, keep_gen = ~0u;
 
 unsigned gma__error_keep(void) {
+  if (keep_gen != ~0u) return ~0u; /* inside a kept call: the outer one decides */
   keep_gen = err_gen;
   return err_gen;
 }
 
-void gma__error_restore(unsigned kept) {
-  if (err_gen != kept && keep_gen == kept) {
+void gma__error_done(unsigned kept, gma_status_t st) {
+  if (kept == ~0u) return;
+  if (st == GMA_OK && err_gen != kept) {
     memcpy(last_error, kept_error, sizeof last_error);
     err_gen = kept;
   }

@@ -160,11 +160,16 @@ static gma_status_t chunk_add(gma__graphs_t *gs, gma_graph_pool_t *pool, gma_str
   uint64_t size = want <= CHUNK_SMALL ? CHUNK_ROUND : round_up(want, CHUNK_ROUND);
   unsigned flags = GMA__ALLOC_WAIT | GMA__ALLOC_ARENA | GMA__ALLOC_CAPTURE;
   void *ptr = NULL;
-  gma_status_t st = gma__pool_alloc_slow(gs->p, size, stream, sid, flags, &ptr);
+  /* The rounded size first, then exactly what is asked: only the last
+   * attempt's OOM counts (num_ooms) or is said. */
+  unsigned kept = gma__error_keep();
+  gma_status_t st = gma__pool_alloc_slow(gs->p, size, stream, sid,
+                                         flags | (size > want ? GMA__ALLOC_UNCOUNTED : 0), &ptr);
   if (st == GMA_ERR_OOM && size > want) {
     size = want;
     st = gma__pool_alloc_slow(gs->p, size, stream, sid, flags, &ptr);
   }
+  gma__error_done(kept, st);
   if (st != GMA_OK) {
     free(c);
     free(b);

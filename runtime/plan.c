@@ -546,6 +546,13 @@ out:
 
 /* ---- Activating, dropping, releasing -------------------------------------------------- */
 
+static void fold_counts(gma__planner_t *pl, gma__memplan_t *P) {
+  for (uint32_t i = 0; i < P->nstreams; i++) {
+    pl->hits += atomic_exchange_explicit(&P->streams[i].hits, 0, memory_order_relaxed);
+    pl->misses += atomic_exchange_explicit(&P->streams[i].misses, 0, memory_order_relaxed);
+  }
+}
+
 /* mu held. Gives P's arena back to the pool once none of its blocks is
  * live, gated on every stream its blocks were freed on or used by. The
  * store of dropped (by the caller, before) and the loads of owners here are
@@ -586,21 +593,19 @@ static bool try_release(gma__planner_t *pl, gma__memplan_t *P) {
     gma__store_release(&pl->retiring, P);
     return false;
   }
+  fold_counts(pl, P); /* a hit counted after the drop's fold (its block is free now) */
   P->held = false;
   return true;
-}
-
-static void fold_counts(gma__planner_t *pl, gma__memplan_t *P) {
-  for (uint32_t i = 0; i < P->nstreams; i++) {
-    pl->hits += atomic_exchange_explicit(&P->streams[i].hits, 0, memory_order_relaxed);
-    pl->misses += atomic_exchange_explicit(&P->streams[i].misses, 0, memory_order_relaxed);
-  }
 }
 
 /* mu held: the active plan P stops serving; its arena goes back when its
  * blocks are free (now, or at a later mark). */
 static void drop(gma__planner_t *pl, gma__memplan_t *P) {
   atomic_store(&P->dropped, true);
+  /* Published as retiring before it stops being active, so a free (or
+   * gma_pointer_info) of a block claimed just before the drop always finds
+   * it; try_release unpublishes it once the arena goes back. */
+  if (!gma__load_relaxed(&pl->retiring)) gma__store_release(&pl->retiring, P);
   gma__store_release(&pl->active, NULL);
   fold_counts(pl, P);
   pl->replans++;

@@ -405,6 +405,7 @@ static void release_free_segments(gma__pool_t *p) {
 static void oom_release(gma__pool_t *p) {
   p->c.oom_retries++;
   gma__streams_poll(p, true);
+  gma__stats_sample(p); /* cached's peak, before the cache goes */
   release_free_segments(p);
 }
 
@@ -609,19 +610,22 @@ static uint64_t segment_size_for(const gma__pool_t *p, int kind, uint64_t size) 
 }
 
 /* The OOM message: what was asked, where the memory is, and which of three
- * causes it is, with advice that fits it; counted in num_ooms and traced.
- * count false: an async request's attempt, which waits and tries again
- * (every millisecond): a short message, no trace row, no device call; the
- * request's final failure is reported by gma__pool_oom_report. */
+ * causes it is, with advice that fits it; counted in num_ooms and traced
+ * (not under GMA__ALLOC_UNCOUNTED: the caller has another plan). Under
+ * GMA__ALLOC_ATTEMPT, an async request's attempt, which waits and tries
+ * again (every millisecond): a short message, no trace row, no device call;
+ * the request's final failure is reported by gma__pool_oom_report. */
 static gma_status_t oom_error(gma__pool_t *p, uint64_t size, size_t requested,
-                              gma_stream_t stream, bool count, uint64_t waited_ns) {
-  if (!count)
+                              gma_stream_t stream, unsigned flags, uint64_t waited_ns) {
+  if (flags & GMA__ALLOC_ATTEMPT)
     return gma__set_error(GMA_ERR_OOM, "cannot allocate %zu bytes on stream %p yet (the "
                           "request waits for memory)", requested, stream);
   uint64_t dev_free = 0, dev_total = 0;
   p->dev->ops->mem_info(p->dev, &dev_free, &dev_total);
-  p->c.ooms++;
-  GMA__TRACE(p, GMA__TR_OOM, 0, requested, stream, size, 0, 0, 0);
+  if (!(flags & GMA__ALLOC_UNCOUNTED)) {
+    p->c.ooms++;
+    GMA__TRACE(p, GMA__TR_OOM, 0, requested, stream, size, 0, 0, 0);
+  }
   gma__stats_sample(p);
   uint64_t gated = p->c.stream_cached + p->c.pending, largest = gma__pool_largest_idle(p);
   uint64_t room = gma__pool_room(p);
@@ -804,6 +808,7 @@ static gma__block_t *fresh_for_oversize(gma__pool_t *p, int kind, uint64_t size,
     size_t i = seg_index_at_or_before(p, (*b)->seg->base) - 1;
     GMA__ASSERT(p->segs[i] == (*b)->seg);
     p->c.oom_retries++;
+    gma__stats_sample(p); /* cached's peak, before the cache goes */
     release_segment(p, i);
   } else {
     oom_release(p);
@@ -948,9 +953,9 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t
   int kind = size <= p->small_size ? GMA__SMALL : GMA__LARGE;
   bool inline_try = flags & GMA__ALLOC_INLINE;
   gma_status_t st;
-  unsigned kept = gma__error_keep(); /* a failure inside a call that succeeds is not said */
   if (!inline_try) pthread_mutex_lock(&p->lock);
   else if (pthread_mutex_trylock(&p->lock) != 0) return GMA_ERR_BUSY; /* the worker serves it */
+  unsigned kept = gma__error_keep(); /* a failure inside a call that succeeds is not said */
   gma__stream_t *s = gma__stream_resolve(p, stream, stream_id);
   gma__block_t *b = NULL;
   uint64_t *level = NULL;
@@ -962,7 +967,7 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t
     while (st == GMA_ERR_OOM && (flags & GMA__ALLOC_WAIT) && oom_wait(p, &w))
       st = find_or_grow(p, s, kind, size, &b, &level, true, capture);
     if (st == GMA_ERR_OOM && !inline_try)
-      st = oom_error(p, size, requested, stream, !(flags & GMA__ALLOC_ATTEMPT), oom_waited_ns(&w));
+      st = oom_error(p, size, requested, stream, flags, oom_waited_ns(&w));
   }
   if (st == GMA_OK) {
     if (!(flags & GMA__ALLOC_ARENA)) (*level)++; /* an arena is no gma_alloc call: no hit level */
@@ -979,7 +984,7 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t
   }
   GMA__VALIDATE(p);
   pthread_mutex_unlock(&p->lock);
-  if (st == GMA_OK) gma__error_restore(kept);
+  gma__error_done(kept, st);
   return st;
 }
 
@@ -1034,7 +1039,6 @@ gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes
     return gma__set_error(GMA_ERR_OOM, "host memory for a batch of %zu", n);
   }
   bool inline_try = flags & GMA__ALLOC_INLINE;
-  unsigned kept = gma__error_keep(); /* a failure inside a call that succeeds is not said */
   if (!inline_try) {
     pthread_mutex_lock(&p->lock);
   } else if (pthread_mutex_trylock(&p->lock) != 0) { /* the worker serves it */
@@ -1042,6 +1046,7 @@ gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes
     free(levels);
     return GMA_ERR_BUSY;
   }
+  unsigned kept = gma__error_keep(); /* a failure inside a call that succeeds is not said */
   gma__stream_t *s = gma__stream_resolve(p, stream, stream_id);
   gma__block_t *b = NULL;
   uint64_t *level = NULL;
@@ -1114,8 +1119,7 @@ again:
     }
     if (host_short) st = gma__set_error(GMA_ERR_OOM, "gma_alloc_batch: no host memory for block records");
     else if (st == GMA_ERR_OOM && !inline_try) /* inline: no message, the worker goes on */
-      st = oom_error(p, total, (size_t)total, stream, !(flags & GMA__ALLOC_ATTEMPT),
-                     oom_waited_ns(&w));
+      st = oom_error(p, total, (size_t)total, stream, flags, oom_waited_ns(&w));
     goto out;
   }
   for (size_t i = 0; i < n; i++) ptrs[i] = (void *)taken[i].b->addr;
@@ -1127,7 +1131,7 @@ out:
   pthread_mutex_unlock(&p->lock);
   free(taken);
   free(levels);
-  if (st == GMA_OK) gma__error_restore(kept);
+  gma__error_done(kept, st);
   return st;
 }
 
@@ -1563,15 +1567,16 @@ gma_status_t gma__pool_stream_retire(gma__pool_t *p, gma_stream_t stream) {
   return st;
 }
 
-void gma__pool_oom_served(gma__pool_t *p) {
+void gma__pool_oom_count(gma__pool_t *p, size_t requested, gma_stream_t stream) {
   pthread_mutex_lock(&p->lock);
-  if (p->c.ooms) p->c.ooms--;
+  p->c.ooms++;
+  GMA__TRACE(p, GMA__TR_OOM, 0, requested, stream, round_up(requested, GMA__ROUND), 0, 0, 0);
   pthread_mutex_unlock(&p->lock);
 }
 
 gma_status_t gma__pool_oom_report(gma__pool_t *p, uint64_t bytes, gma_stream_t stream) {
   pthread_mutex_lock(&p->lock);
-  gma_status_t st = oom_error(p, round_up(bytes, GMA__ROUND), (size_t)bytes, stream, true, 0);
+  gma_status_t st = oom_error(p, round_up(bytes, GMA__ROUND), (size_t)bytes, stream, 0, 0);
   pthread_mutex_unlock(&p->lock);
   return st;
 }

@@ -338,13 +338,17 @@ enum {
   GMA__ALLOC_ATTEMPT = 1u << 1,
   GMA__ALLOC_INLINE = 1u << 2,
   GMA__ALLOC_ARENA = 1u << 3,
-  GMA__ALLOC_CAPTURE = 1u << 4
+  GMA__ALLOC_CAPTURE = 1u << 4,
+  /* The caller has another plan if this fails (the CPU fallback, a smaller
+   * size): GMA_ERR_OOM with the full message, not counted in num_ooms nor
+   * traced; the caller reports its own failure (gma__pool_oom_count). */
+  GMA__ALLOC_UNCOUNTED = 1u << 5
 };
 gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t size, gma_stream_t stream,
                                   uint64_t stream_id, unsigned flags, void **out);
-/* A gma_alloc whose pool OOM (counted in num_ooms) the CPU fallback then
- * served: the call did not fail, so the count is taken back. */
-void gma__pool_oom_served(gma__pool_t *p);
+/* A call whose GMA__ALLOC_UNCOUNTED attempt failed and whose other plan
+ * failed too: counts the OOM in num_ooms and traces it. */
+void gma__pool_oom_count(gma__pool_t *p, size_t requested, gma_stream_t stream);
 /* An async request gives up: counts it in num_ooms, traces it and sets the
  * full OOM message (what is where, and why) as the last error. */
 gma_status_t gma__pool_oom_report(gma__pool_t *p, uint64_t bytes, gma_stream_t stream);

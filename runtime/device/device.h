@@ -192,11 +192,12 @@ gma_status_t gma__set_error(gma_status_t status, const char *fmt, ...)
 const char *gma__error_detail(const char *msg);
 /* A call that may fail inside and still succeed (a segment the device
  * refused before a retry found memory) keeps gma_last_error() as it was:
- * gma__error_keep() before, gma__error_restore(its value) once the call
- * succeeded. The message the first failure replaces is copied aside then
- * (failures are rare; nothing is copied on the way in). One level: a call
- * that keeps inside a kept call restores to the inner point only. */
+ * kept = gma__error_keep() before, gma__error_done(kept, status) on every
+ * way out; a status of GMA_OK puts the message back. The message the first
+ * failure replaces is copied aside then (failures are rare; nothing is
+ * copied on the way in). Nested keeps are free: only the outermost one
+ * (the call the caller made) restores. */
 unsigned gma__error_keep(void);
-void gma__error_restore(unsigned kept);
+void gma__error_done(unsigned kept, gma_status_t st);
 
 #endif /* GMA_DEVICE_H */

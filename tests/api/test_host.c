@@ -89,7 +89,7 @@ static void worker_trims_host_cache(void) {
 
 static void fallback_to_host(void) {
   gma_t *g = sim_allocator("worker:off,sim_capacity:16M");
-  void *a = NULL, *b = NULL;
+  void *a = NULL, *b = NULL, *a2 = NULL;
   CHECK_OK(gma_alloc(g, 10 * MiB, NULL, &a));
   CHECK_ST(gma_alloc(g, 10 * MiB, NULL, &b), GMA_ERR_OOM); /* off by default */
   CHECK_OK(gma_free(g, a));
@@ -115,7 +115,10 @@ static void fallback_to_host(void) {
   CHECK_OK(gma_sim_launch(g, NULL, pattern_kernel_run, &k));
   CHECK_OK(gma_stream_synchronize(g, NULL));
   CHECK(atomic_load(&corruptions) == 0 && ((unsigned char *)b)[12345] == 3);
-  CHECK_OK(gma_free(g, b));
+  CHECK_ST(gma_alloc(g, 0, NULL, &a2), GMA_ERR_INVALID_SIZE); /* a known last error */
+  CHECK_OK(gma_record_stream(g, b, NULL));
+  CHECK_OK(gma_free(g, b)); /* host memory: the pool's "not mine" is not said */
+  CHECK(strstr(gma_last_error(), "GMA_ERR_INVALID_SIZE") == gma_last_error());
   CHECK_ST(gma_free(g, b), GMA_ERR_DOUBLE_FREE);
   CHECK_ST(gma_host_free(g, a), GMA_ERR_INVALID_POINTER);
   st = stats_of(g);
