@@ -5,11 +5,15 @@
  * allocation; gma_record_stream across streams (a block read by a second
  * stream is not overwritten before that read); double free, foreign and
  * interior pointers; statistics and their equation; memory_limit OOM and
- * recovery; batches and async futures; gma_empty_cache giving every byte back
+ * recovery; the OOM-while-busy case (the only memory that fits is freed
+ * memory a held stream still uses: gma_alloc waits for it, with and without
+ * gma_record_stream, and a real shortage still fails at once); batches and
+ * async futures; gma_empty_cache giving every byte back
  * to the driver; gma_sim_launch refused; the calling thread's context left as
  * it was. All of it with expandable_segments false and true. On the fake
  * driver, the driver's own byte counter must equal gma's reserved bytes, and
  * be 0 after gma_destroy. Skips (77) without a CUDA device. */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -219,6 +223,88 @@ static void test_limit(const char *conf) {
   CHECK_OK(gma_destroy(g));
 }
 
+/* Lets a held stream go after ms milliseconds, from another thread (the
+ * test's own thread is inside gma_alloc, waiting for that stream). */
+typedef struct releaser {
+  volatile uint32_t *flag;
+  uint32_t value;
+  long ms;
+} releaser_t;
+static void *release_later(void *arg) {
+  releaser_t *r = arg;
+  sleep_ms(r->ms);
+  drv_release(r->flag, r->value);
+  return NULL;
+}
+
+static uint64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* Under memory_limit:64M, 48 MiB is freed while a held stream still writes
+ * it (round 0: its own stream; round 1: a second stream named by
+ * gma_record_stream). A 48 MiB request on the other stream has no other
+ * memory: it must wait for the held work (released 200 ms later from
+ * another thread) and succeed, never OOM, and never get the block before the
+ * held write has run (the new owner's fill is read back intact). Then a real
+ * shortage (48 MiB live, 48 MiB more asked) fails at once with a message
+ * naming the limit. */
+static void test_oom_busy(const char *conf) {
+  char c[160];
+  snprintf(c, sizeof c, "%s,memory_limit:64M", conf);
+  gma_t *g = drv_cuda_allocator(c);
+  gma_stream_t a, b;
+  CHECK_OK(gma_stream_create(g, &a));
+  CHECK_OK(gma_stream_create(g, &b));
+  volatile uint32_t *flag = drv_pinned(64);
+  *flag = 0;
+  const size_t n = 48 * MiB;
+  for (uint32_t round = 0; round < 2; round++) {
+    gma_stream_t busy = round ? b : a, other = round ? a : b;
+    void *p, *q;
+    CHECK_OK(gma_alloc(g, n, a, &p));
+    if (round) drv_order(b, a);
+    bool held = drv_hold(busy, flag, round + 1);
+    drv_memset32(p, 0xb0b00000u + round, n, busy);
+    if (round) CHECK_OK(gma_record_stream(g, p, b));
+    CHECK_OK(gma_free(g, p));
+    pthread_t t;
+    releaser_t r = {flag, round + 1, 200};
+    if (held) CHECK(pthread_create(&t, NULL, release_later, &r) == 0);
+    uint64_t t0 = now_ms();
+    gma_status_t st = gma_alloc(g, n, other, &q);
+    uint64_t waited = now_ms() - t0;
+    if (held) CHECK(pthread_join(t, NULL) == 0);
+    if (st != GMA_OK) fprintf(stderr, "oom-while-busy (%s, round %u): %s\n", conf, round, gma_last_error());
+    CHECK(st == GMA_OK);
+    /* Host-side waits block until the held write is done; reuse:wait may
+     * answer at once and order the new stream after it instead. */
+    if (held && !strstr(conf, "reuse:wait")) CHECK(waited >= 150);
+    fill_and_check(q, n, 0x0c0c0000u + round, other);
+    CHECK_OK(gma_free(g, q));
+    if (!held) printf("oom-while-busy: the driver cannot hold a stream: not exercised\n");
+  }
+  gma_stats_t s = stats_of(g);
+  CHECK(s.num_ooms == 0);
+  /* A real shortage: no device work to wait for, so it fails at once. */
+  void *p, *q;
+  CHECK_OK(gma_alloc(g, n, a, &p));
+  uint64_t t0 = now_ms();
+  CHECK(gma_alloc(g, n, b, &q) == GMA_ERR_OOM);
+  CHECK(now_ms() - t0 < 5000);
+  CHECK(strstr(gma_last_error(), "memory_limit") != NULL);
+  CHECK(stats_of(g).num_ooms == 1);
+  CHECK_OK(gma_free(g, p));
+  CHECK_OK(gma_stream_synchronize(g, a));
+  CHECK_OK(gma_stream_synchronize(g, b));
+  drv_pinned_free((void *)flag);
+  CHECK_OK(gma_stream_destroy(g, a));
+  CHECK_OK(gma_stream_destroy(g, b));
+  CHECK_OK(gma_destroy(g));
+}
+
 static void run(const char *conf) {
   gma_t *g = drv_cuda_allocator(conf);
   CHECK(strcmp(gma_device_name(g), "cuda") == 0);
@@ -237,6 +323,7 @@ static void run(const char *conf) {
   uint64_t used = drv_fake_used();
   CHECK(used == UINT64_MAX || used == 0);
   test_limit(conf);
+  test_oom_busy(conf);
   CHECK(drv_current() == drv.ctx);
   printf("gpu api (%s): ok\n", conf);
 }
@@ -249,5 +336,6 @@ int main(void) {
   test_devices();
   run("expandable_segments:false");
   run("expandable_segments:true");
+  test_oom_busy("reuse:wait");
   return 0;
 }
