@@ -856,6 +856,66 @@ static gma__block_t *pending_wait_fit(gma__pool_t *p, gma__stream_t *s, int kind
   return gma__cache_block(p, best);
 }
 
+/* Lock held, reuse:auto, the pool about to grow for s: when s's own
+ * PENDING blocks of this kind (freed on s after gma_record_stream, the other
+ * streams' work on them not yet seen to complete) hold at least the request
+ * and at least the bytes allocated now, the host has run that far ahead of
+ * the device; then s takes them all back behind one device-side wait per
+ * stream that gates them (the event closing the newest gated epoch covers
+ * every older one), instead of making new memory. They become s's, cached
+ * in s's open epoch (as in pending_wait_fit), where they coalesce with s's
+ * neighbours, so one wait serves requests of any size. Below that bound s
+ * grows and never waits: a short lead (a training loop's iteration, a
+ * pipeline's next micro-batch) keeps its overlap. Without the bound, a
+ * stream that hands every buffer to a slower stream grew by the whole
+ * lead (552 MiB against 4 MiB live on the simulated device; 452 MiB on an
+ * H100, where CUB's event-wait held 7.9 MiB at the same speed). True when
+ * anything came back. */
+#define RECLAIM_STREAMS 16 /* distinct gating streams handled in one call */
+static bool reclaim_own_pending(gma__pool_t *p, gma__stream_t *s, int kind, uint64_t size) {
+  uint64_t own = 0;
+  gma__gate_t newest[RECLAIM_STREAMS]; /* per gating stream, its newest gated epoch */
+  bool ok[RECLAIM_STREAMS];
+  size_t n = 0;
+  for (gma__block_t *b = p->pending_head; b; b = b->qnext) {
+    if (b->stream != s || b->seg->kind != kind) continue;
+    own += b->size;
+    uint32_t ng = gma__load_relaxed(&b->ngates);
+    for (uint32_t i = 0; i < ng; i++) {
+      size_t j = 0;
+      while (j < n && newest[j].stream != b->gates[i].stream) j++;
+      if (j < n) {
+        if (b->gates[i].epoch > newest[j].epoch) newest[j].epoch = b->gates[i].epoch;
+      } else if (n < RECLAIM_STREAMS) { /* beyond that, its blocks stay pending */
+        newest[n++] = b->gates[i];
+      }
+    }
+  }
+  if (own < size || own < p->c.allocated.current) return false;
+  for (size_t j = 0; j < n; j++)
+    ok[j] = newest[j].stream == s || gma__gate_settle(p, &newest[j], s, true);
+  bool any = false;
+  for (gma__block_t *b = p->pending_head, *next; b; b = next) {
+    next = b->qnext;
+    if (b->stream != s || b->seg->kind != kind) continue;
+    uint32_t ng = gma__load_relaxed(&b->ngates);
+    bool covered = true;
+    for (uint32_t i = 0; i < ng && covered; i++) {
+      size_t j = 0;
+      while (j < n && newest[j].stream != b->gates[i].stream) j++;
+      covered = j < n && ok[j];
+    }
+    if (!covered) continue;
+    pending_unlink(p, b);
+    gma__store_relaxed(&b->ngates, 0);
+    b->epoch = gma__load_relaxed(&s->epoch);
+    gma__cache_block(p, b); /* may absorb a CACHED neighbour, never a pending one */
+    any = true;
+  }
+  if (any) gma__store_relaxed(&s->dirty, true);
+  return any;
+}
+
 static gma_status_t find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uint64_t size,
                                  gma__block_t **out, uint64_t **level, bool may_grow,
                                  bool capture) {
@@ -902,6 +962,11 @@ static gma_status_t find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uin
     waited = b != NULL;
   }
   if (!b) b = small_in_large_hole(p, kind, size);
+  bool waits = p->reuse == GMA_REUSE_AUTO || p->reuse == GMA_REUSE_WAIT;
+  if (!b && waits && !capture && p->pending_head && reclaim_own_pending(p, s, kind, size)) {
+    b = find_fit_in(p, s, kind, size, capture);
+    waited = b != NULL;
+  }
   if (b && may_grow && !capture && splits_whole_oversize(p, s, b, kind, size)) {
     gma__block_t *f = fresh_for_oversize(p, kind, size, s->serial, &b);
     if (f) {

@@ -248,7 +248,8 @@ static uint64_t now_ms(void) {
  * gma_record_stream). A 48 MiB request on the other stream has no other
  * memory: it must wait for the held work (released 200 ms later from
  * another thread) and succeed, never OOM, and never get the block before the
- * held write has run (the new owner's fill is read back intact). Then a real
+ * held write has run (the new owner's fill is read back intact after both
+ * streams finished). Then a real
  * shortage (48 MiB live, 48 MiB more asked) fails at once with a message
  * naming the limit. */
 static void test_oom_busy(const char *conf) {
@@ -276,13 +277,26 @@ static void test_oom_busy(const char *conf) {
     uint64_t t0 = now_ms();
     gma_status_t st = gma_alloc(g, n, other, &q);
     uint64_t waited = now_ms() - t0;
-    if (held) CHECK(pthread_join(t, NULL) == 0);
     if (st != GMA_OK) fprintf(stderr, "oom-while-busy (%s, round %u): %s\n", conf, round, gma_last_error());
     CHECK(st == GMA_OK);
-    /* Host-side waits block until the held write is done; reuse:wait may
-     * answer at once and order the new stream after it instead. */
-    if (held && !strstr(conf, "reuse:wait")) CHECK(waited >= 150);
-    fill_and_check(q, n, 0x0c0c0000u + round, other);
+    /* Round 0: the block is cached on a, and b may have it only once a's
+     * held work is done: a host-side wait (reuse:wait orders b after it on
+     * the device instead). Round 1: a, the owner, may also take it back
+     * behind a device-side wait on b. Either way the held write must land
+     * before the new owner's fill: read back after everything ran. */
+    if (held && round == 0 && !strstr(conf, "reuse:wait")) CHECK(waited >= 150);
+    uint32_t v = 0x0c0c0000u + round;
+    drv_memset32(q, v, n, other);
+    if (held) CHECK(pthread_join(t, NULL) == 0);
+    drv_sync(a);
+    drv_sync(b);
+    uint32_t *h = drv_pinned(n);
+    drv_to_host(h, q, n, other);
+    drv_sync(other);
+    size_t bad = 0;
+    for (size_t i = 0; i < n / 4; i++) bad += h[i] != v;
+    CHECK(bad == 0);
+    drv_pinned_free(h);
     CHECK_OK(gma_free(g, q));
     if (!held) printf("oom-while-busy: the driver cannot hold a stream: not exercised\n");
   }
