@@ -1,4 +1,4 @@
-/* gma-bench-scenarios: four workloads as users run them, each against a
+/* gma-bench-scenarios: five workloads as users run them, each against a
  * baseline measured in the same run, on the simulated device through the
  * public API only (gma.h). Simulated kernels (gma_sim_launch) stamp a tag
  * into every buffer they are given (a few words at its start, middle and
@@ -42,13 +42,23 @@
  *    iterations (issue 18: no regression against plan off).
  *    Columns plan:off (the default config) and plan:on, one after the other
  *    in alternating order; host time inside gma's calls is measured too.
+ * 5. cross: a stream that hands every buffer to a slower one, the host far
+ *    ahead of the device: 10 batches of 500 allocations on stream A (seeded,
+ *    log-uniform 64 KiB - 4 MiB), each written by a kernel on A, then B waits
+ *    for A (gma_stream_wait_stream) and a 20 us kernel on B checks it;
+ *    gma_record_stream(ptr, B) and gma_free; both streams synchronized after
+ *    each batch. Peak reserved and allocated, device allocations,
+ *    device-side cross-stream waits, allocations/s, under the default config
+ *    (reuse:auto) and expandable_segments:true, against reuse:query (never a
+ *    device-side wait: the pool grows instead) in the same run.
  *
  * Every figure is the median of --runs runs (default 5); each run creates
  * its allocators afresh. Options: --runs N, --quick (small sizes, for the
  * smoke test), --json PATH (default bench_scenarios.json), --scenario
- * training|pipeline|service|varying, --config TEXT (appended to the gma
- * side's config: the training loop's default column, both sides of the
- * pipeline, the service, and the varying scenario's plan:off column). One
+ * training|pipeline|service|varying|cross, --config TEXT (appended to the
+ * gma side's config: the training loop's default column, both sides of the
+ * pipeline, the service, the varying scenario's plan:off column and the
+ * cross scenario's default column). One
  * progress line per run goes to stderr. */
 #include <inttypes.h>
 #include <math.h>
@@ -77,6 +87,9 @@
 #define PIPELINE_CONF ""
 #define SERVICE_CONF "memory_limit:1G,trim_interval_ms:50,release_threshold:64M"
 #define SERVICE_CONF_QUICK "memory_limit:128M,trim_interval_ms:20,release_threshold:8M"
+#define CROSS_DEFAULT_CONF ""                 /* reuse:auto */
+#define CROSS_BASE_CONF "reuse:query"         /* the baseline: never a device-side wait */
+#define CROSS_EXPANDABLE_CONF "expandable_segments:true"
 
 enum { MAX_RUNS = 101 };
 
@@ -1485,6 +1498,137 @@ static void run_varying(void) {
   for (int v = 0; v < VS_VARIANTS; v++) run_varying_variant(v);
 }
 
+/* ==== 5. Cross-stream hand-off, the host far ahead ============================ */
+
+/* Every buffer allocated on stream A is written there and read by a slower
+ * kernel on stream B (ordered by gma_stream_wait_stream), then recorded on B
+ * and freed: its memory may serve A again only once B is done with it. The
+ * host queues a whole batch before it synchronizes. B's kernel checks the
+ * tag, holds, and checks again: a block reused while B held it shows. */
+enum { CX_BATCHES = 10, CX_PER_BATCH = 500, CX_HOLD_US = 20, CX_COLS = 3 };
+enum { CF_PEAK_RESERVED, CF_PEAK_ALLOCATED, CF_RATIO, CF_DEV, CF_XWAITS, CF_ALLOCS_PER_S,
+       CF_FAILED, CF_CORRUPTIONS, CF_N };
+static const struct {
+  const char *key, *label, *fmt;
+} cx_fig[CF_N] = {
+    {"peak_reserved_mib", "peak reserved MiB", "%26.1f"},
+    {"peak_allocated_mib", "peak allocated MiB", "%26.1f"},
+    {"peak_reserved_over_peak_allocated", "peak reserved / peak allocated", "%26.2f"},
+    {"device_allocs", "device allocations", "%26.0f"},
+    {"cross_stream_waits", "device-side cross-stream waits", "%26.0f"},
+    {"allocs_per_s", "allocations/s", "%26.0f"},
+    {"failed_allocs", "failed allocations", "%26.0f"},
+    {"corruptions", "corruptions", "%26.0f"},
+};
+
+typedef struct cross_col {
+  const char *name, *conf;
+  series_t f[CF_N];
+} cross_col_t;
+
+static void kern_read_hold(void *arg) { /* check, hold, check again */
+  kern_t *k = arg;
+  kern_run(k);
+  for (int i = 0; i < k->ncheck; i++) check(&k->check[i]);
+}
+
+static void cross_once(cross_col_t *col, int colno, int run, int batches, int per_batch,
+                       kern_t *k) {
+  long corr0 = atomic_load(&corruptions);
+  gma_t *g = make(col->conf, colno == 0 ? opt.extra : NULL, NULL, NULL);
+  gma_stream_t a, b;
+  OK(gma_stream_create(g, &a));
+  OK(gma_stream_create(g, &b));
+  uint64_t rng = 0x5eed0006, failed = 0; /* the same sizes in every run and column */
+  uint64_t t0 = now_ns();
+  for (int bt = 0; bt < batches; bt++) {
+    for (int i = 0; i < per_batch; i++) {
+      size_t size = log_uniform(&rng, 64.0 * KiB, 4.0 * MiB);
+      void *p = NULL;
+      gma_status_t st = gma_alloc(g, size, a, &p);
+      if (st == GMA_ERR_OOM) {
+        failed++;
+        continue;
+      }
+      if (st != GMA_OK) die("gma_alloc", st);
+      uint64_t tag = mktag(20 + colno, run, bt, i);
+      kern_t *kw = &k[2 * i], *kr = &k[2 * i + 1];
+      kern_init(kw, NULL, 0);
+      kern_add(kw->write, &kw->nwrite, p, size, tag);
+      OK(gma_sim_launch(g, a, kern_run, kw));
+      OK(gma_stream_wait_stream(g, b, a));
+      kern_init(kr, NULL, CX_HOLD_US);
+      kern_add(kr->check, &kr->ncheck, p, size, tag);
+      OK(gma_sim_launch(g, b, kern_read_hold, kr));
+      OK(gma_record_stream(g, p, b));
+      OK(gma_free(g, p));
+    }
+    OK(gma_stream_synchronize(g, a));
+    OK(gma_stream_synchronize(g, b));
+  }
+  double secs = (double)(now_ns() - t0) / 1e9;
+  gma_stats_t s = GMA_STATS_INIT;
+  OK(gma_stats(g, &s));
+  series_t *f = col->f;
+  put(&f[CF_PEAK_RESERVED], (double)s.reserved.peak / MiB);
+  put(&f[CF_PEAK_ALLOCATED], (double)s.allocated.peak / MiB);
+  put(&f[CF_RATIO], s.allocated.peak ? (double)s.reserved.peak / (double)s.allocated.peak : NAN);
+  put(&f[CF_DEV], (double)s.num_device_allocs);
+  put(&f[CF_XWAITS], (double)s.num_cross_stream_waits);
+  put(&f[CF_ALLOCS_PER_S], (double)batches * per_batch / secs);
+  put(&f[CF_FAILED], (double)failed);
+  OK(gma_stream_destroy(g, a));
+  OK(gma_stream_destroy(g, b));
+  OK(gma_destroy(g));
+  put(&f[CF_CORRUPTIONS], (double)(atomic_load(&corruptions) - corr0));
+}
+
+static void run_cross(void) {
+  int batches = opt.quick ? 2 : CX_BATCHES, per_batch = opt.quick ? 100 : CX_PER_BATCH;
+  cross_col_t cols[CX_COLS] = {{.name = "default (reuse:auto)", .conf = CROSS_DEFAULT_CONF},
+                               {.name = "reuse:query (baseline)", .conf = CROSS_BASE_CONF},
+                               {.name = CROSS_EXPANDABLE_CONF, .conf = CROSS_EXPANDABLE_CONF}};
+  kern_t *k = calloc(2 * (size_t)per_batch, sizeof *k); /* one batch's; reused after the sync */
+  if (!k) die("out of host memory", GMA_ERR_OOM);
+  long corr0 = atomic_load(&corruptions);
+  for (int run = 0; run < opt.runs; run++) {
+    uint64_t t0 = now_ns();
+    for (int j = 0; j < CX_COLS; j++) { /* rotate which goes first */
+      int ci = (j + run) % CX_COLS;
+      cross_once(&cols[ci], ci, run, batches, per_batch, k);
+    }
+    progress("cross", run, t0);
+  }
+  free(k);
+  long corr = atomic_load(&corruptions) - corr0;
+  printf("\n5. cross-stream hand-off: stream A allocates and writes, stream B waits for A "
+         "(gma_stream_wait_stream) and\n   reads in %d us kernels, then gma_record_stream(ptr, B) "
+         "and gma_free; %d batches of %d allocations\n   (64 KiB - 4 MiB, log-uniform, seeded), "
+         "both streams synchronized after each batch\n   baseline: reuse:query (never a "
+         "device-side wait)\n",
+         CX_HOLD_US, batches, per_batch);
+  if (*opt.extra) printf("   --config %s applies to the default column\n", opt.extra);
+  printf("%-32s", "(median of runs)");
+  for (int i = 0; i < CX_COLS; i++) printf("%26s", cols[i].name);
+  printf("\n");
+  for (int fi = 0; fi < CF_N; fi++) {
+    printf("%-32s", cx_fig[fi].label);
+    for (int i = 0; i < CX_COLS; i++) print_cell(cx_fig[fi].fmt, med(&cols[i].f[fi]));
+    printf("\n");
+  }
+  printf("   corruptions: %ld\n", corr);
+  fprintf(js, "  \"cross\": {\"batches\": %d, \"allocations_per_batch\": %d, \"smallest\": %zu, "
+              "\"largest\": %zu, \"b_kernel_us\": %d, \"corruptions\": %ld,\n   \"columns\": [\n",
+          batches, per_batch, 64 * KiB, 4 * MiB, CX_HOLD_US, corr);
+  for (int i = 0; i < CX_COLS; i++) {
+    fprintf(js, "    {\"name\": \"%s\", ", cols[i].name);
+    json_conf("config", cols[i].conf, i == 0 ? opt.extra : NULL, NULL);
+    for (int fi = 0; fi < CF_N; fi++) json_series(cx_fig[fi].key, &cols[i].f[fi], fi + 1 < CF_N);
+    fprintf(js, "}%s\n", i + 1 < CX_COLS ? "," : "");
+  }
+  fprintf(js, "   ]},\n");
+}
+
 /* ==== main ===================================================================== */
 
 static void usage(void) {
@@ -1494,7 +1638,7 @@ static void usage(void) {
           "  --runs N         runs per figure; every figure is the median (default 5)\n"
           "  --quick          small sizes and few iterations (the CI smoke test)\n"
           "  --json PATH      where to write the results (default bench_scenarios.json)\n"
-          "  --scenario NAME  run one: training, pipeline, service or varying\n"
+          "  --scenario NAME  run one: training, pipeline, service, varying or cross\n"
           "  --config TEXT    gma config appended to the gma side's (for A/B runs)\n");
   exit(2);
 }
@@ -1517,7 +1661,8 @@ int main(int argc, char **argv) {
     } else if (!strcmp(a, "--scenario")) {
       opt.scenario = argv[++i];
       if (strcmp(opt.scenario, "training") && strcmp(opt.scenario, "pipeline") &&
-          strcmp(opt.scenario, "service") && strcmp(opt.scenario, "varying"))
+          strcmp(opt.scenario, "service") && strcmp(opt.scenario, "varying") &&
+          strcmp(opt.scenario, "cross"))
         usage();
     } else if (!strcmp(a, "--config")) {
       opt.extra = argv[++i];
@@ -1551,10 +1696,12 @@ int main(int argc, char **argv) {
   int want_p = !opt.scenario || !strcmp(opt.scenario, "pipeline");
   int want_s = !opt.scenario || !strcmp(opt.scenario, "service");
   int want_v = !opt.scenario || !strcmp(opt.scenario, "varying");
+  int want_x = !opt.scenario || !strcmp(opt.scenario, "cross");
   if (want_t) run_training();
   if (want_p) run_pipeline();
   if (want_s) run_service();
   if (want_v) run_varying();
+  if (want_x) run_cross();
   long corr = atomic_load(&corruptions), late = atomic_load(&order_timeouts);
   fprintf(js, "  \"corruptions\": %ld, \"ordering_timeouts\": %ld\n}\n", corr, late);
   fclose(js);

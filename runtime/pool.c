@@ -892,8 +892,9 @@ static bool reclaim_own_pending(gma__pool_t *p, gma__stream_t *s, int kind, uint
     }
   }
   if (own < size || own < p->c.allocated.current) return false;
+  bool planted = p->test_flags & GMA__TEST_NO_CONSUMER_WAIT;
   for (size_t j = 0; j < n; j++)
-    ok[j] = newest[j].stream == s || gma__gate_settle(p, &newest[j], s, true);
+    ok[j] = planted || newest[j].stream == s || gma__gate_settle(p, &newest[j], s, true);
   bool any = false;
   for (gma__block_t *b = p->pending_head, *next; b; b = next) {
     next = b->qnext;

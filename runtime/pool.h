@@ -224,7 +224,9 @@ enum {
                                            from the worker (future.c: both serve it) */
   GMA__TEST_NO_CAPTURE_CHECK = 1u << 3, /* epoch events are recorded on capturing streams */
   GMA__TEST_NO_CONSUMER_WAIT = 1u << 4  /* reuse:auto hands a consumer a pending block
-                                           without making it wait for the block's stream */
+                                           without making it wait for the block's stream,
+                                           and an owner its own (reclaim_own_pending)
+                                           without waiting for the streams that used them */
 };
 
 typedef struct gma__pool {

@@ -72,8 +72,9 @@ echo
 echo
 "$out/bench/gma-bench-worker" --json "$out/bench_worker.json"
 echo
-# Three scenarios (training loop, pipeline, service), medians of 5 runs, about
-# 45 s; exits 3 if a simulated kernel found a buffer overwritten while in use.
+# Five scenarios (training loop, pipeline, service, varying length, cross-stream
+# hand-off), medians of 5 runs, about 3 min; exits 3 if a simulated kernel
+# found a buffer overwritten while in use.
 "$out/bench/gma-bench-scenarios" --json "$out/bench_scenarios.json"
 echo
 echo "results (JSON): $out/replay.json (replays and smallest capacities), $out/bench_alloc.json, $out/bench_hotpath.json," \

@@ -14,6 +14,15 @@
  *                       one it made (reuse:query: the smaller one), and
  *                       takes another stream's when none of its own fits,
  *                       without growing.
+ *   owner_reclaims      a stream whose freed blocks all wait for a held
+ *                       consumer (the host far ahead of the device) takes
+ *                       them back behind a device-side wait instead of
+ *                       growing, once they hold as much as is allocated;
+ *                       its next kernel there starts only after the
+ *                       consumer's. The planted variant hands them back
+ *                       without the wait, and the consumer's kernel must
+ *                       see its pattern overwritten. Below the bound (more
+ *                       live than pending) the owner grows and never waits.
  *   growable_homes      the same with growable segments: memory mapped for
  *                       two streams' requests stays two segments (never one
  *                       coalesced FREE block), each stream takes its own
@@ -210,6 +219,71 @@ static void home_segment_first(void) {
   printf("a stream's own FREE segment first (reuse:query: best fit)\n");
 }
 
+/* a allocates 8 blocks of 4 MiB; u's held kernels use each (recorded), and
+ * a frees them all: 32 MiB pending on u, allocated `live` bytes on a. Then a
+ * asks for 16 MiB, which nothing FREE holds. Returns the corruptions seen;
+ * *grew: whether that request made a device allocation; *waits: the
+ * device-side waits it made; *first: whether it got the first block's place. */
+static int reclaim_run(const char *conf, unsigned flags, size_t live, bool *grew,
+                       uint64_t *waits, bool *first) {
+  gma_t *g = sim_allocator(conf);
+  gma__pool_of(g)->test_flags = flags;
+  gma_stream_t a, u;
+  CHECK_OK(gma_stream_create(g, &a));
+  CHECK_OK(gma_stream_create(g, &u));
+  atomic_int gate = 0, corruptions = 0;
+  void *held = NULL, *x[8], *y;
+  if (live) CHECK_OK(gma_alloc(g, live, a, &held));
+  pattern_kernel_t ku[8];
+  for (int i = 0; i < 8; i++) CHECK_OK(gma_alloc(g, 4 * MiB, a, &x[i]));
+  for (int i = 0; i < 8; i++) {
+    ku[i] = (pattern_kernel_t){x[i], 4 * MiB, (uint8_t)(0x10 + i), &gate, 0, &corruptions, 0};
+    CHECK_OK(gma_sim_launch(g, u, pattern_kernel_run, &ku[i]));
+    CHECK_OK(gma_record_stream(g, x[i], u));
+    CHECK_OK(gma_free(g, x[i]));
+  }
+  pattern_kernel_wait_started(&ku[0]);
+  gma_stats_t s0 = stats_of(g);
+  CHECK(s0.pending_bytes == 32 * MiB);
+  CHECK_OK(gma_alloc(g, 16 * MiB, a, &y));
+  gma_stats_t s1 = stats_of(g);
+  *grew = s1.num_device_allocs > s0.num_device_allocs;
+  *waits = s1.num_cross_stream_waits - s0.num_cross_stream_waits;
+  *first = y == x[0];
+  pattern_kernel_t ka = {y, 16 * MiB, 0xEE, NULL, 1000, &corruptions, 0};
+  CHECK_OK(gma_sim_launch(g, a, pattern_kernel_run, &ka));
+  sleep_us(20000); /* long enough for a's kernel to run, had it not waited */
+  atomic_store(&gate, 1);
+  CHECK_OK(gma_stream_synchronize(g, a));
+  CHECK_OK(gma_stream_synchronize(g, u));
+  CHECK_OK(gma_free(g, y));
+  if (held) CHECK_OK(gma_free(g, held));
+  CHECK_OK(gma_stream_destroy(g, a));
+  CHECK_OK(gma_stream_destroy(g, u));
+  CHECK_OK(gma_destroy(g));
+  return atomic_load(&corruptions);
+}
+
+static void owner_reclaims(void) {
+  bool grew, first;
+  uint64_t waits;
+  int c = reclaim_run(NULL, 0, 0, &grew, &waits, &first);
+  printf("host ahead: grew %d, waits %" PRIu64 ", first place %d, corruptions %d\n", grew, waits,
+         first, c);
+  CHECK(!grew && waits == 1 && first && c == 0);
+  c = reclaim_run("reuse:wait", 0, 0, &grew, &waits, &first);
+  CHECK(!grew && waits >= 1 && c == 0);
+  c = reclaim_run(NULL, GMA__TEST_NO_CONSUMER_WAIT, 0, &grew, &waits, &first);
+  printf("planted (no wait): grew %d, first place %d, corruptions %d\n", grew, first, c);
+  CHECK(!grew && first && c > 0);
+  /* 40 MiB live on a, 32 MiB pending: a short lead; a grows, no wait. */
+  c = reclaim_run(NULL, 0, 40 * MiB, &grew, &waits, &first);
+  printf("short lead: grew %d, waits %" PRIu64 ", corruptions %d\n", grew, waits, c);
+  CHECK(grew && waits == 0 && !first && c == 0);
+  c = reclaim_run("reuse:query", 0, 0, &grew, &waits, &first); /* never a device-side wait */
+  CHECK(grew && waits == 0 && c == 0);
+}
+
 int main(int argc, char **argv) {
   static const struct {
     const char *name;
@@ -217,7 +291,8 @@ int main(int argc, char **argv) {
   } cases[] = {{"consumer_waits", consumer_waits},
                {"only_the_consumer", only_the_consumer},
                {"home_segment_first", home_segment_first},
-               {"growable_homes", growable_homes}};
+               {"growable_homes", growable_homes},
+               {"owner_reclaims", owner_reclaims}};
   int ran = 0;
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
     if (argc < 2 || !strcmp(argv[1], cases[i].name)) {
