@@ -856,21 +856,23 @@ static gma__block_t *pending_wait_fit(gma__pool_t *p, gma__stream_t *s, int kind
   return gma__cache_block(p, best);
 }
 
-/* Lock held, reuse:auto, the pool about to grow for s: when s's own
- * PENDING blocks of this kind (freed on s after gma_record_stream, the other
- * streams' work on them not yet seen to complete) hold at least the request
- * and at least the bytes allocated now, the host has run that far ahead of
- * the device; then s takes them all back behind one device-side wait per
- * stream that gates them (the event closing the newest gated epoch covers
- * every older one), instead of making new memory. They become s's, cached
- * in s's open epoch (as in pending_wait_fit), where they coalesce with s's
- * neighbours, so one wait serves requests of any size. Below that bound s
- * grows and never waits: a short lead (a training loop's iteration, a
- * pipeline's next micro-batch) keeps its overlap. Without the bound, a
- * stream that hands every buffer to a slower stream grew by the whole
- * lead (552 MiB against 4 MiB live on the simulated device; 452 MiB on an
- * H100, where CUB's event-wait held 7.9 MiB at the same speed). True when
- * anything came back. */
+/* Lock held, reuse:auto or reuse:wait, the pool about to grow for s: when
+ * s's own PENDING blocks of this kind (freed on s after gma_record_stream,
+ * the other streams' work on them not yet seen to complete) hold at least
+ * the request and at least the bytes allocated now, the host has run that
+ * far ahead of the device; then s takes them back behind one device-side
+ * wait per stream that gates them (the event closing the newest gated epoch
+ * covers every older one), instead of making new memory. They become s's,
+ * cached in s's open epoch (as in pending_wait_fit), where adjacent ones
+ * coalesce with each other and with s's cached neighbours; the pool may
+ * still grow when no run fits. Blocks gated by a stream past the first
+ * RECLAIM_STREAMS, or by one with no event to wait on, stay pending. Below
+ * the bound s grows (under reuse:auto it never waits for its own blocks): a
+ * short lead (a training loop's iteration, a pipeline's next micro-batch)
+ * keeps its overlap. Without the bound, a stream that hands every buffer to
+ * a slower stream grew by the whole lead (554 MiB against 4 MiB live on the
+ * simulated device; 352-506 MiB on an H100, where CUB's event-wait held 7.9
+ * MiB at the same speed). True when anything came back. */
 #define RECLAIM_STREAMS 16 /* distinct gating streams handled in one call */
 static bool reclaim_own_pending(gma__pool_t *p, gma__stream_t *s, int kind, uint64_t size) {
   uint64_t own = 0;
@@ -891,7 +893,9 @@ static bool reclaim_own_pending(gma__pool_t *p, gma__stream_t *s, int kind, uint
       }
     }
   }
-  if (own < size || own < p->c.allocated.current) return false;
+  if (own < size) return false;
+  gma__stats_sample(p); /* allocated.current, with the bins' and locked frees' traffic */
+  if (own < p->c.allocated.current) return false;
   bool planted = p->test_flags & GMA__TEST_NO_CONSUMER_WAIT;
   for (size_t j = 0; j < n; j++)
     ok[j] = planted || newest[j].stream == s || gma__gate_settle(p, &newest[j], s, true);
