@@ -294,7 +294,7 @@ GMA_API const char *gma_device_name(const gma_t *g);
  * oom_wait_ms), then retries. Any thread. */
 GMA_API gma_status_t gma_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out);
 /* gma_alloc with a tag naming what the memory is for ("weights", "kv-cache";
- * 1..31 characters of printable text, at most 255 distinct tags per
+ * 1..31 bytes of printable ASCII or UTF-8 text, at most 255 distinct tags per
  * allocator): snapshots, the memory summary and leak reports group memory by
  * tag. gma_alloc's memory has the tag "untagged". Any thread. */
 GMA_API gma_status_t gma_alloc_tagged(gma_t *g, size_t size, gma_stream_t stream,

@@ -204,14 +204,24 @@ static void trace(void) {
   CHECK_ST(gma_create(&c, &g), GMA_ERR_CONFIG);
 }
 
-/* Tags are one line of printable text; a quote or backslash in one stays
- * valid JSON in a snapshot. */
+/* Tags are one line of printable text, ASCII or UTF-8; a quote or
+ * backslash in one stays valid JSON in a snapshot. */
 static void tag_text(void) {
   gma_t *g = sim_allocator("worker:off");
   void *p = NULL, *q = NULL;
   CHECK_ST(gma_alloc_tagged(g, 1000, NULL, "two\nlines", &p), GMA_ERR_INVALID_ARGUMENT);
   CHECK(strstr(gma_last_error(), "control character") != NULL && p == NULL);
   CHECK_ST(gma_alloc_tagged(g, 1000, NULL, "tab\there", &p), GMA_ERR_INVALID_ARGUMENT);
+  /* JSON is UTF-8: a Latin-1 byte, a stray continuation byte, a truncated
+   * sequence, an overlong one and a surrogate are refused; UTF-8 is kept. */
+  const char *bad[] = {"caf\xe9", "x\x80y", "end\xc3", "\xc0\xafslash", "\xed\xa0\x80"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    CHECK_ST(gma_alloc_tagged(g, 1000, NULL, bad[i], &p), GMA_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(gma_last_error(), "not UTF-8") != NULL && p == NULL);
+  }
+  CHECK_OK(gma_alloc_tagged(g, 1000, NULL, "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", &q));
+  CHECK_OK(gma_free(g, q));
+  q = NULL;
   CHECK_OK(gma_alloc_tagged(g, 1000, NULL, "say \"hi\" \\o/", &p));
   char path[128];
   tmp_path(path, ".json");
