@@ -470,7 +470,9 @@ GMA_API gma_status_t gma_set_pressure_callback(gma_t *g, gma_pressure_callback_t
  * later; their reuse waits for the work queued before the retire, so queue
  * no more work on the stream that uses them (that is what retiring means). A stream gma has no record of
  * (never used with gma, or already retired) is GMA_OK and nothing happens;
- * gma makes no device call with such a handle. A thread's per-thread
+ * gma makes no device call with such a handle. A later call that names a
+ * retired handle (gma_alloc, gma_record_stream) makes gma know it again, as
+ * a new stream: so retire a stream only when no call will name it. A thread's per-thread
  * default stream is retired by gma when the thread exits. Any thread. */
 GMA_API gma_status_t gma_stream_retire(gma_t *g, gma_stream_t stream);
 
@@ -494,7 +496,8 @@ typedef struct gma_stats {
   uint64_t stream_cached_bytes; /* freed, reusable at once on its own stream only */
   uint64_t pending_bytes;       /* freed, waiting for other streams' work (record_stream) */
   uint64_t free_bytes;          /* reusable on any stream */
-  uint64_t num_allocs;          /* successful gma_alloc calls */
+  uint64_t num_allocs;          /* blocks handed out: one per successful gma_alloc or async
+                                   request, n per batch of n (CPU fallbacks included) */
   uint64_t num_frees;           /* successful gma_free calls */
   uint64_t num_device_allocs;   /* segments taken from the device (growable: chunks mapped) */
   uint64_t num_device_frees;    /* segments given back to the device (growable: chunks unmapped) */
@@ -796,8 +799,9 @@ GMA_API gma_status_t gma_stream_create(gma_t *g, gma_stream_t *out);
 GMA_API gma_status_t gma_stream_destroy(gma_t *g, gma_stream_t stream);
 /* Blocks until all work queued on stream so far has finished. Memory freed
  * on stream before the call (and gma_record_stream uses of it) is then
- * reusable by every stream at once, without waiting for gma to observe an
- * event: synchronize through gma rather than the driver where you can. */
+ * reusable by every stream at once (under reuse:none, by its own stream, as
+ * that policy says), without waiting for gma to observe an event:
+ * synchronize through gma rather than the driver where you can. */
 GMA_API gma_status_t gma_stream_synchronize(gma_t *g, gma_stream_t stream);
 
 /* Makes the work queued on waiter after this call wait until all the work

@@ -631,7 +631,12 @@ static gma_status_t oom_error(gma__pool_t *p, uint64_t size, size_t requested,
   uint64_t room = gma__pool_room(p);
   if (room > dev_free) room = dev_free;
   char cause[400];
-  if (gated >= size)
+  if (gated >= size && (flags & GMA__ALLOC_FUTURE))
+    snprintf(cause, sizeof cause,
+             "%" PRIu64 " bytes are freed but still in use by device work that has not finished "
+             "by the request's deadline (its timeout_ns, or future_timeout_ms); synchronize "
+             "the streams, or give the request a longer deadline", gated);
+  else if (gated >= size)
     snprintf(cause, sizeof cause,
              "%" PRIu64 " bytes are freed but still in use by device work that has not finished "
              "(waited %.1f ms; oom_wait_ms bounds it); synchronize the streams, or raise "
@@ -667,19 +672,27 @@ static gma_status_t oom_error(gma__pool_t *p, uint64_t size, size_t requested,
  * memory finishes, then what it gated is released, whole free segments go
  * back, and the caller searches again. True when something completed, so a
  * retry may succeed; false when nothing freed waits for device work, or the
- * oom_wait_ms deadline passed. Each round needs some work to complete, and
- * at most 64 rounds are made (frees by other threads keep adding work). */
+ * oom_wait_ms deadline passed, or when need bytes cannot fit even once all
+ * that work is done: the limit less the bytes allocated now is less than
+ * need, so a real shortage fails at once instead of waiting for unrelated
+ * kernels. Each round needs some work to complete. There is no cap on the
+ * rounds: with other threads taking what completes first, a cap of 64
+ * made a call fail after 0.2 s with oom_wait_ms:60000 and everything
+ * reserved pending; the deadline bounds the wait, the feasibility check
+ * stops a hopeless one, and a round without any work to wait for ends it. */
 typedef struct oom_waiting {
   uint64_t start_ns; /* when the first round began (0: none yet) */
-  int rounds;
+  uint64_t rounds;
 } oom_waiting_t;
 
 static uint64_t oom_waited_ns(const oom_waiting_t *w) {
   return w->start_ns ? gma__now_ns() - w->start_ns : 0;
 }
 
-static bool oom_wait(gma__pool_t *p, oom_waiting_t *w) {
-  if (w->rounds >= 64) return false;
+static bool oom_wait(gma__pool_t *p, oom_waiting_t *w, uint64_t need) {
+  gma__stats_sample(p); /* allocated.current, with the bins' traffic */
+  uint64_t live = p->c.allocated.current;
+  if (live >= p->limit || p->limit - live < need) return false;
   if (!w->start_ns) w->start_ns = gma__now_ns();
   if (p->leaving) { /* a trim is giving memory back to the device right now */
     p->c.oom_waits += w->rounds++ == 0;
@@ -752,6 +765,19 @@ static gma__block_t *small_in_large_hole(gma__pool_t *p, int kind, uint64_t size
   if (kind != GMA__SMALL) return NULL;
   gma__block_t *b = treap_best_fit(p->free_tree[GMA__LARGE], size);
   return b && b->size - size < p->segment_size[GMA__SMALL] ? b : NULL;
+}
+
+/* Lock held, the device full even after the OOM retry's release: the best
+ * FREE fit in the other kind's segments, whatever it leaves (a small request
+ * in a large hole, or a large one in a small segment's or chunk's free
+ * part). Each pool keeps its own segments so that neither fragments the
+ * other, but when a request would fail, a free block that holds it must
+ * serve it: a 1 MiB request failed on a 64 MiB device with a 12 MiB hole in
+ * the large pool, and with growable segments a 4 MiB request failed beside
+ * 7.5 MiB free in a small chunk. (The block stays in its segment: freed, it
+ * goes back to that segment's trees.) */
+static gma__block_t *other_kind_fit(gma__pool_t *p, int kind, uint64_t size) {
+  return treap_best_fit(p->free_tree[kind == GMA__SMALL ? GMA__LARGE : GMA__SMALL], size);
 }
 
 /* Lock held. A block of at least size bytes for s: the stream's cache or the
@@ -991,6 +1017,10 @@ static gma_status_t find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uin
   if (!may_grow) return GMA_ERR_OOM; /* the caller has another plan; no message */
   gma_status_t st = grow(p, kind, size, s->serial, out); /* new memory is s's */
   p->c.grows_inline += st == GMA_OK;
+  if (st == GMA_ERR_OOM && (*out = other_kind_fit(p, kind, size))) {
+    *level = &p->c.hits_pool;
+    return GMA_OK;
+  }
   return st;
 }
 
@@ -1034,7 +1064,7 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t
     st = gma__set_error(GMA_ERR_OOM, "host memory for a stream record");
   } else {
     st = find_or_grow(p, s, kind, size, &b, &level, !inline_try, capture);
-    while (st == GMA_ERR_OOM && (flags & GMA__ALLOC_WAIT) && oom_wait(p, &w))
+    while (st == GMA_ERR_OOM && (flags & GMA__ALLOC_WAIT) && oom_wait(p, &w, size))
       st = find_or_grow(p, s, kind, size, &b, &level, true, capture);
     if (st == GMA_ERR_OOM && !inline_try)
       st = oom_error(p, size, requested, stream, flags, oom_waited_ns(&w));
@@ -1182,7 +1212,7 @@ again:
     for (size_t i = got; i-- > 0;) untake_block(p, &taken[i]);
     /* Host memory ran out (no record for a split): no device work can help. */
     host_short = host_short || st == GMA_OK;
-    if (st == GMA_ERR_OOM && !host_short && (flags & GMA__ALLOC_WAIT) && oom_wait(p, &w)) {
+    if (st == GMA_ERR_OOM && !host_short && (flags & GMA__ALLOC_WAIT) && oom_wait(p, &w, total)) {
       got = 0;
       st = GMA_OK;
       goto again; /* device work finished and freed memory: every plan again */
@@ -1646,7 +1676,8 @@ void gma__pool_oom_count(gma__pool_t *p, size_t requested, gma_stream_t stream) 
 
 gma_status_t gma__pool_oom_report(gma__pool_t *p, uint64_t bytes, gma_stream_t stream) {
   pthread_mutex_lock(&p->lock);
-  gma_status_t st = oom_error(p, round_up(bytes, GMA__ROUND), (size_t)bytes, stream, 0, 0);
+  gma_status_t st =
+      oom_error(p, round_up(bytes, GMA__ROUND), (size_t)bytes, stream, GMA__ALLOC_FUTURE, 0);
   pthread_mutex_unlock(&p->lock);
   return st;
 }

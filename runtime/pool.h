@@ -344,7 +344,10 @@ enum {
   /* The caller has another plan if this fails (the CPU fallback, a smaller
    * size): GMA_ERR_OOM with the full message, not counted in num_ooms nor
    * traced; the caller reports its own failure (gma__pool_oom_count). */
-  GMA__ALLOC_UNCOUNTED = 1u << 5
+  GMA__ALLOC_UNCOUNTED = 1u << 5,
+  /* oom_error only: the failure of an async request at its deadline (its
+   * advice names the deadline, not oom_wait_ms). */
+  GMA__ALLOC_FUTURE = 1u << 6
 };
 gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t size, gma_stream_t stream,
                                   uint64_t stream_id, unsigned flags, void **out);

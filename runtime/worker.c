@@ -18,9 +18,9 @@
  * what the workload needs; giving it back would make the next iteration
  * allocate it again). */
 #define WORKING_SET_TICKS 3u
-/* While freed memory waits for device work (pending or cached behind an
- * epoch), the worker looks at least this often, so what completed becomes
- * free and the statistics say so without a caller's poll. */
+/* While freed memory waits for other streams' work (pending), the worker
+ * looks at least this often, so what completed goes back to its stream's
+ * cache and the statistics say so without a caller's poll. */
 #define POLL_NS (10u * 1000000u)
 
 static gma_pressure_t level_of(double use) {
@@ -151,17 +151,19 @@ static uint64_t next_deadline(gma__worker_t *w) {
   return d;
 }
 
-/* Lock-free of the caller: observes device work that completed, so memory
- * it gated becomes free (and the statistics say so) without waiting for a
- * caller's slow path; true while freed memory still waits for some. */
+/* Lock-free of the caller: observes device work that completed, so pending
+ * memory it gated goes back to its stream's cache (and the statistics say
+ * so) without waiting for a caller's slow path; true while some still
+ * waits. Stream caches stay with their streams: moving them to the shared
+ * pool every 10 ms took a training loop's blocks from their streams in its
+ * first iterations (an allocation that misses polls for itself). */
 static bool poll_gated(gma__pool_t *p) {
   pthread_mutex_lock(&p->lock);
-  bool none = p->reuse == GMA_REUSE_NONE;
-  if (p->c.pending || (!none && p->c.stream_cached)) {
-    gma__streams_observe(p);
+  if (p->c.pending) {
+    gma__streams_settle_pending(p);
     gma__stats_sample(p);
   }
-  bool gated = p->c.pending || (!none && p->c.stream_cached);
+  bool gated = p->c.pending != 0;
   pthread_mutex_unlock(&p->lock);
   return gated;
 }
@@ -207,8 +209,12 @@ static void *worker_main(void *arg) {
       tick(w);
       next_tick = gma__now_ns() + w->interval_ns;
     }
-    if (now >= next_poll || next_poll == UINT64_MAX)
+    if (now >= next_poll || next_poll == UINT64_MAX) {
+      /* Said before the look, so a free that the look misses sees it. */
+      atomic_store(&w->unwatched, true);
       next_poll = poll_gated(w->p) ? gma__now_ns() + poll_ns : UINT64_MAX;
+      if (next_poll != UINT64_MAX) atomic_store(&w->unwatched, false);
+    }
     pthread_mutex_lock(&w->mu);
     if (w->job) {
       void (*job)(void *) = w->job;
@@ -323,7 +329,9 @@ gma_status_t gma__worker_start(gma__worker_t *w, gma_t *g, gma__pool_t *p,
             pthread_cond_init(&w->room_cv, NULL) == 0 && pthread_cond_init(&w->cb_cv, NULL) == 0 &&
             (w->anchor = gma__anchor_new(g)) != NULL;
   pthread_condattr_destroy(&attr);
+  atomic_store(&w->unwatched, true); /* it starts asleep until its first tick */
   if (!ok || pthread_create(&w->thread, NULL, worker_main, w) != 0) {
+    atomic_store(&w->unwatched, false);
     free(w->ring_buf);
     return gma__set_error(GMA_ERR_INTERNAL, "cannot start gma's worker thread");
   }
@@ -333,6 +341,7 @@ gma_status_t gma__worker_start(gma__worker_t *w, gma_t *g, gma__pool_t *p,
 
 void gma__worker_stop(gma__worker_t *w) {
   if (!w->started) return;
+  atomic_store(&w->unwatched, false); /* no free kicks a worker that is gone */
   pthread_mutex_lock(&w->mu);
   w->stop = true;
   pthread_cond_signal(&w->cv);

@@ -38,6 +38,9 @@ typedef struct gma__worker {
   unsigned room_waiters;       /* mu */
   struct gma_future *waiting, *waiting_tail; /* worker thread only: in FIFO order */
   _Atomic bool memory_wanted;  /* a request waits for memory: frees kick the worker */
+  _Atomic bool unwatched;      /* the worker sleeps until its tick, no freed memory having
+                                  waited for device work when it last looked: a free that
+                                  leaves some (the pool's slow path) kicks it */
   uint64_t timeout_ns;         /* immutable: future_timeout_ms */
   struct gma__anchor *anchor;  /* shared with every future: says whether g still lives */
   /* submitted and ready count requests handed to the worker; ready_at_once

@@ -4,6 +4,7 @@
  * (at most oom_wait_ms), releases what it gated and retries. Memory that is
  * genuinely exhausted still fails at once, and every OOM message names its
  * cause. num_ooms counts failed calls only. Public API only. */
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
@@ -294,14 +295,190 @@ static void trim_in_flight(void) {
   }
 }
 
+/* A real shortage while unrelated memory is busy: 40 MiB live, 16 MiB
+ * freed under a 300 ms kernel, 32 MiB asked under a 64 MiB limit. Even
+ * once the kernel is done only 24 MiB could be had, so it fails at once
+ * (before: it waited for the kernel, then failed). */
+static void shortage_under_busy_work(void) {
+  gma_t *g = sim_allocator("memory_limit:64M,worker:off");
+  gma_stream_t a;
+  CHECK_OK(gma_stream_create(g, &a));
+  atomic_int corruptions = 0;
+  void *live, *p, *q;
+  CHECK_OK(gma_alloc(g, 40 * MiB, NULL, &live));
+  CHECK_OK(gma_alloc(g, 16 * MiB, a, &p));
+  pattern_kernel_t *k = busy(g, a, p, 300000, &corruptions);
+  CHECK_OK(gma_free(g, p));
+  uint64_t t0 = now_ms();
+  CHECK_ST(gma_alloc(g, 32 * MiB, NULL, &q), GMA_ERR_OOM);
+  CHECK(now_ms() - t0 < 150);
+  CHECK(strstr(gma_last_error(), "a real shortage") != NULL);
+  gma_stats_t s = stats_of(g);
+  CHECK(s.num_oom_waits == 0 && s.num_ooms == 1);
+  /* 24 MiB does fit once the kernel is done: that one waits. */
+  CHECK_OK(gma_alloc(g, 24 * MiB, NULL, &q));
+  CHECK(stats_of(g).num_oom_waits == 1);
+  CHECK(atomic_load(&corruptions) == 0);
+  CHECK_OK(gma_free(g, q));
+  CHECK_OK(gma_free(g, live));
+  CHECK_OK(gma_stream_synchronize(g, a));
+  CHECK(atomic_load(&corruptions) == 0);
+  CHECK_OK(gma_stream_destroy(g, a));
+  CHECK_OK(gma_destroy(g));
+  free(k);
+}
+
+/* An async request whose memory is still busy at its deadline: the
+ * message names the deadline, not oom_wait_ms (which bounds only the
+ * synchronous calls' wait). */
+static void async_deadline_message(void) {
+  gma_t *g = sim_allocator("memory_limit:64M");
+  gma_stream_t a;
+  CHECK_OK(gma_stream_create(g, &a));
+  atomic_int corruptions = 0;
+  void *p, *q;
+  CHECK_OK(gma_alloc(g, 48 * MiB, a, &p));
+  pattern_kernel_t *k = busy(g, a, p, 300000, &corruptions);
+  CHECK_OK(gma_free(g, p));
+  gma_async_options_t o = GMA_ASYNC_OPTIONS_INIT;
+  o.timeout_ns = 50000000ull;
+  gma_future_t *f;
+  CHECK_OK(gma_alloc_async(g, 48 * MiB, NULL, &o, &f));
+  CHECK_ST(gma_future_wait(f, UINT64_MAX, &q), GMA_ERR_TIMEOUT);
+  CHECK(strstr(gma_last_error(), "still in use by device work") != NULL);
+  CHECK(strstr(gma_last_error(), "longer deadline") != NULL);
+  CHECK(strstr(gma_last_error(), "oom_wait_ms") == NULL);
+  CHECK_OK(gma_future_release(f));
+  CHECK_OK(gma_stream_synchronize(g, a));
+  CHECK(atomic_load(&corruptions) == 0);
+  CHECK_OK(gma_stream_destroy(g, a));
+  CHECK_OK(gma_destroy(g));
+  free(k);
+}
+
+/* The device full, a request of one pool kind fits a FREE block of the
+ * other: it gets it instead of failing. A small request in a large hole
+ * (12 MiB free in a split 24 MiB segment, the small segments filled), and
+ * with growable segments a large request in a small chunk's free part. */
+static void other_pool_holds_it(void) {
+  gma_t *g = sim_allocator("memory_limit:64M,worker:off");
+  void *x, *y, *p[64];
+  CHECK_OK(gma_alloc(g, 24 * MiB, NULL, &x));
+  CHECK_OK(gma_free(g, x));
+  CHECK_OK(gma_stream_synchronize(g, NULL));
+  CHECK_OK(gma_alloc(g, 12 * MiB, NULL, &y));
+  int n = 0;
+  while (n < 64 && gma_alloc(g, 1 * MiB, NULL, &p[n]) == GMA_OK) n++;
+  /* 40 MiB of small segments, then the 12 MiB left in the large one. */
+  CHECK(n == 52);
+  CHECK(strstr(gma_last_error(), "a real shortage") != NULL);
+  for (int i = 0; i < n; i++) CHECK_OK(gma_free(g, p[i]));
+  CHECK_OK(gma_free(g, y));
+  gma_stats_t s = stats_of(g);
+  CHECK(s.allocated.current == 0);
+  CHECK_OK(gma_destroy(g));
+
+  g = sim_allocator("expandable_segments:true,worker:off,sim_capacity:256M");
+  void *small, *big, *q;
+  CHECK_OK(gma_alloc(g, 512 * 1024, NULL, &small)); /* maps the small kind's chunk */
+  CHECK_OK(gma_alloc(g, 248 * MiB, NULL, &big));
+  CHECK_OK(gma_alloc(g, 4 * MiB, NULL, &q)); /* in the small chunk's free part */
+  memset(q, 7, 4 * MiB);
+  CHECK_OK(gma_free(g, q));
+  CHECK_OK(gma_alloc(g, 4 * MiB, NULL, &q)); /* and again, once freed */
+  CHECK_OK(gma_free(g, q));
+  CHECK_OK(gma_free(g, big));
+  CHECK_OK(gma_free(g, small));
+  CHECK_OK(gma_destroy(g));
+}
+
+/* Three threads take turns at memory that device work frees: each
+ * allocates on its stream under a 24 MiB limit (512 B to 512 KiB, every
+ * 32nd block 3 MiB), hands it to the two other threads' streams (a kernel
+ * on each, every 13th holding 2 ms; gma_record_stream) and frees it.
+ * Every allocation can be served once some of that work is done, so none
+ * may fail, however often other threads take what completed first: with
+ * the old cap of 64 wait rounds planted back, 1-3 of the 2400 calls failed
+ * in each of 4 runs (a 3 MiB block waits for many small ones to coalesce). */
+enum { TURN_THREADS = 3, TURN_ITERS = 800 };
+typedef struct turn_arg {
+  gma_t *g;
+  gma_stream_t *streams;
+  int me, failed;
+  atomic_int *corruptions;
+} turn_arg_t;
+
+static void *take_turns(void *arg) {
+  turn_arg_t *t = arg;
+  gma_stream_t own = t->streams[t->me];
+  pattern_kernel_t *ks = calloc(3 * TURN_ITERS, sizeof *ks);
+  for (int i = 0; i < TURN_ITERS; i++) {
+    /* Mostly small blocks, every 32nd 3 MiB: the large one needs many
+     * small ones to complete and coalesce, round after round. */
+    uint64_t r = (uint64_t)(t->me + 1) * 0x9E3779B97F4A7C15ull + (uint64_t)i * 0xBF58476D1CE4E5B9ull;
+    r ^= r >> 29;
+    size_t size = i % 32 == 31 ? 3 * MiB : 512u * (1 + r % 1024);
+    void *p;
+    if (gma_alloc(t->g, size, own, &p) != GMA_OK) {
+      fprintf(stderr, "thread %d, iteration %d: %s\n", t->me, i, gma_last_error());
+      t->failed++;
+      continue;
+    }
+    pattern_kernel_t *w = &ks[3 * i + 2]; /* written on its own stream first */
+    *w = (pattern_kernel_t){.buf = p, .len = size, .value = (uint8_t)(t->me * 64 + i),
+                            .corruptions = t->corruptions};
+    CHECK_OK(gma_sim_launch(t->g, own, pattern_kernel_run, w));
+    for (int c = 0; c < 2; c++) { /* the two other threads' streams use it */
+      gma_stream_t user = t->streams[(t->me + 1 + c) % TURN_THREADS];
+      pattern_kernel_t *k = &ks[3 * i + c];
+      *k = (pattern_kernel_t){.buf = p, .len = size, .value = (uint8_t)(t->me * 64 + i),
+                              .hold_us = i % 13 ? 0 : 2000, .corruptions = t->corruptions};
+      CHECK_OK(gma_stream_wait_stream(t->g, user, own));
+      CHECK_OK(gma_sim_launch(t->g, user, pattern_kernel_run, k));
+      CHECK_OK(gma_record_stream(t->g, p, user));
+    }
+    CHECK_OK(gma_free(t->g, p));
+  }
+  for (int c = 0; c < TURN_THREADS; c++) CHECK_OK(gma_stream_synchronize(t->g, t->streams[c]));
+  free(ks);
+  return NULL;
+}
+
+static void threads_take_turns(void) {
+  gma_t *g = sim_allocator("memory_limit:24M,reuse:query,oom_wait_ms:60000");
+  gma_stream_t streams[TURN_THREADS];
+  for (int i = 0; i < TURN_THREADS; i++) CHECK_OK(gma_stream_create(g, &streams[i]));
+  atomic_int corruptions = 0;
+  turn_arg_t args[TURN_THREADS];
+  pthread_t th[TURN_THREADS];
+  for (int i = 0; i < TURN_THREADS; i++) {
+    args[i] = (turn_arg_t){g, streams, i, 0, &corruptions};
+    CHECK(pthread_create(&th[i], NULL, take_turns, &args[i]) == 0);
+  }
+  for (int i = 0; i < TURN_THREADS; i++) pthread_join(th[i], NULL);
+  int failed = 0;
+  for (int i = 0; i < TURN_THREADS; i++) failed += args[i].failed;
+  gma_stats_t s = stats_of(g);
+  printf("threads_take_turns: %d failed, %" PRIu64 " calls waited\n", failed, s.num_oom_waits);
+  CHECK(failed == 0 && s.num_ooms == 0 && atomic_load(&corruptions) == 0);
+  for (int i = 0; i < TURN_THREADS; i++) CHECK_OK(gma_stream_destroy(g, streams[i]));
+  CHECK_OK(gma_destroy(g));
+}
+
+
 static const test_case_t cases[] = {{"others_go_on", others_go_on},
                                     {"trim_in_flight", trim_in_flight},
-                                    {"small_room_left", small_room_left},{"busy_own_stream", busy_own_stream},
+                                    {"small_room_left", small_room_left},
+                                    {"busy_own_stream", busy_own_stream},
                                     {"busy_record_stream", busy_record_stream},
                                     {"real_shortage", real_shortage},
                                     {"bounded_wait", bounded_wait},
                                     {"fragmentation_message", fragmentation_message},
-                                    {"async_counts_once", async_counts_once}};
+                                    {"async_counts_once", async_counts_once},
+                                    {"shortage_under_busy_work", shortage_under_busy_work},
+                                    {"async_deadline_message", async_deadline_message},
+                                    {"other_pool_holds_it", other_pool_holds_it},
+                                    {"threads_take_turns", threads_take_turns}};
 
 int main(int argc, char **argv) {
   return run_cases(argc, argv, cases, sizeof cases / sizeof cases[0]);
