@@ -377,10 +377,11 @@ static gma_status_t free_now(gma_t *g, void *ptr) {
   st = gma__bin_free(&g->pool, ptr);
   if (st != GMA_OK) {
     unsigned kept = gma__error_keep(); /* a CPU fallback's free is said nothing about */
-    st = gma__pool_free_slow(&g->pool, ptr);
-    /* Memory now waits for device work (cached on its stream, or pending
-     * others'): a worker asleep until its tick starts watching it now. */
-    if (st == GMA_OK && atomic_load(&g->worker.unwatched)) gma__worker_kick(&g->worker);
+    bool pended;
+    st = gma__pool_free_slow(&g->pool, ptr, &pended);
+    /* The block now waits for other streams' work: a worker asleep until
+     * its tick starts watching it now. */
+    if (pended && atomic_load(&g->worker.unwatched)) gma__worker_kick(&g->worker);
     /* Not device memory of ours: a CPU fallback's host memory, perhaps, or
      * pinned host memory given to the wrong free. */
     if (st == GMA_ERR_INVALID_POINTER && gma__host_owns_fallback(&g->host, ptr))

@@ -675,14 +675,17 @@ static gma_status_t oom_error(gma__pool_t *p, uint64_t size, size_t requested,
  * oom_wait_ms deadline passed, or when need bytes cannot fit even once all
  * that work is done: the limit less the bytes allocated now is less than
  * need, so a real shortage fails at once instead of waiting for unrelated
- * kernels. Each round needs some work to complete. There is no cap on the
- * rounds: with other threads taking what completes first, a cap of 64
- * made a call fail after 0.2 s with oom_wait_ms:60000 and everything
- * reserved pending; the deadline bounds the wait, the feasibility check
- * stops a hopeless one, and a round without any work to wait for ends it. */
+ * kernels. Each round needs some work to complete. Rounds that free
+ * memory have no cap (a cap of 64 rounds in all made a call fail after 0.2
+ * s under oom_wait_ms:60000 with everything reserved pending, three
+ * threads taking turns at what completed); OOM_STALE_ROUNDS rounds in a
+ * row that free nothing end it (a device error on the awaited event counts
+ * as a completion, and would otherwise repeat the same round forever). */
+#define OOM_STALE_ROUNDS 64
 typedef struct oom_waiting {
   uint64_t start_ns; /* when the first round began (0: none yet) */
   uint64_t rounds;
+  unsigned stale;    /* rounds in a row after which no memory had come free */
 } oom_waiting_t;
 
 static uint64_t oom_waited_ns(const oom_waiting_t *w) {
@@ -691,8 +694,8 @@ static uint64_t oom_waited_ns(const oom_waiting_t *w) {
 
 static bool oom_wait(gma__pool_t *p, oom_waiting_t *w, uint64_t need) {
   gma__stats_sample(p); /* allocated.current, with the bins' traffic */
-  uint64_t live = p->c.allocated.current;
-  if (live >= p->limit || p->limit - live < need) return false;
+  uint64_t live = p->c.allocated.current + p->c.arena; /* a plan's arena stays too */
+  if (live >= p->limit || p->limit - live < need || w->stale >= OOM_STALE_ROUNDS) return false;
   if (!w->start_ns) w->start_ns = gma__now_ns();
   if (p->leaving) { /* a trim is giving memory back to the device right now */
     p->c.oom_waits += w->rounds++ == 0;
@@ -708,8 +711,10 @@ static bool oom_wait(gma__pool_t *p, oom_waiting_t *w, uint64_t need) {
   pthread_mutex_unlock(&p->lock);
   gma__streams_wait_any(p, evs, n, deadline); /* false: the deadline; the next call says so */
   pthread_mutex_lock(&p->lock);
+  uint64_t before = p->c.free + gma__pool_room(p);
   gma__streams_wait_end(p);
   release_free_segments(p);
+  w->stale = p->c.free + gma__pool_room(p) > before ? 0 : w->stale + 1;
   return true; /* search once more: work may have completed even at the deadline */
 }
 
@@ -1059,7 +1064,7 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t
   gma__stream_t *s = gma__stream_resolve(p, stream, stream_id);
   gma__block_t *b = NULL;
   uint64_t *level = NULL;
-  oom_waiting_t w = {0, 0};
+  oom_waiting_t w = {0, 0, 0};
   if (!s) {
     st = gma__set_error(GMA_ERR_OOM, "host memory for a stream record");
   } else {
@@ -1162,7 +1167,7 @@ gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes
    * free in pieces: a training step's gradient batch would otherwise leave
    * a segment behind each step, split up by other requests in between. */
   bool split = false;
-  oom_waiting_t w = {0, 0};
+  oom_waiting_t w = {0, 0, 0};
   bool host_short = false;
 again:
   for (int plan = 0; plan < (inline_try ? 2 : 4) && got < n; plan++) { /* inline: held memory */
@@ -1297,9 +1302,10 @@ static gma__block_t *live_block(gma__pool_t *p, uintptr_t addr) {
   return b && b->addr == addr && state_of(b) == GMA__LIVE ? b : NULL;
 }
 
-static void free_taken(gma__pool_t *p, gma__block_t *b);
+static bool free_taken(gma__pool_t *p, gma__block_t *b);
 
-gma_status_t gma__pool_free_slow(gma__pool_t *p, void *ptr) {
+gma_status_t gma__pool_free_slow(gma__pool_t *p, void *ptr, bool *pended) {
+  *pended = false;
   uintptr_t addr = (uintptr_t)ptr;
   pthread_mutex_lock(&p->lock);
   gma__block_t *b = live_block(p, addr);
@@ -1320,7 +1326,7 @@ gma_status_t gma__pool_free_slow(gma__pool_t *p, void *ptr) {
     pthread_mutex_unlock(&p->lock);
     return st;
   }
-  free_taken(p, b);
+  *pended = free_taken(p, b);
   GMA__VALIDATE(p);
   pthread_mutex_unlock(&p->lock);
   return GMA_OK;
@@ -1328,8 +1334,8 @@ gma_status_t gma__pool_free_slow(gma__pool_t *p, void *ptr) {
 
 /* Lock held: b was LIVE and its state is now PENDING (the caller's CAS):
  * counts the free and caches b on its stream, or, used by other streams,
- * leaves it pending behind their open epochs. */
-static void free_taken(gma__pool_t *p, gma__block_t *b) {
+ * leaves it pending behind their open epochs (then true). */
+static bool free_taken(gma__pool_t *p, gma__block_t *b) {
   gma__stream_t *s = b->stream;
   gma__tcount_t *c = gma__tcount(p, s);
   gma__counter_add_owner(&c->frees, 1);
@@ -1348,13 +1354,14 @@ static void free_taken(gma__pool_t *p, gma__block_t *b) {
       if (!u_retired) gma__store_relaxed(&u->dirty, true);
     }
     pending_link(p, b);
-  } else {
-    gma__store_relaxed(&b->ngates, 0);
-    if (p->test_flags & GMA__TEST_NO_EPOCH_GATING)
-      gma__block_make_free(p, b);
-    else
-      gma__cache_block(p, b);
+    return true;
   }
+  gma__store_relaxed(&b->ngates, 0);
+  if (p->test_flags & GMA__TEST_NO_EPOCH_GATING)
+    gma__block_make_free(p, b);
+  else
+    gma__cache_block(p, b);
+  return false;
 }
 
 /* Lock held: stream u used live block b too (record_stream): its free

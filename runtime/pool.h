@@ -357,7 +357,8 @@ void gma__pool_oom_count(gma__pool_t *p, size_t requested, gma_stream_t stream);
 /* An async request gives up: counts it in num_ooms, traces it and sets the
  * full OOM message (what is where, and why) as the last error. */
 gma_status_t gma__pool_oom_report(gma__pool_t *p, uint64_t bytes, gma_stream_t stream);
-gma_status_t gma__pool_free_slow(gma__pool_t *p, void *ptr);
+/* *pended: the block now waits for other streams' work (gma_record_stream). */
+gma_status_t gma__pool_free_slow(gma__pool_t *p, void *ptr, bool *pended);
 /* ptr may lie anywhere inside a live allocation; *base gets its start. */
 gma_status_t gma__pool_record_stream(gma__pool_t *p, void *ptr, gma_stream_t stream,
                                      void **base);

@@ -341,12 +341,12 @@ gma_status_t gma__worker_start(gma__worker_t *w, gma_t *g, gma__pool_t *p,
 
 void gma__worker_stop(gma__worker_t *w) {
   if (!w->started) return;
-  atomic_store(&w->unwatched, false); /* no free kicks a worker that is gone */
   pthread_mutex_lock(&w->mu);
   w->stop = true;
   pthread_cond_signal(&w->cv);
   pthread_mutex_unlock(&w->mu);
   pthread_join(w->thread, NULL);
+  atomic_store(&w->unwatched, false); /* no free kicks a worker that is gone */
   gma__anchor_detach(w->anchor); /* futures waited on or released from now on no longer reach g */
   pthread_cond_destroy(&w->cv);
   pthread_cond_destroy(&w->room_cv);

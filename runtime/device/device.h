@@ -147,7 +147,10 @@ gma_status_t gma__sim_create(const gma_config_t *config, gma__device_t **out);
  * of site counted so far; gma__sim_live: what dev holds now (memory, events,
  * user streams); with dev NULL both tell of the last sim device destroyed, as
  * it was when its destroy began. Any thread; no-ops on other backends. The
- * sim_fail_alloc / sim_fail_event config keys keep their own counters. */
+ * sim_fail_alloc / sim_fail_event config keys keep their own counters.
+ * nth | GMA__SIM_STICKY fails the nth call and every later one, as a CUDA
+ * context does after a sticky error. */
+#define GMA__SIM_STICKY ((uint64_t)1 << 63)
 #define GMA__SIM_SITES(X)                                                                     \
   X(MEM_ALLOC, mem_alloc) X(MEM_FREE, mem_free) X(MEM_INFO, mem_info)                         \
   X(EVENT_CREATE, event_create) X(EVENT_DESTROY, event_destroy)                               \

@@ -369,7 +369,9 @@ static gma_status_t site_fault(sim_device_t *dev, gma__sim_site_t site) {
   /* Acquire pairs with the release stores of counting. */
   if (!atomic_load_explicit(&dev->counting, memory_order_acquire)) return GMA_OK;
   uint64_t n = atomic_load_explicit(&dev->site_nth[site], memory_order_relaxed), t;
-  if (!fault_fires(&dev->site_calls[site], n, &t)) return GMA_OK;
+  bool sticky = n & GMA__SIM_STICKY;
+  n &= ~GMA__SIM_STICKY;
+  if (!fault_fires(&dev->site_calls[site], n, &t) && !(sticky && n && t >= n)) return GMA_OK;
   gma_status_t st = (gma_status_t)atomic_load_explicit(&dev->site_status[site],
                                                         memory_order_relaxed);
   return gma__set_error(st, "injected failure of %s call #%llu on the simulated device (%s)", site_names[site],

@@ -333,6 +333,37 @@ static void cached_joins_free_neighbour(void) {
   CHECK_OK(gma_destroy(g));
 }
 
+/* The OOM wait under a sticky device error: every event query fails (as a
+ * CUDA context does after an illegal address), so no completion can ever
+ * be seen. The wait counts a failed query as a completion, and each round
+ * then frees nothing: after 64 such rounds in a row the call fails instead
+ * of repeating the same round forever (it did, once the cap on all rounds
+ * was lifted). */
+static void oom_wait_ends_on_sticky_errors(void) {
+  gma_t *g = sim_allocator("memory_limit:64M,worker:off");
+  gma_stream_t a;
+  CHECK_OK(gma_stream_create(g, &a));
+  atomic_int gate = 0, corruptions = 0;
+  void *p, *q;
+  CHECK_OK(gma_alloc(g, 48 << 20, a, &p));
+  pattern_kernel_t k = {p, 1 << 20, 0x3c, &gate, 0, &corruptions, 0};
+  CHECK_OK(gma_sim_launch(g, a, pattern_kernel_run, &k));
+  pattern_kernel_wait_started(&k);
+  CHECK_OK(gma_free(g, p));
+  gma__sim_fault(gma__pool_of(g)->dev, GMA__SIM_EVENT_QUERY, 1 | GMA__SIM_STICKY, GMA_ERR_DEVICE);
+  CHECK_ST(gma_alloc(g, 48 << 20, NULL, &q), GMA_ERR_OOM);
+  gma_stats_t s = stats_of(g);
+  CHECK(s.num_oom_waits == 1 && s.num_ooms == 1);
+  gma__sim_fault(gma__pool_of(g)->dev, GMA__SIM_EVENT_QUERY, 0, GMA_OK);
+  atomic_store(&gate, 1);
+  CHECK_OK(gma_stream_synchronize(g, a));
+  CHECK(atomic_load(&corruptions) == 0);
+  CHECK_OK(gma_alloc(g, 48 << 20, NULL, &q)); /* the device well again: served */
+  CHECK_OK(gma_free(g, q));
+  CHECK_OK(gma_stream_destroy(g, a));
+  CHECK_OK(gma_destroy(g));
+}
+
 int main(void) {
   cached_joins_free_neighbour();
   size_classes();
@@ -341,6 +372,7 @@ int main(void) {
   coalesce_then_release();
   segment_sizes();
   oom_retry_releases_cache();
+  oom_wait_ends_on_sticky_errors();
   oversize_segments_stay_whole();
   memory_limit_is_honoured();
   random_workload(0x5eed1234, "bins:on");
