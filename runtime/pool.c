@@ -905,6 +905,13 @@ static gma__block_t *pending_wait_fit(gma__pool_t *p, gma__stream_t *s, int kind
  * simulated device; 352-506 MiB on an H100, where CUB's event-wait held 7.9
  * MiB at the same speed). True when anything came back. */
 #define RECLAIM_STREAMS 16 /* distinct gating streams handled in one call */
+/* The slot of gating stream u among newest[0..n), or n. */
+static size_t gate_slot(const gma__gate_t *newest, size_t n, const gma__stream_t *u) {
+  size_t j = 0;
+  while (j < n && newest[j].stream != u) j++;
+  return j;
+}
+
 static bool reclaim_own_pending(gma__pool_t *p, gma__stream_t *s, int kind, uint64_t size) {
   uint64_t own = 0;
   gma__gate_t newest[RECLAIM_STREAMS]; /* per gating stream, its newest gated epoch */
@@ -915,8 +922,7 @@ static bool reclaim_own_pending(gma__pool_t *p, gma__stream_t *s, int kind, uint
     own += b->size;
     uint32_t ng = gma__load_relaxed(&b->ngates);
     for (uint32_t i = 0; i < ng; i++) {
-      size_t j = 0;
-      while (j < n && newest[j].stream != b->gates[i].stream) j++;
+      size_t j = gate_slot(newest, n, b->gates[i].stream);
       if (j < n) {
         if (b->gates[i].epoch > newest[j].epoch) newest[j].epoch = b->gates[i].epoch;
       } else if (n < RECLAIM_STREAMS) { /* beyond that, its blocks stay pending */
@@ -937,8 +943,7 @@ static bool reclaim_own_pending(gma__pool_t *p, gma__stream_t *s, int kind, uint
     uint32_t ng = gma__load_relaxed(&b->ngates);
     bool covered = true;
     for (uint32_t i = 0; i < ng && covered; i++) {
-      size_t j = 0;
-      while (j < n && newest[j].stream != b->gates[i].stream) j++;
+      size_t j = gate_slot(newest, n, b->gates[i].stream);
       covered = j < n && ok[j];
     }
     if (!covered) continue;
