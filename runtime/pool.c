@@ -675,17 +675,18 @@ static gma_status_t oom_error(gma__pool_t *p, uint64_t size, size_t requested,
  * oom_wait_ms deadline passed, or when need bytes cannot fit even once all
  * that work is done: the limit less the bytes allocated now is less than
  * need, so a real shortage fails at once instead of waiting for unrelated
- * kernels. Each round needs some work to complete. Rounds that free
- * memory have no cap (a cap of 64 rounds in all made a call fail after 0.2
- * s under oom_wait_ms:60000 with everything reserved pending, three
- * threads taking turns at what completed); OOM_STALE_ROUNDS rounds in a
- * row that free nothing end it (a device error on the awaited event counts
- * as a completion, and would otherwise repeat the same round forever). */
-#define OOM_STALE_ROUNDS 64
+ * kernels. Each round needs some work to complete. Rounds in which work
+ * completed have no cap (a cap of 64 rounds in all made a call fail after
+ * 0.2 s under oom_wait_ms:60000 with everything reserved pending, three
+ * threads taking turns at what completed; a round may free nothing while a
+ * block still waits for a second stream). OOM_ERROR_ROUNDS rounds in a row
+ * that ended on a failed event query end it: after a sticky device error
+ * the same round would otherwise repeat forever. */
+#define OOM_ERROR_ROUNDS 64
 typedef struct oom_waiting {
   uint64_t start_ns; /* when the first round began (0: none yet) */
   uint64_t rounds;
-  unsigned stale;    /* rounds in a row after which no memory had come free */
+  unsigned errors;   /* rounds in a row that ended on a failed event query */
 } oom_waiting_t;
 
 static uint64_t oom_waited_ns(const oom_waiting_t *w) {
@@ -695,7 +696,7 @@ static uint64_t oom_waited_ns(const oom_waiting_t *w) {
 static bool oom_wait(gma__pool_t *p, oom_waiting_t *w, uint64_t need) {
   gma__stats_sample(p); /* allocated.current, with the bins' traffic */
   uint64_t live = p->c.allocated.current + p->c.arena; /* a plan's arena stays too */
-  if (live >= p->limit || p->limit - live < need || w->stale >= OOM_STALE_ROUNDS) return false;
+  if (live >= p->limit || p->limit - live < need || w->errors >= OOM_ERROR_ROUNDS) return false;
   if (!w->start_ns) w->start_ns = gma__now_ns();
   if (p->leaving) { /* a trim is giving memory back to the device right now */
     p->c.oom_waits += w->rounds++ == 0;
@@ -709,12 +710,12 @@ static bool oom_wait(gma__pool_t *p, oom_waiting_t *w, uint64_t need) {
   if (!n) return false;
   p->c.oom_waits += w->rounds++ == 0; /* one per call that waited */
   pthread_mutex_unlock(&p->lock);
-  gma__streams_wait_any(p, evs, n, deadline); /* false: the deadline; the next call says so */
+  /* 0: the deadline; the next call says so. */
+  int got = gma__streams_wait_any(p, evs, n, deadline);
   pthread_mutex_lock(&p->lock);
-  uint64_t before = p->c.free + gma__pool_room(p);
   gma__streams_wait_end(p);
   release_free_segments(p);
-  w->stale = p->c.free + gma__pool_room(p) > before ? 0 : w->stale + 1;
+  w->errors = got < 0 ? w->errors + 1 : 0;
   return true; /* search once more: work may have completed even at the deadline */
 }
 

@@ -554,11 +554,12 @@ void gma__streams_settle_pending(gma__pool_t *p);
  * returns how many, 0 when no freed memory waits for device work (a real
  * shortage). When it returns more, the events are pinned: event_put defers
  * destroying them until wait_end. wait_any (no lock): polls the copies until
- * one completed (true) or deadline_ns (UINT64_MAX: none) passed (false).
+ * one completed (1), a query failed (-1), or deadline_ns (UINT64_MAX: none)
+ * passed (0).
  * wait_end (lock held): unpins, then moves what completed to the free pool. */
 size_t gma__streams_wait_begin(gma__pool_t *p, gma__event_t *evs, size_t cap);
-bool gma__streams_wait_any(gma__pool_t *p, const gma__event_t *evs, size_t n,
-                           uint64_t deadline_ns);
+int gma__streams_wait_any(gma__pool_t *p, const gma__event_t *evs, size_t n,
+                          uint64_t deadline_ns);
 void gma__streams_wait_end(gma__pool_t *p);
 /* reuse:wait: the best-fitting CACHED block of another stream; closes that
  * stream's epoch if still open, makes u wait for it on the device and

@@ -231,16 +231,17 @@ size_t gma__streams_wait_begin(gma__pool_t *p, gma__event_t *evs, size_t cap) {
   return n;
 }
 
-bool gma__streams_wait_any(gma__pool_t *p, const gma__event_t *evs, size_t n,
-                           uint64_t deadline_ns) {
+int gma__streams_wait_any(gma__pool_t *p, const gma__event_t *evs, size_t n,
+                          uint64_t deadline_ns) {
   for (uint64_t nap = 10;; nap = nap < 1000 ? nap * 2 : 1000) {
     for (size_t i = 0; i < n; i++) {
       bool done = false;
-      /* A device error counts as progress: the caller observes under the
+      /* A device error ends the wait too: the caller observes under the
        * lock, where the error is counted, and decides again. */
-      if (p->dev->ops->event_query(p->dev, evs[i], &done) != GMA_OK || done) return true;
+      if (p->dev->ops->event_query(p->dev, evs[i], &done) != GMA_OK) return -1;
+      if (done) return 1;
     }
-    if (gma__now_ns() >= deadline_ns) return false;
+    if (gma__now_ns() >= deadline_ns) return 0;
     nap_us(nap);
   }
 }

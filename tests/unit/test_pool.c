@@ -335,10 +335,9 @@ static void cached_joins_free_neighbour(void) {
 
 /* The OOM wait under a sticky device error: every event query fails (as a
  * CUDA context does after an illegal address), so no completion can ever
- * be seen. The wait counts a failed query as a completion, and each round
- * then frees nothing: after 64 such rounds in a row the call fails instead
- * of repeating the same round forever (it did, once the cap on all rounds
- * was lifted). */
+ * be seen. After 64 rounds in a row that end on a failed query the call
+ * fails instead of repeating the same round forever (it did, once the cap
+ * on all rounds was lifted). */
 static void oom_wait_ends_on_sticky_errors(void) {
   gma_t *g = sim_allocator("memory_limit:64M,worker:off");
   gma_stream_t a;
