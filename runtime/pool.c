@@ -616,7 +616,8 @@ static uint64_t segment_size_for(const gma__pool_t *p, int kind, uint64_t size) 
  * again (every millisecond): a short message, no trace row, no device call;
  * the request's final failure is reported by gma__pool_oom_report. */
 static gma_status_t oom_error(gma__pool_t *p, uint64_t size, size_t requested,
-                              gma_stream_t stream, unsigned flags, uint64_t waited_ns) {
+                              gma_stream_t stream, unsigned flags, uint64_t waited_ns,
+                              const char *device_failure) {
   if (flags & GMA__ALLOC_ATTEMPT)
     return gma__set_error(GMA_ERR_OOM, "cannot allocate %zu bytes on stream %p yet (the "
                           "request waits for memory)", requested, stream);
@@ -662,9 +663,13 @@ static gma_status_t oom_error(gma__pool_t *p, uint64_t size, size_t requested,
       "cannot allocate %zu bytes (%" PRIu64 " rounded) on stream %p: %s. In the pool: allocated %" PRIu64
       ", reserved %" PRIu64 " (%" PRIu64 " cached in stream trees, %" PRIu64
       " pending other streams' work, %" PRIu64 " free), device free %" PRIu64 " of %" PRIu64
-      ", memory_limit %" PRIu64,
+      ", memory_limit %" PRIu64 "%s%s",
       requested, size, stream, cause, p->c.allocated.current, p->c.reserved.current,
-      p->c.stream_cached, p->c.pending, p->c.free, dev_free, dev_total, p->limit);
+      p->c.stream_cached, p->c.pending, p->c.free, dev_free, dev_total, p->limit,
+      device_failure ? ". A device call failed meanwhile, so completed work may not have been "
+                       "seen: "
+                     : "",
+      device_failure ? device_failure : "");
 }
 
 /* Before an OOM, wait (called and returning with the lock held, which it
@@ -687,7 +692,14 @@ typedef struct oom_waiting {
   uint64_t start_ns; /* when the first round began (0: none yet) */
   uint64_t rounds;
   unsigned errors;   /* rounds in a row that ended on a failed event query */
+  uint64_t device_errors; /* p->c.device_errors when the call began */
 } oom_waiting_t;
+
+/* What the OOM message cites: the last device failure, if one happened
+ * during this call. */
+static const char *failed_meanwhile(const gma__pool_t *p, const oom_waiting_t *w) {
+  return p->c.device_errors > w->device_errors ? p->last_device_error : NULL;
+}
 
 static uint64_t oom_waited_ns(const oom_waiting_t *w) {
   return w->start_ns ? gma__now_ns() - w->start_ns : 0;
@@ -712,7 +724,10 @@ static bool oom_wait(gma__pool_t *p, oom_waiting_t *w, uint64_t need) {
   pthread_mutex_unlock(&p->lock);
   /* 0: the deadline; the next call says so. */
   int got = gma__streams_wait_any(p, evs, n, deadline);
+  char why[sizeof p->last_device_error];
+  if (got < 0) snprintf(why, sizeof why, "%s", gma__error_detail(gma_last_error()));
   pthread_mutex_lock(&p->lock);
+  if (got < 0) gma__pool_device_error(p, why);
   gma__streams_wait_end(p);
   release_free_segments(p);
   w->errors = got < 0 ? w->errors + 1 : 0;
@@ -1070,7 +1085,7 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t
   gma__stream_t *s = gma__stream_resolve(p, stream, stream_id);
   gma__block_t *b = NULL;
   uint64_t *level = NULL;
-  oom_waiting_t w = {0, 0, 0};
+  oom_waiting_t w = {0, 0, 0, p->c.device_errors};
   if (!s) {
     st = gma__set_error(GMA_ERR_OOM, "host memory for a stream record");
   } else {
@@ -1078,7 +1093,7 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t
     while (st == GMA_ERR_OOM && (flags & GMA__ALLOC_WAIT) && oom_wait(p, &w, size))
       st = find_or_grow(p, s, kind, size, &b, &level, true, capture);
     if (st == GMA_ERR_OOM && !inline_try)
-      st = oom_error(p, size, requested, stream, flags, oom_waited_ns(&w));
+      st = oom_error(p, size, requested, stream, flags, oom_waited_ns(&w), failed_meanwhile(p, &w));
   }
   if (st == GMA_OK) {
     if (!(flags & GMA__ALLOC_ARENA)) (*level)++; /* an arena is no gma_alloc call: no hit level */
@@ -1173,7 +1188,7 @@ gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes
    * free in pieces: a training step's gradient batch would otherwise leave
    * a segment behind each step, split up by other requests in between. */
   bool split = false;
-  oom_waiting_t w = {0, 0, 0};
+  oom_waiting_t w = {0, 0, 0, p->c.device_errors};
   bool host_short = false;
 again:
   for (int plan = 0; plan < (inline_try ? 2 : 4) && got < n; plan++) { /* inline: held memory */
@@ -1230,7 +1245,8 @@ again:
     }
     if (host_short) st = gma__set_error(GMA_ERR_OOM, "gma_alloc_batch: no host memory for block records");
     else if (st == GMA_ERR_OOM && !inline_try) /* inline: no message, the worker goes on */
-      st = oom_error(p, total, (size_t)total, stream, flags, oom_waited_ns(&w));
+      st = oom_error(p, total, (size_t)total, stream, flags, oom_waited_ns(&w),
+                     failed_meanwhile(p, &w));
     goto out;
   }
   for (size_t i = 0; i < n; i++) ptrs[i] = (void *)taken[i].b->addr;
@@ -1680,6 +1696,12 @@ gma_status_t gma__pool_stream_retire(gma__pool_t *p, gma_stream_t stream) {
   return st;
 }
 
+void gma__pool_device_error(gma__pool_t *p, const char *said) {
+  p->c.device_errors++;
+  snprintf(p->last_device_error, sizeof p->last_device_error, "%s",
+           said ? said : gma__error_detail(gma_last_error()));
+}
+
 void gma__pool_oom_count(gma__pool_t *p, size_t requested, gma_stream_t stream) {
   pthread_mutex_lock(&p->lock);
   p->c.ooms++;
@@ -1690,7 +1712,7 @@ void gma__pool_oom_count(gma__pool_t *p, size_t requested, gma_stream_t stream) 
 gma_status_t gma__pool_oom_report(gma__pool_t *p, uint64_t bytes, gma_stream_t stream) {
   pthread_mutex_lock(&p->lock);
   gma_status_t st =
-      oom_error(p, round_up(bytes, GMA__ROUND), (size_t)bytes, stream, GMA__ALLOC_FUTURE, 0);
+      oom_error(p, round_up(bytes, GMA__ROUND), (size_t)bytes, stream, GMA__ALLOC_FUTURE, 0, NULL);
   pthread_mutex_unlock(&p->lock);
   return st;
 }

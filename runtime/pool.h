@@ -248,6 +248,7 @@ typedef struct gma__pool {
   gma__stable_t *_Atomic stable; /* atomic: the stream table */
   gma__block_t *free_tree[GMA__NKINDS];
   gma__block_t *pending_head;   /* PENDING blocks, linked by qnext/qprev */
+  char last_device_error[256];  /* lock: what the last absorbed device failure said */
   gma__segment_t **segs;        /* sorted by base */
   size_t nsegs, segs_cap;
   gma__stream_t *stream_list;   /* live records, and retired ones still referenced */
@@ -359,6 +360,11 @@ void gma__pool_oom_count(gma__pool_t *p, size_t requested, gma_stream_t stream);
 gma_status_t gma__pool_oom_report(gma__pool_t *p, uint64_t bytes, gma_stream_t stream);
 /* *pended: the block now waits for other streams' work (gma_record_stream). */
 gma_status_t gma__pool_free_slow(gma__pool_t *p, void *ptr, bool *pended);
+/* Lock held: a device call failed and gma goes on without it (an event
+ * query, create or record while polling epochs): counts it in device_errors
+ * and keeps its message (said, or this thread's last error when NULL),
+ * which an OOM of the same call then cites. */
+void gma__pool_device_error(gma__pool_t *p, const char *said);
 /* ptr may lie anywhere inside a live allocation; *base gets its start. */
 gma_status_t gma__pool_record_stream(gma__pool_t *p, void *ptr, gma_stream_t stream,
                                      void **base);

@@ -20,7 +20,7 @@ static gma__event_t event_get(gma__pool_t *p, const gma__stream_t *s) {
   gma_status_t st = s->foreign ? p->dev->ops->event_create_for(p->dev, s->handle, &ev)
                                : p->dev->ops->event_create(p->dev, &ev);
   if (st != GMA_OK) {
-    p->c.device_errors++;
+    gma__pool_device_error(p, NULL);
     return NULL;
   }
   return ev;
@@ -91,7 +91,7 @@ static void observe_epochs(gma__pool_t *p, gma__stream_t *s) {
   while (s->ev_count) {
     bool done = false;
     if (p->dev->ops->event_query(p->dev, s->ev[s->ev_head], &done) != GMA_OK) {
-      p->c.device_errors++;
+      gma__pool_device_error(p, NULL);
       return;
     }
     if (!done) return;
@@ -141,7 +141,7 @@ static bool close_epoch(gma__pool_t *p, gma__stream_t *s) {
   if (p->dev->ops->event_record(p->dev, ev, s->handle) != GMA_OK) {
     /* The epoch stays raised: blocks of `closing` are merely not yet gated by
      * an event; the next close covers them, since it covers all earlier work. */
-    p->c.device_errors++;
+    gma__pool_device_error(p, NULL);
     gma__store_relaxed(&s->dirty, true);
     if (!reuse_newest) event_put(p, s, ev);
     return false;
@@ -262,7 +262,7 @@ static bool wait_for_epoch(gma__pool_t *p, gma__stream_t *u, gma__stream_t *s, u
     unsigned slot = (s->ev_head + i) % GMA__EPOCH_EVENTS;
     if (s->ev_epoch[slot] < epoch) continue;
     if (p->dev->ops->stream_wait_event(p->dev, u->handle, s->ev[slot]) != GMA_OK) {
-      p->c.device_errors++;
+      gma__pool_device_error(p, NULL);
       return false;
     }
     p->c.cross_stream_waits++;

@@ -351,6 +351,9 @@ static void oom_wait_ends_on_sticky_errors(void) {
   CHECK_OK(gma_free(g, p));
   gma__sim_fault(gma__pool_of(g)->dev, GMA__SIM_EVENT_QUERY, 1 | GMA__SIM_STICKY, GMA_ERR_DEVICE);
   CHECK_ST(gma_alloc(g, 48 << 20, NULL, &q), GMA_ERR_OOM);
+  /* The message cites the failure, not only the work it could not see end. */
+  CHECK(strstr(gma_last_error(), "A device call failed meanwhile") != NULL);
+  CHECK(strstr(gma_last_error(), "injected failure of event_query") != NULL);
   gma_stats_t s = stats_of(g);
   CHECK(s.num_oom_waits == 1 && s.num_ooms == 1);
   gma__sim_fault(gma__pool_of(g)->dev, GMA__SIM_EVENT_QUERY, 0, GMA_OK);
