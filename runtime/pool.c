@@ -1309,13 +1309,23 @@ static gma_status_t bad_pointer(const gma__pool_t *p, uintptr_t addr, const char
                           "%s(%p): gma never returned this pointer (its pointers are %u-byte "
                           "aligned); it lies in free memory of a segment",
                           op, (void *)addr, GMA__ROUND);
+  /* Right after a live allocation that fills its block: the end pointer of
+   * that allocation as likely as a stale one. */
+  gma__block_t *prev = b->addr == addr ? b->prev : NULL;
+  bool after_live = prev && state_of(prev) == GMA__LIVE && prev->addr + prev->size == addr;
+  char hint[96] = "";
+  if (after_live)
+    snprintf(hint, sizeof hint, "; it is also the end of the live allocation at %p",
+             (void *)prev->addr);
   return gma__set_error(strcmp(op, "gma_free") == 0 ? GMA_ERR_DOUBLE_FREE
                                                     : GMA_ERR_INVALID_POINTER,
-                        "%s(%p): the pointer is not live: %s (double free or use after free?)",
+                        "%s(%p): the pointer is not live: %s (double free or use after free?)%s",
                         op, (void *)addr,
-                        b->addr == addr ? "the block that starts there was already freed"
+                        b->addr == addr ? "the block that starts there was already freed (or "
+                                          "never handed out)"
                                         : "it lies in memory already freed, where no "
-                                          "allocation starts now (or gma never returned it)");
+                                          "allocation starts now (or gma never returned it)",
+                        hint);
 }
 
 /* The LIVE block starting at addr, or NULL. Lock held. */

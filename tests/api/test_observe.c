@@ -244,6 +244,15 @@ static void tag_text(void) {
   CHECK_ST(gma_free(g, (char *)p + 65536 + 8), GMA_ERR_INVALID_POINTER);
   CHECK(strstr(gma_last_error(), "never returned") != NULL);
   CHECK_ST(gma_free(g, (char *)p + 65536), GMA_ERR_DOUBLE_FREE);
+  /* The end of a live allocation that fills its block, where free memory
+   * starts: the message says whose end it is. */
+  void *r;
+  CHECK_OK(gma_alloc(g, 2 * 1024 * 1024, NULL, &r));
+  CHECK_ST(gma_record_stream(g, (char *)r + 2 * 1024 * 1024, NULL), GMA_ERR_INVALID_POINTER);
+  char end_of[64];
+  snprintf(end_of, sizeof end_of, "the end of the live allocation at %p", r);
+  CHECK(strstr(gma_last_error(), end_of) != NULL);
+  CHECK_OK(gma_free(g, r));
   CHECK_OK(gma_free(g, p));
   CHECK_ST(gma_free(g, p), GMA_ERR_DOUBLE_FREE);
   CHECK(strstr(gma_last_error(), "already freed") != NULL);
