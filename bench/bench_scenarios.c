@@ -49,8 +49,9 @@
  *    gma_record_stream(ptr, B) and gma_free; both streams synchronized after
  *    each batch. Peak reserved and allocated, device allocations,
  *    device-side cross-stream waits, allocations/s, under the default config
- *    (reuse:auto) and expandable_segments:true, against reuse:query (never a
- *    device-side wait: the pool grows instead) in the same run.
+ *    (reuse:auto) and reuse:wait (the owner takes its pending blocks back
+ *    behind device-side waits), against reuse:query (never a device-side
+ *    wait: the pool grows instead) in the same run.
  *
  * Every figure is the median of --runs runs (default 5); each run creates
  * its allocators afresh. Options: --runs N, --quick (small sizes, for the
@@ -89,7 +90,7 @@
 #define SERVICE_CONF_QUICK "memory_limit:128M,trim_interval_ms:20,release_threshold:8M"
 #define CROSS_DEFAULT_CONF ""                 /* reuse:auto */
 #define CROSS_BASE_CONF "reuse:query"         /* the baseline: never a device-side wait */
-#define CROSS_EXPANDABLE_CONF "expandable_segments:true"
+#define CROSS_WAIT_CONF "reuse:wait"          /* the owner takes its blocks back behind waits */
 
 enum { MAX_RUNS = 101 };
 
@@ -1587,7 +1588,7 @@ static void run_cross(void) {
   int batches = opt.quick ? 2 : CX_BATCHES, per_batch = opt.quick ? 100 : CX_PER_BATCH;
   cross_col_t cols[CX_COLS] = {{.name = "default (reuse:auto)", .conf = CROSS_DEFAULT_CONF},
                                {.name = "reuse:query (baseline)", .conf = CROSS_BASE_CONF},
-                               {.name = CROSS_EXPANDABLE_CONF, .conf = CROSS_EXPANDABLE_CONF}};
+                               {.name = CROSS_WAIT_CONF, .conf = CROSS_WAIT_CONF}};
   kern_t *k = calloc(2 * (size_t)per_batch, sizeof *k); /* one batch's; reused after the sync */
   if (!k) die("out of host memory", GMA_ERR_OOM);
   long corr0 = atomic_load(&corruptions);

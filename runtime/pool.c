@@ -903,7 +903,7 @@ static gma__block_t *pending_wait_fit(gma__pool_t *p, gma__stream_t *s, int kind
   return gma__cache_block(p, best);
 }
 
-/* Lock held, reuse:auto or reuse:wait, the pool about to grow for s: when
+/* Lock held, reuse:wait, the pool about to grow for s: when
  * s's own PENDING blocks of this kind (freed on s after gma_record_stream,
  * the other streams' work on them not yet seen to complete) hold at least
  * the request and at least the bytes allocated now, the host has run that
@@ -914,12 +914,16 @@ static gma__block_t *pending_wait_fit(gma__pool_t *p, gma__stream_t *s, int kind
  * coalesce with each other and with s's cached neighbours; the pool may
  * still grow when no run fits. Blocks gated by a stream past the first
  * RECLAIM_STREAMS, or by one with no event to wait on, stay pending. Below
- * the bound s grows (under reuse:auto it never waits for its own blocks): a
- * short lead (a training loop's iteration, a pipeline's next micro-batch)
- * keeps its overlap. Without the bound, a stream that hands every buffer to
- * a slower stream grew by the whole lead (554 MiB against 4 MiB live on the
- * simulated device; 352-506 MiB on an H100, where CUB's event-wait held 7.9
- * MiB at the same speed). True when anything came back. */
+ * the bound s grows: a short lead keeps its overlap. Without it, a stream
+ * that hands every buffer to a slower stream grows by the whole lead (554
+ * MiB against 4 MiB live on the simulated device; 352-506 MiB on an H100,
+ * where CUB's event-wait held 7.9 MiB at the same speed). Not under
+ * reuse:auto: s's wait on its consumers is a dependency the program never
+ * made. A consumer's work may itself wait on the host for s's thread (the
+ * GPU pipeline test holds each consumer stream until its stage's next
+ * buffer is served); with the reclaim on by default, a stage synchronizing
+ * its own stream then waited for a consumer that waited for it, and
+ * fakecuda_pipeline hung under ASan. True when anything came back. */
 #define RECLAIM_STREAMS 16 /* distinct gating streams handled in one call */
 /* The slot of gating stream u among newest[0..n), or n. */
 static size_t gate_slot(const gma__gate_t *newest, size_t n, const gma__stream_t *u) {
@@ -1019,8 +1023,10 @@ static gma_status_t find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uin
     waited = b != NULL;
   }
   if (!b) b = small_in_large_hole(p, kind, size);
-  bool waits = p->reuse == GMA_REUSE_AUTO || p->reuse == GMA_REUSE_WAIT;
-  if (!b && waits && !capture && p->pending_head && reclaim_own_pending(p, s, kind, size)) {
+  /* Only under reuse:wait: the owner's wait on its consumers is a dependency
+   * the program never made (see reclaim_own_pending). */
+  if (!b && p->reuse == GMA_REUSE_WAIT && !capture && p->pending_head &&
+      reclaim_own_pending(p, s, kind, size)) {
     b = find_fit_in(p, s, kind, size, capture);
     waited = b != NULL;
   }

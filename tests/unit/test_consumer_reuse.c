@@ -14,16 +14,17 @@
  *                       one it made (reuse:query: the smaller one), and
  *                       takes another stream's when none of its own fits,
  *                       without growing.
- *   owner_reclaims      a stream whose freed blocks all wait for held
- *                       consumers (two streams, eight epochs: the host far
- *                       ahead of the device) takes them back behind one
- *                       device-side wait per consumer instead of
+ *   owner_reclaims      under reuse:wait, a stream whose freed blocks all
+ *                       wait for held consumers (two streams, eight epochs:
+ *                       the host far ahead of the device) takes them back
+ *                       behind one device-side wait per consumer instead of
  *                       growing, once they hold as much as is allocated;
  *                       its next kernel there starts only after the
  *                       consumer's. The planted variant hands them back
  *                       without the wait, and the consumer's kernel must
  *                       see its pattern overwritten. Below the bound (more
- *                       live than pending) the owner grows and never waits.
+ *                       live than pending) the owner grows and never waits,
+ *                       and under reuse:auto and reuse:query it always does.
  *   growable_homes      the same with growable segments: memory mapped for
  *                       two streams' requests stays two segments (never one
  *                       coalesced FREE block), each stream takes its own
@@ -277,20 +278,22 @@ static int reclaim_run(const char *conf, unsigned flags, size_t live, bool *grew
 static void owner_reclaims(void) {
   bool grew, first;
   uint64_t waits;
-  int c = reclaim_run(NULL, 0, 0, &grew, &waits, &first);
+  int c = reclaim_run("reuse:wait", 0, 0, &grew, &waits, &first);
   printf("host ahead: grew %d, waits %" PRIu64 ", first place %d, corruptions %d\n", grew, waits,
          first, c);
   CHECK(!grew && waits == 2 && first && c == 0); /* one wait per using stream */
-  c = reclaim_run("reuse:wait", 0, 0, &grew, &waits, &first);
-  CHECK(!grew && waits >= 1 && c == 0);
-  c = reclaim_run(NULL, GMA__TEST_NO_CONSUMER_WAIT, 0, &grew, &waits, &first);
+  c = reclaim_run("reuse:wait", GMA__TEST_NO_CONSUMER_WAIT, 0, &grew, &waits, &first);
   printf("planted (no wait): grew %d, first place %d, corruptions %d\n", grew, first, c);
   CHECK(!grew && first && c > 0);
   /* 40 MiB live on a, 32 MiB pending: a short lead; a grows, no wait. */
-  c = reclaim_run(NULL, 0, 40 * MiB, &grew, &waits, &first);
+  c = reclaim_run("reuse:wait", 0, 40 * MiB, &grew, &waits, &first);
   printf("short lead: grew %d, waits %" PRIu64 ", corruptions %d\n", grew, waits, c);
   CHECK(grew && waits == 0 && !first && c == 0);
-  c = reclaim_run("reuse:query", 0, 0, &grew, &waits, &first); /* never a device-side wait */
+  /* reuse:auto (the default) never makes the owner wait for its consumers,
+   * nor does reuse:query: they grow. */
+  c = reclaim_run(NULL, 0, 0, &grew, &waits, &first);
+  CHECK(grew && waits == 0 && !first && c == 0);
+  c = reclaim_run("reuse:query", 0, 0, &grew, &waits, &first);
   CHECK(grew && waits == 0 && c == 0);
 }
 
