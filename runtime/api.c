@@ -216,8 +216,6 @@ const char *gma_device_name(const gma_t *g) {
 
 static gma_status_t alloc_now(gma_t *g, size_t size, gma_stream_t stream, unsigned flags,
                               bool *pooled, void **out);
-static void trace_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out,
-                        gma_status_t st);
 static gma_status_t alloc_fallback(gma_t *g, size_t size, gma_stream_t stream, void **out);
 static gma_status_t free_now(gma_t *g, void *ptr);
 
@@ -231,30 +229,20 @@ gma_status_t gma_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out) {
   GMA__CHECK(g, "gma_alloc");
   stream = gma__stream_arg(g, stream);
   CHECK_ARG(out, "gma_alloc: out is NULL");
-  if (!g->cfg.fallback_host) {
-    bool pooled;
-    gma_status_t st = alloc_now(g, size, stream, 0, &pooled, out);
-    trace_alloc(g, size, stream, out, st);
-    return st;
-  }
   /* fallback:host: the pool's OOM is neither said nor counted unless the
    * fallback fails too (then it is, once). */
-  unsigned kept = gma__error_keep();
-  bool pooled;
-  gma_status_t st = alloc_now(g, size, stream, GMA__ALLOC_UNCOUNTED, &pooled, out);
-  if (st == GMA_ERR_OOM && pooled) st = alloc_fallback(g, size, stream, out);
-  gma__error_done(kept, st);
-  trace_alloc(g, size, stream, out, st);
-  return st;
-}
-
-/* The trace row of a gma_alloc, stamped after it: its pointer exists from now on. */
-static void trace_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out,
-                        gma_status_t st) {
+  bool fallback = g->cfg.fallback_host, pooled;
+  unsigned kept = fallback ? gma__error_keep() : 0;
+  gma_status_t st = alloc_now(g, size, stream, fallback ? GMA__ALLOC_UNCOUNTED : 0, &pooled, out);
+  if (fallback) {
+    if (st == GMA_ERR_OOM && pooled) st = alloc_fallback(g, size, stream, out);
+    gma__error_done(kept, st);
+  }
   gma__trace_t *t = gma__trace_on(&g->pool.trace);
-  if (t)
+  if (t) /* stamped after the allocation: its pointer exists from now on */
     gma__trace_emit(t, gma__trace_now(), st == GMA_OK ? GMA__TR_ALLOCATE : GMA__TR_ALLOCATE_FAILURE,
                     (uintptr_t)*out, size, (uintptr_t)stream, block_size(g, *out), 0, 0, st);
+  return st;
 }
 
 /* fallback:host: device memory is exhausted even after releasing cache and

@@ -615,6 +615,12 @@ static uint64_t segment_size_for(const gma__pool_t *p, int kind, uint64_t size) 
  * GMA__ALLOC_ATTEMPT, an async request's attempt, which waits and tries
  * again (every millisecond): a short message, no trace row, no device call;
  * the request's final failure is reported by gma__pool_oom_report. */
+/* Lock held: one failed call, counted in num_ooms and traced. */
+static void count_oom(gma__pool_t *p, size_t requested, gma_stream_t stream, uint64_t size) {
+  p->c.ooms++;
+  GMA__TRACE(p, GMA__TR_OOM, 0, requested, stream, size, 0, 0, 0);
+}
+
 static gma_status_t oom_error(gma__pool_t *p, uint64_t size, size_t requested,
                               gma_stream_t stream, unsigned flags, uint64_t waited_ns,
                               const char *device_failure) {
@@ -623,10 +629,7 @@ static gma_status_t oom_error(gma__pool_t *p, uint64_t size, size_t requested,
                           "request waits for memory)", requested, stream);
   uint64_t dev_free = 0, dev_total = 0;
   p->dev->ops->mem_info(p->dev, &dev_free, &dev_total);
-  if (!(flags & GMA__ALLOC_UNCOUNTED)) {
-    p->c.ooms++;
-    GMA__TRACE(p, GMA__TR_OOM, 0, requested, stream, size, 0, 0, 0);
-  }
+  if (!(flags & GMA__ALLOC_UNCOUNTED)) count_oom(p, requested, stream, size);
   gma__stats_sample(p);
   uint64_t gated = p->c.stream_cached + p->c.pending, largest = gma__pool_largest_idle(p);
   uint64_t room = gma__pool_room(p);
@@ -777,17 +780,6 @@ static gma_status_t grow(gma__pool_t *p, int kind, uint64_t size, uint64_t home,
   return st;
 }
 
-/* Lock held. The small pool would grow: a FREE block of the large pool
- * serves a small request instead when what it leaves is less than a small
- * segment. A hole that small serves few large requests, and growing would
- * reserve a whole small segment (a chunk, growable) beside it. (The block
- * stays in its large segment: freed, it goes back to the large trees.) */
-static gma__block_t *small_in_large_hole(gma__pool_t *p, int kind, uint64_t size) {
-  if (kind != GMA__SMALL) return NULL;
-  gma__block_t *b = treap_best_fit(p->free_tree[GMA__LARGE], size);
-  return b && b->size - size < p->segment_size[GMA__SMALL] ? b : NULL;
-}
-
 /* Lock held, the device full even after the OOM retry's release: the best
  * FREE fit in the other kind's segments, whatever it leaves (a small request
  * in a large hole, or a large one in a small segment's or chunk's free
@@ -799,6 +791,16 @@ static gma__block_t *small_in_large_hole(gma__pool_t *p, int kind, uint64_t size
  * goes back to that segment's trees.) */
 static gma__block_t *other_kind_fit(gma__pool_t *p, int kind, uint64_t size) {
   return treap_best_fit(p->free_tree[kind == GMA__SMALL ? GMA__LARGE : GMA__SMALL], size);
+}
+
+/* Lock held. The small pool would grow: a FREE block of the large pool
+ * serves a small request instead when what it leaves is less than a small
+ * segment. A hole that small serves few large requests, and growing would
+ * reserve a whole small segment (a chunk, growable) beside it. (The block
+ * stays in its large segment: freed, it goes back to the large trees.) */
+static gma__block_t *small_in_large_hole(gma__pool_t *p, int kind, uint64_t size) {
+  gma__block_t *b = kind == GMA__SMALL ? other_kind_fit(p, kind, size) : NULL;
+  return b && b->size - size < p->segment_size[GMA__SMALL] ? b : NULL;
 }
 
 /* Lock held. A block of at least size bytes for s: the stream's cache or the
@@ -1720,8 +1722,7 @@ void gma__pool_device_error(gma__pool_t *p, const char *said) {
 
 void gma__pool_oom_count(gma__pool_t *p, size_t requested, gma_stream_t stream) {
   pthread_mutex_lock(&p->lock);
-  p->c.ooms++;
-  GMA__TRACE(p, GMA__TR_OOM, 0, requested, stream, round_up(requested, GMA__ROUND), 0, 0, 0);
+  count_oom(p, requested, stream, round_up(requested, GMA__ROUND));
   pthread_mutex_unlock(&p->lock);
 }
 

@@ -31,6 +31,17 @@ static pattern_kernel_t *busy(gma_t *g, gma_stream_t on, void *p, long hold_us,
   return k;
 }
 
+/* size bytes allocated on `on`, a kernel there using them for hold_us,
+ * then freed: memory cached behind device work. */
+static pattern_kernel_t *busy_freed(gma_t *g, gma_stream_t on, size_t size, long hold_us,
+                                    atomic_int *corruptions) {
+  void *p;
+  CHECK_OK(gma_alloc(g, size, on, &p));
+  pattern_kernel_t *k = busy(g, on, p, hold_us, corruptions);
+  CHECK_OK(gma_free(g, p));
+  return k;
+}
+
 /* The issue's case: 48 MiB on A under a 64 MiB limit, A runs a 200 ms
  * kernel on it, the block is freed, then B asks for 48 MiB. */
 static void busy_own_stream(void) {
@@ -39,10 +50,8 @@ static void busy_own_stream(void) {
   CHECK_OK(gma_stream_create(g, &a));
   CHECK_OK(gma_stream_create(g, &b));
   atomic_int corruptions = 0;
-  void *p, *q;
-  CHECK_OK(gma_alloc(g, 48 * MiB, a, &p));
-  pattern_kernel_t *k = busy(g, a, p, 200000, &corruptions);
-  CHECK_OK(gma_free(g, p));
+  void *q;
+  pattern_kernel_t *k = busy_freed(g, a, 48 * MiB, 200000, &corruptions);
   uint64_t t0 = now_ms();
   CHECK_OK(gma_alloc(g, 48 * MiB, b, &q)); /* before: GMA_ERR_OOM */
   uint64_t waited = now_ms() - t0;
@@ -116,10 +125,8 @@ static void bounded_wait(void) {
   gma_stream_t a;
   CHECK_OK(gma_stream_create(g, &a));
   atomic_int corruptions = 0;
-  void *p, *q;
-  CHECK_OK(gma_alloc(g, 48 * MiB, a, &p));
-  pattern_kernel_t *k = busy(g, a, p, 400000, &corruptions);
-  CHECK_OK(gma_free(g, p));
+  void *q;
+  pattern_kernel_t *k = busy_freed(g, a, 48 * MiB, 400000, &corruptions);
   uint64_t t0 = now_ms();
   CHECK_ST(gma_alloc(g, 48 * MiB, NULL, &q), GMA_ERR_OOM);
   uint64_t waited = now_ms() - t0;
@@ -304,11 +311,9 @@ static void shortage_under_busy_work(void) {
   gma_stream_t a;
   CHECK_OK(gma_stream_create(g, &a));
   atomic_int corruptions = 0;
-  void *live, *p, *q;
+  void *live, *q;
   CHECK_OK(gma_alloc(g, 40 * MiB, NULL, &live));
-  CHECK_OK(gma_alloc(g, 16 * MiB, a, &p));
-  pattern_kernel_t *k = busy(g, a, p, 300000, &corruptions);
-  CHECK_OK(gma_free(g, p));
+  pattern_kernel_t *k = busy_freed(g, a, 16 * MiB, 300000, &corruptions);
   uint64_t t0 = now_ms();
   CHECK_ST(gma_alloc(g, 32 * MiB, NULL, &q), GMA_ERR_OOM);
   CHECK(now_ms() - t0 < 150);
@@ -336,10 +341,8 @@ static void async_deadline_message(void) {
   gma_stream_t a;
   CHECK_OK(gma_stream_create(g, &a));
   atomic_int corruptions = 0;
-  void *p, *q;
-  CHECK_OK(gma_alloc(g, 48 * MiB, a, &p));
-  pattern_kernel_t *k = busy(g, a, p, 300000, &corruptions);
-  CHECK_OK(gma_free(g, p));
+  void *q;
+  pattern_kernel_t *k = busy_freed(g, a, 48 * MiB, 300000, &corruptions);
   gma_async_options_t o = GMA_ASYNC_OPTIONS_INIT;
   o.timeout_ns = 50000000ull;
   gma_future_t *f;
