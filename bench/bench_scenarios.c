@@ -66,6 +66,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -341,6 +342,7 @@ static void train_plan(train_plan_t *pl, uint64_t target) {
 }
 
 enum { TF_DEV_AFTER, TF_DEV_FIRST, TF_DEV_WARMUP, TF_DEV_FREES, TF_TRIMS, TF_PEAK_RESERVED, TF_PEAK_ALLOCATED, TF_PEAK_ACTIVE, TF_RATIO,
+       TF_ACTIVE_RATIO, TF_FLOOR, TF_FLOOR_RATIO,
        TF_HIT_BIN, TF_HIT_STREAM, TF_HIT_POOL, TF_HIT_DEVICE, TF_ITERS, TF_FAILED,
        /* Planned memory: gma_stats' plan fields at the end of the run (all 0
         * under plan:off), the iteration whose mark made the plan active, the
@@ -362,6 +364,9 @@ static const struct {
     {"peak_allocated_mib", "peak allocated MiB", "%22.1f"},
     {"peak_active_mib", "peak active MiB", "%22.1f"},
     {"peak_reserved_over_peak_allocated", "peak reserved / peak allocated", "%22.3f"},
+    {"peak_reserved_over_peak_active", "peak reserved / peak active", "%22.3f"},
+    {"no_wait_floor_mib", "floor without waits MiB (see below)", "%22.1f"},
+    {"no_wait_floor_over_peak_active", "floor without waits / peak active", "%22.3f"},
     {"hit_rate_bin", "hits: bin % (after warm-up)", "%22.1f"},
     {"hit_rate_stream", "hits: stream cache %", "%22.1f"},
     {"hit_rate_pool", "hits: shared pool %", "%22.1f"},
@@ -411,7 +416,39 @@ typedef struct train_ctx {
   uint64_t arena_after;    /* plan_arena_bytes then */
   kern_t k[32]; /* one iteration's kernels; reused once the host synchronized */
   int nk;
+  /* The floor without waits (floor_note), from iteration 1's requests: bytes
+   * live on the data and compute streams and on comm, the most data and
+   * compute had live so far, the bytes of theirs comm consumed (recorded on
+   * comm, then freed), the floor so far, and when the iteration's first
+   * request and its last free were made. */
+  int counting;
+  bool to_comm[TR_SLOTS];
+  uint64_t live_dc, live_comm, peak_dc, given, floor;
+  uint64_t first_ns, last_ns;
 } train_ctx_t;
+
+/* The floor without waits. In iteration 1 no device work completes while
+ * the host queues the step (the data stream's copy takes 2 * hold_us and
+ * every compute kernel runs after it; tr_put_figures checks that the host
+ * was quicker). So an allocator that neither waits on the host nor makes a
+ * stream wait for another stream's work, except to take a block the program
+ * recorded on it (gma_record_stream: the program orders that stream after
+ * the block's producer), can reuse memory freed on a stream only on that
+ * stream or on a stream the block was recorded on. Compute consumes the
+ * data stream's batch, so the two count as one; comm gets only the weight
+ * gradients recorded on it. What data and compute had live at their peak
+ * stays theirs until the host synchronizes, less what they gave comm, and
+ * comm needs its own live bytes besides: reserved >= peak_dc - given +
+ * live_comm at every moment. Block rounding and segment sizes come on top. */
+static void floor_note(train_ctx_t *c) {
+  if (!c->counting) return;
+  if (c->live_dc > c->peak_dc) c->peak_dc = c->live_dc;
+  uint64_t f = c->peak_dc - c->given + c->live_comm;
+  if (f > c->floor) c->floor = f;
+  c->last_ns = now_ns();
+}
+
+static bool on_comm(int slot) { return slot >= SL_BUCKET; }
 
 static void *tr_alloc(train_ctx_t *c, int slot, int stream) {
   void *p = NULL;
@@ -423,21 +460,32 @@ static void *tr_alloc(train_ctx_t *c, int slot, int stream) {
     return NULL;
   }
   if (st != GMA_OK) die("gma_alloc", st);
+  if (c->counting) {
+    if (!c->first_ns) c->first_ns = t0 ? t0 : now_ns();
+    *(on_comm(slot) ? &c->live_comm : &c->live_dc) += c->pl->size[slot];
+    floor_note(c);
+  }
   return p;
 }
 
-static void tr_free(train_ctx_t *c, void *p) {
+static void tr_free(train_ctx_t *c, void *p, int slot) {
   if (!p) return;
   uint64_t t0 = c->timed ? now_ns() : 0;
   OK(gma_free(c->g, p));
   if (c->timed) c->gma_ns += now_ns() - t0;
+  if (c->counting) {
+    *(on_comm(slot) ? &c->live_comm : &c->live_dc) -= c->pl->size[slot];
+    if (c->to_comm[slot]) c->given += c->pl->size[slot];
+    floor_note(c);
+  }
 }
 
-static void tr_record(train_ctx_t *c, void *p, int stream) {
+static void tr_record(train_ctx_t *c, void *p, int slot, int stream) {
   if (!p) return;
   uint64_t t0 = c->timed ? now_ns() : 0;
   OK(gma_record_stream(c->g, p, c->s[stream]));
   if (c->timed) c->gma_ns += now_ns() - t0;
+  if (stream == ST_COMM && !on_comm(slot)) c->to_comm[slot] = true;
 }
 
 static kern_t *tr_kern(train_ctx_t *c, atomic_int *after, long hold_us) {
@@ -477,11 +525,11 @@ static void train_iteration(train_ctx_t *c, int iter) {
     kern_add(k->write, &k->nwrite, TB(SL_ACT + l));
     kern_add(k->write, &k->nwrite, TB(SL_WS + l));
     tr_launch(c, ST_COMPUTE, k);
-    tr_free(c, p[SL_WS + l]);
+    tr_free(c, p[SL_WS + l], SL_WS + l);
     if (l == 0) /* the batch was used on compute: its free waits for that */
       for (int i = SL_INPUT; i <= SL_MASK; i++) {
-        tr_record(c, p[i], ST_COMPUTE);
-        tr_free(c, p[i]);
+        tr_record(c, p[i], i, ST_COMPUTE);
+        tr_free(c, p[i], i);
       }
   }
   p[SL_LOSS] = tr_alloc(c, SL_LOSS, ST_COMPUTE);
@@ -501,8 +549,8 @@ static void train_iteration(train_ctx_t *c, int iter) {
     kern_add(k->write, &k->nwrite, TB(SL_GIN + l));
     kern_add(k->write, &k->nwrite, TB(SL_WG + l));
     tr_launch(c, ST_COMPUTE, k);
-    tr_free(c, p[SL_ACT + l]);
-    tr_free(c, p[upstream]);
+    tr_free(c, p[SL_ACT + l], SL_ACT + l);
+    tr_free(c, p[upstream], upstream);
     if (l % 2 == 0) {
       int b = SL_BUCKET + l / 2;
       p[b] = tr_alloc(c, b, ST_COMM);
@@ -512,13 +560,13 @@ static void train_iteration(train_ctx_t *c, int iter) {
       kern_add(kc->write, &kc->nwrite, TB(b));
       tr_launch(c, ST_COMM, kc);
       for (int w = SL_WG + l; w <= SL_WG + l + 1; w++) {
-        tr_record(c, p[w], ST_COMM);
-        tr_free(c, p[w]);
+        tr_record(c, p[w], w, ST_COMM);
+        tr_free(c, p[w], w);
       }
-      tr_free(c, p[b]);
+      tr_free(c, p[b], b);
     }
   }
-  tr_free(c, p[SL_GIN]);
+  tr_free(c, p[SL_GIN], SL_GIN);
 #undef TB
   /* The host's one synchronization per step (loss.item()), through gma. */
   for (int s = 0; s < TR_STREAMS; s++) OK(gma_stream_synchronize(c->g, c->s[s]));
@@ -574,9 +622,11 @@ static void *train_once(void *arg) {
   for (int s = 0; s < TR_STREAMS; s++) OK(gma_stream_create(c->g, &c->s[s]));
   gma_stats_t one = GMA_STATS_INIT, w = GMA_STATS_INIT, e = GMA_STATS_INIT;
   for (int i = 0; i < TR_WARMUP; i++) {
+    c->counting = i == 0;
     train_iteration(c, i);
     if (i == 0) OK(gma_stats(c->g, &one));
   }
+  c->counting = 0;
   OK(gma_stats(c->g, &w));
   uint64_t t0 = now_ns();
   for (int i = TR_WARMUP; i < iterations; i++) train_iteration(c, i);
@@ -606,6 +656,12 @@ static void tr_put_figures(train_ctx_t *c, series_t *f, const gma_stats_t *op,
   put(&f[TF_PEAK_ALLOCATED], (double)e.allocated.peak / MiB);
   put(&f[TF_PEAK_ACTIVE], (double)e.active.peak / MiB);
   put(&f[TF_RATIO], e.allocated.peak ? (double)e.reserved.peak / (double)e.allocated.peak : NAN);
+  put(&f[TF_ACTIVE_RATIO], e.active.peak ? (double)e.reserved.peak / (double)e.active.peak : NAN);
+  /* Only where no device work can have completed before the host queued
+   * all of iteration 1 (floor_note): else NAN. */
+  bool ahead = c->last_ns - c->first_ns < (uint64_t)c->hold_us * 2000;
+  put(&f[TF_FLOOR], ahead ? (double)c->floor / MiB : NAN);
+  put(&f[TF_FLOOR_RATIO], ahead && e.active.peak ? (double)c->floor / (double)e.active.peak : NAN);
   put(&f[TF_HIT_BIN], allocs ? 100.0 * (double)(e.hits_bin - w.hits_bin) / allocs : NAN);
   put(&f[TF_HIT_STREAM], allocs ? 100.0 * (double)(e.hits_stream - w.hits_stream) / allocs : NAN);
   put(&f[TF_HIT_POOL], allocs ? 100.0 * (double)(e.hits_pool - w.hits_pool) / allocs : NAN);
@@ -687,6 +743,11 @@ static void run_training_variant(const char *key, const char *title, uint64_t ta
     printf("\n");
   }
   printf("   corruptions: %ld\n", corr);
+  printf("   floor without waits: the least any allocator can reserve in iteration 1 if it neither\n"
+         "   waits on the host nor makes a stream wait for another's work, except behind a block the\n"
+         "   program recorded on it (gma_record_stream); no device work completes while the host\n"
+         "   queues the step. It is what data and compute had live at their peak, less what they\n"
+         "   handed to comm, plus comm's own live bytes (bench_scenarios.c, floor_note)\n");
 
   fprintf(js, "  \"%s\": {\"streams\": 3, \"buffers_per_iteration\": %d, \"iterations\": %d, "
               "\"warmup_iterations\": %d, \"requested_per_iteration\": %zu, \"smallest\": %zu, "
