@@ -112,8 +112,10 @@ typedef enum gma_reuse {
                           pool: U waits on S's event on the device (U already waited for
                           S's work on the block); ordinary segments serve the stream
                           that made them first (default) */
-  GMA_REUSE_WAIT = 1,  /* also before that: U is made to wait on S's event on the device
-                          (no host blocking), when that saves growing the pool; a block
+  GMA_REUSE_WAIT = 1,  /* as AUTO, and also before that: U is made to wait on S's event
+                          on the device (no host blocking), when that saves growing the
+                          pool (a block cached on S, alone or joined with the free memory
+                          beside it); a block
                           freed after gma_record_stream too, U then waiting on the event
                           of S and of every recorded stream; and S itself takes back its
                           blocks that wait for other streams' work, behind a device-side

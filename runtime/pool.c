@@ -979,6 +979,32 @@ static bool reclaim_own_pending(gma__pool_t *p, gma__stream_t *s, int kind, uint
   return any;
 }
 
+/* Lock held, reuse:wait, after gma__streams_wait_fit found no single
+ * cached block of another stream that holds size bytes: the cached block of
+ * another stream whose join with its FREE address neighbours holds size
+ * bytes in the fewest (join_search, JOIN_SCAN blocks per stream). u waits on
+ * the device for that stream's epoch (gma__gate_settle); the joined block
+ * stays cached on its stream with its epoch until take_block takes it for
+ * u (FREE memory has no work to wait for, so the join asks no more of u
+ * than the block alone). Without it, the comm stream of the training
+ * scenario grew a segment while the compute stream's 7.9 MiB cached block
+ * sat beside 12.1 MiB FREE in one 20 MiB segment. NULL when none fits or
+ * no wait could be made. */
+static gma__block_t *wait_join_fit(gma__pool_t *p, gma__stream_t *u, int kind, uint64_t size) {
+  uint64_t total = UINT64_MAX;
+  gma__block_t *j = NULL;
+  for (gma__stream_t *o = p->stream_list; o; o = o->next_all) {
+    if (o == u) continue;
+    int budget = JOIN_SCAN;
+    join_search(o->cached_tree[kind], size, &total, &j, &budget);
+  }
+  if (!j) return NULL;
+  gma__gate_t g = {j->stream, j->epoch};
+  bool planted = p->test_flags & GMA__TEST_NO_CONSUMER_WAIT;
+  if (!planted && !gma__gate_settle(p, &g, u, true)) return NULL;
+  return join_free(p, j);
+}
+
 static gma_status_t find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uint64_t size,
                                  gma__block_t **out, uint64_t **level, bool may_grow,
                                  bool capture) {
@@ -989,15 +1015,16 @@ static gma_status_t find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uin
   if (p->pending_head) gma__streams_settle_pending(p);
   gma__block_t *b = NULL;
   bool waited = false; /* reached through a device-side wait: counts as pool */
-  /* reuse:auto: first s's own cache and the FREE blocks of segments s made,
-   * then what s consumed from another stream (pending_wait_fit: a device-side
-   * wait on work s already waited for), and only then FREE memory of other
-   * streams' segments. Taking another stream's FREE segment costs nothing
+  /* reuse:auto and reuse:wait: first s's own cache and the FREE blocks of
+   * segments s made, then what s consumed from another stream
+   * (pending_wait_fit: a device-side wait on work s already waited for),
+   * and only then FREE memory of other streams' segments (and, under
+   * reuse:wait, the other streams' cached memory behind waits). Taking another stream's FREE segment costs nothing
    * now, but that stream grows when it comes back to it at the same point
    * of the next iteration; this order gives a training loop's iterations
    * the places its first one found. */
   bool passed_by = true; /* whether a search for any block may find more */
-  if (p->reuse == GMA_REUSE_AUTO && !capture) {
+  if ((p->reuse == GMA_REUSE_AUTO || p->reuse == GMA_REUSE_WAIT) && !capture) {
     b = find_fit(p, s, kind, size, &passed_by);
     if (!b && p->pending_head) waited = (b = pending_wait_fit(p, s, kind, size, true)) != NULL;
   }
@@ -1021,6 +1048,7 @@ static gma_status_t find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uin
   }
   if (!b && p->reuse == GMA_REUSE_WAIT && !capture) {
     b = gma__streams_wait_fit(p, s, kind, size);
+    if (!b) b = wait_join_fit(p, s, kind, size);
     if (!b) b = pending_wait_fit(p, s, kind, size, false);
     waited = b != NULL;
   }

@@ -226,7 +226,10 @@ enum {
   GMA__TEST_NO_CONSUMER_WAIT = 1u << 4  /* reuse:auto hands a consumer a pending block
                                            without making it wait for the block's stream,
                                            and an owner its own (reclaim_own_pending)
-                                           without waiting for the streams that used them */
+                                           without waiting for the streams that used them,
+                                           and reuse:wait another stream's cached block
+                                           joined with FREE memory (wait_join_fit) without
+                                           waiting for that stream */
 };
 
 typedef struct gma__pool {

@@ -25,6 +25,14 @@
  *                       see its pattern overwritten. Below the bound (more
  *                       live than pending) the owner grows and never waits,
  *                       and under reuse:auto and reuse:query it always does.
+ *   wait_joins          under reuse:wait, a stream's request that only the
+ *                       joint of another stream's cached block and the FREE
+ *                       memory beside it holds takes that place instead of
+ *                       growing, behind a device-side wait; its kernel
+ *                       starts only after the other stream's. The planted
+ *                       variant takes it without the wait, and the other
+ *                       stream's kernel must see its pattern overwritten;
+ *                       under reuse:auto the request grows, with no wait.
  *   growable_homes      the same with growable segments: memory mapped for
  *                       two streams' requests stays two segments (never one
  *                       coalesced FREE block), each stream takes its own
@@ -297,6 +305,63 @@ static void owner_reclaims(void) {
   CHECK(grew && waits == 0 && c == 0);
 }
 
+/* a allocates 6 MiB x (a 20 MiB segment: 14 MiB FREE after x), a held
+ * kernel on a uses x, and a frees it (cached on a); then u asks for 16 MiB,
+ * which neither x nor the FREE rest holds alone. Returns the corruptions
+ * seen; *grew, *waits, *same: whether the request made a device
+ * allocation, the device-side waits it made, whether it got x's place. */
+static int join_run(const char *conf, unsigned flags, bool *grew, uint64_t *waits, bool *same) {
+  gma_t *g = sim_allocator(conf);
+  gma__pool_of(g)->test_flags = flags;
+  gma_stream_t a, u;
+  CHECK_OK(gma_stream_create(g, &a));
+  CHECK_OK(gma_stream_create(g, &u));
+  atomic_int gate = 0, corruptions = 0;
+  void *x, *y;
+  CHECK_OK(gma_alloc(g, 6 * MiB, a, &x));
+  pattern_kernel_t ka = {x, 6 * MiB, 0xA5, &gate, 0, &corruptions, 0};
+  CHECK_OK(gma_sim_launch(g, a, pattern_kernel_run, &ka));
+  pattern_kernel_wait_started(&ka);
+  CHECK_OK(gma_free(g, x));
+  gma_stats_t s0 = stats_of(g);
+  CHECK(s0.num_device_allocs == 1);
+  CHECK_OK(gma_alloc(g, 16 * MiB, u, &y));
+  gma_stats_t s1 = stats_of(g);
+  *grew = s1.num_device_allocs > s0.num_device_allocs;
+  *waits = s1.num_cross_stream_waits - s0.num_cross_stream_waits;
+  *same = y == x;
+  pattern_kernel_t ku = {y, 16 * MiB, 0x5A, NULL, 1000, &corruptions, 0};
+  CHECK_OK(gma_sim_launch(g, u, pattern_kernel_run, &ku));
+  sleep_us(20000); /* long enough for u's kernel to run, had it not waited */
+  atomic_store(&gate, 1);
+  CHECK_OK(gma_stream_synchronize(g, u));
+  CHECK_OK(gma_stream_synchronize(g, a));
+  CHECK_OK(gma_free(g, y));
+  gma__pool_t *p = gma__pool_of(g);
+  pthread_mutex_lock(&p->lock);
+  CHECK(gma__pool_is_valid(p));
+  pthread_mutex_unlock(&p->lock);
+  CHECK_OK(gma_stream_destroy(g, a));
+  CHECK_OK(gma_stream_destroy(g, u));
+  CHECK_OK(gma_destroy(g));
+  return atomic_load(&corruptions);
+}
+
+static void wait_joins(void) {
+  bool grew, same;
+  uint64_t waits;
+  int c = join_run("reuse:wait", 0, &grew, &waits, &same);
+  printf("reuse:wait: grew %d, waits %" PRIu64 ", x's place %d, corruptions %d\n", grew, waits,
+         same, c);
+  CHECK(!grew && waits == 1 && same && c == 0);
+  c = join_run("reuse:wait", GMA__TEST_NO_CONSUMER_WAIT, &grew, &waits, &same);
+  printf("planted (no wait): grew %d, x's place %d, corruptions %d\n", grew, same, c);
+  CHECK(!grew && same && c > 0);
+  c = join_run(NULL, 0, &grew, &waits, &same); /* reuse:auto: never a wait for this */
+  printf("reuse:auto: grew %d, waits %" PRIu64 ", corruptions %d\n", grew, waits, c);
+  CHECK(grew && waits == 0 && !same && c == 0);
+}
+
 int main(int argc, char **argv) {
   static const struct {
     const char *name;
@@ -304,6 +369,7 @@ int main(int argc, char **argv) {
   } cases[] = {{"consumer_waits", consumer_waits},
                {"only_the_consumer", only_the_consumer},
                {"home_segment_first", home_segment_first},
+               {"wait_joins", wait_joins},
                {"growable_homes", growable_homes},
                {"owner_reclaims", owner_reclaims}};
   int ran = 0;
