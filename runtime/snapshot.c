@@ -5,6 +5,7 @@
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "allocator.h"
@@ -137,6 +138,34 @@ static void row1(out_t *o, const char *name, const char *fmt, ...) {
   put(o, "| %-26s | %-42s |\n", name, v);
 }
 
+/* The summary's live figures: bytes and count per tag, and in all. */
+typedef struct live_tally {
+  gma__pool_t *p;
+  uint64_t bytes, count, tag_bytes[GMA__MAX_TAGS], tag_count[GMA__MAX_TAGS];
+} live_tally_t;
+
+static void tally(live_tally_t *t, unsigned tag, uint64_t size) {
+  t->bytes += size;
+  t->count++;
+  t->tag_bytes[tag] += size;
+  t->tag_count[tag]++;
+}
+
+/* gma__plan_each_live's callback: a live planned block, its tag by name
+ * (gma__tag_name's string: the id whose name it is; "untagged" is 0). */
+static bool tally_planned(void *arg, const gma_allocation_info_t *info, uint64_t born) {
+  (void)born;
+  live_tally_t *t = arg;
+  unsigned id = 0, n = gma__load_acquire(&t->p->ntags);
+  for (unsigned i = 1; i <= n && i < GMA__MAX_TAGS && info->tag != gma__tag_name(t->p, 0); i++)
+    if (info->tag == gma__tag_name(t->p, i)) {
+      id = i;
+      break;
+    }
+  tally(t, id, info->block_size);
+  return true;
+}
+
 gma_status_t gma_memory_summary(gma_t *g, char *buf, size_t len) {
   GMA__CHECK(g, "gma_memory_summary");
   if (!buf || !len)
@@ -146,23 +175,28 @@ gma_status_t gma_memory_summary(gma_t *g, char *buf, size_t len) {
   if (st != GMA_OK) return st;
   /* By pool: current bytes from a walk; reserved per pool and segment counts. */
   uint64_t live[GMA__NKINDS] = {0}, reserved[GMA__NKINDS] = {0}, segs[GMA__NKINDS] = {0};
-  uint64_t blocks_live = 0, tag_bytes[GMA__MAX_TAGS] = {0}, tag_count[GMA__MAX_TAGS] = {0};
   gma__pool_t *p = &g->pool;
+  /* A plan's arena (plan:on) is one live block to the pool; the planned
+   * blocks live in it are what the program holds, and those are counted,
+   * as gma_live_report does. */
+  live_tally_t *lt = calloc(1, sizeof *lt);
+  if (!lt) return gma__set_error(GMA_ERR_OOM, "gma_memory_summary: out of host memory");
+  lt->p = p;
   pthread_mutex_lock(&p->lock);
   for (size_t i = 0; i < p->nsegs; i++) {
     gma__segment_t *seg = p->segs[i];
     reserved[seg->kind] += seg->size;
     segs[seg->kind]++;
-    for (gma__block_t *b = seg->first; b; b = b->next)
-      if (gma__load_relaxed(&b->state) == GMA__LIVE) {
-        live[seg->kind] += b->size;
-        blocks_live++;
-        unsigned t = gma__load_relaxed(&b->tag);
-        tag_bytes[t] += b->size;
-        tag_count[t]++;
-      }
+    for (gma__block_t *b = seg->first; b; b = b->next) {
+      if (gma__load_relaxed(&b->state) != GMA__LIVE) continue;
+      uint64_t before = lt->bytes;
+      if (!g->cfg.plan || !gma__plan_each_live(&g->plan, b->addr, tally_planned, lt))
+        tally(lt, gma__load_relaxed(&b->tag), b->size);
+      live[seg->kind] += lt->bytes - before;
+    }
   }
   pthread_mutex_unlock(&p->lock);
+  uint64_t blocks_live = lt->count, *tag_bytes = lt->tag_bytes, *tag_count = lt->tag_count;
 
   out_t o = {buf, len, 0};
   char a[32], b[32];
@@ -232,6 +266,7 @@ gma_status_t gma_memory_summary(gma_t *g, char *buf, size_t len) {
            tag_count[t]);
     }
   put(&o, "+=========================================================================+\n");
+  free(lt);
   if (o.at >= len) {
     buf[len - 1] = '\0';
     return gma__set_error(GMA_ERR_INVALID_SIZE,

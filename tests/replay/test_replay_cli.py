@@ -6,7 +6,8 @@ JSON, on small traces whose answers are known (the same traces as
 test_capacity.c, which checks the engine); --repeat N: N repetitions in one
 allocator, what a repetition leaves live freed at its end, gma_iteration_mark
 after each, the per-repetition figures in the tables and the JSON, and
---min-capacity replaying every repetition.
+--min-capacity replaying every repetition; bad rows, files and option values named
+in the error (and the exit status 1 or 2), never a silent success.
 
 Usage: test_replay_cli.py PATH/TO/gma-replay
 """
@@ -14,6 +15,7 @@ Usage: test_replay_cli.py PATH/TO/gma-replay
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -69,9 +71,7 @@ class ReplayCli(unittest.TestCase):
             f.write(WITH_OOM)
 
     def tearDown(self):
-        for name in os.listdir(self.dir):
-            os.unlink(os.path.join(self.dir, name))
-        os.rmdir(self.dir)
+        shutil.rmtree(self.dir)
 
     def replay(self, *args):
         p = subprocess.run([TOOL, *args], capture_output=True, text=True, timeout=60,
@@ -245,6 +245,58 @@ class ReplayCli(unittest.TestCase):
                                timeout=60)
             self.assertEqual(p.returncode, 2, bad)
             self.assertIn("--repeat wants a count", p.stderr)
+
+    def run_bad(self, *args):
+        p = subprocess.run([TOOL, "--quiet", *args], capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, GMA_CONF=""))
+        return p.returncode, p.stderr
+
+    def test_bad_input_is_named(self):
+        bad = os.path.join(self.dir, "bad.csv")
+        with open(bad, "w") as f:
+            f.write(HEADER + "0,0.000001,alocate,0x1000,4096,0x0,0,0,0,\n")
+        rc, err = self.run_bad(bad)
+        # The row's own text, not bytes of a freed line buffer.
+        self.assertEqual(rc, 1)
+        self.assertIn("bad.csv:2: unknown action 'alocate'", err)
+        rc, err = self.run_bad(self.dir)
+        self.assertEqual(rc, 1)
+        self.assertIn("is a directory, not a trace file", err)
+        gz = os.path.join(self.dir, "known.csv.gz")
+        with open(gz, "wb") as f:
+            f.write(bytes([0x1f, 0x8b, 8, 0]) + b"\0" * 16)
+        rc, err = self.run_bad(gz)
+        self.assertEqual(rc, 1)
+        self.assertIn("gzip-compressed", err)
+        empty = os.path.join(self.dir, "empty.csv")
+        with open(empty, "w") as f:
+            f.write(HEADER)
+        rc, err = self.run_bad("--min-capacity", "--config", "e=expandable_segments:true", empty)
+        self.assertEqual(rc, 1)
+        self.assertIn("has a header but no events", err)
+        self.assertIn("allocates nothing", err)
+        self.assertNotIn("GMA_ERR_CONFIG", err)
+
+    def test_bad_option_values(self):
+        for opt, v, want in (("--budget", "-1", "--budget wants"), ("--budget", "abc", "--budget wants"),
+                             ("--confirm", "-1", "--confirm wants"), ("--confirm", "x", "--confirm wants"),
+                             ("--confirm", "1.5", "--confirm wants"), ("--seed", "1x", "--seed wants"),
+                             ("--precision", "0.2x", "--precision is")):
+            rc, err = self.run_bad(opt, v, self.known)
+            self.assertEqual(rc, 2, (opt, v, err))
+            self.assertIn(want, err)
+        afile = os.path.join(self.dir, "afile")
+        with open(afile, "w") as f:
+            f.write("x")
+        for opt in ("--timeline-dir", "--snapshot-dir"):
+            rc, err = self.run_bad(opt, os.path.join(self.dir, "no", "such"), self.known)
+            self.assertEqual(rc, 1)
+            self.assertIn(opt + ": cannot create", err)
+            rc, err = self.run_bad(opt, afile, self.known)
+            self.assertEqual(rc, 1)
+            self.assertIn("is not a directory", err)
+        # --confirm 0 (no confirmation) and a budget are still accepted.
+        self.replay("--quiet", "--min-capacity", "--confirm", "0", "--budget", "30", self.known)
 
     def test_min_capacity_needs_sim(self):
         p = subprocess.run([TOOL, "--min-capacity", "--device", "cuda", self.known],

@@ -293,6 +293,35 @@ static void print_capacity_table(const replay_trace_t *t, const char *name, cons
   }
 }
 
+/* A number that is the whole of v (strtod), finite and in [lo, hi]. */
+static bool whole_number(const char *v, double lo, double hi, double *out) {
+  char *end;
+  errno = 0;
+  double x = strtod(v, &end);
+  if (errno || end == v || *end || !(x >= lo && x <= hi)) return false;
+  *out = x;
+  return true;
+}
+
+/* Creates dir if missing; false, with a message, when it cannot be made or
+ * is not a directory this process may write in. */
+static bool output_dir(const char *opt, const char *dir) {
+  struct stat st;
+  if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+    fprintf(stderr, "gma-replay: %s: cannot create %s: %s\n", opt, dir, strerror(errno));
+    return false;
+  }
+  if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+    fprintf(stderr, "gma-replay: %s: %s is not a directory\n", opt, dir);
+    return false;
+  }
+  if (access(dir, W_OK | X_OK) != 0) {
+    fprintf(stderr, "gma-replay: %s: cannot write in %s: %s\n", opt, dir, strerror(errno));
+    return false;
+  }
+  return true;
+}
+
 int main(int argc, char **argv) {
   config_t cfg[MAX_CONFIGS];
   int ncfg = 0;
@@ -336,7 +365,14 @@ int main(int argc, char **argv) {
     } else if (strcmp(a, "--snapshot-dir") == 0 && more) {
       snap_dir = argv[++i];
     } else if (strcmp(a, "--seed") == 0 && more) {
-      seed = strtoull(argv[++i], NULL, 0);
+      char *end;
+      const char *v = argv[++i];
+      errno = 0;
+      seed = strtoull(v, &end, 0);
+      if (errno || end == v || *end || *v == '-') {
+        fprintf(stderr, "gma-replay: --seed wants a number from 0 to 2^64-1, not '%s'\n", v);
+        return 2;
+      }
     } else if (strcmp(a, "--repeat") == 0 && more) {
       char *end;
       const char *v = argv[++i];
@@ -351,16 +387,27 @@ int main(int argc, char **argv) {
     } else if (strcmp(a, "--min-capacity") == 0) {
       min_cap = 1;
     } else if (strcmp(a, "--precision") == 0 && more) {
-      precision = atof(argv[++i]) / 100;
+      double pct = 0;
+      if (!whole_number(argv[++i], 0, 100, &pct)) pct = 0;
+      precision = pct / 100;
       if (!(precision > 0 && precision < 1)) {
         fprintf(stderr, "gma-replay: --precision is a percentage between 0 and 100\n");
         return 2;
       }
     } else if (strcmp(a, "--budget") == 0 && more) {
-      budget = atof(argv[++i]);
+      const char *v = argv[++i];
+      if (!whole_number(v, 0, 1e9, &budget) || budget <= 0) {
+        fprintf(stderr, "gma-replay: --budget wants a number of seconds above 0, not '%s'\n", v);
+        return 2;
+      }
     } else if (strcmp(a, "--confirm") == 0 && more) {
-      confirm = atoi(argv[++i]);
-      if (confirm <= 0) confirm = -1; /* none */
+      const char *v = argv[++i];
+      double n = 0;
+      if (!whole_number(v, 0, 1000, &n) || n != (double)(int)n) {
+        fprintf(stderr, "gma-replay: --confirm wants a count from 0 to 1000, not '%s'\n", v);
+        return 2;
+      }
+      confirm = n > 0 ? (int)n : -1; /* -1: none */
     } else if (strcmp(a, "--verbose") == 0) {
       verbose = 1;
     } else if (strcmp(a, "--recorded-label") == 0 && more) {
@@ -390,8 +437,8 @@ int main(int argc, char **argv) {
     cfg[1].conf = "expandable_segments:true";
     ncfg = 2;
   }
-  if (tl_dir) mkdir(tl_dir, 0777);
-  if (snap_dir) mkdir(snap_dir, 0777);
+  if (tl_dir && !output_dir("--timeline-dir", tl_dir)) return 1;
+  if (snap_dir && !output_dir("--snapshot-dir", snap_dir)) return 1;
   FILE *jf = json ? fopen(json, "w") : NULL;
   if (json && !jf) {
     fprintf(stderr, "gma-replay: cannot create %s: %s\n", json, strerror(errno));
@@ -443,24 +490,36 @@ int main(int argc, char **argv) {
       continue;
     }
     base_name(t->name, name, sizeof name);
+    if (t->n == 0) fprintf(stderr, "gma-replay: %s has a header but no events\n", name);
     replay_result_t res[MAX_CONFIGS];
     for (int c = 0; c < ncfg; c++) {
       char path[1024], label[224];
       snprintf(label, sizeof label, "%.120s [%.60s]", name, cfg[c].name);
       replay_options_t o = {.device = device, .progress = tty, .label = label, .repeat = repeat};
       FILE *tl = NULL;
+      int rc = 0;
       if (tl_dir) {
         snprintf(path, sizeof path, "%s/%s.%s.timeline.csv", tl_dir, name, cfg[c].name);
-        if ((tl = fopen(path, "w"))) fputs("Event,Time,Allocated,Reserved,RecordedReserved\n", tl);
-        o.timeline = tl;
+        if ((tl = fopen(path, "w"))) {
+          fputs("Event,Time,Allocated,Reserved,RecordedReserved\n", tl);
+          o.timeline = tl;
+        } else {
+          snprintf(err, sizeof err, "cannot create %.400s: %s", path, strerror(errno));
+          rc = -1;
+        }
       }
-      int rc = replay_run(t, cfg[c].conf, &o, &res[c], err, sizeof err);
+      if (rc == 0) rc = replay_run(t, cfg[c].conf, &o, &res[c], err, sizeof err);
       if (tl) fclose(tl);
       if (rc == 0 && snap_dir) { /* untimed second pass for the picture */
         replay_result_t scratch;
         snprintf(path, sizeof path, "%s/%s.%s.peak.json", snap_dir, name, cfg[c].name);
         replay_options_t so = {.device = device, .snapshot_path = path, .repeat = repeat};
+        remove(path); /* what the pass writes, not an older file, must be there after it */
         rc = replay_run(t, cfg[c].conf, &so, &scratch, err, sizeof err);
+        if (rc == 0 && access(path, R_OK) != 0) {
+          snprintf(err, sizeof err, "the snapshot %.400s could not be written", path);
+          rc = -1;
+        }
       }
       if (rc != 0) {
         fprintf(stderr, "gma-replay: %s under %s: %s\n", name, cfg[c].name, err);
@@ -530,35 +589,38 @@ int main(int argc, char **argv) {
     fputs("}\n", jf);
     fclose(jf);
   }
-  /* The summary: one row per trace and configuration. */
-  printf("\nsummary (%s device): peak reserved against peak allocated and against the recording "
-         "allocator (%s)\n",
-         strcmp(device, "sim") == 0 ? "simulated" : "CUDA", recorded_label);
-  printf("%-34s %-11s %12s %11s %11s %8s %11s %8s %7s %9s %8s\n", "trace", "config", "allocated",
-         "reserved", "recorded", "res/all", "res/rec", "frag", "failed", "oom r/g", "Mev/s");
-  int starred = 0;
-  for (int i = 0; i < nall; i++) {
-    const replay_result_t *r = &all[i].r;
-    char a[32], al[40], b[32], c[32], rr[16] = "-", oom[32] = "-";
-    if (all[i].has_recorded && r->recorded_peak_reserved)
-      snprintf(rr, sizeof rr, "%.3fx", (double)r->peak_reserved / (double)r->recorded_peak_reserved);
-    if (r->recorded_failed)
-      snprintf(oom, sizeof oom, "%" PRIu64 "/%" PRIu64, r->recorded_failed,
-               r->oom_attempts - r->oom_served);
-    snprintf(al, sizeof al, "%s%s", human(a, sizeof a, r->peak_allocated),
-             r->failed_allocs ? "*" : " ");
-    starred |= r->failed_allocs > 0;
-    printf("%-34.34s %-11.11s %12s %11s %11s %7.3fx %11s %7.1f%% %7" PRIu64 " %9s %8.2f\n",
-           all[i].trace, all[i].config, al, human(b, sizeof b, r->peak_reserved),
-           all[i].has_recorded ? human(c, sizeof c, r->recorded_peak_reserved) : "-",
-           r->peak_allocated ? (double)r->peak_reserved / (double)r->peak_allocated : 0, rr,
-           100 * r->fragmentation_at_peak, r->failed_allocs, oom, r->events_per_s / 1e6);
+  /* The summary: one row per trace and configuration (none when no input
+   * could be replayed: the errors above say why). */
+  if (nall > 0) {
+    printf("\nsummary (%s device): peak reserved against peak allocated and against the recording "
+           "allocator (%s)\n",
+           strcmp(device, "sim") == 0 ? "simulated" : "CUDA", recorded_label);
+    printf("%-34s %-11s %12s %11s %11s %8s %11s %8s %7s %9s %8s\n", "trace", "config", "allocated",
+           "reserved", "recorded", "res/all", "res/rec", "frag", "failed", "oom r/g", "Mev/s");
+    int starred = 0;
+    for (int i = 0; i < nall; i++) {
+      const replay_result_t *r = &all[i].r;
+      char a[32], al[40], b[32], c[32], rr[16] = "-", oom[32] = "-";
+      if (all[i].has_recorded && r->recorded_peak_reserved)
+        snprintf(rr, sizeof rr, "%.3fx", (double)r->peak_reserved / (double)r->recorded_peak_reserved);
+      if (r->recorded_failed)
+        snprintf(oom, sizeof oom, "%" PRIu64 "/%" PRIu64, r->recorded_failed,
+                 r->oom_attempts - r->oom_served);
+      snprintf(al, sizeof al, "%s%s", human(a, sizeof a, r->peak_allocated),
+               r->failed_allocs ? "*" : " ");
+      starred |= r->failed_allocs > 0;
+      printf("%-34.34s %-11.11s %12s %11s %11s %7.3fx %11s %7.1f%% %7" PRIu64 " %9s %8.2f\n",
+             all[i].trace, all[i].config, al, human(b, sizeof b, r->peak_reserved),
+             all[i].has_recorded ? human(c, sizeof c, r->recorded_peak_reserved) : "-",
+             r->peak_allocated ? (double)r->peak_reserved / (double)r->peak_allocated : 0, rr,
+             100 * r->fragmentation_at_peak, r->failed_allocs, oom, r->events_per_s / 1e6);
+    }
+    printf("failed: allocations the trace records as served that failed in the replay; "
+           "oom r/g: requests the recording allocator failed (oom rows) / of them, failed by gma "
+           "too\n");
+    if (starred) printf("* leaves out the failed allocations: a failed request never became live\n");
   }
-  printf("failed: allocations the trace records as served that failed in the replay; "
-         "oom r/g: requests the recording allocator failed (oom rows) / of them, failed by gma "
-         "too\n");
-  if (starred) printf("* leaves out the failed allocations: a failed request never became live\n");
-  if (repeat) {
+  if (repeat && nall > 0) {
     /* --repeat: each repetition's figures, next to the whole run's above. */
     printf("\nrepetitions (--repeat %" PRIu64 ", one allocator, gma_iteration_mark after each): "
            "peak reserved of the first and the last repetition, device allocations after "

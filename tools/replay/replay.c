@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -116,7 +117,10 @@ int replay_parse(FILE *f, const char *name, replay_trace_t **out, char *err, siz
   int nf = split(line, fld, len, 16);
   for (int i = 0; i < 6; i++)
     if (nf < 6 || len[i] != strlen(want[i]) || memcmp(fld[i], want[i], len[i]) != 0) {
+      bool gz = got >= 2 && (unsigned char)line[0] == 0x1f && (unsigned char)line[1] == 0x8b;
       free(line);
+      if (gz)
+        return fail(err, errlen, "%s is gzip-compressed: decompress it first (gunzip -k)", name);
       return fail(err, errlen,
                   "%s: line 1 is not a trace header: it must start with "
                   "Thread,Time,Action,Pointer,Size,Stream (RMM's columns)",
@@ -143,10 +147,12 @@ int replay_parse(FILE *f, const char *name, replay_trace_t **out, char *err, siz
     }
     int a = action_of(fld[2], len[2]);
     if (a < 0) {
+      /* The message quotes the row: written before the line is freed. */
+      fail(err, errlen, "%s:%" PRIu64 ": unknown action '%.*s'", name, lineno, (int)len[2],
+           fld[2]);
       replay_trace_free(t);
       free(line);
-      return fail(err, errlen, "%s:%" PRIu64 ": unknown action '%.*s'", name, lineno,
-                  (int)len[2], fld[2]);
+      return -1;
     }
     if (t->n == evcap) {
       evcap = evcap ? evcap * 2 : 4096;
@@ -211,6 +217,9 @@ int replay_parse(FILE *f, const char *name, replay_trace_t **out, char *err, siz
 }
 
 int replay_load(const char *path, replay_trace_t **out, char *err, size_t errlen) {
+  struct stat st;
+  if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+    return fail(err, errlen, "%s is a directory, not a trace file", path);
   FILE *f = fopen(path, "r");
   if (!f) return fail(err, errlen, "cannot open %s: %s", path, strerror(errno));
   const char *base = strrchr(path, '/');
@@ -1016,9 +1025,14 @@ int replay_min_capacity(const replay_trace_t *t, const char *conf,
   if (o.precision <= 0) o.precision = 0.002;
   if (o.confirm == 0) o.confirm = 1;
   if (o.confirm < 0) o.confirm = 0;
-  const uint64_t MiB = 1ull << 20, cap_min = MiB, cap_max = 1024ull << 40;
+  /* cap_min: one 2 MiB chunk, the least a growable pool maps (the simulated
+   * device's granularity); below it expandable_segments:true cannot even be
+   * configured, which would end the search with a config error. */
+  const uint64_t MiB = 1ull << 20, cap_min = 2 * MiB, cap_max = 1024ull << 40;
   if (!o.max_capacity || o.max_capacity > cap_max) o.max_capacity = cap_max;
   memset(c, 0, sizeof *c);
+  if (!t->peak_live) /* no capacity is the smallest: every one works */
+    return fail(err, errlen, "%s allocates nothing: there is no smallest capacity to find", t->name);
   c->lower_bound = t->peak_live;
   c->recorded_peak_reserved = t->has_recorded ? t->recorded_peak : 0;
   uint64_t t0 = now_ns();
