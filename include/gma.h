@@ -383,12 +383,17 @@ typedef struct gma_async_options {
 GMA_API gma_status_t gma_alloc_async(gma_t *g, size_t size, gma_stream_t stream,
                                      const gma_async_options_t *options, gma_future_t **out);
 /* The same for a batch (see gma_alloc_batch). ptrs (n entries) is filled
- * when the future completes with GMA_OK; keep it alive until then. */
+ * by the gma_future_wait or gma_future_take that collects the memory (not
+ * at completion, nor by poll); keep it alive until then. */
 GMA_API gma_status_t gma_alloc_batch_async(gma_t *g, size_t n, const size_t *sizes,
                                            gma_stream_t stream, void **ptrs,
                                            const gma_async_options_t *options,
                                            gma_future_t **out);
-/* GMA_PENDING, GMA_OK, or the request's error. Never blocks. GMA_ERR_CANCELLED
+/* GMA_PENDING, GMA_OK, or the request's error. Never blocks. Complete means
+ * the completion finished, callback included (inside its own callback the
+ * future counts as complete): after GMA_OK here a gma_future_wait with
+ * timeout 0 collects. GMA_ERR_INVALID_ARGUMENT for a future already given
+ * back (see gma_future_release). GMA_ERR_CANCELLED
  * once the allocator was destroyed, also for a request that had been served:
  * its memory went with the allocator; and, in a child process after fork(),
  * for every future of an allocator the parent created (so wait never hangs
@@ -413,7 +418,11 @@ GMA_API gma_status_t gma_future_status(gma_future_t *f);
 GMA_API gma_status_t gma_future_wait(gma_future_t *f, uint64_t timeout_ns, void **ptr);
 /* Gives the future back (once). A request still pending is cancelled, and
  * memory it got that no gma_future_wait collected is freed. Allowed during
- * and after gma_destroy (the future is then only freed). */
+ * and after gma_destroy (the future is then only freed). NULL: GMA_OK,
+ * nothing to do. A second release, or a poll, wait or take after it, returns
+ * GMA_ERR_INVALID_ARGUMENT while gma can still tell (the object is still
+ * gma's: README "Async allocation: futures"); a released handle must not be used
+ * again. */
 GMA_API gma_status_t gma_future_release(gma_future_t *f);
 /* Waits, collects and releases in one call: gma_future_wait(f, timeout_ns,
  * ptr) and then, unless it returned GMA_PENDING, gma_future_release(f).

@@ -56,7 +56,12 @@ struct gma_future {
   uint64_t trace_id;          /* its Id in the trace; 0: not traced */
   bool worker_only;           /* options->worker_only: no serving but the worker's */
   _Atomic int owner;          /* OWN_*: who serves a request handed to the worker */
+  _Atomic uint32_t magic;     /* FUT_LIVE from submit until the caller's release, then
+                                 FUT_GONE: a later call on the handle is refused while
+                                 the object is still gma's (see future_gone) */
 };
+
+enum { FUT_LIVE = 0x6675744c, FUT_GONE = 0x67306e65 };
 
 /* f->owner, for a request in the worker's ring: a thread that waits on it
  * before the worker took it serves it itself (help()), since it would block
@@ -237,6 +242,19 @@ static void trace_complete(gma_future_t *f, gma_status_t st) {
                     (uintptr_t)f->stream, 0, f->trace_id, 0, 0);
 }
 
+/* The future whose callback this thread is running (complete()): inside
+ * its callback a future counts as complete already, so gma_future_status
+ * there returns the status the callback got. */
+static __thread gma_future_t *completing;
+
+/* Whether f's completion finished, callback included (f->done, acquire: what
+ * the callback wrote is visible after it), or this thread is inside that
+ * callback. Until then poll, status and a wait that does not block say
+ * GMA_PENDING, so poll's GMA_OK promises a wait that collects at once. */
+static bool finished(gma_future_t *f) {
+  return atomic_load_explicit(&f->done, memory_order_acquire) == FUT_DONE || f == completing;
+}
+
 /* Publishes the final status, wakes waiters, runs the callback, and frees
  * the memory if the caller already let the future go. */
 static void complete(gma__worker_t *w, gma_future_t *f, gma_status_t st) {
@@ -261,7 +279,12 @@ static void complete(gma__worker_t *w, gma_future_t *f, gma_status_t st) {
    * is not handed out yet: nobody else can read it. */
   if (f->served_by_worker) atomic_store(&f->state, (int)st);
   else atomic_store_explicit(&f->state, (int)st, memory_order_relaxed);
-  if (f->cb) f->cb(f, st, f->user);
+  if (f->cb) {
+    gma_future_t *outer = completing; /* a callback may complete a request of its own */
+    completing = f;
+    f->cb(f, st, f->user);
+    completing = outer;
+  }
   /* Waiters return only now, so the callback has run when wait returns. A
    * future complete at once was never handed out: nobody can be waiting. */
   if (f->served_by_worker) {
@@ -393,6 +416,7 @@ static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t 
   f->g = g;
   f->state = GMA_PENDING;
   f->refs = 1;
+  atomic_store_explicit(&f->magic, FUT_LIVE, memory_order_relaxed);
   if (o) {
     f->cb = o->callback;
     f->user = o->user;
@@ -557,10 +581,30 @@ static gma_status_t gone(const char *fn) {
                         fn);
 }
 
+/* A handle the caller gave back (gma_future_release, or a gma_future_take
+ * that did not return GMA_PENDING) and named again. Seen only while the
+ * object is still gma's: a single-block future is kept as its thread's
+ * spare until that thread's next request reuses it; a batch's is freed at
+ * once, and a handle reused by a new request cannot be told from it. */
+static bool future_gone(const gma_future_t *f) {
+  return atomic_load_explicit(&f->magic, memory_order_relaxed) != FUT_LIVE;
+}
+
+static gma_status_t gone_error(const char *fn) {
+  return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
+                        "%s: this future was already given back (gma_future_release, or a "
+                        "gma_future_take that did not return GMA_PENDING); a released handle "
+                        "must not be used again",
+                        fn);
+}
+
 /* gma_future_poll and gma_future_status: the same, errors naming fn. */
 static gma_status_t poll_as(gma_future_t *f, const char *fn) {
   if (!f) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "%s: future is NULL", fn);
+  if (f != completing && future_gone(f)) /* its callback may ask, released or not */
+    return gone_error(fn);
   if (forked(f)) return gma__fork_future_error(fn);
+  if (!finished(f)) return GMA_PENDING;
   gma_status_t st = (gma_status_t)atomic_load_explicit(&f->state, memory_order_acquire);
   return st == GMA_OK && destroyed(f) ? gone(fn) : st;
 }
@@ -606,12 +650,9 @@ static gma_status_t wait_collect(gma_future_t *f, uint64_t timeout_ns, void **pt
   /* A wait that may block 1 ms or more serves a request the worker has not
    * begun (help): the worker may not get a CPU for that long when the
    * machine's threads are busy. A shorter wait only waits. */
-  if (timeout_ns && atomic_load_explicit(&f->done, memory_order_acquire) != FUT_DONE &&
-      !(timeout_ns >= 1000000u && help(f)))
+  if (timeout_ns && !finished(f) && !(timeout_ns >= 1000000u && help(f)))
     wait_done(f, timeout_ns);
-  int st = atomic_load_explicit(&f->done, memory_order_acquire) == FUT_DONE
-               ? atomic_load_explicit(&f->state, memory_order_acquire)
-               : GMA_PENDING;
+  int st = finished(f) ? atomic_load_explicit(&f->state, memory_order_acquire) : GMA_PENDING;
   if (st == GMA_OK) {
     /* The memory exists only as long as the allocator: inside the anchor,
      * gma_destroy waits for us before its leak report and teardown. */
@@ -642,12 +683,17 @@ static gma_status_t wait_collect(gma_future_t *f, uint64_t timeout_ns, void **pt
 gma_status_t gma_future_wait(gma_future_t *f, uint64_t timeout_ns, void **ptr) {
   if (ptr) *ptr = NULL; /* unless GMA_OK */
   if (!f) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_future_wait: future is NULL");
+  if (future_gone(f)) return gone_error("gma_future_wait");
   if (forked(f)) return gma__fork_future_error("gma_future_wait"); /* nothing would wake us */
   return wait_collect(f, timeout_ns, ptr, "gma_future_wait");
 }
 
 gma_status_t gma_future_release(gma_future_t *f) {
   if (!f) return GMA_OK;
+  /* One release: two racing releases of one handle both pass neither check
+   * below unless one of them sees the other's mark (the exchange decides). */
+  if (atomic_exchange_explicit(&f->magic, FUT_GONE, memory_order_relaxed) != FUT_LIVE)
+    return gone_error("gma_future_release");
   if (forked(f)) { /* the worker's reference died with the parent's threads */
     future_delete(f);
     return GMA_OK;
@@ -670,6 +716,7 @@ gma_status_t gma_future_release(gma_future_t *f) {
 gma_status_t gma_future_take(gma_future_t *f, uint64_t timeout_ns, void **ptr) {
   if (ptr) *ptr = NULL; /* unless GMA_OK */
   if (!f) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_future_take: future is NULL");
+  if (future_gone(f)) return gone_error("gma_future_take");
   if (!ptr && !f->user_ptrs)
     return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
                           "gma_future_take: ptr is NULL; take hands the memory to the caller "

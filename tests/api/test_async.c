@@ -6,6 +6,7 @@
  * that forces back-pressure, with pattern kernels catching any reuse of a
  * block still in use. Public API only. */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
@@ -515,7 +516,83 @@ static void pipeline(void) {
   CHECK_OK(gma_destroy(g));
 }
 
+/* A future's completion ends when its callback returned: until then poll
+ * says GMA_PENDING (the callback holding the worker 3 ms), and once poll
+ * says GMA_OK a wait that does not block collects the memory, and what the
+ * callback wrote is visible (TSan checks the order). Before, poll said
+ * GMA_OK as soon as the status was stored, and wait(f, 0) then returned
+ * GMA_PENDING in every round. */
+typedef struct slow_cb {
+  int written; /* plain: ordered by the completion, not by an atomic of its own */
+} slow_cb_t;
+
+static void slow_done(gma_future_t *f, gma_status_t st, void *user) {
+  CHECK(gma_future_status(f) == st); /* inside its callback: complete already */
+  slow_cb_t *c = user;
+  sleep_us(3000);
+  c->written = 1;
+}
+
+static void poll_then_collect(void) {
+  gma_t *g = sim_allocator(NULL);
+  for (int round = 0; round < 20; round++) {
+    slow_cb_t c = {0};
+    gma_async_options_t o = GMA_ASYNC_OPTIONS_INIT;
+    o.callback = slow_done;
+    o.user = &c;
+    o.worker_only = 1;
+    gma_future_t *f;
+    void *p = NULL;
+    CHECK_OK(gma_alloc_async(g, 4 * MiB, NULL, &o, &f));
+    while (gma_future_poll(f) == GMA_PENDING) sched_yield();
+    CHECK(c.written == 1);
+    CHECK_OK(gma_future_wait(f, 0, &p));
+    CHECK(p != NULL);
+    CHECK_OK(gma_future_release(f));
+    CHECK_OK(gma_free(g, p));
+  }
+  CHECK_OK(gma_destroy(g));
+  printf("poll's GMA_OK: the callback ran, and a wait collects at once\n");
+}
+
+/* A handle given back and named again is refused, not a second release:
+ * once complete at once (the object then waits as the thread's spare), and
+ * once while the worker still holds the request (before, the second release
+ * dropped the worker's reference and the worker used freed memory). */
+static void released_twice(void) {
+  gma_t *g = sim_allocator("sim_capacity:64M,bins:off");
+  void *p, *q;
+  gma_future_t *f;
+  CHECK_OK(gma_alloc(g, 48 * MiB, NULL, &p)); /* all but one segment's worth */
+  CHECK_OK(gma_alloc_async(g, 4 * MiB, NULL, NULL, &f));
+  CHECK_OK(gma_future_wait(f, UINT64_MAX, &q));
+  CHECK_OK(gma_future_release(f));
+  CHECK_ST(gma_future_release(f), GMA_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(gma_last_error(), "already given back") != NULL);
+  CHECK_ST(gma_future_poll(f), GMA_ERR_INVALID_ARGUMENT);
+  CHECK_ST(gma_future_wait(f, 0, NULL), GMA_ERR_INVALID_ARGUMENT);
+  void *r;
+  CHECK_ST(gma_future_take(f, 0, &r), GMA_ERR_INVALID_ARGUMENT);
+  CHECK_OK(gma_free(g, q));
+  /* Pending: 32 MiB does not fit beside p until p is freed. */
+  gma_async_options_t o = GMA_ASYNC_OPTIONS_INIT;
+  o.timeout_ns = UINT64_MAX;
+  CHECK_OK(gma_alloc_async(g, 32 * MiB, NULL, &o, &f));
+  sleep_us(5000);
+  CHECK_ST(gma_future_poll(f), GMA_PENDING);
+  CHECK_OK(gma_future_release(f)); /* cancels it */
+  CHECK_ST(gma_future_release(f), GMA_ERR_INVALID_ARGUMENT);
+  CHECK_OK(gma_free(g, p));
+  gma_stats_t s;
+  for (int i = 0; i < 2000 && (s = stats_of(g)).queue_depth; i++) sleep_us(1000);
+  CHECK(s.queue_depth == 0 && s.allocated.current == 0);
+  CHECK_OK(gma_destroy(g));
+  printf("a released future named again: GMA_ERR_INVALID_ARGUMENT\n");
+}
+
 int main(void) {
+  poll_then_collect();
+  released_twice();
   at_once_and_worker();
   back_pressure_and_timeout();
   release_semantics();
