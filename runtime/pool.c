@@ -1569,8 +1569,9 @@ gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r) {
   gma__stats_sample(p);
   /* Detach the chosen free segments under the lock; give them back after
    * unlocking, so a slow device free (cuMemFree synchronizes) never holds up
-   * other callers. First those idle too long, then, largest first, until at
-   * most keep bytes of cache (reserved - allocated) stay. */
+   * other callers. First those idle too long, then until at most keep bytes
+   * of cache (reserved - allocated) stay, each time the one that gets there
+   * with the least beyond it (gma__trim_prefer). */
   gma__trim_budget_t bud = {
       .keep = r->keep, .want = r->want, .cached = p->c.reserved.current - p->c.allocated.current};
   size_t n = 0, cap = 0, n_idle = 0;
@@ -1587,7 +1588,8 @@ gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r) {
         }
         bool ok = pass == 0 ? r->idle_ns && seg_unused(seg, r->now_ns, r->idle_ns)
                             : seg_unused(seg, r->now_ns, r->unused_ns) &&
-                                  (pick == SIZE_MAX || seg->size > p->segs[pick]->size);
+                                  gma__trim_prefer(&bud, seg->size,
+                                                   pick == SIZE_MAX ? 0 : p->segs[pick]->size);
         if (ok) {
           pick = i;
           if (pass == 0) break;

@@ -408,6 +408,25 @@ typedef struct gma__trim_budget {
 static inline bool gma__trim_done(const gma__trim_budget_t *b) {
   return b->cached <= b->keep || (b->want && b->taken >= b->want);
 }
+/* Whether pass 1 should pick a candidate of size x over one of size best
+ * (0: none yet), to finish with the least given back beyond what it needs:
+ * of those that finish it alone, the smallest; while none does, the
+ * largest. Taking the largest first gave back a 280 MiB chunk for a trim
+ * to keep 200 MiB of 288 MiB cached. */
+/* The bytes pass 1 still has to give back. */
+static inline uint64_t gma__trim_need(const gma__trim_budget_t *b) {
+  uint64_t need = b->cached > b->keep ? b->cached - b->keep : 0;
+  if (b->want && b->want - (b->taken < b->want ? b->taken : b->want) < need)
+    need = b->want - b->taken;
+  return need;
+}
+static inline bool gma__trim_prefer(const gma__trim_budget_t *b, uint64_t x, uint64_t best) {
+  uint64_t need = gma__trim_need(b);
+  if (!best) return true;
+  if (x >= need && best >= need) return x < best;
+  if (x >= need || best >= need) return x >= need;
+  return x > best;
+}
 static inline void gma__trim_took(gma__trim_budget_t *b, uint64_t size, bool pass1) {
   b->cached -= size < b->cached ? size : b->cached;
   if (pass1) b->taken += size;
@@ -480,10 +499,11 @@ gma_status_t gma__segs_adopt(gma__pool_t *p, const void *range, int kind, uintpt
  * them back, then grows again). */
 gma_status_t gma__segs_grow(gma__pool_t *p, int kind, uint64_t size, uint64_t home);
 /* Takes what the source can give back inside FREE block b of a growable
- * segment out of the pool, splitting its segment, and has the source take
- * it (out, for give_back without the lock); false when there is none or
- * host memory for the split is lacking (nothing changed). */
-bool gma__segs_detach(gma__pool_t *p, gma__block_t *b, gma__span_t *out);
+ * segment out of the pool (want > 0: only its last chunks that hold want
+ * bytes, see the source's releasable), splitting its segment, and has the
+ * source take it (out, for give_back without the lock); false when there is
+ * none or host memory for the split is lacking (nothing changed). */
+bool gma__segs_detach(gma__pool_t *p, gma__block_t *b, uint64_t want, gma__span_t *out);
 /* After give_back: the source settles, the pool counts device frees and
  * bytes trimmed and adopts again what the device refused. */
 void gma__segs_finish(gma__pool_t *p, gma__span_t *x);

@@ -32,13 +32,13 @@ static uint8_t state_of(gma__block_t *b) { return gma__load_relaxed(&b->state); 
 
 /* The bytes of FREE block b (of a growable segment) that its source could
  * give back: [*lo, *hi). */
-static uint64_t releasable(const gma__pool_t *p, const gma__block_t *b, uintptr_t *lo,
-                           uintptr_t *hi) {
-  return p->src->ops->releasable(p->src, b->seg->range, b->addr, b->size, lo, hi);
+static uint64_t releasable(const gma__pool_t *p, const gma__block_t *b, uint64_t want,
+                           uintptr_t *lo, uintptr_t *hi) {
+  return p->src->ops->releasable(p->src, b->seg->range, b->addr, b->size, want, lo, hi);
 }
 static uint64_t inside(const gma__pool_t *p, const gma__block_t *b) {
   uintptr_t lo, hi;
-  return releasable(p, b, &lo, &hi);
+  return releasable(p, b, 0, &lo, &hi);
 }
 
 /* ---- Adopting memory --------------------------------------------------------------*/
@@ -109,11 +109,11 @@ gma_status_t gma__segs_adopt(gma__pool_t *p, const void *range, int kind, uintpt
 
 /* ---- Giving back ------------------------------------------------------------------*/
 
-bool gma__segs_detach(gma__pool_t *p, gma__block_t *b, gma__span_t *out) {
+bool gma__segs_detach(gma__pool_t *p, gma__block_t *b, uint64_t want, gma__span_t *out) {
   gma__segment_t *seg = b->seg;
   if (!seg->range) return false;
   uintptr_t lo, hi;
-  if (!releasable(p, b, &lo, &hi)) return false;
+  if (!releasable(p, b, want, &lo, &hi)) return false;
   uintptr_t end = b->addr + b->size, seg_end = seg->base + seg->size;
   /* Get every record first, so a failure changes nothing. */
   bool right = hi < seg_end, right_block = hi < end, left_block = lo > b->addr;
@@ -205,7 +205,7 @@ static uint64_t give_back_one(gma__pool_t *p, size_t *i, bool *refused) {
     gma__span_t x;
     /* A detach changes the segment table: the caller looks at the same
      * index again. */
-    if (b && gma__segs_detach(p, b, &x)) {
+    if (b && gma__segs_detach(p, b, 0, &x)) {
       p->src->ops->give_back(p->src, &x);
       uint64_t done = x.done, size = x.size;
       gma__segs_finish(p, &x);
@@ -339,22 +339,31 @@ size_t gma__segs_pick(gma__pool_t *p, const gma__release_t *rel, gma__trim_budge
   if (spans) {
     /* Detaching one candidate never touches another: FREE blocks are never
      * neighbours (they are coalesced). The passes of gma__release_t: pass 0
-     * the idle ones; pass 1 largest first, among those unused long enough. */
+     * the idle ones (largest first); pass 1, among those unused long enough,
+     * each time the one that finishes with the least beyond the budget
+     * (gma__trim_prefer). */
     qsort(cand, nc, sizeof *cand, by_inside_desc);
-    for (int pass = 0; pass < 2; pass++) {
-      for (size_t i = 0; i < nc; i++) {
-        gma__block_t *b = cand[i].b;
-        if (!b) continue;
-        uint64_t age = rel->now_ns - b->free_since_ns;
-        bool ok = pass == 0 ? rel->idle_ns && age >= rel->idle_ns
-                            : !gma__trim_done(bud) && age >= rel->unused_ns;
-        if (!ok) continue;
-        cand[i].b = NULL;
-        if (!gma__segs_detach(p, b, &spans[n])) continue;
-        gma__trim_took(bud, spans[n].size, pass == 1);
-        n++;
-        *n_idle += pass == 0;
-      }
+    for (size_t i = 0; i < nc; i++) {
+      gma__block_t *b = cand[i].b;
+      if (!rel->idle_ns || rel->now_ns - b->free_since_ns < rel->idle_ns) continue;
+      cand[i].b = NULL;
+      if (!gma__segs_detach(p, b, 0, &spans[n])) continue;
+      gma__trim_took(bud, spans[n].size, false);
+      n++;
+      (*n_idle)++;
+    }
+    while (!gma__trim_done(bud)) {
+      size_t pick = SIZE_MAX;
+      for (size_t i = 0; i < nc; i++)
+        if (cand[i].b && rel->now_ns - cand[i].b->free_since_ns >= rel->unused_ns &&
+            gma__trim_prefer(bud, cand[i].inside, pick == SIZE_MAX ? 0 : cand[pick].inside))
+          pick = i;
+      if (pick == SIZE_MAX) break;
+      gma__block_t *b = cand[pick].b;
+      cand[pick].b = NULL; /* only the chunks the budget needs (the last ones) */
+      if (!gma__segs_detach(p, b, gma__trim_need(bud), &spans[n])) continue;
+      gma__trim_took(bud, spans[n].size, true);
+      n++;
     }
   }
   free(cand);

@@ -103,10 +103,11 @@ typedef struct gma__source_ops {
   /* The pool could not adopt what grow returned: give it back now. */
   void (*ungrow)(gma__source_t *s, const gma__grown_t *g);
   /* The part of the free memory [addr, addr + size) of range that can go
-   * back: [*lo, *hi) (growable: the whole chunks inside it); its length, 0
-   * when none. */
+   * back: [*lo, *hi) (growable: the whole chunks inside it; with want > 0,
+   * only the last of them, the fewest that hold want bytes, or all when
+   * they hold less); its length, 0 when none. */
   uint64_t (*releasable)(const gma__source_t *s, const void *range, uintptr_t addr,
-                         uint64_t size, uintptr_t *lo, uintptr_t *hi);
+                         uint64_t size, uint64_t want, uintptr_t *lo, uintptr_t *hi);
   /* Marks [addr, addr + size) (a releasable answer, or a whole ordinary
    * segment) as leaving and fills out for give_back; false without host
    * memory (nothing changed). */

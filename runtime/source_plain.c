@@ -27,8 +27,8 @@ static void plain_ungrow(gma__source_t *s, const gma__grown_t *g) {
 
 /* Only a whole segment can go back: the pool offers only those. */
 static uint64_t plain_releasable(const gma__source_t *s, const void *range, uintptr_t addr,
-                                 uint64_t size, uintptr_t *lo, uintptr_t *hi) {
-  (void)s, (void)range;
+                                 uint64_t size, uint64_t want, uintptr_t *lo, uintptr_t *hi) {
+  (void)s, (void)range, (void)want;
   *lo = addr;
   *hi = addr + size;
   return size;

@@ -129,9 +129,16 @@ static uint64_t inside_of(const gma__region_t *r, uintptr_t addr, uint64_t size,
 }
 
 static uint64_t vm_releasable(const gma__source_t *s, const void *range, uintptr_t addr,
-                              uint64_t size, uintptr_t *lo, uintptr_t *hi) {
+                              uint64_t size, uint64_t want, uintptr_t *lo, uintptr_t *hi) {
   (void)s;
-  return inside_of(range, addr, size, NULL, NULL, lo, hi);
+  const gma__region_t *r = range;
+  size_t a, z;
+  uint64_t n = inside_of(r, addr, size, &a, &z, lo, hi);
+  if (!want || n <= want) return n;
+  /* The last chunks only: while the ones after a still hold want, a moves up. */
+  while (a + 1 < z && *hi - r->chunks[a + 1].addr >= want) a++;
+  *lo = r->chunks[a].addr;
+  return *hi - *lo;
 }
 
 /* ---- Ranges -----------------------------------------------------------------------*/

@@ -3,6 +3,7 @@
  * keep_bytes, never touches live or pending memory; the OOM retry's
  * give-back counts as trimmed) and gma_reserve (warm-up that makes the first
  * allocations bin hits). Public API only. */
+#include <inttypes.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -234,6 +235,41 @@ static void oom_retry_counts_trimmed(void) {
   CHECK_OK(gma_destroy(g));
 }
 
+/* gma_trim gives back as little beyond keep_bytes as it can: of the free
+ * segments that bring the cache to keep alone, the smallest (not the
+ * largest, which gave back 80 MiB where 30 did); with growable segments,
+ * only the last chunks of a free run (it gave back a whole 120 MiB run). */
+static void trim_gives_back_least(void) {
+  gma_t *g = sim_allocator("bins:off");
+  size_t sz[3] = {12 * MiB, 30 * MiB, 80 * MiB};
+  void *p[3];
+  for (int i = 0; i < 3; i++) CHECK_OK(gma_alloc(g, sz[i], NULL, &p[i])); /* own segments */
+  for (int i = 0; i < 3; i++) CHECK_OK(gma_free(g, p[i]));
+  CHECK_OK(gma_stream_synchronize(g, NULL));
+  CHECK(stats_of(g).reserved.current == 122 * MiB);
+  CHECK_OK(gma_trim(g, 100 * MiB)); /* 22 MiB to go: the 30 MiB segment */
+  gma_stats_t s = stats_of(g);
+  printf("ordinary: keep 100 of 122 MiB cached -> %" PRIu64 " MiB\n", s.reserved.current / MiB);
+  CHECK(s.reserved.current == 92 * MiB);
+  CHECK_OK(gma_destroy(g));
+
+  g = sim_allocator("bins:off,expandable_segments:true");
+  for (int i = 0; i < 3; i++) CHECK_OK(gma_alloc(g, 40 * MiB, NULL, &p[i])); /* a chunk each */
+  for (int i = 0; i < 3; i++) CHECK_OK(gma_free(g, p[i]));
+  CHECK_OK(gma_stream_synchronize(g, NULL));
+  s = stats_of(g);
+  CHECK(s.reserved.current == 120 * MiB && s.num_segments == 1);
+  CHECK_OK(gma_trim(g, 70 * MiB)); /* 50 MiB to go: the last two chunks */
+  s = stats_of(g);
+  printf("growable: keep 70 of 120 MiB cached -> %" PRIu64 " MiB\n", s.reserved.current / MiB);
+  CHECK(s.reserved.current == 40 * MiB && s.bytes_trimmed == 80 * MiB);
+  void *q;
+  CHECK_OK(gma_alloc(g, 40 * MiB, NULL, &q)); /* what stayed serves a request */
+  CHECK(stats_of(g).reserved.current == 40 * MiB);
+  CHECK_OK(gma_free(g, q));
+  CHECK_OK(gma_destroy(g));
+}
+
 int main(void) {
   batch_is_contiguous();
   batch_all_or_nothing_injected();
@@ -241,6 +277,7 @@ int main(void) {
   batch_split_and_oom();
   batch_bad_input();
   trim_keeps();
+  trim_gives_back_least();
   reserve_warms_bins();
   oom_retry_counts_trimmed();
   printf("test_batch_trim: ok\n");
