@@ -609,6 +609,28 @@ static uint64_t segment_size_for(const gma__pool_t *p, int kind, uint64_t size) 
   return own > room && size <= room ? room : own;
 }
 
+/* Why oom_wait stopped: what the OOM message then says. */
+enum { OOM_GOING = 0, OOM_SHORT /* live + need above the limit */, OOM_DEADLINE /* oom_wait_ms */,
+       OOM_NOTHING /* no event to wait on */, OOM_ERRORS /* OOM_ERROR_ROUNDS failed queries */ };
+typedef struct oom_waiting {
+  uint64_t start_ns; /* when the first round began (0: none yet) */
+  uint64_t rounds;
+  unsigned errors;   /* rounds in a row that ended on a failed event query */
+  uint64_t device_errors; /* p->c.device_errors when the call began */
+  int stop;          /* OOM_*: why the last oom_wait returned false */
+  uint64_t live;     /* OOM_SHORT: the bytes allocated (and a plan's arena) then */
+} oom_waiting_t;
+
+/* What the OOM message cites: the last device failure, if one happened
+ * during this call. */
+static const char *failed_meanwhile(const gma__pool_t *p, const oom_waiting_t *w) {
+  return p->c.device_errors > w->device_errors ? p->last_device_error : NULL;
+}
+
+static uint64_t oom_waited_ns(const oom_waiting_t *w) {
+  return w->start_ns ? gma__now_ns() - w->start_ns : 0;
+}
+
 /* The OOM message: what was asked, where the memory is, and which of three
  * causes it is, with advice that fits it; counted in num_ooms and traced
  * (not under GMA__ALLOC_UNCOUNTED: the caller has another plan). Under
@@ -622,8 +644,10 @@ static void count_oom(gma__pool_t *p, size_t requested, gma_stream_t stream, uin
 }
 
 static gma_status_t oom_error(gma__pool_t *p, uint64_t size, size_t requested,
-                              gma_stream_t stream, unsigned flags, uint64_t waited_ns,
-                              const char *device_failure) {
+                              gma_stream_t stream, unsigned flags, const oom_waiting_t *w) {
+  uint64_t waited_ns = w ? oom_waited_ns(w) : 0;
+  const char *device_failure = w ? failed_meanwhile(p, w) : NULL;
+  int stop = w ? w->stop : OOM_GOING;
   if (flags & GMA__ALLOC_ATTEMPT)
     return gma__set_error(GMA_ERR_OOM, "cannot allocate %zu bytes on stream %p yet (the "
                           "request waits for memory)", requested, stream);
@@ -635,16 +659,33 @@ static gma_status_t oom_error(gma__pool_t *p, uint64_t size, size_t requested,
   uint64_t room = gma__pool_room(p);
   if (room > dev_free) room = dev_free;
   char cause[400];
-  if (gated >= size && (flags & GMA__ALLOC_FUTURE))
+  if (stop == OOM_SHORT)
+    /* Decided when the wait stopped: what is gated now (another thread's
+     * free since) is not why. */
+    snprintf(cause, sizeof cause,
+             "a real shortage: live allocations held %" PRIu64 " bytes of memory_limit %" PRIu64
+             " when this call looked, so %" PRIu64 " more could not fit even once all device "
+             "work finished; free memory, ask for less, or raise memory_limit",
+             w->live, p->limit, size);
+  else if (gated >= size && (flags & GMA__ALLOC_FUTURE))
     snprintf(cause, sizeof cause,
              "%" PRIu64 " bytes are freed but still in use by device work that has not finished "
              "by the request's deadline (its timeout_ns, or future_timeout_ms); synchronize "
              "the streams, or give the request a longer deadline", gated);
-  else if (gated >= size)
+  else if (gated >= size && stop == OOM_DEADLINE)
     snprintf(cause, sizeof cause,
              "%" PRIu64 " bytes are freed but still in use by device work that has not finished "
              "(waited %.1f ms; oom_wait_ms bounds it); synchronize the streams, or raise "
              "oom_wait_ms", gated, (double)waited_ns / 1e6);
+  else if (gated >= size)
+    snprintf(cause, sizeof cause,
+             "%" PRIu64 " bytes are freed but still in use by device work gma could not wait "
+             "for (waited %.1f ms; %s); synchronize the streams that used them", gated,
+             (double)waited_ns / 1e6,
+             stop == OOM_ERRORS ? "the device failed every event query"
+             : stop == OOM_NOTHING ? "no event covers that work: another thread's per-thread "
+                                     "stream, or a capture"
+                                   : "this call does not wait");
   else if (p->c.free + room >= size)
     /* Growable segments coalesce already: what is left is free memory
      * between live blocks, in chunks that can only go back whole. */
@@ -691,27 +732,18 @@ static gma_status_t oom_error(gma__pool_t *p, uint64_t size, size_t requested,
  * that ended on a failed event query end it: after a sticky device error
  * the same round would otherwise repeat forever. */
 #define OOM_ERROR_ROUNDS 64
-typedef struct oom_waiting {
-  uint64_t start_ns; /* when the first round began (0: none yet) */
-  uint64_t rounds;
-  unsigned errors;   /* rounds in a row that ended on a failed event query */
-  uint64_t device_errors; /* p->c.device_errors when the call began */
-} oom_waiting_t;
-
-/* What the OOM message cites: the last device failure, if one happened
- * during this call. */
-static const char *failed_meanwhile(const gma__pool_t *p, const oom_waiting_t *w) {
-  return p->c.device_errors > w->device_errors ? p->last_device_error : NULL;
-}
-
-static uint64_t oom_waited_ns(const oom_waiting_t *w) {
-  return w->start_ns ? gma__now_ns() - w->start_ns : 0;
-}
-
 static bool oom_wait(gma__pool_t *p, oom_waiting_t *w, uint64_t need) {
   gma__stats_sample(p); /* allocated.current, with the bins' traffic */
   uint64_t live = p->c.allocated.current + p->c.arena; /* a plan's arena stays too */
-  if (live >= p->limit || p->limit - live < need || w->errors >= OOM_ERROR_ROUNDS) return false;
+  if (live >= p->limit || p->limit - live < need) {
+    w->stop = OOM_SHORT;
+    w->live = live;
+    return false;
+  }
+  if (w->errors >= OOM_ERROR_ROUNDS) {
+    w->stop = OOM_ERRORS;
+    return false;
+  }
   if (!w->start_ns) w->start_ns = gma__now_ns();
   if (p->leaving) { /* a trim is giving memory back to the device right now */
     p->c.oom_waits += w->rounds++ == 0;
@@ -719,10 +751,16 @@ static bool oom_wait(gma__pool_t *p, oom_waiting_t *w, uint64_t need) {
     return true;
   }
   uint64_t deadline = p->oom_wait_ns == UINT64_MAX ? UINT64_MAX : w->start_ns + p->oom_wait_ns;
-  if (deadline != UINT64_MAX && gma__now_ns() >= deadline) return false;
+  if (deadline != UINT64_MAX && gma__now_ns() >= deadline) {
+    w->stop = OOM_DEADLINE;
+    return false;
+  }
   gma__event_t evs[GMA__OOM_WAIT_EVENTS];
   size_t n = gma__streams_wait_begin(p, evs, GMA__OOM_WAIT_EVENTS);
-  if (!n) return false;
+  if (!n) {
+    w->stop = OOM_NOTHING;
+    return false;
+  }
   p->c.oom_waits += w->rounds++ == 0; /* one per call that waited */
   pthread_mutex_unlock(&p->lock);
   /* 0: the deadline; the next call says so. */
@@ -1121,7 +1159,7 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t
   gma__stream_t *s = gma__stream_resolve(p, stream, stream_id);
   gma__block_t *b = NULL;
   uint64_t *level = NULL;
-  oom_waiting_t w = {0, 0, 0, p->c.device_errors};
+  oom_waiting_t w = {.device_errors = p->c.device_errors};
   if (!s) {
     st = gma__set_error(GMA_ERR_OOM, "host memory for a stream record");
   } else {
@@ -1129,7 +1167,7 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t
     while (st == GMA_ERR_OOM && (flags & GMA__ALLOC_WAIT) && oom_wait(p, &w, size))
       st = find_or_grow(p, s, kind, size, &b, &level, true, capture);
     if (st == GMA_ERR_OOM && !inline_try)
-      st = oom_error(p, size, requested, stream, flags, oom_waited_ns(&w), failed_meanwhile(p, &w));
+      st = oom_error(p, size, requested, stream, flags, &w);
   }
   if (st == GMA_OK) {
     if (!(flags & GMA__ALLOC_ARENA)) (*level)++; /* an arena is no gma_alloc call: no hit level */
@@ -1224,7 +1262,7 @@ gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes
    * free in pieces: a training step's gradient batch would otherwise leave
    * a segment behind each step, split up by other requests in between. */
   bool split = false;
-  oom_waiting_t w = {0, 0, 0, p->c.device_errors};
+  oom_waiting_t w = {.device_errors = p->c.device_errors};
   bool host_short = false;
 again:
   for (int plan = 0; plan < (inline_try ? 2 : 4) && got < n; plan++) { /* inline: held memory */
@@ -1281,8 +1319,7 @@ again:
     }
     if (host_short) st = gma__set_error(GMA_ERR_OOM, "gma_alloc_batch: no host memory for block records");
     else if (st == GMA_ERR_OOM && !inline_try) /* inline: no message, the worker goes on */
-      st = oom_error(p, total, (size_t)total, stream, flags, oom_waited_ns(&w),
-                     failed_meanwhile(p, &w));
+      st = oom_error(p, total, (size_t)total, stream, flags, &w);
     goto out;
   }
   for (size_t i = 0; i < n; i++) ptrs[i] = (void *)taken[i].b->addr;
@@ -1759,7 +1796,7 @@ void gma__pool_oom_count(gma__pool_t *p, size_t requested, gma_stream_t stream) 
 gma_status_t gma__pool_oom_report(gma__pool_t *p, uint64_t bytes, gma_stream_t stream) {
   pthread_mutex_lock(&p->lock);
   gma_status_t st =
-      oom_error(p, round_up(bytes, GMA__ROUND), (size_t)bytes, stream, GMA__ALLOC_FUTURE, 0, NULL);
+      oom_error(p, round_up(bytes, GMA__ROUND), (size_t)bytes, stream, GMA__ALLOC_FUTURE, NULL);
   pthread_mutex_unlock(&p->lock);
   return st;
 }

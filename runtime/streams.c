@@ -198,7 +198,15 @@ void gma__streams_observe(gma__pool_t *p) {
 }
 
 uint64_t gma__stream_sync_begin(gma__pool_t *p, gma__stream_t *s) {
-  /* As in close_epoch: dirty is cleared and the epoch raised before the
+  /* Something was freed in the open epoch: close it with an event, as a
+   * poll would, so that another thread's OOM wait has that event to wait
+   * on while this one waits for the whole stream (without it, the wait
+   * found nothing gated by an event and failed, though the memory was free
+   * as soon as this synchronize returned). The lock is held: the epoch the
+   * event closed is the one before the open one. */
+  if (gma__load_relaxed(&s->dirty) && !gma__load_relaxed(&s->retired) && close_epoch(p, s))
+    return gma__load_relaxed(&s->epoch) - 1;
+  /* Else as in close_epoch: dirty is cleared and the epoch raised before the
    * device call, so a free racing with it either lands in the closed epoch
    * (its work was queued before the synchronize began) or in the new one. */
   gma__store_relaxed(&s->dirty, false);
