@@ -81,6 +81,12 @@ static inline bool gma__blocks_fit(uint64_t *total, size_t size, size_t count, u
   return true;
 }
 
+/* The sizes of a batch of n blocks (gma_alloc_batch and its async form):
+ * GMA_ERR_INVALID_SIZE naming the first size that is 0, or the block by
+ * which the batch needs more than the allocator can ever hold; errors name
+ * fn. */
+gma_status_t gma__batch_sizes_check(gma_t *g, size_t n, const size_t *sizes, const char *fn);
+
 #define GMA__CHECK(g, fn)                      \
   do {                                         \
     gma_status_t chk_ = gma__check((g), (fn)); \

@@ -455,23 +455,27 @@ gma_status_t gma_trim(gma_t *g, uint64_t keep_bytes) {
   return gma__pool_trim(&g->pool, keep_bytes);
 }
 
+gma_status_t gma__batch_sizes_check(gma_t *g, size_t n, const size_t *sizes, const char *fn) {
+  uint64_t total = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (sizes[i] == 0) return gma__set_error(GMA_ERR_INVALID_SIZE, "%s: sizes[%zu] is 0", fn, i);
+    if (!gma__blocks_fit(&total, sizes[i], 1, g->cfg.memory_limit))
+      return gma__set_error(GMA_ERR_INVALID_SIZE,
+                            "%s: the batch needs more than this allocator can ever hold "
+                            "(memory_limit / device capacity %" PRIu64 " bytes) by block %zu",
+                            fn, g->cfg.memory_limit, i);
+  }
+  return GMA_OK;
+}
+
 gma_status_t gma_alloc_batch(gma_t *g, size_t n, const size_t *sizes, gma_stream_t stream,
                              void **ptrs) {
   GMA__CHECK(g, "gma_alloc_batch");
   stream = gma__stream_arg(g, stream);
   CHECK_ARG(n > 0 && sizes && ptrs, "gma_alloc_batch: n is 0, or sizes or ptrs is NULL");
-  uint64_t total = 0;
-  for (size_t i = 0; i < n; i++) {
-    if (sizes[i] == 0)
-      return gma__set_error(GMA_ERR_INVALID_SIZE, "gma_alloc_batch: sizes[%zu] is 0", i);
-    if (!gma__blocks_fit(&total, sizes[i], 1, g->cfg.memory_limit))
-      return gma__set_error(GMA_ERR_INVALID_SIZE,
-                            "gma_alloc_batch: the batch needs more than this allocator can "
-                            "ever hold (memory_limit / device capacity %" PRIu64 " bytes) by "
-                            "block %zu",
-                            g->cfg.memory_limit, i);
-  }
-  gma_status_t st = gma__load_relaxed(&g->graphs.capturing)
+  gma_status_t st = gma__batch_sizes_check(g, n, sizes, "gma_alloc_batch");
+  if (st != GMA_OK) return st;
+  st = gma__load_relaxed(&g->graphs.capturing)
                         ? gma__graph_alloc(&g->graphs, n, sizes, 0, stream, ptrs)
                         : GMA_PENDING;
   if (st == GMA_PENDING) { /* not capturing: the pool's, as always */

@@ -550,14 +550,8 @@ gma_status_t gma_alloc_batch_async(gma_t *g, size_t n, const size_t *sizes, gma_
   if (n == 0 || !sizes || !ptrs)
     return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
                           "gma_alloc_batch_async: n is 0, or sizes or ptrs is NULL");
-  uint64_t total = 0, limit = g->cfg.memory_limit;
-  for (size_t i = 0; i < n; i++)
-    if (!gma__blocks_fit(&total, sizes[i], 1, limit))
-      return gma__set_error(GMA_ERR_INVALID_SIZE,
-                            "gma_alloc_batch_async: block %zu is 0 bytes, or the batch needs "
-                            "more than this allocator can ever hold (memory_limit %" PRIu64
-                            " bytes)",
-                            i, limit);
+  st = gma__batch_sizes_check(g, n, sizes, "gma_alloc_batch_async");
+  if (st != GMA_OK) return st;
   gma_future_t *f = future_new(n * sizeof(void *), g->worker.anchor);
   size_t *copy = malloc(n * sizeof *copy);
   if (!f || !copy) {

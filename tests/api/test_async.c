@@ -206,6 +206,15 @@ static void batch_and_errors(void) {
   CHECK_OK(gma_future_release(f));
   for (int i = 0; i < 8; i++) CHECK_OK(gma_free(g, ptrs[i]));
   CHECK(stats_of(g).num_batches == 1);
+  /* The same messages as gma_alloc_batch's: the 0-byte block, or the block
+   * by which the batch outgrows the device (it said "0 bytes, or..." for
+   * both). */
+  size_t bad[3] = {8 * MiB, 0, 8 * MiB};
+  CHECK_ST(gma_alloc_batch_async(g, 3, bad, NULL, ptrs, NULL, &f), GMA_ERR_INVALID_SIZE);
+  CHECK(strstr(gma_last_error(), "gma_alloc_batch_async: sizes[1] is 0") != NULL);
+  size_t huge[2] = {SIZE_MAX / 2 + 1, SIZE_MAX / 2 + 1};
+  CHECK_ST(gma_alloc_batch_async(g, 2, huge, NULL, ptrs, NULL, &f), GMA_ERR_INVALID_SIZE);
+  CHECK(strstr(gma_last_error(), "can ever hold") != NULL && strstr(gma_last_error(), "0 bytes") == NULL);
   CHECK_ST(gma_alloc_async(g, 0, NULL, NULL, &f), GMA_ERR_INVALID_SIZE);
   CHECK_ST(gma_alloc_async(g, 4096, GMA_STREAM_PER_THREAD, NULL, &f), GMA_ERR_INVALID_ARGUMENT);
   CHECK_ST(gma_alloc_async(g, 4096, NULL, NULL, NULL), GMA_ERR_INVALID_ARGUMENT);
