@@ -214,7 +214,7 @@ static void batch_and_errors(void) {
   CHECK(strstr(gma_last_error(), "gma_alloc_batch_async: sizes[1] is 0") != NULL);
   size_t huge[2] = {SIZE_MAX / 2 + 1, SIZE_MAX / 2 + 1};
   CHECK_ST(gma_alloc_batch_async(g, 2, huge, NULL, ptrs, NULL, &f), GMA_ERR_INVALID_SIZE);
-  CHECK(strstr(gma_last_error(), "can ever hold") != NULL && strstr(gma_last_error(), "0 bytes") == NULL);
+  CHECK(strstr(gma_last_error(), "can ever hold") != NULL && strstr(gma_last_error(), "is 0") == NULL);
   CHECK_ST(gma_alloc_async(g, 0, NULL, NULL, &f), GMA_ERR_INVALID_SIZE);
   CHECK_ST(gma_alloc_async(g, 4096, GMA_STREAM_PER_THREAD, NULL, &f), GMA_ERR_INVALID_ARGUMENT);
   CHECK_ST(gma_alloc_async(g, 4096, NULL, NULL, NULL), GMA_ERR_INVALID_ARGUMENT);
