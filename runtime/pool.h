@@ -5,7 +5,9 @@
  *
  * Lock order (the whole of it): the process-wide list of pools (stream_cache.c,
  * taken only when a thread exits), then gma__pool_t.lock, then
- * gma__pool_t.count_lock.
+ * gma__pool_t.count_lock or gma__pool_t.trace_mu (gma_trace_start writes
+ * the pool's state under the lock, then publishes the trace under
+ * trace_mu), then a trace's own locks (trace.c).
  * Device calls are made while holding the pool lock; device backends take
  * only their own internal locks and never call back. The lock-free paths
  * (stream_cache.c) take no lock when a bin can serve them.

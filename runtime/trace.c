@@ -279,6 +279,45 @@ void gma__trace_abandon(gma__trace_t *t) {
 
 /* ---- The public calls ------------------------------------------------------------ */
 
+/* gma__plan_each_live's callback: one allocate row for a live planned block. */
+typedef struct start_rows {
+  gma__trace_t *t;
+  uint64_t now;
+} start_rows_t;
+static bool planned_row(void *arg, const gma_allocation_info_t *info, uint64_t born) {
+  (void)born;
+  start_rows_t *r = arg;
+  gma__trace_emit(r->t, r->now, GMA__TR_ALLOCATE, (uintptr_t)info->ptr, info->requested,
+                  (uintptr_t)info->stream, info->block_size, 0, 0, 0);
+  return true;
+}
+
+/* Lock held: a trace that starts on an allocator already in use begins
+ * with its state, so that a replay starts where the program was: a
+ * segment_alloc row per ordinary segment (segment_map per growable one)
+ * and an allocate row per live allocation (a plan's arena as its live
+ * planned blocks), all at the start time. Without them a trace begun
+ * mid-run replayed with frees of unknown pointers, its peak live bytes too
+ * low and no recorded reserved bytes. An allocation a lock-free bin hit
+ * makes while this runs may be missed (its later free then counts as
+ * unmatched in the replay); memory reserved is exact. */
+static void start_rows(gma_t *g, gma__trace_t *t) {
+  gma__pool_t *p = &g->pool;
+  start_rows_t r = {t, gma__trace_now()};
+  for (size_t i = 0; i < p->nsegs; i++) {
+    const gma__segment_t *seg = p->segs[i];
+    gma__trace_emit(t, r.now, seg->range ? GMA__TR_SEGMENT_MAP : GMA__TR_SEGMENT_ALLOC, seg->base,
+                    seg->size, 0, 0, 0, 0, 0);
+  }
+  for (size_t i = 0; i < p->nsegs; i++)
+    for (gma__block_t *b = p->segs[i]->first; b; b = b->next) {
+      if (gma__load_relaxed(&b->state) != GMA__LIVE) continue;
+      if (g->cfg.plan && gma__plan_each_live(&g->plan, b->addr, planned_row, &r)) continue;
+      gma__trace_emit(t, r.now, GMA__TR_ALLOCATE, b->addr, gma__load_relaxed(&b->requested),
+                      b->stream ? (uintptr_t)b->stream->handle : 0, b->size, 0, 0, 0);
+    }
+}
+
 gma_status_t gma_trace_start(gma_t *g, const char *path) {
   GMA__CHECK(g, "gma_trace_start");
   if (!path || !*path)
@@ -287,12 +326,19 @@ gma_status_t gma_trace_start(gma_t *g, const char *path) {
   gma_status_t st = gma__trace_open(path, &t);
   if (st != GMA_OK) return st;
   gma__pool_t *p = &g->pool;
+  /* The state rows and the publication in one locked step: a segment or a
+   * locked allocation changes either before (in the rows) or after (its own
+   * row). Lock order: the pool's lock, then trace_mu (as the pool's own
+   * rows take it). */
+  pthread_mutex_lock(&p->lock);
+  start_rows(g, t);
   pthread_mutex_lock(&p->trace_mu);
   gma__trace_t *old = gma__load_relaxed(&p->trace);
   t->older = p->traces;
   p->traces = t;
   gma__store_release(&p->trace, t);
   pthread_mutex_unlock(&p->trace_mu);
+  pthread_mutex_unlock(&p->lock);
   return old ? gma__trace_close(old) : GMA_OK;
 }
 
