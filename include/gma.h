@@ -420,9 +420,10 @@ GMA_API gma_status_t gma_future_wait(gma_future_t *f, uint64_t timeout_ns, void 
  * memory it got that no gma_future_wait collected is freed. Allowed during
  * and after gma_destroy (the future is then only freed). NULL: GMA_OK,
  * nothing to do. A second release, or a poll, wait or take after it, returns
- * GMA_ERR_INVALID_ARGUMENT while gma can still tell (the object is still
- * gma's: README "Async allocation: futures"); a released handle must not be used
- * again. */
+ * GMA_ERR_INVALID_ARGUMENT as a best effort, while the object is still
+ * gma's (a future complete when released, named again by the same thread
+ * before its next request: README "Async allocation: futures"); a released
+ * handle must not be used again. */
 GMA_API gma_status_t gma_future_release(gma_future_t *f);
 /* Waits, collects and releases in one call: gma_future_wait(f, timeout_ns,
  * ptr) and then, unless it returned GMA_PENDING, gma_future_release(f).

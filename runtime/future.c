@@ -577,9 +577,13 @@ static gma_status_t gone(const char *fn) {
 
 /* A handle the caller gave back (gma_future_release, or a gma_future_take
  * that did not return GMA_PENDING) and named again. Seen only while the
- * object is still gma's: a single-block future is kept as its thread's
- * spare until that thread's next request reuses it; a batch's is freed at
- * once, and a handle reused by a new request cannot be told from it. */
+ * object is still gma's: a single-block future complete when released goes
+ * to the releasing thread's spare until that thread's next request reuses
+ * it; one the worker still held stays until the worker lets go (its next
+ * look, within about a millisecond), then goes to the worker's spare or is
+ * freed; a batch's is freed. A handle reused by a new request cannot be
+ * told from it: best effort, for the common mistake of releasing twice in
+ * a row. */
 static bool future_gone(const gma_future_t *f) {
   return atomic_load_explicit(&f->magic, memory_order_relaxed) != FUT_LIVE;
 }
@@ -684,9 +688,12 @@ gma_status_t gma_future_wait(gma_future_t *f, uint64_t timeout_ns, void **ptr) {
 
 gma_status_t gma_future_release(gma_future_t *f) {
   if (!f) return GMA_OK;
-  /* One release: two racing releases of one handle both pass neither check
-   * below unless one of them sees the other's mark (the exchange decides). */
-  if (atomic_exchange_explicit(&f->magic, FUT_GONE, memory_order_relaxed) != FUT_LIVE)
+  /* One release: of two racing releases of one handle the compare-and-swap
+   * lets one through. A stale handle is refused without a write when the
+   * object is still gma's (best effort: see future_gone). */
+  uint32_t live = FUT_LIVE;
+  if (!atomic_compare_exchange_strong_explicit(&f->magic, &live, FUT_GONE, memory_order_relaxed,
+                                               memory_order_relaxed))
     return gone_error("gma_future_release");
   if (forked(f)) { /* the worker's reference died with the parent's threads */
     future_delete(f);

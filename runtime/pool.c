@@ -663,8 +663,8 @@ static gma_status_t oom_error(gma__pool_t *p, uint64_t size, size_t requested,
     /* Decided when the wait stopped: what is gated now (another thread's
      * free since) is not why. */
     snprintf(cause, sizeof cause,
-             "a real shortage: live allocations held %" PRIu64 " bytes of memory_limit %" PRIu64
-             " when this call looked, so %" PRIu64 " more could not fit even once all device "
+             "a real shortage: live allocations held %" PRIu64 " bytes of memory_limit / device "
+             "capacity %" PRIu64 " when this call looked, so %" PRIu64 " more could not fit even once all device "
              "work finished; free memory, ask for less, or raise memory_limit",
              w->live, p->limit, size);
   else if (gated >= size && (flags & GMA__ALLOC_FUTURE))
@@ -1024,7 +1024,10 @@ static bool reclaim_own_pending(gma__pool_t *p, gma__stream_t *s, int kind, uint
  * the device for that stream's epoch (gma__gate_settle); the joined block
  * stays cached on its stream with its epoch until take_block takes it for
  * u (FREE memory has no work to wait for, so the join asks no more of u
- * than the block alone). Without it, the comm stream of the training
+ * than the block alone). The joined FREE memory, and the rest a split
+ * leaves, then waits behind that epoch too (as does all of it when the
+ * caller takes a fresh segment instead: fresh_for_oversize): safe, and
+ * FREE again once the epoch is seen complete. Without it, the comm stream of the training
  * scenario grew a segment while the compute stream's 7.9 MiB cached block
  * sat beside 12.1 MiB FREE in one 20 MiB segment. NULL when none fits or
  * no wait could be made. */
@@ -1057,10 +1060,11 @@ static gma_status_t find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uin
    * segments s made, then what s consumed from another stream
    * (pending_wait_fit: a device-side wait on work s already waited for),
    * and only then FREE memory of other streams' segments (and, under
-   * reuse:wait, the other streams' cached memory behind waits). Taking another stream's FREE segment costs nothing
-   * now, but that stream grows when it comes back to it at the same point
-   * of the next iteration; this order gives a training loop's iterations
-   * the places its first one found. */
+   * reuse:wait, the other streams' cached memory behind waits). Taking
+   * another stream's FREE segment costs nothing now, but that stream grows
+   * when it comes back to it at the same point of the next iteration; this
+   * order gives a training loop's iterations the places its first one
+   * found. */
   bool passed_by = true; /* whether a search for any block may find more */
   if ((p->reuse == GMA_REUSE_AUTO || p->reuse == GMA_REUSE_WAIT) && !capture) {
     b = find_fit(p, s, kind, size, &passed_by);

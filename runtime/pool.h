@@ -410,18 +410,17 @@ typedef struct gma__trim_budget {
 static inline bool gma__trim_done(const gma__trim_budget_t *b) {
   return b->cached <= b->keep || (b->want && b->taken >= b->want);
 }
+/* The bytes pass 1 still has to give back. */
+static inline uint64_t gma__trim_need(const gma__trim_budget_t *b) {
+  uint64_t need = b->cached > b->keep ? b->cached - b->keep : 0;
+  uint64_t left = b->want > b->taken ? b->want - b->taken : 0;
+  return b->want && left < need ? left : need;
+}
 /* Whether pass 1 should pick a candidate of size x over one of size best
  * (0: none yet), to finish with the least given back beyond what it needs:
  * of those that finish it alone, the smallest; while none does, the
  * largest. Taking the largest first gave back a 280 MiB chunk for a trim
  * to keep 200 MiB of 288 MiB cached. */
-/* The bytes pass 1 still has to give back. */
-static inline uint64_t gma__trim_need(const gma__trim_budget_t *b) {
-  uint64_t need = b->cached > b->keep ? b->cached - b->keep : 0;
-  if (b->want && b->want - (b->taken < b->want ? b->taken : b->want) < need)
-    need = b->want - b->taken;
-  return need;
-}
 static inline bool gma__trim_prefer(const gma__trim_budget_t *b, uint64_t x, uint64_t best) {
   uint64_t need = gma__trim_need(b);
   if (!best) return true;

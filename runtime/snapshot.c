@@ -157,11 +157,9 @@ static bool tally_planned(void *arg, const gma_allocation_info_t *info, uint64_t
   (void)born;
   live_tally_t *t = arg;
   unsigned id = 0, n = gma__load_acquire(&t->p->ntags);
-  for (unsigned i = 1; i <= n && i < GMA__MAX_TAGS && info->tag != gma__tag_name(t->p, 0); i++)
-    if (info->tag == gma__tag_name(t->p, i)) {
-      id = i;
-      break;
-    }
+  if (info->tag != gma__tag_name(t->p, 0))
+    for (unsigned i = 1; i <= n && i < GMA__MAX_TAGS && !id; i++)
+      if (info->tag == gma__tag_name(t->p, i)) id = i;
   tally(t, id, info->block_size);
   return true;
 }

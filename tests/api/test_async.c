@@ -564,10 +564,11 @@ static void poll_then_collect(void) {
   printf("poll's GMA_OK: the callback ran, and a wait collects at once\n");
 }
 
-/* A handle given back and named again is refused, not a second release:
- * once complete at once (the object then waits as the thread's spare), and
- * once while the worker still holds the request (before, the second release
- * dropped the worker's reference and the worker used freed memory). */
+/* A handle given back and named again is refused, not a second release,
+ * for a future complete when released (the object then waits as the
+ * thread's spare). A pending future released twice is not checked here:
+ * the worker may free it between the two (best effort; README). The
+ * pending release itself cancels the request and loses nothing. */
 static void released_twice(void) {
   gma_t *g = sim_allocator("sim_capacity:64M,bins:off");
   void *p, *q;
@@ -590,7 +591,6 @@ static void released_twice(void) {
   sleep_us(5000);
   CHECK_ST(gma_future_poll(f), GMA_PENDING);
   CHECK_OK(gma_future_release(f)); /* cancels it */
-  CHECK_ST(gma_future_release(f), GMA_ERR_INVALID_ARGUMENT);
   CHECK_OK(gma_free(g, p));
   gma_stats_t s;
   for (int i = 0; i < 2000 && (s = stats_of(g)).queue_depth; i++) sleep_us(1000);

@@ -158,6 +158,15 @@ static void test_steady_loop(void) {
    * arena (no planned block is live between iterations). */
   CHECK(strstr(summary, "(1 live)") != NULL);
   CHECK(strstr(summary, "untagged                 | 6.00 MiB in 1 allocations") != NULL);
+  /* With a planned block live, it counts among the live allocations. */
+  uint64_t hits = stats_of(it.g).plan_hits;
+  void *a0 = take(&it, 3 << 20); /* the iteration's first request: planned */
+  CHECK(stats_of(it.g).plan_hits == hits + 1);
+  CHECK_OK(gma_memory_summary(it.g, summary, sizeof summary));
+  CHECK(strstr(summary, "(2 live)") != NULL);
+  CHECK(strstr(summary, "untagged                 | 9.00 MiB in 2 allocations") != NULL);
+  give(&it, a0);
+  CHECK_OK(gma_stream_synchronize(it.g, it.s));
   CHECK_OK(gma_free(it.g, weights));
   close_iter(&it);
 }

@@ -281,6 +281,7 @@ class ReplayCli(unittest.TestCase):
         for opt, v, want in (("--budget", "-1", "--budget wants"), ("--budget", "abc", "--budget wants"),
                              ("--confirm", "-1", "--confirm wants"), ("--confirm", "x", "--confirm wants"),
                              ("--confirm", "1.5", "--confirm wants"), ("--seed", "1x", "--seed wants"),
+                             ("--seed", " -1", "--seed wants"),
                              ("--precision", "0.2x", "--precision is")):
             rc, err = self.run_bad(opt, v, self.known)
             self.assertEqual(rc, 2, (opt, v, err))

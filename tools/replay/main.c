@@ -369,7 +369,7 @@ int main(int argc, char **argv) {
       const char *v = argv[++i];
       errno = 0;
       seed = strtoull(v, &end, 0);
-      if (errno || end == v || *end || *v == '-') {
+      if (errno || end == v || *end || strchr(v, '-')) {
         fprintf(stderr, "gma-replay: --seed wants a number from 0 to 2^64-1, not '%s'\n", v);
         return 2;
       }
