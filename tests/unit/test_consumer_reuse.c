@@ -63,6 +63,30 @@ static void *consumed_block(gma_t *g, gma_stream_t a, gma_stream_t u, gma_stream
   return x;
 }
 
+/* Stream s got y (size bytes) while a kernel held on *gate still checks
+ * the old contents: s's kernel writes y, and must wait for the held one
+ * had gma made s wait; after long enough for it to run otherwise, the gate
+ * opens (the held kernel then checks its pattern) and s is synchronized. */
+static void write_then_open(gma_t *g, gma_stream_t s, void *y, size_t size, uint8_t pattern,
+                            atomic_int *gate, atomic_int *corruptions) {
+  pattern_kernel_t k = {y, size, pattern, NULL, 1000, corruptions, 0};
+  CHECK_OK(gma_sim_launch(g, s, pattern_kernel_run, &k));
+  sleep_us(20000); /* long enough for s's kernel to run, had it not waited */
+  atomic_store(gate, 1);
+  CHECK_OK(gma_stream_synchronize(g, s));
+}
+
+/* gma_alloc of size on s into *y; *grew: whether it made a device
+ * allocation; *waits: the device-side cross-stream waits it made. */
+static void alloc_counted(gma_t *g, size_t size, gma_stream_t s, void **y, bool *grew,
+                          uint64_t *waits) {
+  gma_stats_t s0 = stats_of(g);
+  CHECK_OK(gma_alloc(g, size, s, y));
+  gma_stats_t s1 = stats_of(g);
+  *grew = s1.num_device_allocs > s0.num_device_allocs;
+  *waits = s1.num_cross_stream_waits - s0.num_cross_stream_waits;
+}
+
 /* Returns the corruptions seen; *same says whether U got x. */
 static int consumer_run(unsigned flags, bool *same, uint64_t *waits) {
   gma_t *g = sim_allocator(NULL);
@@ -73,15 +97,10 @@ static int consumer_run(unsigned flags, bool *same, uint64_t *waits) {
   atomic_int gate = 0, corruptions = 0;
   pattern_kernel_t ka;
   void *x = consumed_block(g, a, u, NULL, &ka, &gate, &corruptions), *y;
-  uint64_t w0 = stats_of(g).num_cross_stream_waits;
-  CHECK_OK(gma_alloc(g, 4 * MiB, u, &y));
+  bool grew;
+  alloc_counted(g, 4 * MiB, u, &y, &grew, waits);
   *same = x == y;
-  *waits = stats_of(g).num_cross_stream_waits - w0;
-  pattern_kernel_t ku = {y, 4 * MiB, 0xB2, NULL, 1000, &corruptions, 0};
-  CHECK_OK(gma_sim_launch(g, u, pattern_kernel_run, &ku));
-  sleep_us(20000); /* long enough for U's kernel to run, had it not waited */
-  atomic_store(&gate, 1);
-  CHECK_OK(gma_stream_synchronize(g, u));
+  write_then_open(g, u, y, 4 * MiB, 0xB2, &gate, &corruptions);
   CHECK_OK(gma_stream_synchronize(g, a));
   CHECK_OK(gma_free(g, y));
   CHECK_OK(gma_stream_destroy(g, a));
@@ -262,16 +281,9 @@ static int reclaim_run(const char *conf, unsigned flags, size_t live, bool *grew
   pattern_kernel_wait_started(&ku[1]);
   gma_stats_t s0 = stats_of(g);
   CHECK(s0.pending_bytes == 32 * MiB);
-  CHECK_OK(gma_alloc(g, 16 * MiB, a, &y));
-  gma_stats_t s1 = stats_of(g);
-  *grew = s1.num_device_allocs > s0.num_device_allocs;
-  *waits = s1.num_cross_stream_waits - s0.num_cross_stream_waits;
+  alloc_counted(g, 16 * MiB, a, &y, grew, waits);
   *first = y == x[0];
-  pattern_kernel_t ka = {y, 16 * MiB, 0xEE, NULL, 1000, &corruptions, 0};
-  CHECK_OK(gma_sim_launch(g, a, pattern_kernel_run, &ka));
-  sleep_us(20000); /* long enough for a's kernel to run, had it not waited */
-  atomic_store(&gate, 1);
-  CHECK_OK(gma_stream_synchronize(g, a));
+  write_then_open(g, a, y, 16 * MiB, 0xEE, &gate, &corruptions);
   CHECK_OK(gma_stream_synchronize(g, u));
   CHECK_OK(gma_stream_synchronize(g, v));
   CHECK_OK(gma_free(g, y));
@@ -323,18 +335,10 @@ static int join_run(const char *conf, unsigned flags, bool *grew, uint64_t *wait
   CHECK_OK(gma_sim_launch(g, a, pattern_kernel_run, &ka));
   pattern_kernel_wait_started(&ka);
   CHECK_OK(gma_free(g, x));
-  gma_stats_t s0 = stats_of(g);
-  CHECK(s0.num_device_allocs == 1);
-  CHECK_OK(gma_alloc(g, 16 * MiB, u, &y));
-  gma_stats_t s1 = stats_of(g);
-  *grew = s1.num_device_allocs > s0.num_device_allocs;
-  *waits = s1.num_cross_stream_waits - s0.num_cross_stream_waits;
+  CHECK(stats_of(g).num_device_allocs == 1);
+  alloc_counted(g, 16 * MiB, u, &y, grew, waits);
   *same = y == x;
-  pattern_kernel_t ku = {y, 16 * MiB, 0x5A, NULL, 1000, &corruptions, 0};
-  CHECK_OK(gma_sim_launch(g, u, pattern_kernel_run, &ku));
-  sleep_us(20000); /* long enough for u's kernel to run, had it not waited */
-  atomic_store(&gate, 1);
-  CHECK_OK(gma_stream_synchronize(g, u));
+  write_then_open(g, u, y, 16 * MiB, 0x5A, &gate, &corruptions);
   CHECK_OK(gma_stream_synchronize(g, a));
   CHECK_OK(gma_free(g, y));
   gma__pool_t *p = gma__pool_of(g);
