@@ -664,8 +664,9 @@ static gma_status_t oom_error(gma__pool_t *p, uint64_t size, size_t requested,
      * free since) is not why. */
     snprintf(cause, sizeof cause,
              "a real shortage: live allocations held %" PRIu64 " bytes of memory_limit / device "
-             "capacity %" PRIu64 " when this call looked, so %" PRIu64 " more could not fit even once all device "
-             "work finished; free memory, ask for less, or raise memory_limit",
+             "capacity %" PRIu64 " when this call looked, so %" PRIu64 " more could not fit "
+             "even once all device work finished; free memory, ask for less, or raise "
+             "memory_limit",
              w->live, p->limit, size);
   else if (gated >= size && (flags & GMA__ALLOC_FUTURE))
     snprintf(cause, sizeof cause,
@@ -1027,10 +1028,10 @@ static bool reclaim_own_pending(gma__pool_t *p, gma__stream_t *s, int kind, uint
  * than the block alone). The joined FREE memory, and the rest a split
  * leaves, then waits behind that epoch too (as does all of it when the
  * caller takes a fresh segment instead: fresh_for_oversize): safe, and
- * FREE again once the epoch is seen complete. Without it, the comm stream of the training
- * scenario grew a segment while the compute stream's 7.9 MiB cached block
- * sat beside 12.1 MiB FREE in one 20 MiB segment. NULL when none fits or
- * no wait could be made. */
+ * FREE again once the epoch is seen complete. Without it, the comm stream
+ * of the training scenario grew a segment while the compute stream's 7.9
+ * MiB cached block sat beside 12.1 MiB FREE in one 20 MiB segment. NULL
+ * when none fits or no wait could be made. */
 static gma__block_t *wait_join_fit(gma__pool_t *p, gma__stream_t *u, int kind, uint64_t size) {
   uint64_t total = UINT64_MAX;
   gma__block_t *j = NULL;

@@ -308,10 +308,6 @@ typedef struct cand {
   gma__block_t *b;
   uint64_t inside;
 } cand_t;
-static int by_inside_desc(const void *a, const void *b) {
-  uint64_t x = ((const cand_t *)a)->inside, y = ((const cand_t *)b)->inside;
-  return x < y ? 1 : x > y ? -1 : 0;
-}
 
 size_t gma__segs_pick(gma__pool_t *p, const gma__release_t *rel, gma__trim_budget_t *bud,
                       gma__span_t **out, size_t *n_idle) {
@@ -339,10 +335,9 @@ size_t gma__segs_pick(gma__pool_t *p, const gma__release_t *rel, gma__trim_budge
   if (spans) {
     /* Detaching one candidate never touches another: FREE blocks are never
      * neighbours (they are coalesced). The passes of gma__release_t: pass 0
-     * the idle ones (largest first); pass 1, among those unused long enough,
-     * each time the one that finishes with the least beyond the budget
+     * all the idle ones; pass 1, among those unused long enough, each time
+     * the one that finishes with the least beyond the budget
      * (gma__trim_prefer). */
-    qsort(cand, nc, sizeof *cand, by_inside_desc);
     for (size_t i = 0; i < nc; i++) {
       gma__block_t *b = cand[i].b;
       if (!rel->idle_ns || rel->now_ns - b->free_since_ns < rel->idle_ns) continue;

@@ -328,8 +328,8 @@ gma_status_t gma_trace_start(gma_t *g, const char *path) {
   gma__pool_t *p = &g->pool;
   /* The state rows and the publication in one locked step: a segment or a
    * locked allocation changes either before (in the rows) or after (its own
-   * row). Lock order: the pool's lock, then trace_mu (as the pool's own
-   * rows take it). */
+   * row). Lock order (pool.h): the pool's lock, then trace_mu, then the
+   * trace's own locks (taken by each row). */
   pthread_mutex_lock(&p->lock);
   start_rows(g, t);
   pthread_mutex_lock(&p->trace_mu);
