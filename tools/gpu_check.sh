@@ -1,44 +1,45 @@
 #!/usr/bin/env bash
-# Everything gma has to check on a GPU machine, in one command (issue 16):
+# Everything gma has to check on a GPU machine, in one command that fits a
+# 15-minute GPU loan with room for a rerun: one build, then steps under one
+# deadline (GPU_CHECK_BUDGET, 360 s, build included).
 #
 #  0. looks for a GPU: the CUDA driver (libcuda.so.1, or $GMA_CUDA_DRIVER as gma
 #     itself would load it) must load, cuInit and see a device; nvidia-smi -L
 #     names it. Without one it prints "gpu_check: no GPU (why): nothing to
 #     check" and exits 0, having built and written nothing;
-#  1. configures and builds a Release tree with the tests in build/gpu (not
-#     build/release or build/debug, which main.sh and test.sh use);
-#  2. runs ctest -L gpu there (gma's CUDA backend on the real driver: API,
-#     stress, pipeline); a test that is Skipped on a machine with a GPU counts
-#     as a failure, since it means gma could not use that GPU;
-#  3. runs tools/bench_gpu.sh (gma-bench-gpu against cuMemAlloc,
-#     cudaMallocAsync and CUB; bench/gpu/torch_bench.py when torch is present,
-#     with gma's plug-in from step 1 as GMA_TORCH_PLUGIN) and takes its table;
-#  4. runs bench/gpu/torch_train.py (a small training loop built in code, on
-#     PyTorch's allocator and on gma through the plug-in: loss, steps/s, peak
-#     memory; then a tensor larger than the GPU must raise
-#     torch.OutOfMemoryError through libgma_torch_shim.so, which step 1 builds
-#     against that python's torch) when torch imports and sees CUDA, else says
-#     why it skipped;
-#  5. writes docs/gpu/RESULTS.md: date, GPU, driver and CUDA versions, the git
-#     commit, every step's status and wall time, the ctest summary, the
-#     benchmark table and the training table, and what was skipped and why.
+#  1. build: one Release tree with the tests and benchmarks (build/gpu), the
+#     kernels for GPU_CHECK_ARCH only (sm_90). Without cmake or
+#     concurrencykit, only the driver probe is built (with cc) and the steps
+#     that need gma say they were skipped and why;
+#  2. probe: gma-driver-probe, the cost of each driver call gma uses and
+#     which calls wait for the device (the cost model's calibration);
+#  3. ctest -L gpu: gma's CUDA backend on the real driver (a test Skipped on
+#     a machine with a GPU counts as a failure), held-stream test included;
+#  4. bench: gma-bench-gpu (gma, growable, gma with the peers' cross-stream
+#     wait, against cuMemAlloc, cudaMallocAsync and CUB; gma's statistics
+#     deltas per side in the JSON), then bench/gpu/torch_bench.py when torch
+#     is there, merged into one table;
+#  5. torch_train: bench/gpu/torch_train.py, PyTorch's allocator against gma
+#     through the plug-in (losses, steps/s, peak memory, an OOM);
+#  6. writes RESULTS.md: date, GPU, versions, commit, each step's status and
+#     time, the probe's table, the tests, the benchmark and training tables,
+#     and what was skipped and why.
 #
-# Each step has a time limit (timeout), so the whole cannot hang; it aims to
-# finish within 15 minutes and warns when it did not. Logs go to
-# build/gpu/logs/. Exit status: 0 when every step ran, or was skipped for a
-# stated reason; 1 when a test failed, a step failed, crashed or ran out of
-# time. It installs nothing (run tools/bootstrap.sh first on a fresh machine).
-#
-# Environment: NVIDIA_SMI (the nvidia-smi to run), GMA_CUDA_DRIVER (the
-# driver file, as for gma), GPU_CHECK_BUILD_DIR (build/gpu) and
-# GPU_CHECK_RESULTS (docs/gpu/RESULTS.md), TORCH_BENCH_ARGS (to torch_bench.py,
-# through bench_gpu.sh). Arguments go to tools/bench_gpu.sh (gma-bench-gpu).
+# Output: GPU_CHECK_OUT (default build/gpu/out) gets RESULTS.md, the JSON of
+# each step and logs.tgz (every log); RESULTS.md is also copied to
+# GPU_CHECK_RESULTS (docs/gpu/RESULTS.md). Exit status: 0 when every step ran
+# or was skipped for a stated reason; 1 when one failed or ran out of time.
+# It installs nothing. Environment: NVIDIA_SMI, GMA_CUDA_DRIVER,
+# GPU_CHECK_BUILD_DIR, GPU_CHECK_OUT, GPU_CHECK_RESULTS, GPU_CHECK_ARCH,
+# GPU_CHECK_BUDGET. Arguments go to gma-bench-gpu.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-budget_s=900
+budget_s=${GPU_CHECK_BUDGET:-360}
 build=${GPU_CHECK_BUILD_DIR:-build/gpu}
+out=${GPU_CHECK_OUT:-$build/out}
 results=${GPU_CHECK_RESULTS:-docs/gpu/RESULTS.md}
+arch=${GPU_CHECK_ARCH:-sm_90}
 smi=${NVIDIA_SMI:-nvidia-smi}
 driver=${GMA_CUDA_DRIVER:-libcuda.so.1}
 python=$(command -v python3 || true)
@@ -99,7 +100,8 @@ fi
 
 # ---- steps ----------------------------------------------------------------------------------
 start_all=$SECONDS
-mkdir -p "$build/logs"
+mkdir -p "$out" "$build/logs"
+out=$(cd "$out" && pwd)
 logs=$build/logs
 names=() states=() secs=() notes=()
 failed=0
@@ -108,23 +110,29 @@ record() { # name state seconds note
   [ "$2" != failed ] || failed=1
   echo "gpu_check: [$1] $2 in ${3}s${4:+: $4}"
 }
-begin() { echo; echo "gpu_check: [$1] $2 (limit ${3}s)"; step_start=$SECONDS; }
-# run_logged LOG LIMIT CMD...: runs CMD under timeout, output to the terminal and
-# LOG; sets rc (124: ran out of time).
+# limit_for WANT: seconds a step may take, WANT or what is left of the budget.
+limit_for() {
+  local left=$((budget_s - (SECONDS - start_all)))
+  [ "$left" -lt "$1" ] && echo "$left" || echo "$1"
+}
+begin() { step_start=$SECONDS; step_limit=$(limit_for "$3"); echo; echo "gpu_check: [$1] $2 (limit ${step_limit}s)"; }
+no_time() { [ "$step_limit" -lt 10 ]; }
+# run_logged LOG CMD...: runs CMD under the step's limit, output to the
+# terminal and LOG; sets rc (124: ran out of time).
 run_logged() {
-  local log=$1 limit=$2
-  shift 2
+  local log=$1
+  shift
   set +e
-  timeout --kill-after=30 "$limit" "$@" 2>&1 | tee "$log"
+  timeout --kill-after=10 "$step_limit" "$@" 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
   set -e
 }
-# run_quiet LOG LIMIT CMD...: the same, output to LOG only; its last lines on failure.
+# run_quiet LOG CMD...: the same, output to LOG only; its last lines on failure.
 run_quiet() {
-  local log=$1 limit=$2
-  shift 2
+  local log=$1
+  shift
   rc=0
-  timeout --kill-after=30 "$limit" "$@" >"$log" 2>&1 || rc=$?
+  timeout --kill-after=10 "$step_limit" "$@" >"$log" 2>&1 || rc=$?
   [ "$rc" -eq 0 ] || tail -n 40 "$log"
 }
 why_rc() { [ "$1" -eq 124 ] || [ "$1" -eq 137 ] && echo "ran out of time" || echo "exit $1"; }
@@ -136,47 +144,84 @@ echo "gpu_check: $drv_gpus GPU(s) through $driver:"
 while IFS= read -r line; do echo "  $line"; done <<<"$gpu_info"
 
 # 1. build
-begin build "configure and build a Release tree with the tests in $build" 600
+begin build "one Release tree with tests and benchmarks in $build, kernels for $arch" 180
 toolkit=""
-# GMA_TORCH_PYTHON: the python whose torch libgma_torch_shim.so is built against
-# (the OOM shim; torch_train.py's OOM check needs it when torch is there).
-run_quiet "$logs/configure.log" 300 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release \
-  -DGMA_BUILD_TESTS=ON -DGMA_BUILD_BENCH=OFF ${python:+"-DGMA_TORCH_PYTHON=$python"}
 built=0
-if [ "$rc" -ne 0 ]; then
-  record build failed $((SECONDS - step_start)) "cmake configure: $(why_rc "$rc") (log: $logs/configure.log)"
-elif grep -q 'gma: no CUDA Toolkit found' "$logs/configure.log"; then
-  record build failed $((SECONDS - step_start)) \
-    "CMake found no CUDA Toolkit, so libgma has no CUDA backend and nothing of gma's can run on the GPU (install the toolkit's headers)"
-else
-  toolkit=$(sed -n 's/.*gma: CUDA Toolkit \([^ ]*\) headers.*/\1/p' "$logs/configure.log" | head -n 1)
-  run_quiet "$logs/build.log" $((600 - (SECONDS - step_start))) \
-    cmake --build "$build" -j "$(nproc 2>/dev/null || echo 2)"
-  if [ "$rc" -ne 0 ]; then
-    record build failed $((SECONDS - step_start)) "cmake --build: $(why_rc "$rc") (log: $logs/build.log)"
+probe_bin=$build/bench/gma-driver-probe
+cuda_inc=""
+for d in ${CUDA_HOME:-} /usr/local/cuda /usr; do
+  [ -n "$d" ] && [ -f "$d/include/cuda.h" ] && { cuda_inc=$d/include; break; }
+done
+ck_why=""
+if ! command -v cmake >/dev/null 2>&1; then
+  ck_why="no cmake"
+elif ! { [ -f /usr/include/ck_ring.h ] || pkg-config --exists ck 2>/dev/null; }; then
+  ck_why="no concurrencykit (tools/pack_ck.sh packs it for a machine without it)"
+fi
+if [ -n "$ck_why" ]; then
+  mkdir -p "$build/bench"
+  if [ -n "$cuda_inc" ] && cc -O2 -std=gnu11 -I"$cuda_inc" bench/gpu/driver_probe.c -o "$probe_bin" \
+       -ldl -lpthread >"$logs/build.log" 2>&1; then
+    record build skipped $((SECONDS - step_start)) "$ck_why: only gma-driver-probe was built (cc)"
   else
-    built=1
-    shim_note=$(sed -n 's/.*gma: \(libgma_torch_shim.so [^:]*\).*/\1/p' "$logs/configure.log" | head -n 1)
-    record build ok $((SECONDS - step_start)) "CUDA Toolkit $toolkit headers; ${shim_note:-libgma_torch_shim.so: not reported}"
+    record build failed $((SECONDS - step_start)) "$ck_why, and the driver probe did not build (cuda.h: ${cuda_inc:-not found})"
+  fi
+else
+  run_quiet "$logs/configure.log" cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release \
+    -DGMA_BUILD_TESTS=ON -DGMA_BUILD_BENCH=ON -DGMA_BENCH_GPU_ARCH="$arch" \
+    ${python:+"-DGMA_TORCH_PYTHON=$python"}
+  if [ "$rc" -ne 0 ]; then
+    record build failed $((SECONDS - step_start)) "cmake configure: $(why_rc "$rc") (log: $logs/configure.log)"
+  elif grep -q 'gma: no CUDA Toolkit found' "$logs/configure.log"; then
+    record build failed $((SECONDS - step_start)) \
+      "CMake found no CUDA Toolkit, so libgma has no CUDA backend and nothing of gma's can run on the GPU (install the toolkit's headers)"
+  else
+    toolkit=$(sed -n 's/.*gma: CUDA Toolkit \([^ ]*\) headers.*/\1/p' "$logs/configure.log" | head -n 1)
+    step_limit=$(limit_for $((180 - (SECONDS - step_start))))
+    run_quiet "$logs/build.log" cmake --build "$build" -j "$(nproc 2>/dev/null || echo 2)"
+    if [ "$rc" -ne 0 ]; then
+      record build failed $((SECONDS - step_start)) "cmake --build: $(why_rc "$rc") (log: $logs/build.log)"
+    else
+      built=1
+      shim_note=$(sed -n 's/.*gma: \(libgma_torch_shim.so [^:]*\).*/\1/p' "$logs/configure.log" | head -n 1)
+      record build ok $((SECONDS - step_start)) "CUDA Toolkit $toolkit headers, kernels $arch; ${shim_note:-libgma_torch_shim.so: not reported}"
+    fi
   fi
 fi
 plugin=$PWD/$build/libgma_torch.so
 
-# 2. ctest -L gpu
+# 2. the driver probe
+probe_table=""
+if [ ! -x "$probe_bin" ]; then
+  record probe failed 0 "not run: gma-driver-probe was not built"
+else
+  begin probe "gma-driver-probe: driver call costs, which calls wait for the device" 90
+  run_logged "$logs/probe.log" "$probe_bin" --json "$out/driver_probe.json" --limit $((step_limit > 15 ? step_limit - 5 : 10))
+  probe_table=$(grep -vE '^gma-driver-probe: stopped' "$logs/probe.log" || true)
+  if [ "$rc" -eq 0 ]; then
+    record probe ok $((SECONDS - step_start)) "$(tail -n 1 "$logs/probe.log")"
+  elif [ "$rc" -eq 77 ]; then
+    record probe skipped $((SECONDS - step_start)) "$(grep -m 1 'no GPU' "$logs/probe.log" || echo "no GPU")"
+  else
+    record probe failed $((SECONDS - step_start)) "$(why_rc "$rc") (log: $logs/probe.log)"
+  fi
+fi
+
+# 3. ctest -L gpu
 ctest_summary="not run"
 ctest_lines=""
+held_lines=""
 if [ "$built" -eq 0 ]; then
-  record "ctest -L gpu" failed 0 "not run: the build failed"
+  record "ctest -L gpu" skipped 0 "not run: gma was not built${ck_why:+ ($ck_why)}"
 else
-  begin "ctest -L gpu" "gma's CUDA backend on the real driver" 600
-  run_logged "$logs/ctest.log" 600 ctest --test-dir "$build" -L gpu --output-on-failure --timeout 300
-  # "N% tests passed, M tests failed out of T", or (newer CTest, none failed)
-  # "100% tests passed out of T".
+  begin "ctest -L gpu" "gma's CUDA backend on the real driver" 90
+  run_logged "$logs/ctest.log" ctest --test-dir "$build" -L gpu --output-on-failure -V --timeout 80
   total=$(sed -n -e 's/.* tests* failed out of \([0-9]*\).*/\1/p' \
                  -e 's/.*% tests passed out of \([0-9]*\).*/\1/p' "$logs/ctest.log" | tail -n 1)
   passed=$(grep -cE 'Test +#[0-9]+: .* Passed' "$logs/ctest.log" || true)
   skipped=$(grep -cE 'Test +#[0-9]+: .*\*\*\*Skipped' "$logs/ctest.log" || true)
-  ctest_lines=$(grep -E 'Test +#[0-9]+: ' "$logs/ctest.log" || true)
+  ctest_lines=$(grep -E '^ *[0-9]+/[0-9]+ Test +#[0-9]+: ' "$logs/ctest.log" || true)
+  held_lines=$(grep -oE 'held \(.*' "$logs/ctest.log" || true)
   if [ -z "$total" ] || [ "$total" -eq 0 ]; then
     ctest_summary="no test ran ($(why_rc "$rc"))"
     record "ctest -L gpu" failed $((SECONDS - step_start)) "$ctest_summary (log: $logs/ctest.log)"
@@ -194,36 +239,55 @@ else
   fi
 fi
 
-# 3. tools/bench_gpu.sh (builds gma-bench-gpu in build/release; torch_bench.py when torch is there)
-begin bench_gpu "tools/bench_gpu.sh: gma-bench-gpu, torch_bench.py, the merged table" 480
-bench_table=build/release/bench_gpu_table.txt
+# 4. gma-bench-gpu, torch_bench.py, the merged table
+bench_table=$out/bench_gpu_table.txt
+torch_bench_note=""
 rm -f "$bench_table"
-if [ -f "$plugin" ]; then
-  run_logged "$logs/bench_gpu.log" 480 env GMA_TORCH_PLUGIN="$plugin" bash tools/bench_gpu.sh "$@"
+if [ "$built" -eq 0 ] || [ ! -x "$build/bench/gma-bench-gpu" ]; then
+  record bench skipped 0 "not run: gma-bench-gpu was not built${ck_why:+ ($ck_why)}"
 else
-  run_logged "$logs/bench_gpu.log" 480 bash tools/bench_gpu.sh "$@"
-fi
-torch_bench_note=$(grep -m 1 '^torch_bench: skipped: ' "$logs/bench_gpu.log" || true)
-if [ "$rc" -ne 0 ]; then
-  record bench_gpu failed $((SECONDS - step_start)) "$(why_rc "$rc") (log: $logs/bench_gpu.log)"
-elif grep -q '^bench_gpu: no GPU available' "$logs/bench_gpu.log"; then
-  record bench_gpu failed $((SECONDS - step_start)) \
-    "gma-bench-gpu found no usable GPU on a machine with one: $(grep -m 1 '^gma-bench-gpu: ' "$logs/bench_gpu.log" || true)"
-elif [ ! -s "$bench_table" ]; then
-  record bench_gpu skipped $((SECONDS - step_start)) \
-    "no table: $(grep -m 1 -E '^bench_gpu: ' "$logs/bench_gpu.log" || echo "see $logs/bench_gpu.log")"
-else
-  record bench_gpu ok $((SECONDS - step_start)) "${torch_bench_note:-torch_bench.py ran}"
+  begin bench "gma-bench-gpu" 150
+  run_logged "$logs/bench_gpu.log" "$build/bench/gma-bench-gpu" --json "$out/bench_gpu.json" "$@"
+  if [ "$rc" -eq 77 ]; then
+    record bench skipped $((SECONDS - step_start)) "$(grep -m 1 -iE 'no (GPU|CUDA)|skip' "$logs/bench_gpu.log" || echo "gma-bench-gpu found no GPU")"
+  elif [ "$rc" -ne 0 ]; then
+    record bench failed $((SECONDS - step_start)) "$(why_rc "$rc") (log: $logs/bench_gpu.log)"
+  else
+    record bench ok $((SECONDS - step_start)) "gma, gma-growable, gma-wait, direct, cudaMallocAsync, CUB"
+  fi
+  torch_json=""
+  if [ -n "$python" ]; then
+    begin torch_bench "bench/gpu/torch_bench.py: PyTorch's allocator, and gma through the plug-in" 60
+    if no_time; then
+      torch_bench_note="no time left in the budget"
+      record torch_bench skipped 0 "$torch_bench_note"
+    else
+      run_logged "$logs/torch_bench.log" env GMA_TORCH_PLUGIN="$plugin" "$python" bench/gpu/torch_bench.py \
+        --json "$out/bench_gpu_torch.json" --reps 10 --timeout $((step_limit / 3 + 1))
+      torch_bench_note=$(grep -m 1 '^torch_bench: skipped: ' "$logs/torch_bench.log" || true)
+      if [ "$rc" -ne 0 ]; then
+        record torch_bench failed $((SECONDS - step_start)) "$(why_rc "$rc") (log: $logs/torch_bench.log)"
+      elif [ -n "$torch_bench_note" ]; then
+        record torch_bench skipped $((SECONDS - step_start)) "${torch_bench_note#torch_bench: skipped: }"
+      else
+        record torch_bench ok $((SECONDS - step_start)) "PyTorch's allocator, expandable, gma through the plug-in"
+        torch_json=$out/bench_gpu_torch.json
+      fi
+    fi
+    if [ -s "$out/bench_gpu.json" ]; then
+      "$python" bench/gpu/merge_table.py "$out/bench_gpu.json" $torch_json >"$bench_table" 2>>"$logs/bench_gpu.log" || true
+    fi
+  fi
 fi
 
-# 4. the training loop, PyTorch's allocator against gma through the plug-in
-train_md=$build/torch_train.md
-train_json=$build/torch_train.json
+# 5. the training loop, PyTorch's allocator against gma through the plug-in
+train_md=$out/torch_train.md
+train_json=$out/torch_train.json
 rm -f "$train_md" "$train_json"
 torch_why=""
 if [ -z "$python" ]; then
   torch_why="no python3"
-elif ! torch_why=$(timeout 120 "$python" -c '
+elif ! torch_why=$(timeout 60 "$python" -c '
 import sys
 try:
     import torch
@@ -240,36 +304,34 @@ fi
 if [ -n "$torch_why" ]; then
   record torch_train skipped 0 "no torch: $torch_why"
 elif [ "$built" -eq 0 ]; then
-  record torch_train failed 0 "not run: the build failed (no plug-in)"
+  record torch_train skipped 0 "not run: gma was not built (no plug-in)"
 else
-  begin torch_train "bench/gpu/torch_train.py: torch $torch_version, native allocator and gma" 420
-  run_logged "$logs/torch_train.log" 420 "$python" bench/gpu/torch_train.py --plugin "$plugin" \
-    --strict --timeout 180 --json "$train_json" --markdown "$train_md"
-  if [ "$rc" -ne 0 ]; then
-    record torch_train failed $((SECONDS - step_start)) \
-      "$(why_rc "$rc"): $(grep -m 1 -E '^torch_train: .*(failed|differ)' "$logs/torch_train.log" || echo "see $logs/torch_train.log")"
+  begin torch_train "bench/gpu/torch_train.py: torch $torch_version, native allocator and gma" 75
+  if no_time; then
+    record torch_train skipped 0 "no time left in the budget"
   else
-    record torch_train ok $((SECONDS - step_start)) "losses match; an OOM raised torch.OutOfMemoryError"
+    run_logged "$logs/torch_train.log" "$python" bench/gpu/torch_train.py --plugin "$plugin" \
+      --strict --steps 200 --timeout $((step_limit / 2)) --json "$train_json" --markdown "$train_md"
+    if [ "$rc" -ne 0 ]; then
+      record torch_train failed $((SECONDS - step_start)) \
+        "$(why_rc "$rc"): $(grep -m 1 -E '^torch_train: .*(failed|differ)' "$logs/torch_train.log" || echo "see $logs/torch_train.log")"
+    else
+      record torch_train ok $((SECONDS - step_start)) "losses match; an OOM raised torch.OutOfMemoryError"
+    fi
   fi
 fi
 
 total_s=$((SECONDS - start_all))
-over=""
-if [ "$total_s" -gt "$budget_s" ]; then
-  over="took ${total_s}s, more than the ${budget_s}s (15 minute) budget"
-  echo "gpu_check: warning: $over"
-fi
 
-# 5. docs/gpu/RESULTS.md
-mkdir -p "$(dirname "$results")"
+# 6. RESULTS.md
 commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD 2>/dev/null || commit="$commit (with uncommitted changes)"
 {
   echo "# gma on a GPU: tools/gpu_check.sh"
   echo
   echo "Written by \`tools/gpu_check.sh\` on $(date -u '+%Y-%m-%d %H:%M UTC'); every figure below was"
-  echo "measured in that run on this GPU. Overall: $([ "$failed" -eq 0 ] && echo "**passed**" || echo "**FAILED**")," \
-       "${total_s}s wall time${over:+ (warning: $over)}."
+  echo "measured in that run on this GPU. Overall: $([ "$failed" -eq 0 ] && echo "**passed**" || echo "**FAILED**"),"
+  echo "${total_s}s wall time (budget ${budget_s}s)."
   echo
   echo "- GPU (index, name, driver, memory): $(paste -sd ';' <<<"$gpu_info" | sed 's/;/; /g')"
   echo "- CUDA version (driver, nvidia-smi): ${cuda_driver_version:-unknown}; CUDA Toolkit (build): ${toolkit:-unknown}"
@@ -285,7 +347,17 @@ git diff --quiet HEAD 2>/dev/null || commit="$commit (with uncommitted changes)"
     echo "| ${names[$i]} | ${states[$i]} | ${secs[$i]} | ${notes[$i]//|//} |"
   done
   echo
-  echo "Logs: \`$logs/\`."
+  echo "## Driver call costs (gma-driver-probe)"
+  echo
+  if [ -n "$probe_table" ]; then
+    echo "Each row: calls timed one at a time on the host, p50/p99/max in ns (JSON: driver_probe.json)."
+    echo
+    echo '```'
+    echo "$probe_table"
+    echo '```'
+  else
+    echo "Not measured: see the probe step above."
+  fi
   echo
   echo "## ctest -L gpu"
   echo
@@ -296,17 +368,30 @@ git diff --quiet HEAD 2>/dev/null || commit="$commit (with uncommitted changes)"
     echo "$ctest_lines"
     echo '```'
   fi
+  if [ -n "$held_lines" ]; then
+    echo
+    echo "A stream held on the host after its thread freed a block there (test_gpu_held):"
+    echo
+    echo '```'
+    echo "$held_lines"
+    echo '```'
+  fi
   echo
-  echo "## GPU benchmark (tools/bench_gpu.sh)"
+  echo "## GPU benchmark (gma-bench-gpu, torch_bench.py)"
   echo
   if [ -s "$bench_table" ]; then
-    echo "Median ns per alloc+free pair and ratios against gma (\`$bench_table\`; JSON beside it)."
+    echo "Median ns per alloc+free pair and ratios against gma (JSON: bench_gpu.json, bench_gpu_torch.json;"
+    echo "gma's statistics deltas per side are in bench_gpu.json's gma_deltas)."
     echo
     echo '```'
     cat "$bench_table"
     echo '```'
+  elif [ -s "$logs/bench_gpu.log" ]; then
+    echo '```'
+    sed -n '/^scenario \/ allocator/,$p' "$logs/bench_gpu.log"
+    echo '```'
   else
-    echo "No table: see the bench_gpu step above."
+    echo "No table: see the bench step above."
   fi
   echo
   echo "## Training loop (bench/gpu/torch_train.py)"
@@ -315,7 +400,7 @@ git diff --quiet HEAD 2>/dev/null || commit="$commit (with uncommitted changes)"
     cat "$train_md"
     echo
     echo "Peak memory: PyTorch's from torch.cuda.max_memory_reserved/allocated, gma's from its own"
-    echo "statistics (gma.torch.stats); JSON: \`$train_json\`."
+    echo "statistics (gma.torch.stats); JSON: torch_train.json."
   else
     echo "Not measured: see the torch_train step above."
   fi
@@ -329,10 +414,13 @@ git diff --quiet HEAD 2>/dev/null || commit="$commit (with uncommitted changes)"
       any=1
     fi
   done
-  [ -z "${torch_bench_note:-}" ] || { echo "- torch_bench.py (in bench_gpu): ${torch_bench_note#torch_bench: skipped: }"; any=1; }
   [ "$any" -eq 1 ] || echo "Nothing."
-} >"$results.tmp"
-mv "$results.tmp" "$results"
+} >"$out/RESULTS.md"
+tar -czf "$out/logs.tgz" -C "$build" logs 2>/dev/null || true
+if [ "$results" != "$out/RESULTS.md" ]; then
+  mkdir -p "$(dirname "$results")"
+  cp "$out/RESULTS.md" "$results"
+fi
 echo
-echo "gpu_check: wrote $results (${total_s}s): $([ "$failed" -eq 0 ] && echo passed || echo FAILED)"
+echo "gpu_check: wrote $out/RESULTS.md and $results (${total_s}s): $([ "$failed" -eq 0 ] && echo passed || echo FAILED)"
 exit "$failed"

@@ -16,6 +16,11 @@
  *                    and caches nothing above 2 MiB).
  *   gma              device:cuda, default configuration.
  *   gma_expandable   the same with expandable_segments:true.
+ *   gma_wait         gma's default, with the peers' cross-stream mechanism
+ *                    (the allocating stream waits on an event of the using
+ *                    stream, then gma_free): cross-stream scenarios only, so
+ *                    gma's own mechanism (gma_record_stream) can be compared
+ *                    like for like.
  *
  * GPU work (gpu_work.cu, compiled by nvcc): every buffer an allocator hands
  * out is touched by a kernel on the stream it was allocated on (one byte
@@ -247,6 +252,7 @@ struct side {
   uint64_t (*peak)(side_t *sd); /* device bytes held at the peak of this turn */
   const char *peak_source;
   const char *cross_how;
+  int cross_only; /* runs in the cross-stream and training scenarios only */
   /* state */
   gma_t *g;
   const char *gma_extra; /* config on top of device:cuda (NULL: none) */
@@ -453,6 +459,11 @@ static int gma_free_cross(side_t *sd, void *p, size_t size, cudaStream_t s, cuda
   gma_status_t st = gma_record_stream(sd->g, p, (gma_stream_t)(void *)use);
   return st != GMA_OK ? (int)st : (int)gma_free(sd->g, p);
 }
+/* The peers' mechanism: s waits for `use`, then an ordinary free on s. */
+static int gma_free_waited(side_t *sd, void *p, size_t size, cudaStream_t s, cudaStream_t use) {
+  int e = wait_for_use(s, use);
+  return e ? (int)GMA_ERR_DEVICE : (int)gma_free(sd->g, p);
+}
 /* The whole life of a future: submit, collect, give back. */
 static int gma_alloc_async_side(side_t *sd, size_t size, cudaStream_t s, void **out) {
   gma_future_t *f;
@@ -473,7 +484,7 @@ static uint64_t gma_threads_cpu_ns(const side_t *sd) {
   return sum;
 }
 
-enum { S_DIRECT, S_ASYNC, S_CUB, S_GMA, S_GMAX, NSIDES };
+enum { S_DIRECT, S_ASYNC, S_CUB, S_GMA, S_GMAX, S_GMAW, NSIDES };
 
 static const char *const event_wait_how =
     "event recorded on the using stream, waited on by the allocating stream, then the "
@@ -512,6 +523,11 @@ static side_t sides[NSIDES] = {
                 .describe = gma_describe, .gma_extra = "expandable_segments:true",
                 .peak = gma_peak_bytes, .peak_source = "gma_stats reserved.peak",
                 .cross_how = "gma_record_stream(using stream), then gma_free"},
+    [S_GMAW] = {.id = "gma_wait", .name = "gma, peers' cross-stream wait", .open = gma_open,
+                .close = gma_close, .alloc = gma_alloc_side, .free = gma_free_side,
+                .free_cross = gma_free_waited, .describe = gma_describe,
+                .peak = gma_peak_bytes, .peak_source = "gma_stats reserved.peak",
+                .cross_only = 1},
 };
 
 /* ---- scenarios ------------------------------------------------------------------ */
@@ -564,6 +580,8 @@ typedef struct result {
   cpu_t cpu;
   int gma_threads;       /* gma: its threads found at gma_create; -1 for the others */
   uint64_t peak;         /* device bytes held at the turn's peak */
+  int has_gma;           /* gma: the statistics below were read */
+  gma_stats_t g0, g1;    /* gma: statistics before and after the timed batches */
   double ratio_direct, ratio_gma; /* direct/this and this/gma of the medians; 0: n/a */
 } result_t;
 
@@ -954,6 +972,7 @@ static int run_batch(batch_t *b) {
 /* ---- one allocator's turn ------------------------------------------------------------ */
 
 static int side_in(const scenario_t *sc, const side_t *sd) {
+  if (sd->cross_only) return sc->kind == K_CROSS || sc->kind == K_TRAINING;
   return sc->kind == K_ASYNC ? sd->alloc_async != NULL : 1;
 }
 
@@ -1026,6 +1045,9 @@ static void timed_batches(const scenario_t *sc, side_t *sd, result_t *r) {
   if (!r->ns) abort();
   uint64_t w0 = now_ns(), p0 = clock_ns(CLOCK_PROCESS_CPUTIME_ID);
   uint64_t c0 = clock_ns(CLOCK_THREAD_CPUTIME_ID), g0 = gma_threads_cpu_ns(sd);
+  r->g0 = (gma_stats_t)GMA_STATS_INIT;
+  r->g1 = (gma_stats_t)GMA_STATS_INIT;
+  r->has_gma = sd->g && gma_stats(sd->g, &r->g0) == GMA_OK;
   uint64_t threads_cpu = 0, failed_ns = 0;
   for (int rep = 0; rep < nb; rep++) {
     batch_t b = {.sc = sc, .sd = sd, .n = r->units, .log = &r->log};
@@ -1040,6 +1062,7 @@ static void timed_batches(const scenario_t *sc, side_t *sd, result_t *r) {
     if (per > 0) r->ns[r->nbatches++] = (double)b.ns / per;
   }
   r->cpu.wall = now_ns() - w0;
+  if (r->has_gma) r->has_gma = gma_stats(sd->g, &r->g1) == GMA_OK;
   r->cpu.callers = clock_ns(CLOCK_THREAD_CPUTIME_ID) - c0 + threads_cpu;
   r->cpu.process = clock_ns(CLOCK_PROCESS_CPUTIME_ID) - p0;
   r->cpu.worker = sd->ntids ? (int64_t)(gma_threads_cpu_ns(sd) - g0) : -1;
@@ -1257,6 +1280,21 @@ static void write_result(FILE *f, const scenario_t *sc, const result_t *r) {
   fprintf(f, ", \"peak_bytes\": %" PRIu64, r->peak);
   json_cpu(f, &r->cpu, r->gma_threads);
   fprintf(f, ", \"failures\": %" PRIu64, r->failures);
+  if (r->has_gma) {
+    const gma_stats_t *a = &r->g0, *b = &r->g1;
+    fprintf(f, ", \"gma_deltas\": {\"allocs\": %" PRIu64 ", \"device_allocs\": %" PRIu64
+               ", \"device_frees\": %" PRIu64 ", \"epoch_events\": %" PRIu64
+               ", \"cross_stream_waits\": %" PRIu64 ", \"oom_retries\": %" PRIu64
+               ", \"oom_waits\": %" PRIu64 ", \"hits_bin\": %" PRIu64 ", \"hits_stream\": %" PRIu64
+               ", \"hits_pool\": %" PRIu64 ", \"hits_device\": %" PRIu64
+               ", \"bytes_trimmed\": %" PRIu64 "}",
+            b->num_allocs - a->num_allocs, b->num_device_allocs - a->num_device_allocs,
+            b->num_device_frees - a->num_device_frees, b->num_epoch_events - a->num_epoch_events,
+            b->num_cross_stream_waits - a->num_cross_stream_waits,
+            b->num_oom_retries - a->num_oom_retries, b->num_oom_waits - a->num_oom_waits,
+            b->hits_bin - a->hits_bin, b->hits_stream - a->hits_stream, b->hits_pool - a->hits_pool,
+            b->hits_device - a->hits_device, b->bytes_trimmed - a->bytes_trimmed);
+  }
   if (sc->kind == K_PRESSURE)
     fprintf(f, ", \"successes\": %" PRIu64 ", \"failed_calls_ms\": %.2f, \"total_ms\": %.1f",
             r->successes, r->failed_ms, r->total_ms);
@@ -1561,7 +1599,7 @@ static void setup_cub(void) {
 
 /* Is gma's CUDA backend here? Returns -1 to go on, else the exit status. */
 static int setup_gma(void) {
-  for (int i = S_GMA; i <= S_GMAX; i++) {
+  for (int i = S_GMA; i <= S_GMAW; i++) {
     side_t *sd = &sides[i];
     gma_t *g = NULL;
     gma_status_t st = gma_make(sd, &g);

@@ -30,6 +30,7 @@ SHORT = {
     "cub": "CUB",
     "gma": "gma",
     "gma_expandable": "gma-expand",
+    "gma_wait": "gma-wait",
     "torch": "torch",
     "torch_expandable": "torch-expand",
     "gma_torch_plugin": "torch+gma",

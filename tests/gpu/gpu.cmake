@@ -40,6 +40,7 @@ gma_gpu_test(api test_gpu_api.c)
 gma_gpu_test(stress test_gpu_stress.c ARGS 1 ${gma_gpu_stress_ops} 4 2)
 gma_gpu_test(pipeline test_gpu_pipeline.c ARGS 2 ${gma_gpu_pipeline_batches})
 gma_gpu_test(capture test_gpu_capture.c)
+gma_gpu_test(held test_gpu_held.c)
 
 # cuda.c through the fake's controls: one process per scenario, since some
 # change the driver's environment or its once-only initialization.
