@@ -321,7 +321,9 @@ GMA_API gma_status_t gma_empty_cache(gma_t *g);
 /* Gives cached memory back to the device until at most keep_bytes of it
  * (reserved - allocated) stay: whole free segments only, never memory whose
  * device work may still be pending, and the device calls are made outside the
- * allocator's lock. gma_empty_cache is gma_trim(g, 0). Never waits for the
+ * allocator's lock. Under plan:on an active plan with no planned block live
+ * is cache too: its arena goes back (and the plan stops) when the rest is
+ * not enough. gma_empty_cache is gma_trim(g, 0). Never waits for the
  * device's work. Any thread. */
 GMA_API gma_status_t gma_trim(gma_t *g, uint64_t keep_bytes);
 /* Allocates n blocks on stream at once, all or nothing: on failure nothing

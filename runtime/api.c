@@ -219,10 +219,33 @@ static gma_status_t alloc_now(gma_t *g, size_t size, gma_stream_t stream, unsign
 static gma_status_t alloc_fallback(gma_t *g, size_t size, gma_stream_t stream, void **out);
 static gma_status_t free_now(gma_t *g, void *ptr);
 
-/* The block size behind a live pointer, for trace rows (0 if unknown). */
-static uint64_t block_size(gma_t *g, void *ptr) {
-  gma__block_t *b = ptr ? gma__pagemap_get(&g->pool.pagemap, (uintptr_t)ptr) : NULL;
-  return b ? b->size : 0;
+/* What trace rows say of the live allocation starting at ptr: its block
+ * size, the bytes asked for and its stream, from the layer that holds it
+ * (a graph pool, the plan, the pool); zeros when ptr is none. */
+typedef struct live_facts {
+  uint64_t block, requested;
+  uintptr_t stream;
+} live_facts_t;
+
+static void trace_batch(gma_t *g, gma__trace_t *t, gma_status_t st, size_t n,
+                        const size_t *sizes, gma_stream_t stream, void *const *ptrs);
+
+static live_facts_t live_facts(gma_t *g, void *ptr) {
+  live_facts_t f = {0, 0, 0};
+  if (!ptr) return f;
+  gma_pointer_info_t r = GMA_POINTER_INFO_INIT;
+  int found = gma__graph_info(&g->graphs, ptr, &r);
+  if (!found && g->cfg.plan) found = gma__plan_info(&g->plan, ptr, &r);
+  if (found > 0 && r.base == ptr) {
+    f = (live_facts_t){r.block_size, r.requested, (uintptr_t)r.stream};
+  } else if (!found) { /* the pool's own block; an arena is no caller's allocation */
+    gma__block_t *b = gma__pagemap_get(&g->pool.pagemap, (uintptr_t)ptr);
+    if (b && b->addr == (uintptr_t)ptr && gma__load_relaxed(&b->state) == GMA__LIVE &&
+        !gma__load_relaxed(&b->arena))
+      f = (live_facts_t){b->size, gma__load_relaxed(&b->requested),
+                         b->stream ? (uintptr_t)b->stream->handle : 0};
+  }
+  return f;
 }
 
 gma_status_t gma_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out) {
@@ -241,7 +264,7 @@ gma_status_t gma_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out) {
   gma__trace_t *t = gma__trace_on(&g->pool.trace);
   if (t) /* stamped after the allocation: its pointer exists from now on */
     gma__trace_emit(t, gma__trace_now(), st == GMA_OK ? GMA__TR_ALLOCATE : GMA__TR_ALLOCATE_FAILURE,
-                    (uintptr_t)*out, size, (uintptr_t)stream, block_size(g, *out), 0, 0, st);
+                    (uintptr_t)*out, size, (uintptr_t)stream, live_facts(g, *out).block, 0, 0, st);
   return st;
 }
 
@@ -259,6 +282,8 @@ static gma_status_t alloc_fallback(gma_t *g, size_t size, gma_stream_t stream, v
 
 static gma_status_t alloc_pool(gma_t *g, size_t size, gma_stream_t stream, unsigned flags,
                                void **out);
+static gma_status_t alloc_pool_or_arena(gma_t *g, size_t size, gma_stream_t stream,
+                                        unsigned flags, void **out);
 
 /* flags: extra GMA__ALLOC_ flags for the pool (GMA__ALLOC_UNCOUNTED); *pooled:
  * false when a capture's graph pool answered instead of the pool. */
@@ -286,8 +311,21 @@ static gma_status_t alloc_now(gma_t *g, size_t size, gma_stream_t stream, unsign
   /* plan:on: the plan's address if it has one (lock-free), else the pool;
    * what the pool served is learned while a plan is being learned. */
   if (gma__plan_alloc(&g->plan, size, stream, out) == GMA_OK) return GMA_OK;
-  gma_status_t st = alloc_pool(g, size, stream, flags, out);
+  gma_status_t st = alloc_pool_or_arena(g, size, stream, flags, out);
   if (st == GMA_OK) gma__plan_note_alloc(&g->plan, *out, size, stream);
+  return st;
+}
+
+/* The pool's memory, and before an OOM an idle plan's arena too: it is
+ * cache like any other, so the plan is dropped and the pool tries again.
+ * The first try's OOM is counted only when no arena could go back. */
+static gma_status_t alloc_pool_or_arena(gma_t *g, size_t size, gma_stream_t stream,
+                                        unsigned flags, void **out) {
+  if (!gma__plan_holds_arena(&g->plan)) return alloc_pool(g, size, stream, flags, out);
+  gma_status_t st = alloc_pool(g, size, stream, flags | GMA__ALLOC_UNCOUNTED, out);
+  if (st != GMA_ERR_OOM) return st;
+  if (gma__plan_reclaim(&g->plan, 0)) return alloc_pool(g, size, stream, flags, out);
+  if (!(flags & GMA__ALLOC_UNCOUNTED)) gma__pool_oom_count(&g->pool, size, stream);
   return st;
 }
 
@@ -312,20 +350,17 @@ gma_status_t gma_free(gma_t *g, void *ptr) {
   GMA__CHECK(g, "gma_free");
   if (!ptr) return GMA_OK; /* like free(NULL) and cudaFree(NULL) */
   gma__trace_t *t = gma__trace_on(&g->pool.trace);
-  uint64_t t_ns = 0, requested = 0, bytes = 0, stream = 0;
+  uint64_t t_ns = 0;
+  live_facts_t f = {0, 0, 0};
   if (t) {
     /* Stamped before the free: once freed, the block may be handed out again
      * (and recorded) by another thread. Read while the block is still ours. */
     t_ns = gma__trace_now();
-    gma__block_t *b = gma__pagemap_get(&g->pool.pagemap, (uintptr_t)ptr);
-    if (b && b->addr == (uintptr_t)ptr && gma__load_relaxed(&b->state) == GMA__LIVE) {
-      requested = gma__load_relaxed(&b->requested);
-      bytes = b->size;
-      stream = b->stream ? (uintptr_t)b->stream->handle : 0;
-    }
+    f = live_facts(g, ptr);
   }
   gma_status_t st = free_now(g, ptr);
-  if (t) gma__trace_emit(t, t_ns, GMA__TR_FREE, (uintptr_t)ptr, requested, stream, bytes, 0, 0, st);
+  if (t)
+    gma__trace_emit(t, t_ns, GMA__TR_FREE, (uintptr_t)ptr, f.requested, f.stream, f.block, 0, 0, st);
   return st;
 }
 
@@ -417,11 +452,28 @@ done:
   return st;
 }
 
+/* Cache as callers see it: reserved less allocated (an idle plan's arena
+ * included). */
+static uint64_t cached_now(gma_t *g) {
+  gma_stats_t st = GMA_STATS_INIT;
+  gma__pool_stats(&g->pool, &st);
+  return st.cached.current;
+}
+
+/* The pool's cache down to keep; an idle plan's arena is cache too, given
+ * back when the rest is not enough. */
+static gma_status_t trim_to(gma_t *g, uint64_t keep) {
+  gma_status_t st = gma__pool_trim(&g->pool, keep);
+  if (st == GMA_OK && gma__plan_holds_arena(&g->plan) && cached_now(g) > keep &&
+      gma__plan_reclaim(&g->plan, 0))
+    st = gma__pool_trim(&g->pool, keep);
+  return st;
+}
+
 gma_status_t gma_empty_cache(gma_t *g) {
   GMA__CHECK(g, "gma_empty_cache");
-  gma__plan_empty(&g->plan); /* an idle plan's arena is cache too */
   gma__host_trim(&g->host, 0);
-  return gma__pool_trim(&g->pool, 0);
+  return trim_to(g, 0);
 }
 
 gma_status_t gma_host_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out) {
@@ -452,7 +504,7 @@ gma_status_t gma_host_free(gma_t *g, void *ptr) {
 
 gma_status_t gma_trim(gma_t *g, uint64_t keep_bytes) {
   GMA__CHECK(g, "gma_trim");
-  return gma__pool_trim(&g->pool, keep_bytes);
+  return trim_to(g, keep_bytes);
 }
 
 gma_status_t gma__batch_sizes_check(gma_t *g, size_t n, const size_t *sizes, const char *fn) {
@@ -485,12 +537,13 @@ gma_status_t gma_alloc_batch(gma_t *g, size_t n, const size_t *sizes, gma_stream
       st = gma__pool_alloc_batch(&g->pool, n, sizes, stream, id, GMA__ALLOC_WAIT, ptrs);
   }
   gma__trace_t *t = gma__trace_on(&g->pool.trace);
-  if (t) gma__trace_batch(&g->pool, t, st, n, sizes, stream, ptrs);
+  if (t) trace_batch(g, t, st, n, sizes, stream, ptrs);
   return st;
 }
 
-void gma__trace_batch(gma__pool_t *p, gma__trace_t *t, gma_status_t st, size_t n,
-                      const size_t *sizes, gma_stream_t stream, void *const *ptrs) {
+static void trace_batch(gma_t *g, gma__trace_t *t, gma_status_t st, size_t n,
+                        const size_t *sizes, gma_stream_t stream, void *const *ptrs) {
+  gma__pool_t *p = &g->pool;
   uint64_t now = gma__trace_now(), total = 0;
   for (size_t i = 0; i < n; i++) total += sizes[i];
   if (st != GMA_OK) {
@@ -500,9 +553,8 @@ void gma__trace_batch(gma__pool_t *p, gma__trace_t *t, gma_status_t st, size_t n
   uint64_t bid = atomic_fetch_add_explicit(&p->trace_ids, 1, memory_order_relaxed) + 1;
   gma__trace_emit(t, now, GMA__TR_BATCH, 0, total, (uintptr_t)stream, 0, bid, n, 0);
   for (size_t i = 0; i < n; i++) {
-    gma__block_t *b = gma__pagemap_get(&p->pagemap, (uintptr_t)ptrs[i]);
     gma__trace_emit(t, now, GMA__TR_ALLOCATE, (uintptr_t)ptrs[i], sizes[i], (uintptr_t)stream,
-                    b ? b->size : 0, bid, 0, 0);
+                    live_facts(g, ptrs[i]).block, bid, 0, 0);
   }
 }
 

@@ -370,6 +370,8 @@ bool gma__future_serve(gma__worker_t *w, gma_future_t *f, uint64_t now) {
              ? gma__pool_alloc_slow(&g->pool, f->size, f->stream, id, GMA__ALLOC_ATTEMPT, &f->ptr)
              : gma__pool_alloc_batch(&g->pool, f->n, f->sizes, f->stream, id, GMA__ALLOC_ATTEMPT,
                                      f->ptrs);
+  if (st == GMA_ERR_OOM && g->cfg.plan && gma__plan_reclaim(&g->plan, 0))
+    return false; /* an idle plan's arena went back: the next try may fit */
   if (st == GMA_ERR_OOM) {
     if (now < f->deadline_ns) return false; /* back-pressure: wait for frees */
     /* One failed request, however many tries it took: counted, traced and

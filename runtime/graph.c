@@ -311,6 +311,7 @@ static gma_status_t alloc_one(gma__graphs_t *gs, gma__capture_t *cap, gma__strea
   gma__tcount_t *tc = gma__tcount(gs->p, s);
   gma__counter_add_owner(&tc->allocs, 1);
   gma__counter_add_owner(&tc->alloc_bytes, b->size);
+  gma__counter_add_owner(&tc->inner_bytes, b->size);
   gma__counter_add_owner(&tc->req_bytes, requested);
   *out = (void *)b->addr;
   return GMA_OK;
@@ -322,6 +323,7 @@ static void free_block(gma__graphs_t *gs, gma__gchunk_t *c, gblock_t *b) {
   gma__tcount_t *tc = gma__tcount(gs->p, b->stream);
   gma__counter_add_owner(&tc->frees, 1);
   gma__counter_add_owner(&tc->free_bytes, b->size);
+  gma__counter_add_owner(&tc->inner_freed, b->size);
   gma__counter_add_owner(&tc->req_freed, b->requested);
   pool->frees++;
   /* During a capture into the pool the block may be reused only by that
@@ -419,6 +421,24 @@ gma_status_t gma__graph_free(gma__graphs_t *gs, void *ptr) {
                         b && b->state == GLIVE ? "live" : "free", b ? (void *)b->addr : NULL);
   pthread_mutex_unlock(&gs->lock);
   return st;
+}
+
+int gma__graph_info(gma__graphs_t *gs, const void *ptr, gma_pointer_info_t *r) {
+  uintptr_t addr = (uintptr_t)ptr;
+  gma__gchunk_t *c = gma__load_relaxed(&gs->nchunks) ? lock_chunk(gs, addr) : NULL;
+  if (!c) return 0;
+  gblock_t *b = block_containing(c, addr);
+  int found = b && b->state == GLIVE ? 1 : -1;
+  if (found > 0) {
+    r->kind = GMA_MEMORY_DEVICE;
+    r->base = (void *)b->addr;
+    r->requested = b->requested;
+    r->block_size = b->size;
+    r->stream = b->stream ? b->stream->handle : NULL;
+    r->tag = NULL;
+  }
+  pthread_mutex_unlock(&gs->lock);
+  return found;
 }
 
 gma_status_t gma__graph_record_stream(gma__graphs_t *gs, void *ptr, gma_stream_t stream,
@@ -639,6 +659,7 @@ void gma__graphs_fini(gma__graphs_t *gs, uint64_t *leaks, uint64_t *leaked) {
         gma__tcount_t *tc = gma__tcount(gs->p, b->stream);
         gma__counter_add_owner(&tc->frees, 1);
         gma__counter_add_owner(&tc->free_bytes, b->size);
+        gma__counter_add_owner(&tc->inner_freed, b->size);
         gma__counter_add_owner(&tc->req_freed, b->requested);
       }
     c->live = 0;

@@ -83,6 +83,11 @@ gma_status_t gma__graph_alloc(gma__graphs_t *gs, size_t n, const size_t *sizes, 
  * inside a chunk that is not a live allocation's start. GMA_PENDING: not a
  * graph pool's, the caller frees it as usual. Any thread. */
 gma_status_t gma__graph_free(gma__graphs_t *gs, void *ptr);
+/* gma_pointer_info for a graph pool's memory: 1 with r filled when ptr
+ * lies in a live block of a graph pool (its start, or anywhere inside);
+ * -1 when it lies in a graph pool's chunk but in no live block; 0 when no
+ * graph pool holds it. Any thread. */
+int gma__graph_info(gma__graphs_t *gs, const void *ptr, gma_pointer_info_t *r);
 /* gma_record_stream on a graph pool's memory: GMA_PENDING if not one. */
 gma_status_t gma__graph_record_stream(gma__graphs_t *gs, void *ptr, gma_stream_t stream,
                                       void **base);

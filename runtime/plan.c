@@ -739,21 +739,58 @@ gma_status_t gma__plan_mark(gma__planner_t *pl) {
   return GMA_OK;
 }
 
-void gma__plan_empty(gma__planner_t *pl) {
-  if (!pl->on) return;
-  pthread_mutex_lock(&pl->mu);
+/* mu held: no planned block of P is live, and none was handed out in the
+ * last unused_ns (0: whenever), by the pool's clock. */
+static bool plan_idle(gma__planner_t *pl, const gma__memplan_t *P, uint64_t unused_ns) {
+  for (uint32_t c = 0; c < P->ncells; c++)
+    if (atomic_load(&P->cells[c].owner)) return false;
+  uint64_t now = gma__load_relaxed(&pl->p->clock_ns);
+  for (uint32_t j = 0; unused_ns && j < P->nslots; j++) {
+    uint64_t born = gma__load_relaxed(&P->slots[j].born_ns);
+    if (born && now - born < unused_ns) return false;
+  }
+  return true;
+}
+
+/* mu held: the body of gma__plan_reclaim. */
+static bool reclaim_locked(gma__planner_t *pl, uint64_t unused_ns) {
+  bool gave = false;
   gma__memplan_t *R = gma__load_relaxed(&pl->retiring);
-  if (R && try_release(pl, R)) gma__store_release(&pl->retiring, NULL);
+  if (R && try_release(pl, R)) {
+    gma__store_release(&pl->retiring, NULL);
+    gave = true;
+  }
   gma__memplan_t *A = gma__load_relaxed(&pl->active);
-  bool idle = A && !gma__load_relaxed(&pl->retiring);
-  for (uint32_t c = 0; idle && c < A->ncells; c++) idle = !atomic_load(&A->cells[c].owner);
-  if (idle) { /* a claim racing with this is settled by drop's dropped flag */
-    drop(pl, A);
+  if (A && !gma__load_relaxed(&pl->retiring) && plan_idle(pl, A, unused_ns)) {
+    drop(pl, A); /* a claim racing with this is settled by drop's dropped flag */
     learn_reset(pl);
     gma__store_relaxed(&pl->state, GMA__PLAN_LEARNING);
+    gave = !gma__load_relaxed(&pl->retiring); /* else a claim won the race: kept for later */
   }
-  pthread_mutex_unlock(&pl->mu);
+  return gave;
 }
+
+bool gma__plan_reclaim(gma__planner_t *pl, uint64_t unused_ns) {
+  if (!pl->on || !gma__plan_holds_arena(pl)) return false;
+  pthread_mutex_lock(&pl->mu);
+  bool gave = reclaim_locked(pl, unused_ns);
+  pthread_mutex_unlock(&pl->mu);
+  return gave;
+}
+
+bool gma__plan_reclaim_timed(gma__planner_t *pl, uint64_t unused_ns) {
+  if (!pl->on || !gma__plan_holds_arena(pl) || pthread_mutex_trylock(&pl->mu) != 0)
+    return false;
+  bool gave = reclaim_locked(pl, unused_ns);
+  pthread_mutex_unlock(&pl->mu);
+  return gave;
+}
+
+bool gma__plan_holds_arena(gma__planner_t *pl) {
+  return gma__load_acquire(&pl->active) || gma__load_acquire(&pl->retiring);
+}
+
+void gma__plan_empty(gma__planner_t *pl) { gma__plan_reclaim(pl, 0); }
 
 /* ---- Serving ---------------------------------------------------------------------------- */
 
@@ -821,6 +858,7 @@ static gma_status_t claim(gma__planner_t *pl, gma__memplan_t *P, uint32_t j, gma
   gma__tcount_t *tc = gma__tcount(pl->p, s);
   gma__counter_add_owner(&tc->allocs, 1);
   gma__counter_add_owner(&tc->alloc_bytes, sl->size);
+  gma__counter_add_owner(&tc->inner_bytes, sl->size);
   gma__counter_add_owner(&tc->req_bytes, size);
   *out = (void *)(P->base + sl->offset);
   return GMA_OK;
@@ -892,18 +930,22 @@ gma_status_t gma__plan_free(gma__planner_t *pl, void *ptr) {
                           ptr, off - sl->offset, (void *)(P->base + sl->offset));
   if (!sl || !gma__load_relaxed(&sl->live))
     return double_free(ptr);
+  /* Two frees of one block may race: the compare-and-swap decides which one
+   * is the free, and the other touches nothing. */
+  uint8_t one = 1;
+  if (!atomic_compare_exchange_strong(&sl->live, &one, 0)) return double_free(ptr);
   stamp_t *t = &sl->stamp;
   uint32_t nusers = gma__load_relaxed(&sl->nusers);
-  if (nusers > t->gates_cap) { /* before the free takes effect: an error leaves it live */
+  if (nusers > t->gates_cap) {
     gma__gate_t *g = realloc(t->gates, nusers * sizeof *g);
-    if (!g)
+    if (!g) { /* the block stays live: its cells were never let go */
+      gma__store_release(&sl->live, 1);
       return gma__set_error(GMA_ERR_OOM, "gma_free(%p): no host memory for the gates of "
                             "record_stream's streams; the allocation stays live, try again",
                             ptr);
+    }
     t->gates = g, t->gates_cap = nusers;
   }
-  uint8_t one = 1;
-  if (!atomic_compare_exchange_strong(&sl->live, &one, 0)) return double_free(ptr);
   gma__stream_t *s = sl->stream;
   t->stream = s;
   t->ngates = 0;
@@ -935,6 +977,7 @@ gma_status_t gma__plan_free(gma__planner_t *pl, void *ptr) {
   gma__tcount_t *tc = gma__tcount(pl->p, s);
   gma__counter_add_owner(&tc->frees, 1);
   gma__counter_add_owner(&tc->free_bytes, sl->size);
+  gma__counter_add_owner(&tc->inner_freed, sl->size);
   gma__counter_add_owner(&tc->req_freed, sl->requested);
   uint32_t j = (uint32_t)(sl - P->slots);
   for (uint32_t k = sl->c0; k < sl->c1; k++) {

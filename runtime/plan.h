@@ -98,11 +98,22 @@ void gma__plan_fini(gma__planner_t *pl);
 
 /* gma_iteration_mark. Any thread (one mark at a time is serialized). */
 gma_status_t gma__plan_mark(gma__planner_t *pl);
-/* gma_empty_cache: an active plan none of whose blocks is live stops
+/* An idle plan's arena is cache: an active plan none of whose blocks is
+ * live, and none handed out in the last unused_ns (0: whenever), stops
  * serving and its arena goes back to the pool (then trimmed with the rest
  * once the streams that used it are done); gma learns the workload again
- * from now. A plan with a live block is kept (its arena could not go back). */
+ * from now. A dropped plan's arena held back by a block freed since goes
+ * back too. True when an arena went back. A plan with a live block is kept
+ * (its arena could not go back). Any thread; the OOM path and gma_trim call
+ * it, gma__plan_empty (gma_empty_cache) is gma__plan_reclaim(pl, 0). */
+bool gma__plan_reclaim(gma__planner_t *pl, uint64_t unused_ns);
 void gma__plan_empty(gma__planner_t *pl);
+/* The worker's timed trim: the same, but it never waits for a mark in
+ * progress (false then: the next tick looks again). */
+bool gma__plan_reclaim_timed(gma__planner_t *pl, uint64_t unused_ns);
+/* Whether a plan (active, or dropped and waiting for its blocks) holds an
+ * arena now. One load each; any thread. */
+bool gma__plan_holds_arena(gma__planner_t *pl);
 
 /* A planned allocation of size on stream (already mapped by
  * gma__stream_arg): GMA_OK with *out set, or GMA_ERR_OOM meaning "not from

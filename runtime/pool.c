@@ -618,7 +618,7 @@ typedef struct oom_waiting {
   unsigned errors;   /* rounds in a row that ended on a failed event query */
   uint64_t device_errors; /* p->c.device_errors when the call began */
   int stop;          /* OOM_*: why the last oom_wait returned false */
-  uint64_t live;     /* OOM_SHORT: the bytes allocated (and a plan's arena) then */
+  uint64_t live;     /* OOM_SHORT: the bytes that stayed in use then (arenas whole) */
 } oom_waiting_t;
 
 /* What the OOM message cites: the last device failure, if one happened
@@ -735,7 +735,9 @@ static gma_status_t oom_error(gma__pool_t *p, uint64_t size, size_t requested,
 #define OOM_ERROR_ROUNDS 64
 static bool oom_wait(gma__pool_t *p, oom_waiting_t *w, uint64_t need) {
   gma__stats_sample(p); /* allocated.current, with the bins' traffic */
-  uint64_t live = p->c.allocated.current + p->c.arena; /* a plan's arena stays too */
+  /* What stays in use whatever device work completes: the allocations
+   * outside arenas, and the arenas whole (their allocations are in them). */
+  uint64_t live = p->c.allocated.current - p->c.inner_live + p->c.arena;
   if (live >= p->limit || p->limit - live < need) {
     w->stop = OOM_SHORT;
     w->live = live;
@@ -1532,9 +1534,11 @@ gma_status_t gma__pool_free_after(gma__pool_t *p, void *ptr, gma__stream_t *cons
   if (st == GMA_OK && (!b || !gma__cas_acq_rel(&b->state, &live, GMA__PENDING)))
     st = bad_pointer(p, (uintptr_t)ptr, "gma_free");
   if (st == GMA_OK) {
+    /* Its size before the free: caching it may merge it with free neighbours. */
+    uint64_t size = b->size;
     gma__store_relaxed(&b->arena, 0);
     free_taken(p, b);
-    p->c.arena -= b->size; /* in the same locked step as the free's counts */
+    p->c.arena -= size; /* in the same locked step as the free's counts */
     p->c.arena_frees++;
   }
   GMA__VALIDATE(p);

@@ -142,6 +142,9 @@ typedef struct gma__tcount {
   _Atomic uint64_t frees, hits;
   _Atomic uint64_t alloc_bytes, free_bytes, req_bytes, req_freed;
   _Atomic uint64_t bin_in, bin_out; /* bytes pushed into / taken out of bins */
+  /* Bytes of allocations placed inside arenas (planned blocks, graph pools'
+   * blocks), handed out and freed: also in alloc_bytes / free_bytes. */
+  _Atomic uint64_t inner_bytes, inner_freed;
   uint64_t owner_tid;
   struct gma__tcount *_Atomic next; /* atomic: append-only list, read lock-free */
 } gma__tcount_t;
@@ -216,6 +219,10 @@ typedef struct gma__counters {
    * allocations inside them instead, so stats.c takes these out: bytes held
    * now, bytes ever taken, arenas taken and given back. */
   uint64_t arena, arena_total, arena_allocs, arena_frees;
+  /* Of allocated.current, the bytes inside arenas (sampled with it): the
+   * memory that stays in use whatever device work completes is
+   * allocated.current - inner_live + arena. */
+  uint64_t inner_live;
 } gma__counters_t;
 
 /* Test-only switches that plant bugs, so tests can show their detectors work. */
@@ -652,10 +659,6 @@ const char *gma__tag_name(gma__pool_t *p, unsigned id);
  * '\\'), written to out and returned. */
 #define GMA__TAG_JSON 64
 const char *gma__tag_json(const char *name, char out[GMA__TAG_JSON]);
-
-/* api.c: a batch's trace rows (a batch row, then its allocate rows). */
-void gma__trace_batch(gma__pool_t *p, gma__trace_t *t, gma_status_t st, size_t n,
-                      const size_t *sizes, gma_stream_t stream, void *const *ptrs);
 
 /* api.c: the pool behind an allocator, for internal tests. */
 gma__pool_t *gma__pool_of(gma_t *g);

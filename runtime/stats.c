@@ -38,6 +38,8 @@ static void fold(gma__tcount_t *c, gma__tcount_t *t, uint64_t sign) {
   add(&t->req_freed, &c->req_freed, sign);
   add(&t->bin_in, &c->bin_in, sign);
   add(&t->bin_out, &c->bin_out, sign);
+  add(&t->inner_bytes, &c->inner_bytes, sign);
+  add(&t->inner_freed, &c->inner_freed, sign);
 }
 
 void gma__stats_sum(const gma__stream_t *s, gma__tcount_t *t) {
@@ -82,6 +84,8 @@ static void sample_from(gma__pool_t *p, sums_t *t) {
   uint64_t allocated = V(t->alloc_bytes) - V(t->free_bytes) - c->arena;
   uint64_t total = V(t->alloc_bytes) - c->arena_total;
   sample(&p->c.allocated, allocated, total);
+  uint64_t inner = V(t->inner_bytes) - V(t->inner_freed);
+  p->c.inner_live = inner < allocated ? inner : allocated; /* sums in flight may run ahead */
   sample(&p->c.requested, V(t->req_bytes) - V(t->req_freed) - c->arena,
          V(t->req_bytes) - c->arena_total);
   sample(&p->c.active, allocated + p->c.pending, total);

@@ -93,6 +93,7 @@ gma_status_t gma_alloc_tagged(gma_t *g, size_t size, gma_stream_t stream, const 
   /* Planned memory first: the arena's own block starts where a planned one may. */
   if (g->cfg.plan && gma__plan_set_tag(&g->plan, *out, (uint8_t)id)) return GMA_OK;
   gma__block_t *b = gma__pagemap_get(&g->pool.pagemap, (uintptr_t)*out);
+  if (b && gma__load_relaxed(&b->arena)) return GMA_OK; /* a graph pool's: untagged */
   if (b) gma__store_relaxed(&b->tag, (uint8_t)id); /* ours: LIVE, handed to us */
   else gma__host_set_tag(&g->host, *out, (uint8_t)id); /* a CPU fallback */
   return GMA_OK;
@@ -107,12 +108,17 @@ gma_status_t gma_pointer_info(gma_t *g, const void *ptr, gma_pointer_info_t *inf
   gma_pointer_info_t r = {.size = info->size};
   gma__pool_t *p = &g->pool;
   uintptr_t a = (uintptr_t)ptr;
-  int planned = g->cfg.plan ? gma__plan_info(&g->plan, ptr, &r) : 0;
+  int graphed = gma__graph_info(&g->graphs, ptr, &r);
+  if (graphed < 0) /* a chunk is one live block to the pool: not what the caller has */
+    return gma__set_error(GMA_ERR_INVALID_POINTER,
+                          "gma_pointer_info(%p): the pointer lies in a graph pool's memory that "
+                          "no live allocation holds now", ptr);
+  int planned = !graphed && g->cfg.plan ? gma__plan_info(&g->plan, ptr, &r) : 0;
   if (planned < 0) /* the arena is one live block to the pool: not what the caller has */
     return gma__set_error(GMA_ERR_INVALID_POINTER,
                           "gma_pointer_info(%p): the pointer lies in planned memory (plan:on) "
                           "that no live allocation holds now", ptr);
-  bool found = planned > 0;
+  bool found = planned > 0 || graphed > 0;
   if (!found) {
     pthread_mutex_lock(&p->lock);
     gma__segment_t *seg = gma__seg_find(p, a);

@@ -109,6 +109,10 @@ static void tick(gma__worker_t *w) {
     pthread_mutex_unlock(&w->mu);
   }
   gma__release_t r = trim_policy(w, &l);
+  /* An idle plan's arena is cache: unused for idle_ms, or outside the
+   * working set under pressure, it goes back to the pool first. */
+  if (w->g->cfg.plan)
+    gma__plan_reclaim_timed(&w->g->plan, r.pressured && r.unused_ns ? r.unused_ns : r.idle_ns);
   gma__pool_release(p, &r); /* a failed device free keeps the segment: retried next tick */
   gma__host_trim(&w->g->host, level == GMA_PRESSURE_CRITICAL ? 0 : w->g->cfg.host_release_threshold);
   if (w->grow_ahead && level < GMA_PRESSURE_HIGH) gma__pool_grow_ahead(p, w->grow_ahead);

@@ -410,6 +410,205 @@ static void test_empty_cache(void) {
   close_iter(&it);
 }
 
+/* An iteration of one request per size in sizes on it->s, freed in order:
+ * a plan whose arena is small and on one stream. */
+static void small_step(iter_t *it, const size_t *sizes, int n) {
+  void *p[8];
+  for (int i = 0; i < n; i++) p[i] = take(it, sizes[i]);
+  for (int i = 0; i < n; i++) give(it, p[i]);
+}
+
+static void until_active_small(iter_t *it, const size_t *sizes, int n) {
+  for (int i = 0; i < 20 && stats_of(it->g).plan_state != 4; i++) {
+    small_step(it, sizes, n);
+    end_iteration(it);
+    if (stats_of(it->g).plan_state == 3) sleep_us(2000);
+  }
+  CHECK(stats_of(it->g).plan_state == 4);
+}
+
+typedef struct racer {
+  gma_t *g;
+  void *p;
+  pthread_barrier_t *bar;
+  gma_status_t st;
+} racer_t;
+
+static void *race_free(void *arg) {
+  racer_t *r = arg;
+  pthread_barrier_wait(r->bar);
+  r->st = gma_free(r->g, r->p);
+  return NULL;
+}
+
+/* Two threads free one planned block at once, after more streams used it
+ * (gma_record_stream) than its slot ever had: exactly one free wins and the
+ * other is told GMA_ERR_DOUBLE_FREE, with nothing touched before the
+ * decision (the gates' buffer grows after it; ASan saw both threads
+ * reallocate it). Each round names one more stream, so each one grows it. */
+static void test_racing_frees(void) {
+  iter_t it;
+  open_active(&it, NULL);
+  enum { ROUNDS = 12 };
+  gma_stream_t users[ROUNDS];
+  for (int i = 0; i < ROUNDS; i++) CHECK_OK(gma_stream_create(it.g, &users[i]));
+  for (int round = 0; round < ROUNDS; round++) {
+    uint64_t hits = stats_of(it.g).plan_hits;
+    void *p = take(&it, 3 << 20); /* the iteration's first request: planned */
+    CHECK(stats_of(it.g).plan_hits == hits + 1);
+    for (int i = 0; i <= round; i++) CHECK_OK(gma_record_stream(it.g, p, users[i]));
+    for (int i = 0; i < MAXLIVE; i++)
+      if (it.live[i] == p) it.live[i] = NULL;
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, 2);
+    racer_t r[2] = {{it.g, p, &bar, GMA_OK}, {it.g, p, &bar, GMA_OK}};
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++) CHECK(pthread_create(&t[i], NULL, race_free, &r[i]) == 0);
+    for (int i = 0; i < 2; i++) CHECK(pthread_join(t[i], NULL) == 0);
+    pthread_barrier_destroy(&bar);
+    CHECK((r[0].st == GMA_OK) + (r[1].st == GMA_OK) == 1);
+    CHECK(r[0].st == GMA_ERR_DOUBLE_FREE || r[1].st == GMA_ERR_DOUBLE_FREE);
+    for (int i = 0; i < ROUNDS; i++) CHECK_OK(gma_stream_synchronize(it.g, users[i]));
+    end_iteration(&it);
+  }
+  gma_stats_t s = stats_of(it.g);
+  CHECK(s.allocated.current == 0 && s.num_allocs == s.num_frees);
+  for (int i = 0; i < ROUNDS; i++) CHECK_OK(gma_stream_destroy(it.g, users[i]));
+  close_iter(&it);
+}
+
+/* Under memory_limit:64M, a 20 MiB planned block is live in its 20 MiB
+ * arena and 30 MiB is freed behind a 300 ms kernel on another stream: a
+ * 30 MiB request must wait for that kernel and succeed. The planned block
+ * is inside the arena: counting both (40 MiB live) made it "a real
+ * shortage" that failed at once. */
+static void test_oom_wait_planned(void) {
+  iter_t it = {.g = plan_allocator("memory_limit:64M")};
+  CHECK_OK(gma_stream_create(it.g, &it.s));
+  const size_t one[] = {20 << 20};
+  until_active_small(&it, one, 1);
+  void *p = take(&it, 20 << 20);
+  CHECK(stats_of(it.g).plan_hits > 0);
+  gma_stream_t s2;
+  CHECK_OK(gma_stream_create(it.g, &s2));
+  void *x = NULL;
+  CHECK_OK(gma_alloc(it.g, 30 << 20, s2, &x));
+  pattern_kernel_t k = {.buf = x, .len = 4096, .value = 7, .hold_us = 300000,
+                        .corruptions = &it.corruptions};
+  CHECK_OK(gma_sim_launch(it.g, s2, pattern_kernel_run, &k));
+  CHECK_OK(gma_free(it.g, x));
+  pattern_kernel_wait_started(&k);
+  uint64_t t0 = now_ns();
+  void *y = NULL;
+  gma_status_t st = gma_alloc(it.g, 30 << 20, it.s, &y);
+  if (st != GMA_OK) fprintf(stderr, "oom_wait_planned: %s\n", gma_last_error());
+  CHECK(st == GMA_OK);
+  CHECK(now_ns() - t0 >= 100000000u); /* it waited for the kernel */
+  CHECK_OK(gma_free(it.g, y));
+  give(&it, p);
+  CHECK_OK(gma_stream_synchronize(it.g, s2));
+  CHECK(atomic_load(&it.corruptions) == 0);
+  CHECK_OK(gma_stream_destroy(it.g, s2));
+  end_iteration(&it);
+  close_iter(&it);
+}
+
+/* An active plan with nothing live holds its arena as cache: a request that
+ * needs that memory drops the plan and succeeds (it failed, "live
+ * allocations held" the arena, with nothing allocated); gma_trim(g, 0)
+ * gives it back as gma_empty_cache does; a trim that can keep it keeps the
+ * plan; and the worker's timed trim gives back an arena idle for idle_ms. */
+static void test_idle_arena(void) {
+  const size_t one[] = {36 << 20};
+  iter_t it = {.g = plan_allocator("memory_limit:64M")};
+  CHECK_OK(gma_stream_create(it.g, &it.s));
+  until_active_small(&it, one, 1);
+  gma_stats_t a = stats_of(it.g);
+  CHECK(a.allocated.current == 0 && a.plan_arena_bytes >= (36 << 20));
+  void *big = NULL;
+  gma_status_t st = gma_alloc(it.g, 56 << 20, it.s, &big);
+  if (st != GMA_OK) fprintf(stderr, "idle_arena: %s\n", gma_last_error());
+  CHECK(st == GMA_OK);
+  gma_stats_t b = stats_of(it.g);
+  CHECK(b.plan_state != 4 && b.plan_replans == a.plan_replans + 1 && b.num_ooms == 0);
+  CHECK_OK(gma_free(it.g, big));
+  close_iter(&it);
+
+  it = (iter_t){.g = plan_allocator(NULL)};
+  CHECK_OK(gma_stream_create(it.g, &it.s));
+  until_active_small(&it, one, 1);
+  CHECK_OK(gma_trim(it.g, 1ull << 40)); /* room for it all: the plan stays */
+  CHECK(stats_of(it.g).plan_state == 4);
+  CHECK_OK(gma_trim(it.g, 0));
+  gma_stats_t c = stats_of(it.g);
+  CHECK(c.plan_state != 4 && c.plan_arena_bytes == 0 && c.reserved.current == 0);
+  close_iter(&it);
+
+  it = (iter_t){.g = plan_allocator("idle_ms:50,trim_interval_ms:10")};
+  CHECK_OK(gma_stream_create(it.g, &it.s));
+  until_active_small(&it, one, 1);
+  for (int i = 0; i < 200 && stats_of(it.g).plan_arena_bytes; i++) sleep_us(5000);
+  gma_stats_t d = stats_of(it.g);
+  CHECK(d.plan_state != 4 && d.plan_arena_bytes == 0);
+  close_iter(&it);
+}
+
+/* A dropped plan's arena goes back next to a block cached on the same
+ * stream and merges with it: the arena's count must come down by the
+ * arena's own size (it came down by the merged size, leaving allocated at
+ * the cached block's size for good). */
+static void test_arena_merge_counts(void) {
+  const size_t two[] = {1 << 20, 2 << 20};
+  iter_t it = {.g = plan_allocator(NULL)};
+  CHECK_OK(gma_stream_create(it.g, &it.s));
+  until_active_small(&it, two, 2);
+  void *x = NULL; /* on the arena's stream, beside it in its segment */
+  CHECK_OK(gma_alloc(it.g, 6 << 20, NULL, &x));
+  CHECK_OK(gma_free(it.g, x));
+  CHECK_OK(gma_empty_cache(it.g));
+  gma_stats_t s = stats_of(it.g);
+  CHECK(s.plan_arena_bytes == 0 && s.allocated.current == 0 && s.requested.current == 0);
+  CHECK(s.reserved.current == 0 && s.num_allocs == s.num_frees);
+  close_iter(&it);
+}
+
+/* Trace rows of planned blocks carry the block's own figures: an allocate
+ * row's Block is the planned block's size (not the arena's), a free row's
+ * Size is the bytes asked for and its Stream the block's stream. */
+static void test_trace_rows(void) {
+  const size_t two[] = {1 << 20, 3 << 20};
+  iter_t it = {.g = plan_allocator(NULL)};
+  CHECK_OK(gma_stream_create(it.g, &it.s));
+  until_active_small(&it, two, 2);
+  char path[] = "/tmp/gma_plan_trace_XXXXXX";
+  int fd = mkstemp(path);
+  CHECK(fd >= 0);
+  close(fd);
+  CHECK_OK(gma_trace_start(it.g, path));
+  uint64_t hits = stats_of(it.g).plan_hits;
+  void *a = take(&it, (1 << 20) - 100), *b = take(&it, 3 << 20);
+  CHECK(stats_of(it.g).plan_hits == hits + 2);
+  give(&it, a);
+  give(&it, b);
+  CHECK_OK(gma_trace_stop(it.g));
+  FILE *f = fopen(path, "r");
+  CHECK(f != NULL);
+  char text[8192];
+  size_t n = fread(text, 1, sizeof text - 1, f);
+  fclose(f);
+  text[n] = 0;
+  unlink(path);
+  char row[200];
+  snprintf(row, sizeof row, ",allocate,%p,%d,%p,%d,", a, (1 << 20) - 100, it.s, 1 << 20);
+  CHECK(strstr(text, row) != NULL);
+  snprintf(row, sizeof row, ",free,%p,%d,%p,%d,", a, (1 << 20) - 100, it.s, 1 << 20);
+  CHECK(strstr(text, row) != NULL);
+  snprintf(row, sizeof row, ",free,%p,%d,%p,%d,", b, 3 << 20, it.s, 3 << 20);
+  CHECK(strstr(text, row) != NULL);
+  end_iteration(&it);
+  close_iter(&it);
+}
+
 int main(int argc, char **argv) {
   static const test_case_t cases[] = {
       {"empty_cache", test_empty_cache},
@@ -419,6 +618,9 @@ int main(int argc, char **argv) {
       {"cross_stream_gate_none", test_cross_stream_gate_none},
       {"bad_frees", test_bad_frees},       {"pointer_info", test_pointer_info},       {"off", test_off},
       {"threads", test_threads},
+      {"racing_frees", test_racing_frees}, {"oom_wait_planned", test_oom_wait_planned},
+      {"idle_arena", test_idle_arena},     {"arena_merge_counts", test_arena_merge_counts},
+      {"trace_rows", test_trace_rows},
   };
   return run_cases(argc, argv, cases, sizeof cases / sizeof cases[0]);
 }

@@ -33,6 +33,9 @@
  *              stats say 0 bytes in graph pools, and the pool's handle is
  *              refused afterwards; errors: a pool of another allocator,
  *              release during a capture, end without begin.
+ *   counts     a pool whose blocks take two chunks, released: the
+ *              statistics balance with nothing allocated, and the trace
+ *              rows carry the blocks' own sizes and stream.
  *   host       a pinned block (gma_host_alloc) that a capture copies into:
  *              its free during the capture is refused (GMA_ERR_INVALID_ARGUMENT)
  *              without invalidating the capture; after the graph's launch
@@ -87,6 +90,12 @@ static void load_capture(void) {
 
 static gma_t *g;
 static gma_stream_t s, t;
+
+static gma_graph_pool_stats_t pool_stats_of(gma_t *a, gma_graph_pool_t *pool) {
+  gma_graph_pool_stats_t st = GMA_GRAPH_POOL_STATS_INIT;
+  CHECK_OK(gma_graph_pool_stats(a, pool, &st));
+  return st;
+}
 
 static gma_graph_pool_stats_t pool_stats(gma_graph_pool_t *pool) {
   gma_graph_pool_stats_t st = GMA_GRAPH_POOL_STATS_INIT;
@@ -351,6 +360,81 @@ static void case_refused_and_errors(void) {
   printf("refused and errors: ok\n");
 }
 
+/* ---- counts and trace rows ------------------------------------------------------- */
+
+static size_t count_of(const char *text, const char *what) {
+  size_t n = 0;
+  for (const char *q = strstr(text, what); q; q = strstr(q + 1, what)) n++;
+  return n;
+}
+
+/* A graph pool whose blocks take two chunks, all freed inside the capture,
+ * then released: its chunks go back side by side and merge, and the
+ * statistics still balance with nothing allocated (allocated stayed at one
+ * chunk's size). The trace rows of its blocks carry the blocks' own
+ * figures: Block is the block's size (not the chunk's), a free's Size the
+ * bytes asked for and its Stream the block's stream. */
+static void case_counts_and_trace(void) {
+  gma_t *g2 = drv_cuda_allocator(NULL);
+  char path[] = "/tmp/gma_capture_trace_XXXXXX";
+  int fd = mkstemp(path);
+  CHECK(fd >= 0);
+  close(fd);
+  CHECK_OK(gma_trace_start(g2, path));
+  gma_stream_t u;
+  CHECK_OK(gma_stream_create(g2, &u));
+  gma_graph_pool_t *pool = NULL;
+  CHECK_OK(gma_graph_pool_create(g2, &pool));
+  CHECK_OK(gma_capture_begin(g2, u, pool));
+  DRV_CHECK(cap.begin(u, CAPTURE_MODE_GLOBAL));
+  void *a = NULL, *b = NULL;
+  CHECK_OK(gma_alloc(g2, 1536 * 1024 - 100, u, &a));
+  CHECK_OK(gma_alloc(g2, 1536 * 1024, u, &b));
+  drv_memset32(a, 1, 1536 * 1024 - 512, u);
+  drv_memset32(b, 2, 1536 * 1024, u);
+  CHECK_OK(gma_free(g2, a));
+  CHECK_OK(gma_free(g2, b));
+  graph_t graph = NULL;
+  DRV_CHECK(cap.end(u, &graph));
+  CHECK_OK(gma_capture_end(g2, u));
+  graph_exec_t exec = instantiate(graph);
+  DRV_CHECK(cap.launch(exec, u));
+  drv_sync(u);
+  DRV_CHECK(cap.exec_destroy(exec));
+  DRV_CHECK(cap.destroy(graph));
+  CHECK(pool_stats_of(g2, pool).chunks >= 2);
+  CHECK_OK(gma_graph_pool_release(g2, pool));
+  CHECK_OK(gma_stream_synchronize(g2, u));
+  CHECK_OK(gma_trace_stop(g2));
+  gma_stats_t x = stats_of(g2);
+  CHECK(x.allocated.current == 0 && x.requested.current == 0 && x.num_allocs == x.num_frees);
+  CHECK(x.reserved.current ==
+        x.allocated.current + x.stream_cached_bytes + x.pending_bytes + x.free_bytes);
+  CHECK_OK(gma_empty_cache(g2));
+  CHECK(stats_of(g2).reserved.current == 0);
+  FILE *f = fopen(path, "r");
+  CHECK(f != NULL);
+  static char text[1 << 16];
+  size_t n = fread(text, 1, sizeof text - 1, f);
+  fclose(f);
+  text[n] = 0;
+  unlink(path);
+  char row[200];
+  snprintf(row, sizeof row, ",allocate,%p,%zu,%p,%zu,", a, (size_t)1536 * 1024 - 100, u,
+           (size_t)1536 * 1024);
+  CHECK(strstr(text, row) != NULL);
+  snprintf(row, sizeof row, ",free,%p,%zu,%p,%zu,", a, (size_t)1536 * 1024 - 100, u,
+           (size_t)1536 * 1024);
+  CHECK(strstr(text, row) != NULL);
+  snprintf(row, sizeof row, ",free,%p,%zu,%p,%zu,", b, (size_t)1536 * 1024, u,
+           (size_t)1536 * 1024);
+  CHECK(strstr(text, row) != NULL);
+  CHECK(count_of(text, ",free,") == 2);
+  CHECK_OK(gma_stream_destroy(g2, u));
+  CHECK_OK(gma_destroy(g2));
+  printf("counts and trace rows: ok\n");
+}
+
 /* ---- host --------------------------------------------------------------------------- */
 
 /* Pinned host memory used inside a capture: the graph copies into the block
@@ -438,6 +522,7 @@ int main(void) {
   case_busy();
   case_refused_and_errors();
   case_host();
+  case_counts_and_trace();
   CHECK_OK(gma_stream_destroy(g, s));
   CHECK_OK(gma_stream_destroy(g, t));
   CHECK_OK(gma_destroy(g));
