@@ -28,9 +28,11 @@ for b in $builds; do
 done
 
 # ---- fuzz: begin (tests/fuzz; separate from the three builds above) -------------
-# A fourth build, build/fuzz, with clang: the libFuzzer target fuzz_gma and a
-# 30 s fuzzing run on a copy of the seed corpus (`ctest -L fuzz`: fuzz_corpus
-# and fuzz_short, about a minute in all plus the build). It runs only where
+# A fourth build, build/fuzz, with clang: the libFuzzer targets fuzz_gma and
+# fuzz_trace (gma-replay's trace reader) and a 30 s fuzzing run of each on a
+# copy of its seed corpus (`ctest -L fuzz`: fuzz_corpus, fuzz_short,
+# fuzz_trace_corpus and fuzz_trace_short, about two minutes in all plus the
+# build). It runs only where
 # clang can link -fsanitize=fuzzer, and only for a full run (no ctest
 # arguments); GMA_TEST_FUZZ=0 skips it, GMA_TEST_FUZZ=1 runs it even with
 # ctest arguments. The three builds above replay the corpus (fuzz_corpus) anyway.
@@ -53,10 +55,11 @@ fi
 if [ -n "$fuzz_skip" ]; then
   echo "=== build/fuzz: short fuzz run skipped: $fuzz_skip"
 else
-  echo "=== build/fuzz: CC=clang, libFuzzer target fuzz_gma"
+  echo "=== build/fuzz: CC=clang, libFuzzer targets fuzz_gma and fuzz_trace"
   if CC=clang cmake -S . -B build/fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGMA_DEBUG=2 \
        -DGMA_BUILD_BENCH=OFF >/dev/null &&
-     cmake --build build/fuzz -j "$jobs" --target fuzz_gma fuzz_replay >/dev/null; then
+     cmake --build build/fuzz -j "$jobs" --target fuzz_gma fuzz_replay fuzz_trace \
+       fuzz_trace_replay >/dev/null; then
     echo "=== build/fuzz: ctest -L fuzz"
     # The reproducers (fuzz_repro_*) run in the three builds above; this
     # build makes only the fuzzer and the corpus replay.

@@ -13,6 +13,12 @@
 #                 gma's own code (its own object list, not the gcc-built libgma).
 #   fuzz_short    CTest, label "fuzz": 30 s of libFuzzer on a temporary copy of the corpus.
 #
+#   The trace reader of gma-replay (tools/replay/replay.c) has its own target,
+#   fuzz_trace.c (an input is a trace file), built the same three ways:
+#   fuzz_trace_replay (always), CTest fuzz_trace_corpus (replays
+#   tests/fuzz/trace_corpus), and with libFuzzer fuzz_trace and CTest
+#   fuzz_trace_short.
+#
 # tools/test.sh configures build/fuzz with CC=clang and runs `ctest -L fuzz` there.
 set(gma_fuzz_dir ${CMAKE_CURRENT_LIST_DIR})
 
@@ -29,6 +35,14 @@ gma_test(NAME fuzz_corpus EXE fuzz_replay LABELS fuzz TIMEOUT 120 ARGS ${gma_fuz
 if(EXISTS ${gma_fuzz_dir}/campaign)
   gma_test(NAME fuzz_campaign EXE fuzz_replay LABELS fuzz TIMEOUT 600 ARGS ${gma_fuzz_dir}/campaign)
 endif()
+
+set(gma_replay_src ${PROJECT_SOURCE_DIR}/tools/replay/replay.c)
+add_executable(fuzz_trace_replay ${gma_fuzz_dir}/fuzz_trace.c ${gma_fuzz_dir}/replay_main.c
+                                 ${gma_replay_src})
+target_include_directories(fuzz_trace_replay PRIVATE ${PROJECT_SOURCE_DIR}/tools/replay)
+target_link_libraries(fuzz_trace_replay PRIVATE gma_static)
+gma_test(NAME fuzz_trace_corpus EXE fuzz_trace_replay LABELS fuzz TIMEOUT 120
+         ARGS ${gma_fuzz_dir}/trace_corpus)
 
 # Minimal reproducers of bugs the fuzzer found (tests/fuzz/crashes/README.md),
 # API only; each exits 0 once its bug is fixed. All are fixed now, so they
@@ -89,6 +103,18 @@ if(GMA_HAVE_LIBFUZZER)
   target_link_options(fuzz_gma PRIVATE -fsanitize=fuzzer,address,undefined)
   target_link_libraries(fuzz_gma PRIVATE ${gma_ck_target} Threads::Threads ${CMAKE_DL_LIBS})
 
+  # The trace reader, with replay.c instrumented like the runtime.
+  add_executable(fuzz_trace ${gma_fuzz_dir}/fuzz_trace.c ${gma_replay_src}
+                            $<TARGET_OBJECTS:gma_fuzz_objects>)
+  target_include_directories(fuzz_trace PRIVATE ${PROJECT_SOURCE_DIR}/include
+                                                ${PROJECT_SOURCE_DIR}/tools/replay)
+  target_compile_definitions(fuzz_trace PRIVATE GMA_STATIC_BUILD)
+  target_compile_options(fuzz_trace PRIVATE -O1 -g -fno-omit-frame-pointer
+                                            -fsanitize=fuzzer,address,undefined
+                                            -fno-sanitize-recover=undefined)
+  target_link_options(fuzz_trace PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_link_libraries(fuzz_trace PRIVATE ${gma_ck_target} Threads::Threads ${CMAKE_DL_LIBS})
+
   # 30 s of fuzzing on a copy of the corpus (libFuzzer adds what it finds to
   # the directory it is given; the committed corpus stays as it is). Leak
   # checks after every input would cost 4/5 of the throughput (every input
@@ -98,6 +124,15 @@ if(GMA_HAVE_LIBFUZZER)
   add_test(NAME fuzz_short COMMAND sh -c
     "rm -rf '${gma_fuzz_work}' && mkdir -p '${gma_fuzz_work}/corpus' '${gma_fuzz_work}/artifacts' && cp '${gma_fuzz_dir}'/corpus/* '${gma_fuzz_work}/corpus/' && exec '$<TARGET_FILE:fuzz_gma>' -max_total_time=30 -timeout=60 -rss_limit_mb=4096 -detect_leaks=0 -print_final_stats=1 -artifact_prefix='${gma_fuzz_work}/artifacts/' '${gma_fuzz_work}/corpus'")
   set_tests_properties(fuzz_short PROPERTIES
+    TIMEOUT 120
+    LABELS fuzz
+    ENVIRONMENT "ASAN_OPTIONS=abort_on_error=1;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1;GMA_CONF=")
+  # The same for the trace reader, leak checks left on (libFuzzer's default:
+  # about 1,100 inputs a second with them on the 2-core machine).
+  set(gma_fuzz_trace_work ${CMAKE_CURRENT_BINARY_DIR}/fuzz_trace_short)
+  add_test(NAME fuzz_trace_short COMMAND sh -c
+    "rm -rf '${gma_fuzz_trace_work}' && mkdir -p '${gma_fuzz_trace_work}/corpus' '${gma_fuzz_trace_work}/artifacts' && cp '${gma_fuzz_dir}'/trace_corpus/* '${gma_fuzz_trace_work}/corpus/' && exec '$<TARGET_FILE:fuzz_trace>' -max_total_time=30 -timeout=60 -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix='${gma_fuzz_trace_work}/artifacts/' '${gma_fuzz_trace_work}/corpus'")
+  set_tests_properties(fuzz_trace_short PROPERTIES
     TIMEOUT 120
     LABELS fuzz
     ENVIRONMENT "ASAN_OPTIONS=abort_on_error=1;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1;GMA_CONF=")

@@ -15,8 +15,9 @@ target_include_directories(replay_capacity PRIVATE ${gma_replay_dir})
 #   replay_cli_capacity  the gma-replay command: failed allocations in the
 #                        per-trace table, the summary and the JSON; oom rows;
 #                        --min-capacity's tables and JSON; --repeat's
-#                        repetitions, marks and per-repetition figures (needs
-#                        Python 3)
+#                        repetitions, marks and per-repetition figures; bad
+#                        and hostile rows refused by name, every key value
+#                        replayed (needs Python 3)
 find_package(Python3 COMPONENTS Interpreter)
 if(Python3_Interpreter_FOUND AND TARGET gma-replay)
   add_test(NAME replay_cli_capacity

@@ -7,7 +7,11 @@ test_capacity.c, which checks the engine); --repeat N: N repetitions in one
 allocator, what a repetition leaves live freed at its end, gma_iteration_mark
 after each, the per-repetition figures in the tables and the JSON, and
 --min-capacity replaying every repetition; bad rows, files and option values named
-in the error (and the exit status 1 or 2), never a silent success.
+in the error (and the exit status 1 or 2), never a silent success: hostile rows
+(signs, spaces, empty fields and values past 2^64-1 in the number columns, a
+NaN time, async Id 0, a Count past the rows after it, sums that overflow)
+refused with the line, action, column and value; pointers and Ids 0 and
+2^64-1 replayed like any other.
 
 Usage: test_replay_cli.py PATH/TO/gma-replay
 """
@@ -246,8 +250,9 @@ class ReplayCli(unittest.TestCase):
             self.assertEqual(p.returncode, 2, bad)
             self.assertIn("--repeat wants a count", p.stderr)
 
-    def run_bad(self, *args):
-        p = subprocess.run([TOOL, "--quiet", *args], capture_output=True, text=True, timeout=60,
+    def run_bad(self, *args, timeout=60):
+        p = subprocess.run([TOOL, "--quiet", *args], capture_output=True, text=True,
+                           timeout=timeout,
                            env=dict(os.environ, GMA_CONF=""))
         return p.returncode, p.stderr
 
@@ -276,6 +281,151 @@ class ReplayCli(unittest.TestCase):
         self.assertIn("has a header but no events", err)
         self.assertIn("allocates nothing", err)
         self.assertNotIn("GMA_ERR_CONFIG", err)
+
+    def write_trace(self, name, rows):
+        path = os.path.join(self.dir, name)
+        with open(path, "w") as f:
+            f.write(HEADER + "".join(r + "\n" for r in rows))
+        return path
+
+    def test_hostile_rows_refused(self):
+        # Each trace has one bad row (line 3, after a good one); the error names
+        # the file and line, the row's action, the column and the value, and
+        # the replay exits 1 (a trace it cannot load) having freed everything.
+        ok = "0,0.000001,allocate,0x1000,4096,0x0,0,0,0,"
+        u64 = str(2**64 - 1)
+        num = "a decimal number from 0 to 18446744073709551615"
+        hexn = "a hex number from 0x0 to 0xffffffffffffffff"
+        cases = [
+            # An async row's Id names its future; 0 is none (the empty slot of
+            # the futures map: async_complete dereferenced NULL, async_submit
+            # leaked its future).
+            ("0,0.000002,async_complete,0x2000,4096,0x0,0,0,0,",
+             "async_complete row: column Id is 0"),
+            ("0,0.000002,async_submit,0x0,4096,0x0,0,0,0,", "async_submit row: column Id is 0"),
+            ("0,0.000002,async_submit,0x0,4096,0x0", "async_submit row: column Id is 0"),
+            # strtoull took a sign (-n as 2^64 - n), '+', spaces, and an empty field as 0.
+            ("0,0.000002,allocate,0x2000,-4096,0x0,0,0,0,",
+             "allocate row: column Size is '-4096', not " + num),
+            ("0,0.000002,allocate,0x2000,+4096,0x0,0,0,0,",
+             "allocate row: column Size is '+4096', not " + num),
+            ("0,0.000002,allocate,0x2000, 4096,0x0,0,0,0,",
+             "allocate row: column Size is ' 4096', not " + num),
+            ("0,0.000002,allocate,0x2000,4096 ,0x0,0,0,0,",
+             "allocate row: column Size is '4096 ', not " + num),
+            ("0,0.000002,allocate,0x2000,,0x0,0,0,0,",
+             "allocate row: column Size is empty, not " + num),
+            ("0,0.000002,allocate,0x2000,18446744073709551616,0x0,0,0,0,",
+             "allocate row: column Size is '18446744073709551616', not " + num),
+            ("0,0.000002,allocate,0x2000,4k,0x0,0,0,0,",
+             "allocate row: column Size is '4k', not " + num),
+            ("0,0.000002,free,-0x1000,4096,0x0,0,0,0,",
+             "free row: column Pointer is '-0x1000', not " + hexn),
+            ("0,0.000002,free, 0x1000,4096,0x0,0,0,0,",
+             "free row: column Pointer is ' 0x1000', not " + hexn),
+            ("0,0.000002,free,,4096,0x0,0,0,0,",
+             "free row: column Pointer is empty, not " + hexn),
+            ("0,0.000002,free,0x,4096,0x0,0,0,0,",
+             "free row: column Pointer is '0x', not " + hexn),
+            ("0,0.000002,free,0x10000000000000000,4096,0x0,0,0,0,",
+             "free row: column Pointer is '0x10000000000000000', not " + hexn),
+            ("0,0.000002,allocate,0x2000,4096,-0x1,0,0,0,",
+             "allocate row: column Stream is '-0x1', not " + hexn),
+            ("0,0.000002,allocate,0x2000,4096,,0,0,0,",
+             "allocate row: column Stream is empty, not " + hexn),
+            ("0,0.000002,allocate,0x2000,4096,0x0,-1,0,0,",
+             "allocate row: column Block is '-1', not " + num),
+            ("0,0.000002,allocate,0x2000,4096,0x0,0,+1,0,",
+             "allocate row: column Id is '+1', not " + num),
+            ("0,0.000002,allocate,0x2000,4096,0x0,0,,0,",
+             "allocate row: column Id is empty, not " + num),
+            ("0,0.000002,trim,0x0,0,0x0,0,0,-1,explicit",
+             "trim row: column Count is '-1', not " + num),
+            ("0,0.000002,trim,0x0,0,0x0,0,0,,explicit",
+             "trim row: column Count is empty, not " + num),
+            # A time that is not a finite number breaks the sort by time.
+            ("0,nan,allocate,0x2000,4096,0x0,0,0,0,",
+             "allocate row: column Time is 'nan', not a finite number of seconds"),
+            ("0,-inf,allocate,0x2000,4096,0x0,0,0,0,",
+             "allocate row: column Time is '-inf', not a finite"),
+            # A Count beyond the rows after it: a batch's members and a served
+            # async batch's rows follow it (async_complete with Count 2^64-1
+            # looped for ever: i += Count wrapped around).
+            ("0,0.000002,batch,0x0,4096,0x0,0,5,3,",
+             "batch row: its Count 3 is more than the 0 rows after it"),
+            ("0,0.000002,async_complete,0x0,4096,0x0,0,5,%s," % u64,
+             "async_complete row: its Count %s is more than the 0 rows after it" % u64),
+        ]
+        for k, (row, want) in enumerate(cases):
+            with self.subTest(row=row):
+                path = self.write_trace("hostile%d.csv" % k, [ok, row])
+                rc, err = self.run_bad(path, timeout=20)
+                self.assertEqual(rc, 1, err)
+                self.assertIn("hostile%d.csv:3: %s" % (k, want), err)
+                self.assertEqual(err.count("\n"), 1, err)
+        # Sums: the segment rows' reserved bytes past 2^63-1 (a signed
+        # overflow), and the trace's live bytes past 2^64-1 (they wrapped).
+        half = str(2**63)
+        path = self.write_trace("segsum.csv", [
+            "0,0.000001,segment_alloc,0x1000,%d,0x0,0,0,0," % (2**63 - 1),
+            "0,0.000002,segment_alloc,0x2000,1,0x0,0,0,0,"])
+        rc, err = self.run_bad(path)
+        self.assertEqual(rc, 1, err)
+        self.assertIn("segsum.csv:3: segment_alloc row: the segment rows' bytes pass 2^63-1 "
+                      "here (Size 1)", err)
+        path = self.write_trace("segbig.csv",
+                                ["0,0.000001,segment_free,0x1000,%s,0x0,0,0,0," % half])
+        rc, err = self.run_bad(path)
+        self.assertEqual(rc, 1, err)
+        self.assertIn("segbig.csv:2: segment_free row: column Size is %s, more than a segment "
+                      "row's 2^63-1" % half, err)
+        path = self.write_trace("livesum.csv", [
+            "0,0.000001,allocate,0x1000,%s,0x0,0,0,0," % half,
+            "0,0.000002,allocate,0x2000,%s,0x0,0,0,0," % half])
+        rc, err = self.run_bad(path)
+        self.assertEqual(rc, 1, err)
+        self.assertIn("livesum.csv:3: allocate row: the trace's live bytes pass 2^64-1 here "
+                      "(Size %s)" % half, err)
+
+    def test_every_key_value(self):
+        # The maps from trace pointers and future ids take every value, 0 and
+        # 2^64-1 included (0 was the empty slot, 2^64-1 the deleted one: a
+        # free of 0x0 freed nothing twice, and a second async_complete of Id
+        # 2^64-1 used the freed future).
+        u64 = str(2**64 - 1)
+        path = self.write_trace("keys.csv", [
+            "0,0.000001,allocate,0x0,4096,0x0,0,0,0,",
+            "0,0.000002,allocate,0xffffffffffffffff,8192,0x0,0,0,0,",
+            "0,0.000003,free,0xffffffffffffffff,8192,0x0,0,0,0,",
+            "0,0.000004,free,0xffffffffffffffff,8192,0x0,0,0,0,",
+            "0,0.000005,free,0x0,4096,0x0,0,0,0,",
+            "0,0.000006,free,0x0,4096,0x0,0,0,0,",
+            "0,0.000007,async_submit,0x0,1024,0x0,0,%s,0," % u64,
+            "0,0.000008,async_complete,0x3000,1024,0x0,0,%s,0," % u64,
+            "0,0.000009,async_complete,0x3000,1024,0x0,0,%s,0," % u64,
+            "0,0.000010,free,0x3000,1024,0x0,0,0,0,",
+            "0,0.000011,async_submit,0x0,512,0x0,0,1,0,",
+        ])
+        _, d = self.run_json("--quiet", "--config", "default=" + CONF, path)
+        r = d["results"][0]["result"]
+        # 2 allocations and 2 submits served, 3 frees matched, 2 frees of dead
+        # pointers; the uncollected future (Id 1) released at the end.
+        self.assertEqual((r["failed_allocs"], r["unmatched"]), (0, 2), r)
+        self.assertEqual(r["replayed_calls"], 2 + 2 + 3, r)
+        self.assertEqual(r["peak_requested"], 4096 + 8192, r)
+        self.assertEqual(r["trace_peak_live"], 4096 + 8192, r)
+
+    def test_min_capacity_past_2p63(self):
+        # A trace whose peak live bytes pass 2^63: twice them wrapped, so the
+        # search began at 2 MiB, below its own lower bound, and doubled 29
+        # times up to the 1024 TiB cap. Now it starts at the cap: one replay.
+        path = self.write_trace("huge.csv",
+                                ["0,0.000001,allocate,0x1000,%d,0x0,0,0,0," % (2**63 + 1)])
+        _, d = self.run_json("--quiet", "--min-capacity", "--config", "default=" + CONF, path)
+        s = d["min_capacity"][0]["search"]
+        self.assertEqual(s["lower_bound_peak_live"], 2**63 + 1)
+        self.assertEqual([st["capacity"] for st in s["steps"]], [1024 << 40], s)
+        self.assertEqual((s["min_capacity"], s["failing_capacity"]), (0, 1024 << 40), s)
 
     def test_bad_option_values(self):
         for opt, v, want in (("--budget", "-1", "--budget wants"), ("--budget", "abc", "--budget wants"),

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Tests tools/gma-import-torch: refusal of pickles that name globals, bad
 inputs (each told apart: empty, not a pickle and what it looks like,
-truncated, damaged, formats it cannot read), exact CSV rows for small
+truncated, damaged, formats it cannot read), damaged numbers in a snapshot
+refused by name (part 5), exact CSV rows for small
 hand-made snapshots (PyTorch 2.1+ and 2.0 formats), the five workloads
 shipped in traces/ against the peaks their README lists, and, when the
 recorded PyTorch snapshots are in TRACES_DIR (shared/traces), their import
@@ -486,6 +487,170 @@ def part_small(tmp):
     return True
 
 
+def part_damaged(tmp):
+    """Damaged numbers in a snapshot: every numeric field the importer reads
+    (an event's addr, size, stream and time_us; a segment's device,
+    total_size, address and stream; a block's address, size, requested_size
+    and history real_size) refused when it is NaN, infinite, negative, a
+    float, a bool, a string, above 2^64-1 or above what gma-replay takes (a
+    segment row's 2^63-1), and so are sums gma-replay would refuse: exit 2,
+    one line naming the event (index, action) or segment and block, and the
+    field and its value; no traceback, no CSV."""
+    print("part 5: damaged numbers are refused by name (exit 2), never converted")
+    d = os.path.join(tmp, "damaged")
+    os.mkdir(d)
+    nan, inf = float("nan"), float("inf")
+    u64 = "an integer from 0 to 2^64-1"
+    i63 = "an integer from 0 to 2^63-1"
+    good = ev("alloc", 0x1000, 4096, 10)
+
+    def one(e):  # a good event, then e (event 1)
+        return {"segments": [], "device_traces": [[good, e]]}
+    seg_ok = seg(0, 0x100000, 2 * MIB, [blk(0x100000, 2 * MIB, "inactive", 0)])
+
+    def segs(*ss):  # the segments, and one good event so the device has rows
+        return {"segments": list(ss), "device_traces": [[good]]}
+    cases = [
+        # time_us: NaN gave a traceback (exit 1); inf too; a bool or a string
+        # was taken as "missing" without a word.
+        ("time_nan", one(ev("alloc", 0x2000, 64, nan)),
+         "device 0 event 1 (alloc): 'time_us' is nan (NaN), not a finite number of "
+         "microseconds from -2^63 to 2^63-1"),
+        ("time_inf", one(ev("free_requested", 0x1000, 4096, -inf)),
+         "device 0 event 1 (free_requested): 'time_us' is -inf (infinite)"),
+        ("time_huge", one(ev("alloc", 0x2000, 64, 1e300)),
+         "device 0 event 1 (alloc): 'time_us' is 1e+300 (above 2^63-1)"),
+        ("time_bool", one(ev("alloc", 0x2000, 64, True)),
+         "device 0 event 1 (alloc): 'time_us' is True (a bool)"),
+        ("time_str", one(ev("alloc", 0x2000, 64, "20")),
+         "device 0 event 1 (alloc): 'time_us' is '20' (a str)"),
+        # size: negative converted silently (as 2^64 - n in the replay),
+        # 2^80 was written and refused only by gma-replay.
+        ("size_negative", one(ev("alloc", 0x2000, -4096, 20)),
+         "device 0 event 1 (alloc): 'size' is -4096 (negative), not " + u64),
+        ("size_2p80", one(ev("alloc", 0x2000, 2**80, 20)),
+         "device 0 event 1 (alloc): 'size' is %d (above 2^64-1), not %s" % (2**80, u64)),
+        ("size_2p64", one(ev("alloc", 0x2000, 2**64, 20)), "'size' is %d (above 2^64-1)" % 2**64),
+        ("size_float", one(ev("alloc", 0x2000, 4096.0, 20)),
+         "device 0 event 1 (alloc): 'size' is 4096.0 (a float), not " + u64),
+        ("size_half", one(ev("alloc", 0x2000, 4096.5, 20)), "'size' is 4096.5 (a float)"),
+        ("size_nan", one(ev("alloc", 0x2000, nan, 20)), "'size' is nan (NaN)"),
+        ("size_bool", one(ev("alloc", 0x2000, True, 20)), "'size' is True (a bool)"),
+        ("size_str", one(ev("alloc", 0x2000, "4096", 20)), "'size' is '4096' (a str)"),
+        ("free_size_negative", one(ev("free_requested", 0x9000, -1, 20)),
+         "device 0 event 1 (free_requested): 'size' is -1 (negative)"),
+        ("oom_size_negative", one(ev("oom", None, -5, 20)),
+         "device 0 event 1 (oom): 'size' is -5 (negative)"),
+        ("segment_size_2p63", one(ev("segment_alloc", 0x200000, 2**63, 20)),
+         "device 0 event 1 (segment_alloc): 'size' is %d (above 2^63-1), not %s" % (2**63, i63)),
+        ("segment_size_negative", one(ev("segment_unmap", 0x200000, -2 * MIB, 20)),
+         "device 0 event 1 (segment_unmap): 'size' is -2097152 (negative)"),
+        # addr: negative was masked to 2^64 - n; above 2^64-1 to its low bits.
+        ("addr_negative", one(ev("alloc", -16, 64, 20)),
+         "device 0 event 1 (alloc): 'addr' is -16 (negative), not " + u64),
+        ("addr_2p64", one(ev("free_requested", 2**64 + 0x1000, 4096, 20)),
+         "device 0 event 1 (free_requested): 'addr' is %d (above 2^64-1)" % (2**64 + 0x1000)),
+        ("addr_float", one(ev("segment_free", 4096.0, 2 * MIB, 20)),
+         "device 0 event 1 (segment_free): 'addr' is 4096.0 (a float)"),
+        # stream: a bool was stream 1, a string stream 0, a negative one masked.
+        ("stream_negative", one(ev("alloc", 0x2000, 64, 20, stream=-1)),
+         "device 0 event 1 (alloc): 'stream' is -1 (negative), not " + u64),
+        ("stream_bool", one(ev("alloc", 0x2000, 64, 20, stream=True)), "'stream' is True (a bool)"),
+        ("stream_str", one(ev("alloc", 0x2000, 64, 20, stream="0x7f")),
+         "'stream' is '0x7f' (a str)"),
+        ("stream_2p64", one(ev("oom", None, 64, 20, stream=2**64)),
+         "device 0 event 1 (oom): 'stream' is %d (above 2^64-1)" % 2**64),
+        # An action that is not a string gave a traceback (unhashable) or a
+        # summary keyed by a number.
+        ("action_list", one({"action": ["alloc"], "addr": 0x2000, "size": 64}),
+         "device 0 event 1: 'action' is ['alloc'] (a list), not a string"),
+        ("action_int", one({"action": 7}),
+         "device 0 event 1: 'action' is 7 (an int), not a string"),
+        # Sums gma-replay refuses: live bytes past 2^64-1, PyTorch's reserved
+        # bytes past 2^63-1 (a segment row's limit), at start or on the way.
+        ("live_sum", one(ev("alloc", 0x2000, 2**64 - 4096, 20)),
+         "device 0 event 1 (alloc): the live bytes pass 2^64-1 here (size %d)" % (2**64 - 4096)),
+        ("reserved_sum", {"segments": [], "device_traces": [[
+            ev("segment_alloc", 0x100000, 2**63 - 1, 10), ev("segment_map", 0x200000, 1, 20)]]},
+         "device 0 event 1 (segment_map): PyTorch's reserved bytes pass 2^63-1 here (size 1)"),
+        # Segments.
+        ("seg_total_negative", segs(dict(seg_ok, total_size=-1)),
+         "segment 0: 'total_size' is -1 (negative), not " + i63),
+        ("seg_total_2p63", segs(dict(seg_ok, total_size=2**63)),
+         "segment 0: 'total_size' is %d (above 2^63-1)" % 2**63),
+        ("seg_total_nan", segs(dict(seg_ok, total_size=nan)),
+         "segment 0: 'total_size' is nan (NaN)"),
+        ("seg_device_negative", segs(dict(seg_ok, device=-1)),
+         "segment 0: 'device' is -1 (negative), not an integer from 0 to 2^31-1"),
+        ("seg_stream_negative", segs(seg(0, 0x100000, 2 * MIB, [
+            blk(0x100000, 4096, "active_allocated", 4000),
+            blk(0x101000, 2 * MIB - 4096, "inactive", 0)], stream=-7)),
+         "segment 0: 'stream' is -7 (negative), not " + u64),
+        ("reserved_at_start", segs(dict(seg_ok, total_size=2**62),
+                                   dict(seg_ok, address=0x400000, total_size=2**62)),
+         "PyTorch's reserved bytes at the start of the trace (%d) pass 2^63-1" % 2**63),
+        ("blk_size_negative", segs(seg(0, 0x100000, 2 * MIB, [blk(0x100000, -512, "inactive", 0)])),
+         "segment 0 block 0: 'size' is -512 (negative), not " + u64),
+        ("blk_address_2p64", segs(seg(0, 0x100000, 2 * MIB, [
+            blk(0x100000, 1 * MIB, "inactive", 0), blk(2**64, 1 * MIB, "active_allocated", 5)])),
+         "segment 0 block 1: 'address' is %d (above 2^64-1)" % 2**64),
+        ("blk_requested_negative", segs(seg(0, 0x100000, 2 * MIB, [
+            blk(0x100000, 2 * MIB, "active_allocated", -100)])),
+         "segment 0 block 0: 'requested_size' is -100 (negative)"),
+        ("blk_requested_str", segs(seg(0, 0x100000, 2 * MIB, [
+            blk(0x100000, 2 * MIB, "active_allocated", "100")])),
+         "segment 0 block 0: 'requested_size' is '100' (a str)"),
+        # PyTorch 2.0 format: the segment's address and the history's real_size.
+        ("seg20_address_negative", segs({"device": 0, "address": -4096, "total_size": 2 * MIB,
+                                         "blocks": [{"size": 2 * MIB, "state": "inactive"}]}),
+         "segment 0: 'address' is -4096 (negative), not " + u64),
+        ("seg20_derived_past_2p64", segs({"device": 0, "address": 2**64 - MIB,
+                                          "total_size": 2 * MIB, "blocks": [
+                                              {"size": MIB, "state": "inactive"},
+                                              {"size": MIB, "state": "active_allocated"}]}),
+         "segment 0 block 1: its derived address %d (the segment's address plus the sizes of "
+         "the blocks before it) passes 2^64-1" % 2**64),
+        ("seg20_real_size_float", segs({"device": 0, "address": 0x100000, "total_size": 2 * MIB,
+                                        "blocks": [{"size": 2 * MIB, "state": "active_allocated",
+                                                    "history": [{"addr": 0, "real_size": 1.5}]}]}),
+         "segment 0 block 0: history[0] 'real_size' is 1.5 (a float)"),
+    ]
+    for name, snap, want in cases:
+        path = write_pickle(os.path.join(d, name + ".pickle"), snap)
+        out = os.path.join(d, name + ".csv")
+        rc, so, err = run([path, "-o", out])
+        check(rc == 2, "%s: exit %d, want 2 (stderr %r)" % (name, rc, err))
+        check(err.startswith("gma-import-torch: %s: " % path) and err.count("\n") == 1
+              and "Traceback" not in err and want in err,
+              "%s: stderr %r, want it to contain %r" % (name, err, want))
+        check(not os.path.exists(out), "%s: wrote %s" % (name, out))
+    # None is "not given" for the optional fields (stream, time_us,
+    # requested_size): the event's stream is 0, the time the event index.
+    snap = {"segments": [], "device_traces": [[
+        ev("alloc", 0x1000, 64, None, stream=None), ev("free_requested", 0x1000, 64, None)]]}
+    path = write_pickle(os.path.join(d, "none.pickle"), snap)
+    s, _ = convert(path, os.path.join(d, "none.csv"), ["--quiet"])
+    if s:
+        expect_rows(os.path.join(d, "none.csv"), [
+            "0,0.000000000,allocate,0x1000,64,0x0,0,0,0,",
+            "0,0.000001000,free,0x1000,64,0x0,0,0,0,",
+        ])
+    # The largest values gma-replay takes still convert: addr 2^64-1, size
+    # 2^64-1 (alone), a segment of 2^63-1 bytes, time_us at 2^63-1.
+    snap = {"segments": [], "device_traces": [[
+        ev("segment_alloc", 0, 2**63 - 1, 0), ev("alloc", 2**64 - 1, 2**64 - 1, 2**63 - 1,
+                                                 stream=2**64 - 1)]]}
+    path = write_pickle(os.path.join(d, "max.pickle"), snap)
+    s, _ = convert(path, os.path.join(d, "max.csv"), ["--quiet"])
+    if s:
+        expect_rows(os.path.join(d, "max.csv"), [
+            "0,0.000000000,segment_alloc,0x0,%d,0x0,0,0,0," % (2**63 - 1),
+            "0,%s,allocate,0xffffffffffffffff,%d,0xffffffffffffffff,0,0,0,"
+            % ("%d.%09d" % divmod((2**63 - 1) * 1000, 10**9), 2**64 - 1),
+        ])
+    return True
+
+
 def csv_peaks(name, rows):
     """Recompute the peaks from the rows and check that they replay: every
     free names a live pointer, no allocate names one, time never decreases.
@@ -659,7 +824,7 @@ def main():
     TOOL, TRACES = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
     SHIPPED = os.path.abspath(sys.argv[3]) if len(sys.argv) == 4 else None
     ran = 0
-    parts = (part_refusal, part_small, part_shipped, part_shared)
+    parts = (part_refusal, part_small, part_shipped, part_shared, part_damaged)
     with tempfile.TemporaryDirectory(prefix="gma-import-test-") as tmp:
         for part in parts:
             ran += 1 if part(tmp) else 0

@@ -65,7 +65,10 @@ static void usage(FILE *f) {
           "Prints a table per trace and a summary table. Failed allocations are counted in\n"
           "every table; the allocated figures leave them out (marked *). The trace's oom rows\n"
           "(requests the recording allocator failed) are attempted, and freed at once when\n"
-          "served. Memory that a trace leaves live is freed at its end.\n");
+          "served. Memory that a trace leaves live is freed at its end.\n"
+          "Exit status: 0 every input replayed; 1 an input could not be loaded (a bad row is\n"
+          "named: file, line, action, column and value) or replayed, or an output could not\n"
+          "be written; 2 bad usage.\n");
 }
 
 static double gib(uint64_t b) { return (double)b / (double)(1ull << 30); }

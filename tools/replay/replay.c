@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,23 +59,6 @@ static int split(char *line, char **f, size_t *len, int max) {
   return n;
 }
 
-static bool num(const char *s, size_t len, int base, uint64_t *out) {
-  if (len == 0) {
-    *out = 0;
-    return true;
-  }
-  char buf[40];
-  if (len >= sizeof buf) return false;
-  memcpy(buf, s, len);
-  buf[len] = '\0';
-  char *end;
-  errno = 0;
-  unsigned long long v = strtoull(buf, &end, base);
-  if (errno || *end) return false;
-  *out = v;
-  return true;
-}
-
 static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int fail(char *err, size_t errlen, const char *fmt, ...) {
   va_list ap;
@@ -84,7 +68,91 @@ static int fail(char *err, size_t errlen, const char *fmt, ...) {
   return -1;
 }
 
-static bool compute_peak_live(replay_trace_t *t);
+/* Field s[0, len) as a number from 0 to 2^64-1: decimal digits (base 10), or
+ * hex digits after an optional 0x (base 16), and nothing else. strtoull
+ * would also take leading spaces, a '+', and a '-' (reading -n as 2^64 - n). */
+static bool num(const char *s, size_t len, unsigned base, uint64_t *out) {
+  size_t i = base == 16 && len > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X') ? 2 : 0;
+  if (i == len) return false; /* empty */
+  uint64_t v = 0;
+  for (; i < len; i++) {
+    unsigned char c = (unsigned char)s[i];
+    unsigned d;
+    if (c >= '0' && c <= '9') d = c - '0';
+    else if (base == 16 && c >= 'a' && c <= 'f') d = c - 'a' + 10u;
+    else if (base == 16 && c >= 'A' && c <= 'F') d = c - 'A' + 10u;
+    else return false;
+    if (v > (UINT64_MAX - d) / base) return false; /* above 2^64-1 */
+    v = v * base + d;
+  }
+  *out = v;
+  return true;
+}
+
+/* s[0, len) for a message: at most 40 bytes, anything unprintable as '?'. */
+static const char *shown(char *buf, size_t cap, const char *s, size_t len) {
+  size_t n = 0;
+  for (; n < len && n < 40 && n + 4 < cap; n++)
+    buf[n] = (unsigned char)s[n] >= 0x20 && (unsigned char)s[n] < 0x7f ? s[n] : '?';
+  if (n < len) {
+    memcpy(buf + n, "...", 3);
+    n += 3;
+  }
+  buf[n] = '\0';
+  return buf;
+}
+
+static const char *const column_names[10] = {"Thread", "Time", "Action", "Pointer", "Size",
+                                             "Stream", "Block", "Id", "Count", "Status"};
+
+/* Parses one data row (its nf fields; the action is known: a) into e, index
+ * its place among the rows. Returns 0, or -1 with err naming the line, the
+ * row's action, the column and the value (written while the row's text is
+ * still there). */
+static int parse_row(const char *name, uint64_t lineno, size_t index, int a, char **fld,
+                     const size_t *len, int nf, replay_event_t *e, char *err, size_t errlen) {
+  char tmp[48];
+  const char *an = action_names[a];
+  memset(e, 0, sizeof *e);
+  e->action = (uint8_t)a;
+  e->line = lineno < UINT32_MAX ? (uint32_t)lineno : UINT32_MAX;
+  size_t tl = len[1] < sizeof tmp - 1 ? len[1] : sizeof tmp - 1;
+  memcpy(tmp, fld[1], tl);
+  tmp[tl] = '\0';
+  char *tend;
+  e->time = strtod(tmp, &tend);
+  if (tend == tmp) e->time = (double)index * 1e-6; /* no usable time: keep row order */
+  else if (!isfinite(e->time))
+    return fail(err, errlen, "%s:%" PRIu64 ": %s row: column Time is '%s', not a finite number "
+                "of seconds", name, lineno, an, shown(tmp, sizeof tmp, fld[1], len[1]));
+  uint64_t block;
+  uint64_t *const dst[9] = {[3] = &e->ptr, [4] = &e->size, [5] = &e->stream, [6] = &block,
+                            [7] = &e->id, [8] = &e->count};
+  for (int c = 3; c < (nf == 10 ? 9 : 6); c++) {
+    bool hex = c == 3 || c == 5;
+    if (num(fld[c], len[c], hex ? 16 : 10, dst[c])) continue;
+    const char *want = hex ? "a hex number from 0x0 to 0xffffffffffffffff (0x optional)"
+                           : "a decimal number from 0 to 18446744073709551615";
+    if (len[c] == 0)
+      return fail(err, errlen, "%s:%" PRIu64 ": %s row: column %s is empty, not %s", name, lineno,
+                  an, column_names[c], want);
+    return fail(err, errlen, "%s:%" PRIu64 ": %s row: column %s is '%s', not %s (digits only: "
+                "no sign or spaces)", name, lineno, an, column_names[c],
+                shown(tmp, sizeof tmp, fld[c], len[c]), want);
+  }
+  if (nf == 10) {
+    if (a == RA_TRIM) e->explicit_trim = len[9] == 8 && memcmp(fld[9], "explicit", 8) == 0;
+    else e->failed = len[9] > 0;
+  }
+  if (a == RA_ALLOCATE_FAILURE) e->failed = 1;
+  if ((a == RA_ASYNC_SUBMIT || a == RA_ASYNC_COMPLETE) && e->id == 0)
+    return fail(err, errlen, "%s:%" PRIu64 ": %s row: column Id is 0%s; an async row names its "
+                "future by an Id from 1 to 18446744073709551615 (0 means none)", name, lineno, an,
+                nf == 6 ? " (a row of 6 columns has none)" : "");
+  return 0;
+}
+
+static int compute_peak_live(replay_trace_t *t, char *err, size_t errlen);
 
 /* Stable sort by time; traces are nearly always sorted already. */
 static void sort_events(replay_event_t *v, size_t n) {
@@ -101,6 +169,37 @@ static void sort_events(replay_event_t *v, size_t n) {
     }
     v[j] = x;
   }
+}
+
+/* What the rows in time order must satisfy (see replay_parse); sets the
+ * recording allocator's reserved curve's peak. The replay sums the segment
+ * rows in this same order, so its sums cannot overflow either. */
+static int check_in_order(replay_trace_t *t, char *err, size_t errlen) {
+  int64_t recorded = 0;
+  for (size_t i = 0; i < t->n; i++) {
+    const replay_event_t *e = &t->ev[i];
+    const char *an = action_names[e->action];
+    size_t after = t->n - i - 1;
+    if ((e->action == RA_BATCH || (e->action == RA_ASYNC_COMPLETE && !e->failed)) &&
+        e->count > after)
+      return fail(err, errlen, "%s:%" PRIu32 ": %s row: its Count %" PRIu64 " is more than the "
+                  "%zu rows after it in time order (the %s's allocate rows follow it)", t->name,
+                  e->line, an, e->count, after,
+                  e->action == RA_BATCH ? "batch" : "served async batch");
+    bool up = e->action == RA_SEGMENT_ALLOC || e->action == RA_SEGMENT_MAP;
+    if (!up && e->action != RA_SEGMENT_FREE && e->action != RA_SEGMENT_UNMAP) continue;
+    if (e->size > INT64_MAX)
+      return fail(err, errlen, "%s:%" PRIu32 ": %s row: column Size is %" PRIu64 ", more than a "
+                  "segment row's 2^63-1 bytes", t->name, e->line, an, e->size);
+    if (up ? __builtin_add_overflow(recorded, (int64_t)e->size, &recorded)
+           : __builtin_sub_overflow(recorded, (int64_t)e->size, &recorded))
+      return fail(err, errlen, "%s:%" PRIu32 ": %s row: the segment rows' bytes %s here (Size %"
+                  PRIu64 ")", t->name, e->line, an, up ? "pass 2^63-1" : "fall below -2^63",
+                  e->size);
+    t->has_recorded = 1;
+    if (recorded > 0 && (uint64_t)recorded > t->recorded_peak) t->recorded_peak = (uint64_t)recorded;
+  }
+  return 0;
 }
 
 int replay_parse(FILE *f, const char *name, replay_trace_t **out, char *err, size_t errlen) {
@@ -134,83 +233,41 @@ int replay_parse(FILE *f, const char *name, replay_trace_t **out, char *err, siz
   snprintf(t->name, sizeof t->name, "%s", name);
   size_t evcap = 0;
   uint64_t lineno = 1;
-  int64_t recorded = 0;
+  int rc = 0;
   while ((got = getline(&line, &cap, f)) > 0) {
     lineno++;
     if (line[0] == '\n' || line[0] == '\r') continue;
     nf = split(line, fld, len, 16);
+    int a = nf == 6 || nf == 10 ? action_of(fld[2], len[2]) : -1;
     if (nf != 6 && nf != 10) {
-      replay_trace_free(t);
-      free(line);
-      return fail(err, errlen, "%s:%" PRIu64 ": %d fields; a row has 6 (RMM) or 10 (gma)", name,
-                  lineno, nf);
-    }
-    int a = action_of(fld[2], len[2]);
-    if (a < 0) {
-      /* The message quotes the row: written before the line is freed. */
-      fail(err, errlen, "%s:%" PRIu64 ": unknown action '%.*s'", name, lineno, (int)len[2],
-           fld[2]);
-      replay_trace_free(t);
-      free(line);
-      return -1;
-    }
-    if (t->n == evcap) {
+      rc = fail(err, errlen, "%s:%" PRIu64 ": %d fields; a row has 6 (RMM) or 10 (gma)", name,
+                lineno, nf);
+    } else if (a < 0) {
+      char tmp[48];
+      rc = fail(err, errlen, "%s:%" PRIu64 ": unknown action '%s'", name, lineno,
+                shown(tmp, sizeof tmp, fld[2], len[2]));
+    } else if (t->n == evcap) {
       evcap = evcap ? evcap * 2 : 4096;
       replay_event_t *v = realloc(t->ev, evcap * sizeof *v);
-      if (!v) {
-        replay_trace_free(t);
-        free(line);
-        return fail(err, errlen, "out of host memory for %zu events", evcap);
-      }
-      t->ev = v;
+      if (v) t->ev = v;
+      else rc = fail(err, errlen, "out of host memory for %zu events", evcap);
     }
-    replay_event_t *e = &t->ev[t->n];
-    memset(e, 0, sizeof *e);
-    e->action = (uint8_t)a;
-    char tbuf[48];
-    size_t tl = len[1] < sizeof tbuf - 1 ? len[1] : sizeof tbuf - 1;
-    memcpy(tbuf, fld[1], tl);
-    tbuf[tl] = '\0';
-    char *tend;
-    e->time = strtod(tbuf, &tend);
-    if (tend == tbuf) e->time = (double)t->n * 1e-6; /* no usable time: keep row order */
-    bool ok = num(fld[3], len[3], 16, &e->ptr) && num(fld[4], len[4], 10, &e->size) &&
-              num(fld[5], len[5], 16, &e->stream);
-    if (ok && nf == 10) {
-      uint64_t block;
-      ok = num(fld[6], len[6], 10, &block) && num(fld[7], len[7], 10, &e->id) &&
-           num(fld[8], len[8], 10, &e->count);
-      size_t sl = len[9];
-      if (a == RA_TRIM) e->explicit_trim = sl == 8 && memcmp(fld[9], "explicit", 8) == 0;
-      else e->failed = sl > 0;
-    }
-    if (!ok) {
-      replay_trace_free(t);
-      free(line);
-      return fail(err, errlen, "%s:%" PRIu64 ": a number column does not parse", name, lineno);
-    }
-    if (a == RA_ALLOCATE_FAILURE) e->failed = 1;
+    if (rc == 0)
+      rc = parse_row(name, lineno, t->n, a, fld, len, nf, &t->ev[t->n], err, errlen);
+    if (rc != 0) break;
     t->count[a]++;
     t->n++;
   }
   free(line);
-  if (ferror(f)) {
-    replay_trace_free(t);
-    return fail(err, errlen, "%s: read error", name);
+  if (rc == 0 && ferror(f)) rc = fail(err, errlen, "%s: read error", name);
+  if (rc == 0) {
+    sort_events(t->ev, t->n);
+    rc = check_in_order(t, err, errlen);
   }
-  sort_events(t->ev, t->n);
-  for (size_t i = 0; i < t->n; i++) {
-    const replay_event_t *e = &t->ev[i];
-    if (e->action == RA_SEGMENT_ALLOC || e->action == RA_SEGMENT_MAP) recorded += (int64_t)e->size;
-    else if (e->action == RA_SEGMENT_FREE || e->action == RA_SEGMENT_UNMAP)
-      recorded -= (int64_t)e->size;
-    else continue;
-    t->has_recorded = 1;
-    if (recorded > 0 && (uint64_t)recorded > t->recorded_peak) t->recorded_peak = (uint64_t)recorded;
-  }
-  if (!compute_peak_live(t)) {
+  if (rc == 0) rc = compute_peak_live(t, err, errlen);
+  if (rc != 0) {
     replay_trace_free(t);
-    return fail(err, errlen, "out of host memory");
+    return -1;
   }
   *out = t;
   return 0;
@@ -236,10 +293,16 @@ void replay_trace_free(replay_trace_t *t) {
 
 /* ---- Maps: trace pointer -> replay allocation; id -> future ----------------------- */
 
+/* A slot's state is its own field, so every key (a trace's pointer or Id,
+ * 0 and 2^64-1 included) can be stored. A map always keeps at least half of
+ * its slots empty (used counts live and deleted ones), so a probe ends. */
+enum { SLOT_EMPTY, SLOT_LIVE, SLOT_DELETED };
+
 typedef struct slot {
-  uint64_t key; /* 0: empty; UINT64_MAX: tombstone */
+  uint64_t key;
   void *ptr;
   uint64_t size;
+  uint8_t state; /* SLOT_* */
 } slot_t;
 
 typedef struct map {
@@ -256,7 +319,7 @@ static uint64_t mix(uint64_t k) {
 static bool map_init(map_t *m, size_t want) {
   size_t cap = 1024;
   while (cap < want * 2) cap *= 2;
-  m->s = calloc(cap, sizeof *m->s);
+  m->s = calloc(cap, sizeof *m->s); /* every slot SLOT_EMPTY */
   m->mask = cap - 1;
   m->used = m->live = 0;
   return m->s != NULL;
@@ -264,8 +327,8 @@ static bool map_init(map_t *m, size_t want) {
 
 static slot_t *map_find(map_t *m, uint64_t key) {
   for (size_t i = mix(key) & m->mask;; i = (i + 1) & m->mask) {
-    if (m->s[i].key == key) return &m->s[i];
-    if (m->s[i].key == 0) return NULL;
+    if (m->s[i].state == SLOT_EMPTY) return NULL;
+    if (m->s[i].state == SLOT_LIVE && m->s[i].key == key) return &m->s[i];
   }
 }
 
@@ -273,9 +336,9 @@ static bool map_grow(map_t *m) {
   map_t n;
   if (!map_init(&n, (m->live + 1) * 2)) return false;
   for (size_t i = 0; i <= m->mask; i++)
-    if (m->s[i].key && m->s[i].key != UINT64_MAX) {
+    if (m->s[i].state == SLOT_LIVE) {
       size_t j = mix(m->s[i].key) & n.mask;
-      while (n.s[j].key) j = (j + 1) & n.mask;
+      while (n.s[j].state != SLOT_EMPTY) j = (j + 1) & n.mask;
       n.s[j] = m->s[i];
       n.used++;
       n.live++;
@@ -288,27 +351,29 @@ static bool map_grow(map_t *m) {
 static bool map_put(map_t *m, uint64_t key, void *ptr, uint64_t size) {
   if ((m->used + 1) * 2 > m->mask + 1 && !map_grow(m)) return false;
   size_t i = mix(key) & m->mask;
-  while (m->s[i].key && m->s[i].key != UINT64_MAX) i = (i + 1) & m->mask;
-  if (!m->s[i].key) m->used++;
-  m->s[i] = (slot_t){key, ptr, size};
+  while (m->s[i].state == SLOT_LIVE) i = (i + 1) & m->mask;
+  if (m->s[i].state == SLOT_EMPTY) m->used++;
+  m->s[i] = (slot_t){key, ptr, size, SLOT_LIVE};
   m->live++;
   return true;
 }
 
 static void map_del(map_t *m, slot_t *s) {
-  s->key = UINT64_MAX;
+  s->state = SLOT_DELETED;
   m->live--;
 }
 
 /* The trace's own peak of live requested bytes, from its rows alone: the
  * requests it records as served (allocate rows, a batch's or an async batch's
  * members among them, and single async completions) and the frees of them.
- * A pointer allocated again while live lost its free, as in the replay. */
-static bool compute_peak_live(replay_trace_t *t) {
+ * A pointer allocated again while live lost its free, as in the replay.
+ * Returns 0, or -1 with err set (live bytes past 2^64-1, or no host memory). */
+static int compute_peak_live(replay_trace_t *t, char *err, size_t errlen) {
   map_t m;
-  if (!map_init(&m, 4096)) return false;
+  if (!map_init(&m, 4096)) return fail(err, errlen, "out of host memory");
   uint64_t live = 0, peak = 0;
-  for (size_t i = 0; i < t->n; i++) {
+  int rc = 0;
+  for (size_t i = 0; i < t->n && rc == 0; i++) {
     const replay_event_t *e = &t->ev[i];
     bool add = !e->failed && (e->action == RA_ALLOCATE ||
                               (e->action == RA_ASYNC_COMPLETE && e->count == 0));
@@ -318,11 +383,12 @@ static bool compute_peak_live(replay_trace_t *t) {
         live -= old->size;
         map_del(&m, old);
       }
-      if (!map_put(&m, e->ptr, NULL, e->size)) {
-        free(m.s);
-        return false;
-      }
-      live += e->size;
+      if (e->size > UINT64_MAX - live)
+        rc = fail(err, errlen, "%s:%" PRIu32 ": %s row: the trace's live bytes pass 2^64-1 here "
+                  "(Size %" PRIu64 ")", t->name, e->line, action_names[e->action], e->size);
+      else if (!map_put(&m, e->ptr, NULL, e->size))
+        rc = fail(err, errlen, "out of host memory");
+      live += rc == 0 ? e->size : 0;
       if (live > peak) peak = live;
     } else if (e->action == RA_FREE && !e->failed) {
       slot_t *s = map_find(&m, e->ptr);
@@ -334,7 +400,7 @@ static bool compute_peak_live(replay_trace_t *t) {
   }
   free(m.s);
   t->peak_live = peak;
-  return true;
+  return rc;
 }
 
 /* ---- The replay ---------------------------------------------------------------------- */
@@ -396,7 +462,7 @@ static gma_stream_t stream_of(run_t *x, uint64_t key) {
 }
 
 static void note_live(run_t *x, uint64_t req_add, uint64_t req_sub) {
-  x->live += req_add;
+  x->live = req_add > UINT64_MAX - x->live ? UINT64_MAX : x->live + req_add;
   x->live -= req_sub < x->live ? req_sub : x->live;
   if (x->live > x->r->peak_requested) x->r->peak_requested = x->live;
   if (x->live > x->window_max) x->window_max = x->live;
@@ -409,7 +475,7 @@ static void note_failed(run_t *x, size_t i, uint64_t n) {
     x->r->first_failed_rep = x->o->repeat ? x->rep + 1 : 0;
     snprintf(x->r->first_error, sizeof x->r->first_error, "%s", gma_last_error());
   }
-  x->r->failed_allocs += n;
+  x->r->failed_allocs = n > UINT64_MAX - x->r->failed_allocs ? UINT64_MAX : x->r->failed_allocs + n;
 }
 
 /* --repeat, not in fast mode: reserved and allocated after an allocation call,
@@ -471,7 +537,7 @@ static void do_free(run_t *x, const replay_event_t *e) {
 /* The members of a batch follow its row (or its async_complete row). */
 static size_t do_batch(run_t *x, size_t i, const replay_event_t *head, void **got) {
   size_t n = (size_t)head->count;
-  if (i + n >= x->t->n) n = x->t->n - i - 1;
+  if (n > x->t->n - i - 1) n = x->t->n - i - 1; /* replay_parse refuses a Count beyond the rows */
   size_t *sizes = malloc((n ? n : 1) * sizeof *sizes);
   void **ptrs = got ? got : malloc((n ? n : 1) * sizeof *ptrs);
   if (!sizes || !ptrs) {
@@ -581,13 +647,13 @@ static void sleep_s(double s) {
  * *nptrs and *nfut. */
 static void release_held(run_t *x, uint64_t *nptrs, uint64_t *nfut) {
   for (size_t i = 0; i <= x->ptrs.mask; i++)
-    if (x->ptrs.s[i].key && x->ptrs.s[i].key != UINT64_MAX) {
+    if (x->ptrs.s[i].state == SLOT_LIVE) {
       gma_free(x->g, x->ptrs.s[i].ptr);
       note_live(x, 0, x->ptrs.s[i].size);
       (*nptrs)++;
     }
   for (size_t i = 0; i <= x->futures.mask; i++)
-    if (x->futures.s[i].key && x->futures.s[i].key != UINT64_MAX) {
+    if (x->futures.s[i].state == SLOT_LIVE) {
       pending_t *pd = x->futures.s[i].ptr;
       gma_future_release(pd->f);
       free(pd->ptrs);
@@ -719,6 +785,9 @@ int replay_run(const replay_trace_t *t, const char *conf, const replay_options_t
   uint64_t done = total; /* rows replayed: fewer when stop_on_failure stopped it */
   for (x.rep = 0; x.rep < reps && !r->stopped; x.rep++) {
     x.time_offset = (double)x.rep * (span + 1e-6);
+    /* Each repetition's segment rows draw the recording allocator's curve
+     * again from 0, as replay_parse summed them (no overflow there). */
+    x.recorded = 0;
     for (size_t i = 0; i < t->n; i++) {
       const replay_event_t *e = &t->ev[i];
       const uint64_t row = x.rep * (uint64_t)t->n + i; /* over all repetitions */
@@ -752,7 +821,7 @@ int replay_run(const replay_trace_t *t, const char *conf, const replay_options_t
           } else if (pd) {
             size_t k = i + 1, n = (size_t)e->count;
             while (k < t->n && !(t->ev[k].action == RA_ASYNC_COMPLETE && t->ev[k].id == e->id)) k++;
-            size_t *sizes = k + n < t->n ? malloc(n * sizeof *sizes) : NULL;
+            size_t *sizes = k < t->n && n < t->n - k ? malloc(n * sizeof *sizes) : NULL;
             pd->ptrs = sizes ? calloc(n, sizeof *pd->ptrs) : NULL;
             pd->n = n;
             st = GMA_ERR_INVALID_ARGUMENT; /* the trace lacks the batch's rows */
@@ -779,6 +848,7 @@ int replay_run(const replay_trace_t *t, const char *conf, const replay_options_t
           slot_t *s = map_find(&x.futures, e->id);
           /* A served batch's allocate rows follow; a failed one has none. */
           size_t n = (size_t)e->count, rows = e->failed ? 0 : n;
+          if (rows > t->n - i - 1) rows = t->n - i - 1; /* replay_parse refuses it */
           if (!s) {
             i += rows;
             break;
@@ -1039,8 +1109,9 @@ int replay_min_capacity(const replay_trace_t *t, const char *conf,
   replay_result_t res;
   /* The bracket: lo is not workable (or is the bound nothing beats), hi is. */
   uint64_t lo = t->peak_live > cap_min ? t->peak_live : cap_min - 1;
-  uint64_t hi = 2 * (c->recorded_peak_reserved > t->peak_live ? c->recorded_peak_reserved
-                                                                : t->peak_live);
+  uint64_t top = c->recorded_peak_reserved > t->peak_live ? c->recorded_peak_reserved
+                                                           : t->peak_live;
+  uint64_t hi = top > o.max_capacity / 2 ? o.max_capacity : 2 * top; /* 2 * top may wrap */
   if (hi < cap_min) hi = cap_min;
   if (hi > o.max_capacity) hi = o.max_capacity;
   int rc;

@@ -35,6 +35,7 @@ typedef struct replay_event {
   uint8_t action;   /* replay_action_t */
   uint8_t failed;   /* the Status column named a failure */
   uint8_t explicit_trim;
+  uint32_t line;    /* its line in the file, for messages (UINT32_MAX: that line or later) */
 } replay_event_t;
 
 typedef struct replay_trace {
@@ -50,7 +51,14 @@ typedef struct replay_trace {
 } replay_trace_t;
 
 /* Parses a trace from f (rows sorted by time, stably, after loading).
- * Returns 0, or -1 with a message naming the line in err. */
+ * Returns 0, or -1 with a message naming the line in err. A row is refused
+ * when a number column (Pointer, Size, Stream, Block, Id, Count) is empty or
+ * is not digits alone (no sign or spaces; Pointer and Stream hex, with or
+ * without 0x) from 0 to 2^64-1, its Time is NaN or infinite, an async row's
+ * Id is 0 (none), a batch row's or a served async_complete row's Count is
+ * more than the rows after it, a segment row's Size passes 2^63-1 or the
+ * segment rows' running sum leaves -2^63..2^63-1, or the trace's live bytes
+ * pass 2^64-1. */
 int replay_parse(FILE *f, const char *name, replay_trace_t **out, char *err, size_t errlen);
 int replay_load(const char *path, replay_trace_t **out, char *err, size_t errlen);
 void replay_trace_free(replay_trace_t *t);
