@@ -50,6 +50,16 @@ def main():
         ("allocate", "0xc", 14 * MIB)]), (26.0, 38.0, 26.0))
     check("small pool", run(tool, [("allocate", "0x%x" % i, 512 << 10) for i in range(5)]),
           (2.5, 4.0, 4.0))
+    # Damaged numbers are refused by row and column, exit 2 (int() took
+    # '-4096', ' 4096' and '+4096', and an empty field crashed it).
+    for bad in ("-4096", " 4096", "+4096", "", "18446744073709551616", "4k"):
+        f = tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False)
+        f.write(HEADER + "\n0,0.0,allocate,0xa,%s,0x0,0,0,0,\n" % bad)
+        f.close()
+        r = subprocess.run([sys.executable, tool, f.name], capture_output=True, text=True)
+        os.unlink(f.name)
+        if r.returncode != 2 or ":2: column Size is %r" % bad not in r.stderr or r.stdout:
+            fails.append("size %r: rc %d, stderr %r" % (bad, r.returncode, r.stderr))
     for f in fails:
         print("FAIL", f)
     print("test_torch_policy_model: %s" % ("FAILED" if fails else "ok"))
