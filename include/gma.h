@@ -8,7 +8,16 @@
  * Threads: unless a comment says otherwise, every function taking a gma_t may
  * be called from any number of threads at once. gma_create and gma_destroy are
  * the exceptions: no other call on the same allocator may run concurrently with
- * gma_destroy, except calls on its futures (poll, wait, release). */
+ * gma_destroy, except calls on its futures (poll, wait, release).
+ *
+ * Structs that start with a size field (gma_config_t, gma_async_options_t,
+ * gma_stats_t, gma_stream_stats_t, gma_graph_pool_stats_t,
+ * gma_pointer_info_t) grow only at the end: set size with the struct's
+ * ..._INIT macro and a program built against an older gma.h keeps working,
+ * since gma reads and writes only the first size bytes (fields past them
+ * count as zero, the default). A size below sizeof(size_t) or above this
+ * library's struct is refused with GMA_ERR_INVALID_ARGUMENT, and so is, in
+ * gma_config_parse, a key whose field lies past size (GMA_ERR_CONFIG). */
 #ifndef GMA_H
 #define GMA_H
 
@@ -214,7 +223,10 @@ typedef struct gma_config {
  * the defaults): ranges, ring_size a power of 2, segment sizes against
  * small_size and memory_limit; only checks that need the device are left to
  * gma_create. Unknown keys and bad values give GMA_ERR_CONFIG with the
- * offending key in gma_last_error(); *config is then left unchanged. Any
+ * offending key in gma_last_error(); *config is then left unchanged. Only
+ * config->size bytes are read and written; a size gma_create refuses is
+ * refused here too (GMA_ERR_INVALID_ARGUMENT), and a key whose field lies
+ * past config->size (an older gma.h's struct) gives GMA_ERR_CONFIG. Any
  * thread, on distinct configs. */
 GMA_API gma_status_t gma_config_parse(gma_config_t *config, const char *text);
 
