@@ -355,10 +355,14 @@ GMA_API gma_status_t gma_reserve(gma_t *g, gma_stream_t stream, size_t n, const 
  * ------------------------------------------------------------------------- */
 typedef struct gma_future gma_future_t;
 
-/* Called once when a future completes: on the worker thread, or on the
- * submitting thread when it is complete at once; gma_future_wait returns only
- * after it ran. It may call gma_future_status; it must not wait on or release
- * the future, and should not block for long (it runs on the worker). */
+/* Called once when a future completes, on one of two threads: the worker
+ * thread, or the submitting thread inside the gma_alloc_async (or
+ * gma_alloc_batch_async) call when the request is complete at once. Never on
+ * another thread: a thread waiting on a future that has a callback leaves
+ * serving it to the worker (it serves one without a callback itself, see
+ * gma_future_wait). gma_future_wait returns only after it ran. It may call
+ * gma_future_status; it must not wait on or release the future, and should
+ * not block for long (it runs on the worker). */
 typedef void (*gma_future_callback_t)(gma_future_t *f, gma_status_t status, void *user);
 
 typedef struct gma_async_options {
@@ -419,7 +423,10 @@ GMA_API gma_status_t gma_future_status(gma_future_t *f);
  * to NULL. Exactly one wait collects the memory: every later wait on the
  * same future, on this thread or another, returns GMA_ERR_ALREADY_COLLECTED.
  * A wait on a single-block future with ptr NULL collects nothing: it only
- * waits, and returns GMA_OK once the memory is ready.
+ * waits, and returns GMA_OK once the memory is ready. A wait of 1 ms or
+ * more on a request the worker has not begun serves it on the calling
+ * thread (the thread would block anyway), except a worker_only request or
+ * one with a callback, which the worker serves.
  * GMA_PENDING when this wait ran out (the request goes on). Otherwise the
  * request's error. May run while another thread destroys the allocator: it
  * then returns GMA_ERR_CANCELLED (a request not served yet, or memory not

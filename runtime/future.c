@@ -324,9 +324,12 @@ static bool claim(gma_future_t *f) {
  * taken it yet (owner OWN_QUEUED) and no request waits for memory (those go
  * first, in order): the same pool call the worker would make, growth
  * included, but no waiting for memory (a shortage goes back to the worker's
- * back-pressure). True when f completed here. */
+ * back-pressure). Not a future with a callback: completing it here would
+ * run the callback on this thread, and a callback runs only on the worker
+ * or, complete at once, on the submitting thread (gma.h). True when f
+ * completed here. */
 static bool help(gma_future_t *f) {
-  if (!f->served_by_worker || f->worker_only ||
+  if (!f->served_by_worker || f->worker_only || f->cb ||
       atomic_load_explicit(&f->owner, memory_order_relaxed) != OWN_QUEUED)
     return false;
   gma_t *g = gma__anchor_enter(f->anchor); /* pending, so g lives; destroy may be starting */
