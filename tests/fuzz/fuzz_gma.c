@@ -647,7 +647,9 @@ static int chains_awaiting(void) {
  * fuzzer's thread (the parent complete at once) a nonblocking one may be.
  * While gma_destroy cancels what is left, callbacks' submits are refused
  * with GMA_ERR_CANCELLED (only cancelled parents' callbacks run then, and
- * those do not submit: a child is submitted on GMA_OK only). */
+ * those do not submit: a child is submitted on GMA_OK only). End mode 8
+ * destroys the user streams with requests still in flight: a parent served
+ * after that submits on a dead stream, GMA_ERR_INVALID_ARGUMENT. */
 static void chain_adopt(mfut_t *m, bool after_destroy) {
   mfut_t *c = m->child;
   m->child = NULL;
@@ -663,7 +665,8 @@ static void chain_adopt(mfut_t *m, bool after_destroy) {
        gma_status_name(st));
   if (st != GMA_OK) {
     EXPECT((st == GMA_ERR_BUSY && m->cb_on_fuzzer && m->child_nonblocking) ||
-               (st == GMA_ERR_CANCELLED && after_destroy),
+               (st == GMA_ERR_CANCELLED && after_destroy) ||
+               (st == GMA_ERR_INVALID_ARGUMENT && after_destroy && c->si < 3 && !F.st[c->si].live),
            "a callback's gma_alloc_async (on the %s thread%s) returned %s",
            m->cb_on_fuzzer ? "fuzzer's" : "worker's", m->child_nonblocking ? ", nonblocking" : "",
            gma_status_name(st));
