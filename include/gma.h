@@ -8,7 +8,16 @@
  * Threads: unless a comment says otherwise, every function taking a gma_t may
  * be called from any number of threads at once. gma_create and gma_destroy are
  * the exceptions: no other call on the same allocator may run concurrently with
- * gma_destroy, except calls on its futures (poll, wait, release). */
+ * gma_destroy, except calls on its futures (poll, wait, release).
+ *
+ * Structs that start with a size field (gma_config_t, gma_async_options_t,
+ * gma_stats_t, gma_stream_stats_t, gma_graph_pool_stats_t,
+ * gma_pointer_info_t) grow only at the end: set size with the struct's
+ * ..._INIT macro and a program built against an older gma.h keeps working,
+ * since gma reads and writes only the first size bytes (fields past them
+ * count as zero, the default). A size below sizeof(size_t) or above this
+ * library's struct is refused with GMA_ERR_INVALID_ARGUMENT, and so is, in
+ * gma_config_parse, a key whose field lies past size (GMA_ERR_CONFIG). */
 #ifndef GMA_H
 #define GMA_H
 
@@ -166,7 +175,9 @@ typedef struct gma_config {
   int worker_off;                /* "worker": on | off (off: no thread, no timed trimming,
                                     and async requests fail with GMA_ERR_UNSUPPORTED) */
   uint64_t ring_size;            /* "ring_size": async request ring slots (1024; a power of
-                                    2, 2..1048576); it holds ring_size - 1 requests */
+                                    2, 2..1048576); it holds ring_size - 1 requests.
+                                    Submits from callbacks on the worker thread do not
+                                    wait for it (gma_future_callback_t) */
   uint64_t future_timeout_ms;    /* "future_timeout_ms": default time an async request waits
                                     for memory (1000; 1..86400000) */
   /* Growable segments: one reserved address range per pool, physical chunks
@@ -214,7 +225,10 @@ typedef struct gma_config {
  * the defaults): ranges, ring_size a power of 2, segment sizes against
  * small_size and memory_limit; only checks that need the device are left to
  * gma_create. Unknown keys and bad values give GMA_ERR_CONFIG with the
- * offending key in gma_last_error(); *config is then left unchanged. Any
+ * offending key in gma_last_error(); *config is then left unchanged. Only
+ * config->size bytes are read and written; a size gma_create refuses is
+ * refused here too (GMA_ERR_INVALID_ARGUMENT), and a key whose field lies
+ * past config->size (an older gma.h's struct) gives GMA_ERR_CONFIG. Any
  * thread, on distinct configs. */
 GMA_API gma_status_t gma_config_parse(gma_config_t *config, const char *text);
 
@@ -345,17 +359,32 @@ GMA_API gma_status_t gma_reserve(gma_t *g, gma_stream_t stream, size_t n, const 
  * ------------------------------------------------------------------------- */
 typedef struct gma_future gma_future_t;
 
-/* Called once when a future completes: on the worker thread, or on the
- * submitting thread when it is complete at once; gma_future_wait returns only
- * after it ran. It may call gma_future_status; it must not wait on or release
- * the future, and should not block for long (it runs on the worker). */
+/* Called once when a future completes, on one of two threads: the worker
+ * thread, or the submitting thread inside the gma_alloc_async (or
+ * gma_alloc_batch_async) call when the request is complete at once. Never on
+ * another thread: a thread waiting on a future that has a callback leaves
+ * serving it to the worker (it serves one without a callback itself, see
+ * gma_future_wait). gma_future_wait returns only after it ran. It may call
+ * gma_future_status; it must not wait on or release the future, and should
+ * not block for long (it runs on the worker).
+ * It may submit requests to the same allocator, as a chain does (the next
+ * request from each completion): a submit on the worker thread never waits
+ * for ring room, which only the worker makes, and is never refused for it
+ * (nonblocking changes nothing there). The request joins a list of the
+ * worker's own, served after the ring's at its next pass, so a chain works
+ * with any ring_size and is never dropped. While gma_destroy cancels what
+ * is left, such a submit fails with GMA_ERR_CANCELLED (a callback that
+ * submits again on every outcome cannot keep the teardown going). A submit
+ * to another allocator waits for that one's ring like any thread's. */
 typedef void (*gma_future_callback_t)(gma_future_t *f, gma_status_t status, void *user);
 
 typedef struct gma_async_options {
   size_t size;                    /* sizeof(gma_async_options_t) as the caller compiled it */
   uint64_t timeout_ns;            /* how long to wait for memory; 0 = future_timeout_ms,
                                      UINT64_MAX = no limit */
-  int nonblocking;                /* ring full: fail with GMA_ERR_BUSY instead of waiting */
+  int nonblocking;                /* ring full: fail with GMA_ERR_BUSY instead of waiting
+                                     (on the worker thread a submit never waits: see
+                                     gma_future_callback_t) */
   gma_future_callback_t callback; /* optional */
   void *user;                     /* passed to the callback */
   int worker_only;                /* never serve on the calling thread: always hand the
@@ -378,7 +407,8 @@ typedef struct gma_async_options {
  * options->worker_only sends every request to the worker instead.
  * Otherwise the request goes to the worker through a bounded ring; when the
  * ring is full the call waits for room, or fails with GMA_ERR_BUSY when
- * options->nonblocking is set. When memory is short the worker waits for
+ * options->nonblocking is set; a call from a callback on the worker thread
+ * never waits (see gma_future_callback_t). When memory is short the worker waits for
  * frees (back-pressure) until the deadline, then completes the future with
  * GMA_ERR_TIMEOUT: a request is never lost. GMA_STREAM_PER_THREAD is refused
  * (the worker cannot name another thread's default stream). Any thread. */
@@ -409,7 +439,10 @@ GMA_API gma_status_t gma_future_status(gma_future_t *f);
  * to NULL. Exactly one wait collects the memory: every later wait on the
  * same future, on this thread or another, returns GMA_ERR_ALREADY_COLLECTED.
  * A wait on a single-block future with ptr NULL collects nothing: it only
- * waits, and returns GMA_OK once the memory is ready.
+ * waits, and returns GMA_OK once the memory is ready. A wait of 1 ms or
+ * more on a request the worker has not begun serves it on the calling
+ * thread (the thread would block anyway), except a worker_only request or
+ * one with a callback, which the worker serves.
  * GMA_PENDING when this wait ran out (the request goes on). Otherwise the
  * request's error. May run while another thread destroys the allocator: it
  * then returns GMA_ERR_CANCELLED (a request not served yet, or memory not
@@ -468,7 +501,8 @@ typedef void (*gma_pressure_callback_t)(gma_t *g, gma_pressure_t level, void *us
  * call from inside the callback itself. So do not call it while holding a
  * lock the callback takes, nor from another allocator's callback that this
  * one's callback could be waiting on: each would wait for the other. The
- * callback may call gma functions (not gma_destroy). Any thread. */
+ * callback may call gma functions (not gma_destroy); its async submits never
+ * wait for ring room (see gma_future_callback_t). Any thread. */
 GMA_API gma_status_t gma_set_pressure_callback(gma_t *g, gma_pressure_callback_t cb, void *user);
 
 /* Call before destroying a stream that gma has seen (unless you destroy it

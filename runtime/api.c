@@ -605,8 +605,9 @@ gma_status_t gma_reserve(gma_t *g, gma_stream_t stream, size_t n, const size_t *
 gma_status_t gma_stats(gma_t *g, gma_stats_t *out) {
   GMA__CHECK(g, "gma_stats");
   CHECK_ARG(out, "gma_stats: out is NULL");
-  CHECK_ARG(out->size >= sizeof(size_t) && out->size <= sizeof(gma_stats_t),
-            "gma_stats: out->size is %zu; initialize with GMA_STATS_INIT", out->size);
+  gma_status_t st = gma__struct_size_check(out->size, sizeof(gma_stats_t), "gma_stats", "out",
+                                           "GMA_STATS_INIT");
+  if (st != GMA_OK) return st;
   gma_stats_t full = GMA_STATS_INIT;
   gma__pool_stats(&g->pool, &full);
   gma__worker_stats(&g->worker, &full);
@@ -657,9 +658,9 @@ gma_status_t gma_stream_stats(gma_t *g, gma_stream_t stream, gma_stream_stats_t 
   GMA__CHECK(g, "gma_stream_stats");
   stream = gma__stream_arg(g, stream);
   CHECK_ARG(out, "gma_stream_stats: out is NULL");
-  CHECK_ARG(out->size >= sizeof(size_t) && out->size <= sizeof(gma_stream_stats_t),
-            "gma_stream_stats: out->size is %zu; initialize with GMA_STREAM_STATS_INIT",
-            out->size);
+  gma_status_t st = gma__struct_size_check(out->size, sizeof(gma_stream_stats_t),
+                                           "gma_stream_stats", "out", "GMA_STREAM_STATS_INIT");
+  if (st != GMA_OK) return st;
   return gma__pool_stream_stats(&g->pool, stream, out);
 }
 
@@ -743,8 +744,9 @@ gma_status_t gma_graph_pool_stats(gma_t *g, gma_graph_pool_t *pool, gma_graph_po
   GMA__CHECK(g, "gma_graph_pool_stats");
   CHECK_ARG(pool, "gma_graph_pool_stats: pool is NULL");
   CHECK_ARG(out, "gma_graph_pool_stats: out is NULL");
-  CHECK_ARG(out->size >= sizeof(size_t) && out->size <= sizeof(gma_graph_pool_stats_t),
-            "gma_graph_pool_stats: out->size is %zu; initialize with GMA_GRAPH_POOL_STATS_INIT",
-            out->size);
+  gma_status_t st = gma__struct_size_check(out->size, sizeof(gma_graph_pool_stats_t),
+                                           "gma_graph_pool_stats", "out",
+                                           "GMA_GRAPH_POOL_STATS_INIT");
+  if (st != GMA_OK) return st;
   return gma__graph_pool_stats(&g->graphs, pool, out);
 }

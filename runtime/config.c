@@ -78,6 +78,17 @@ static uint64_t get_field(const gma_config_t *c, const key_spec_t *k) {
   return *(const uint64_t *)at;
 }
 
+/* The bytes k's field takes in gma_config_t (the types get_field reads). */
+static size_t field_width(const key_spec_t *k) {
+  if (k->kind == KIND_PATH) return sizeof ((gma_config_t *)0)->trace_path;
+  if (k->kind == KIND_DEVICE) return sizeof(gma_device_kind_t);
+  if (k->kind == KIND_REUSE) return sizeof(gma_reuse_t);
+  if (k->kind == KIND_ONOFF || k->kind == KIND_BOOL || k->kind == KIND_FALLBACK || k->kind == KIND_DEFSTREAM ||
+      k->kind == KIND_PLAN || k->offset == FIELD(device_ordinal))
+    return sizeof(int);
+  return sizeof(uint64_t);
+}
+
 static void set_field(gma_config_t *c, const key_spec_t *k, uint64_t v) {
   char *at = (char *)c + k->offset;
   if (k->kind == KIND_DEVICE)
@@ -96,7 +107,7 @@ static void set_field(gma_config_t *c, const key_spec_t *k, uint64_t v) {
  * digits, then optionally K, M, G or T (powers of 1024, either case), then
  * optionally B or iB after that letter (either case): 512, 64K, 2m, 1GB,
  * 1GiB. Nothing else: no sign, fraction, hex, exponent, space inside, bare
- * "B" or other unit (issue 17: "512B" used to pass as 512 bytes). */
+ * "B" or other unit ("512B" is not 512 bytes). */
 static bool parse_number(const char *s, size_t len, bool size, uint64_t *out) {
   size_t i = 0;
   uint64_t v = 0;
@@ -317,11 +328,30 @@ static gma_status_t config_check(const gma_config_t *in, const char *where) {
   return GMA_OK;
 }
 
+/* Refuses key k when the caller's struct (size bytes, from an older gma.h)
+ * ends before k's field: the value would have nowhere to go. */
+static gma_status_t field_missing(const key_spec_t *k, size_t size) {
+  return gma__set_error(GMA_ERR_CONFIG,
+                        "key '%s': this gma_config_t has no such field (config->size is %zu: the "
+                        "program was built against an older gma.h, whose struct ends before "
+                        "it); build against this libgma's gma.h (%zu bytes) to set it",
+                        k->key, size, sizeof(gma_config_t));
+}
+
 gma_status_t gma_config_parse(gma_config_t *config, const char *text) {
   if (!config || !text)
     return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_config_parse: NULL %s",
                           config ? "text" : "config");
-  gma_config_t work = *config; /* applied only when every entry is valid */
+  size_t size = config->size;
+  gma_status_t st = gma__struct_size_check(size, sizeof(gma_config_t), "gma_config_parse",
+                                           "config", "GMA_CONFIG_INIT");
+  if (st != GMA_OK) return st;
+  /* The caller's first size bytes (an older gma.h's struct is shorter),
+   * the rest zero as for gma_create; applied only when every entry is valid,
+   * and only those bytes. */
+  gma_config_t work;
+  memset(&work, 0, sizeof work);
+  memcpy(&work, config, size);
   uint64_t seen = 0; /* keys given so far in this string, by index */
   _Static_assert(NKEYS <= 64, "seen is a 64-bit set");
   const char *p = text;
@@ -354,6 +384,7 @@ gma_status_t gma_config_parse(gma_config_t *config, const char *text) {
     if (seen & bit)
       return gma__set_error(GMA_ERR_CONFIG, "key '%s' appears twice; give each key once", k->key);
     seen |= bit;
+    if (k->offset + field_width(k) > size) return field_missing(k, size);
     if (k->kind == KIND_PATH) {
       if (vlen == 0 || vlen >= sizeof work.trace_path)
         return gma__set_error(GMA_ERR_CONFIG, "key '%s': the path must have 1 to %zu characters",
@@ -422,10 +453,10 @@ gma_status_t gma_config_parse(gma_config_t *config, const char *text) {
     set_field(&work, k, v);
   }
   /* The whole config, as gma_create will see it: the string is refused now
-   * rather than the allocator later (issue 17: ring_size:1000 passed here). */
-  gma_status_t st = config_check(&work, "");
+   * rather than the allocator later. */
+  st = config_check(&work, "");
   if (st != GMA_OK) return st;
-  *config = work;
+  memcpy(config, &work, size);
   return GMA_OK;
 }
 
@@ -433,11 +464,9 @@ gma_status_t gma__config_resolve(const gma_config_t *in, gma_config_t *out) {
   gma_config_t c;
   memset(&c, 0, sizeof c);
   if (in) {
-    if (in->size < sizeof(size_t) || in->size > sizeof c)
-      return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
-                            "gma_create: config.size is %zu; initialize the config with "
-                            "GMA_CONFIG_INIT (this library's size is %zu)",
-                            in->size, sizeof c);
+    gma_status_t st =
+        gma__struct_size_check(in->size, sizeof c, "gma_create", "config", "GMA_CONFIG_INIT");
+    if (st != GMA_OK) return st;
     memcpy(&c, in, in->size);
   }
   c.size = sizeof c;

@@ -89,3 +89,18 @@ gma_status_t gma__set_error(gma_status_t status, const char *fmt, ...) {
   memcpy(last_error, msg, sizeof msg);
   return status;
 }
+
+gma_status_t gma__struct_size_check(size_t size, size_t ours, const char *fn, const char *arg,
+                                    const char *init) {
+  if (size >= sizeof(size_t) && size <= ours) return GMA_OK;
+  if (size < sizeof(size_t))
+    return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
+                          "%s: %s->size is %zu, smaller than the size field itself (%zu bytes): "
+                          "no gma.h has such a struct; initialize it with %s",
+                          fn, arg, size, sizeof(size_t), init);
+  return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
+                        "%s: %s->size is %zu, larger than this library's struct (%zu bytes): the "
+                        "program was built against a newer gma.h than the libgma it runs with; "
+                        "initialize it with %s and build against this libgma's gma.h",
+                        fn, arg, size, ours, init);
+}

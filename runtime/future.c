@@ -324,9 +324,12 @@ static bool claim(gma_future_t *f) {
  * taken it yet (owner OWN_QUEUED) and no request waits for memory (those go
  * first, in order): the same pool call the worker would make, growth
  * included, but no waiting for memory (a shortage goes back to the worker's
- * back-pressure). True when f completed here. */
+ * back-pressure). Not a future with a callback: completing it here would
+ * run the callback on this thread, and a callback runs only on the worker
+ * or, complete at once, on the submitting thread (gma.h). True when f
+ * completed here. */
 static bool help(gma_future_t *f) {
-  if (!f->served_by_worker || f->worker_only ||
+  if (!f->served_by_worker || f->worker_only || f->cb ||
       atomic_load_explicit(&f->owner, memory_order_relaxed) != OWN_QUEUED)
     return false;
   gma_t *g = gma__anchor_enter(f->anchor); /* pending, so g lives; destroy may be starting */
@@ -397,12 +400,6 @@ void gma__future_cancel(gma__worker_t *w, gma_future_t *f) {
 
 /* ---- Entry points --------------------------------------------------------------*/
 
-/* options->worker_only, when the caller's struct is recent enough to have it. */
-static bool worker_only(const gma_async_options_t *o) {
-  return o && o->size >= offsetof(gma_async_options_t, worker_only) + sizeof o->worker_only &&
-         o->worker_only;
-}
-
 /* Whether the pool has a live record of the stream with this device id: an
  * inline try never creates (or orphans) one, so a request the ring then
  * refuses (GMA_ERR_BUSY) changes nothing. A stream's first request goes to
@@ -412,6 +409,7 @@ static bool known(gma_t *g, gma_stream_t stream, uint64_t id) {
   return s && s->id == id;
 }
 
+/* o: the caller's options as this library's struct (see check_async). */
 static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t *o,
                            gma_future_t **out) {
   gma__worker_t *w = &g->worker;
@@ -419,10 +417,8 @@ static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t 
   f->state = GMA_PENDING;
   f->refs = 1;
   atomic_store_explicit(&f->magic, FUT_LIVE, memory_order_relaxed);
-  if (o) {
-    f->cb = o->callback;
-    f->user = o->user;
-  }
+  f->cb = o->callback;
+  f->user = o->user;
   f->trace_id = 0;
   gma__trace_t *t = gma__trace_on(&g->pool.trace);
   if (t) {
@@ -445,7 +441,7 @@ static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t 
   /* A bin hit needs no worker: the future is complete at once (and needs no
    * clock: the submit time and deadline are the worker's). Through this
    * thread's stream cache it needs no device call either (as gma_alloc). */
-  bool binnable = !worker_only(o) && !f->sizes && f->size <= g->pool.bin_max;
+  bool binnable = !o->worker_only && !f->sizes && f->size <= g->pool.bin_max;
   if (binnable && gma__bin_alloc_cached(&g->pool, f->size, f->stream, &f->ptr) == GMA_OK) {
     complete(w, f, GMA_OK);
     *out = f;
@@ -465,7 +461,7 @@ static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t 
    * memory are served first, in order, by the worker (memory_wanted), so
    * none is overtaken by a later one while it waits. Any failure, even a
    * real error, goes to the worker, which reports it as it always did. */
-  if (st == GMA_OK && !worker_only(o) &&
+  if (st == GMA_OK && !o->worker_only &&
       !atomic_load_explicit(&w->memory_wanted, memory_order_relaxed) && known(g, f->stream, id)) {
     gma_status_t ist =
         f->n == 1 && !f->sizes
@@ -482,15 +478,15 @@ static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t 
   /* Saturating: a timeout past the end of the clock (UINT64_MAX, as for
    * gma_future_wait) means no limit; the sum used to wrap into the past
    * and time the request out at once (issue 13). */
-  uint64_t timeout = o && o->timeout_ns ? o->timeout_ns : w->timeout_ns;
+  uint64_t timeout = o->timeout_ns ? o->timeout_ns : w->timeout_ns;
   f->deadline_ns = timeout > UINT64_MAX - f->submit_ns ? UINT64_MAX : f->submit_ns + timeout;
   atomic_fetch_add_explicit(&w->submitted, 1, memory_order_relaxed);
   if (st == GMA_OK) {
     f->served_by_worker = true;
-    f->worker_only = worker_only(o);
+    f->worker_only = o->worker_only;
     atomic_store(&f->refs, 2);
     gma__tsan_release(f); /* pairs with the worker's acquire after the dequeue */
-    st = gma__worker_submit(w, f, o && o->nonblocking);
+    st = gma__worker_submit(w, f, o->nonblocking);
   }
   if (st != GMA_OK) {
     atomic_fetch_sub_explicit(&w->submitted, 1, memory_order_relaxed);
@@ -501,15 +497,23 @@ static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t 
   return GMA_OK;
 }
 
+/* Checks the arguments every async call shares and sets *copy to the
+ * caller's options as this library's struct: their first o->size bytes (an
+ * older gma.h's struct is shorter; nothing past them is read), the rest
+ * zero, as all of it is for NULL options. */
 static gma_status_t check_async(gma_t *g, gma_stream_t stream, const gma_async_options_t *o,
-                                gma_future_t **out, const char *fn) {
+                                gma_future_t **out, const char *fn, gma_async_options_t *copy) {
   GMA__CHECK(g, fn);
   if (!out) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
   *out = NULL;
-  if (o && (o->size < sizeof(size_t) || o->size > sizeof *o))
-    return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
-                          "%s: options->size is %zu; initialize with GMA_ASYNC_OPTIONS_INIT", fn,
-                          o->size);
+  memset(copy, 0, sizeof *copy);
+  if (o) {
+    gma_status_t st =
+        gma__struct_size_check(o->size, sizeof *o, fn, "options", "GMA_ASYNC_OPTIONS_INIT");
+    if (st != GMA_OK) return st;
+    memcpy(copy, o, o->size);
+  }
+  copy->size = sizeof *copy;
   if (stream == GMA_STREAM_PER_THREAD)
     return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
                           "%s: GMA_STREAM_PER_THREAD names a different stream on gma's worker "
@@ -528,7 +532,8 @@ static gma_status_t check_async(gma_t *g, gma_stream_t stream, const gma_async_o
 
 gma_status_t gma_alloc_async(gma_t *g, size_t size, gma_stream_t stream,
                              const gma_async_options_t *options, gma_future_t **out) {
-  gma_status_t st = check_async(g, stream, options, out, "gma_alloc_async");
+  gma_async_options_t o;
+  gma_status_t st = check_async(g, stream, options, out, "gma_alloc_async", &o);
   if (st != GMA_OK) return st;
   if (size == 0 || size > g->cfg.memory_limit)
     return gma__set_error(GMA_ERR_INVALID_SIZE,
@@ -541,13 +546,14 @@ gma_status_t gma_alloc_async(gma_t *g, size_t size, gma_stream_t stream,
   f->size = size;
   f->stream = stream;
   f->ptrs = &f->ptr;
-  return submit(g, f, options, out);
+  return submit(g, f, &o, out);
 }
 
 gma_status_t gma_alloc_batch_async(gma_t *g, size_t n, const size_t *sizes, gma_stream_t stream,
                                    void **ptrs, const gma_async_options_t *options,
                                    gma_future_t **out) {
-  gma_status_t st = check_async(g, stream, options, out, "gma_alloc_batch_async");
+  gma_async_options_t o;
+  gma_status_t st = check_async(g, stream, options, out, "gma_alloc_batch_async", &o);
   if (st != GMA_OK) return st;
   if (n == 0 || !sizes || !ptrs)
     return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
@@ -567,7 +573,7 @@ gma_status_t gma_alloc_batch_async(gma_t *g, size_t n, const size_t *sizes, gma_
   f->stream = stream;
   f->ptrs = (void **)(f + 1);
   f->user_ptrs = ptrs;
-  return submit(g, f, options, out);
+  return submit(g, f, &o, out);
 }
 
 static gma_status_t gone(const char *fn) {

@@ -102,9 +102,9 @@ gma_status_t gma_alloc_tagged(gma_t *g, size_t size, gma_stream_t stream, const 
 gma_status_t gma_pointer_info(gma_t *g, const void *ptr, gma_pointer_info_t *info) {
   GMA__CHECK(g, "gma_pointer_info");
   if (!info) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_pointer_info: info is NULL");
-  if (info->size < sizeof(size_t) || info->size > sizeof(gma_pointer_info_t))
-    return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_pointer_info: info->size is %zu; "
-                          "initialize with GMA_POINTER_INFO_INIT", info->size);
+  gma_status_t st = gma__struct_size_check(info->size, sizeof(gma_pointer_info_t),
+                                           "gma_pointer_info", "info", "GMA_POINTER_INFO_INIT");
+  if (st != GMA_OK) return st;
   gma_pointer_info_t r = {.size = info->size};
   gma__pool_t *p = &g->pool;
   uintptr_t a = (uintptr_t)ptr;

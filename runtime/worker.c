@@ -118,9 +118,21 @@ static void tick(gma__worker_t *w) {
   if (w->grow_ahead && level < GMA_PRESSURE_HIGH) gma__pool_grow_ahead(p, w->grow_ahead);
 }
 
-/* Takes new requests from the ring (in order, after those already waiting)
- * and tries every waiting request once: served or failed ones complete,
- * the rest keep waiting for memory until their deadline. Worker thread. */
+/* The worker of the calling thread, if it is one: set once at its start. */
+static __thread gma__worker_t *self;
+
+/* Appends f to the list from *head to *tail (linked through wnext). */
+static void list_append(gma_future_t **head, gma_future_t **tail, gma_future_t *f) {
+  gma__future_set_wnext(f, NULL);
+  if (*tail) gma__future_set_wnext(*tail, f); else *head = f;
+  *tail = f;
+}
+
+/* Takes new requests from the ring, then those the worker thread submitted
+ * itself (in order, after those already waiting), and tries every waiting
+ * request once: served or failed ones complete, the rest keep waiting for
+ * memory until their deadline. A callback that submits while this runs
+ * adds to w->local, taken by the next call. Worker thread. */
 static unsigned serve(gma__worker_t *w) {
   void *item;
   unsigned taken = 0;
@@ -128,9 +140,13 @@ static unsigned serve(gma__worker_t *w) {
     taken++;
     gma_future_t *f = item;
     gma__tsan_acquire(f); /* pairs with the submitter's release */
-    gma__future_set_wnext(f, NULL);
-    if (w->waiting_tail) gma__future_set_wnext(w->waiting_tail, f); else w->waiting = f;
-    w->waiting_tail = f;
+    list_append(&w->waiting, &w->waiting_tail, f);
+  }
+  if (w->local) {
+    taken++;
+    if (w->waiting_tail) gma__future_set_wnext(w->waiting_tail, w->local); else w->waiting = w->local;
+    w->waiting_tail = w->local_tail;
+    w->local = w->local_tail = NULL;
   }
   uint64_t now = gma__now_ns();
   gma_future_t *prev = NULL;
@@ -172,8 +188,28 @@ static bool poll_gated(gma__pool_t *p) {
   return gated;
 }
 
+/* Cancels every request still queued, waiting or submitted by the worker
+ * itself. Their callbacks run here and may submit again: those submits
+ * are refused (stopping), so this ends. Worker thread, at shutdown. */
+static void cancel_all(gma__worker_t *w) {
+  w->stopping = true;
+  void *item;
+  while (ck_ring_dequeue_mpsc(&w->ring, w->ring_buf, &item)) {
+    gma__tsan_acquire(item);
+    gma__future_cancel(w, item);
+  }
+  gma_future_t *lists[2] = {w->waiting, w->local};
+  w->waiting = w->waiting_tail = w->local = w->local_tail = NULL;
+  for (int i = 0; i < 2; i++)
+    for (gma_future_t *f = lists[i], *next; f; f = next) {
+      next = gma__future_wnext(f);
+      gma__future_cancel(w, f);
+    }
+}
+
 static void *worker_main(void *arg) {
   gma__worker_t *w = arg;
+  self = w;
   uint64_t next_tick = gma__now_ns() + w->interval_ns, next_poll = UINT64_MAX;
   uint64_t poll_ns = w->interval_ns < POLL_NS ? w->interval_ns : POLL_NS;
   pthread_mutex_lock(&w->mu);
@@ -201,7 +237,7 @@ static void *worker_main(void *arg) {
      * (gma__spin_step). Timer ticks and an idle worker never spin. */
     uint64_t t0 = gma__now_ns(), spun = 0;
     for (unsigned i = 1; taken && !w->waiting && (spun = gma__now_ns() - t0) < 50000; i++) {
-      if (ck_ring_size(&w->ring)) {
+      if (ck_ring_size(&w->ring) || w->local) {
         serve(w);
         t0 = gma__now_ns();
         spun = 0;
@@ -231,21 +267,29 @@ static void *worker_main(void *arg) {
     if (w->room_waiters) pthread_cond_broadcast(&w->room_cv);
   }
   pthread_mutex_unlock(&w->mu);
-  /* Nothing is left hanging: every request still queued or waiting fails. */
-  void *item;
-  while (ck_ring_dequeue_mpsc(&w->ring, w->ring_buf, &item)) {
-    gma__tsan_acquire(item);
-    gma__future_cancel(w, item);
-  }
-  for (gma_future_t *f = w->waiting, *next; f; f = next) {
-    next = gma__future_wnext(f);
-    gma__future_cancel(w, f);
-  }
-  w->waiting = w->waiting_tail = NULL;
+  cancel_all(w); /* nothing is left hanging: every request still queued or waiting fails */
   return NULL;
 }
 
+/* A submit on the worker thread (from a callback): waiting for ring room
+ * would wait for this very thread, so f joins the worker's own list
+ * instead, never refused for room; the worker takes it at its next pass,
+ * before it sleeps. Refused while the worker cancels what is left at
+ * shutdown: the request would only be cancelled too, and a callback that
+ * submits again on cancellation would never let the shutdown end. */
+static gma_status_t submit_on_worker(gma__worker_t *w, gma_future_t *f) {
+  if (w->stopping)
+    return gma__set_error(GMA_ERR_CANCELLED, "the allocator is being destroyed: a request "
+                          "submitted from a callback while gma_destroy cancels the others "
+                          "is refused");
+  list_append(&w->local, &w->local_tail, f);
+  atomic_fetch_add_explicit(&w->queued, 1, memory_order_relaxed);
+  gma__worker_kick(w); /* no lock of the worker is held in a callback */
+  return GMA_OK;
+}
+
 gma_status_t gma__worker_submit(gma__worker_t *w, gma_future_t *f, bool nonblocking) {
+  if (self == w) return submit_on_worker(w, f);
   if (!ck_ring_enqueue_mpsc(&w->ring, w->ring_buf, f)) {
     if (nonblocking)
       return gma__set_error(GMA_ERR_BUSY, "the async request ring is full: %u requests wait "

@@ -37,6 +37,12 @@ typedef struct gma__worker {
   pthread_cond_t room_cv;      /* mu: callers waiting for ring room */
   unsigned room_waiters;       /* mu */
   struct gma_future *waiting, *waiting_tail; /* worker thread only: in FIFO order */
+  /* Requests submitted on the worker thread itself (from a future's or the
+   * pressure callback): they never wait for ring room, which only this
+   * thread makes, but join this list, taken after the ring. */
+  struct gma_future *local, *local_tail; /* worker thread only: in FIFO order */
+  bool stopping;               /* worker thread only: it is cancelling what is left, and
+                                  refuses submits from the callbacks that cancelling runs */
   _Atomic bool memory_wanted;  /* a request waits for memory: frees kick the worker */
   _Atomic bool unwatched;      /* the worker sleeps until its tick, no freed memory having
                                   waited for device work when it last looked: a free that
@@ -60,7 +66,9 @@ gma_status_t gma__worker_start(gma__worker_t *w, gma_t *g, gma__pool_t *p,
 void gma__worker_stop(gma__worker_t *w);
 /* Any thread. */
 gma_status_t gma__worker_set_callback(gma__worker_t *w, gma_pressure_callback_t cb, void *user);
-/* Any thread: queues f for the worker (waits for room unless nonblocking). */
+/* Any thread: queues f for the worker (waits for room unless nonblocking).
+ * On the worker thread (a callback) it never waits: f joins the worker's
+ * own list; GMA_ERR_CANCELLED once the worker is shutting down. */
 gma_status_t gma__worker_submit(gma__worker_t *w, struct gma_future *f, bool nonblocking);
 /* Any thread: has the worker thread run fn(arg) soon, outside every lock;
  * false (nothing queued) when there is no thread (worker:off) or a job is

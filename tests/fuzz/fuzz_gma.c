@@ -68,6 +68,13 @@
  *     Each helper is bounded and joined before its operation ends; the
  *     comments above op_race_destroy, op_ptds_thread, op_pressure and
  *     op_reporters give their argument bytes.
+ *   - ASYNC and ASYNC_BATCH whose options byte has bits 3, 4, 5 and 7 all
+ *     set (1 in 16 of older inputs' values): a chain. One more argument
+ *     byte (chain_reserve) describes a second request that the first one's
+ *     callback submits when it completes with GMA_OK: on the worker (whose
+ *     submits must never wait for ring room, which only the worker makes:
+ *     with ring_size 2 it would wait for itself), or on the fuzzer's thread
+ *     inside the first submit when that completed at once.
  *
  * THE MODEL
  *   - live device (and CPU-fallback) blocks: pointer, requested size, block
@@ -80,7 +87,10 @@
  *     may be recycled), the default stream (NULL and GMA_STREAM_LEGACY
  *     alternate) and the per-thread default stream;
  *   - futures, with a completion callback that tells the model each outcome,
- *     so counts stay exact even for futures released before they completed;
+ *     so counts stay exact even for futures released before they completed,
+ *     and that submits a chain's second request (a slot reserved for it,
+ *     which becomes an ordinary future once the model sees the callback ran:
+ *     chain_adopt);
  *   - expected counters: allocations and frees, host allocations and frees,
  *     fallbacks, futures submitted and completed by outcome;
  *   - the pressure callback installed now (none, the plain one, or one with a
@@ -119,6 +129,13 @@
  * model: the count and bytes of live device blocks, each entry's size, tag
  * and stream, oldest first; gma_find_old_allocations is called with cap > 0
  * also when nothing is live.
+ *
+ * Chains add: a submit from a callback on the worker succeeds whatever the
+ * ring holds and nonblocking says (GMA_ERR_BUSY only on the fuzzer's own
+ * thread, GMA_ERR_CANCELLED only during gma_destroy); futures_submitted
+ * lies between the model's count and that plus the chains not yet seen;
+ * and every callback runs on the worker, or on the fuzzer's thread only
+ * inside a gma_alloc_async call (a wait never runs one).
  *
  * Gated kernels hold their stream until an OP_GATE_OPEN (or any synchronize,
  * or the end) opens their gate: stream order then deterministically keeps
@@ -397,6 +414,17 @@ typedef struct mfut {
   bool accounted;        /* the model counted the callback's outcome */
   int seen;              /* the final status a poll or wait returned; GMA_PENDING: none */
   bool freed_counted;    /* release freed its memory (frees counted) */
+  /* Chains: a request whose callback submits the next one (see op_async). */
+  struct mfut *child;    /* the slot the callback submits into on GMA_OK (NULL: none) */
+  bool awaiting;         /* a child slot whose parent's callback has not been observed */
+  size_t child_size;     /* the child's request */
+  bool child_worker_only, child_nonblocking;
+  /* Written by the parent's callback before its cb_runs release (read after
+   * the acquire that sees it): the child's submit and its result. */
+  bool child_tried;
+  gma_status_t child_st;
+  gma_future_t *child_f;
+  bool cb_on_fuzzer;     /* the callback ran on the fuzzer's thread */
 } mfut_t;
 
 static const char *const tag_names[] = {"weights", "kv-cache", "act", "grad", "tmp", "x", "",
@@ -436,6 +464,8 @@ typedef struct fuzz {
   uint64_t n_allocs, n_frees, n_host_allocs, n_host_frees, n_fallbacks;
   uint64_t n_submitted, n_ready, n_failed, n_timed_out;
   uint64_t pressure_calls;
+  pthread_t main_thread; /* the fuzzer's thread */
+  bool in_submit;       /* the fuzzer's thread is inside gma_alloc_async or _batch_async */
   int stream_rr;        /* which stream the per-step check looks at */
   /* the threaded operations (INTROSPECT, see op_threaded) */
   struct pctx *pcb;     /* the context of the pressure callback installed now (NULL: none) */
@@ -603,14 +633,65 @@ static bool slot_in_flight(int si) {
   return false;
 }
 
-/* Counts outcomes the callbacks reported since the last look. */
+/* Child slots of chains whose parent's callback the model has not seen. */
+static int chains_awaiting(void) {
+  int n = 0;
+  for (int i = 0; i < MAX_FUT; i++) n += F.fut[i].used && F.fut[i].awaiting;
+  return n;
+}
+
+/* The parent m's callback has run (the model saw its cb_runs, or gma_destroy
+ * joined the worker: after_destroy). Its child slot becomes an ordinary
+ * future if the callback submitted it, else it is free again. A submit on
+ * the worker never waits for ring room, so it is never GMA_ERR_BUSY; on the
+ * fuzzer's thread (the parent complete at once) a nonblocking one may be.
+ * While gma_destroy cancels what is left, callbacks' submits are refused
+ * with GMA_ERR_CANCELLED (only cancelled parents' callbacks run then, and
+ * those do not submit: a child is submitted on GMA_OK only). End mode 8
+ * destroys the user streams with requests still in flight: a parent served
+ * after that submits on a dead stream, GMA_ERR_INVALID_ARGUMENT. */
+static void chain_adopt(mfut_t *m, bool after_destroy) {
+  mfut_t *c = m->child;
+  m->child = NULL;
+  if (!c) return;
+  c->awaiting = false;
+  if (!m->child_tried) { /* the parent did not complete with memory */
+    fut_free_slot(c);
+    return;
+  }
+  gma_status_t st = m->child_st;
+  vlog("chain: future %ld's callback (on the %s thread) submitted future %ld -> %s",
+       (long)(m - F.fut), m->cb_on_fuzzer ? "fuzzer's" : "worker's", (long)(c - F.fut),
+       gma_status_name(st));
+  if (st != GMA_OK) {
+    EXPECT((st == GMA_ERR_BUSY && m->cb_on_fuzzer && m->child_nonblocking) ||
+               (st == GMA_ERR_CANCELLED && after_destroy) ||
+               (st == GMA_ERR_INVALID_ARGUMENT && after_destroy && c->si < 3 && !F.st[c->si].live),
+           "a callback's gma_alloc_async (on the %s thread%s) returned %s",
+           m->cb_on_fuzzer ? "fuzzer's" : "worker's", m->child_nonblocking ? ", nonblocking" : "",
+           gma_status_name(st));
+    EXPECT(m->child_f == NULL, "a refused gma_alloc_async left *out = %p", (void *)m->child_f);
+    EXPECT(atomic_load(&c->cb_runs) == 0, "the callback of a refused request ran");
+    fut_free_slot(c);
+    return;
+  }
+  c->f = m->child_f;
+  F.n_submitted++;
+  F.st[c->si].has_record = F.st[c->si].has_record == 1 ? 1 : -1; /* the worker may resolve it */
+  F.st[c->si].counts_exact = false;
+}
+
+/* Counts outcomes the callbacks reported since the last look. A parent
+ * comes before its child in F.fut (see op_async), so a child adopted here
+ * is looked at in the same pass. */
 static void observe_futures(void) {
   for (int i = 0; i < MAX_FUT; i++) {
     mfut_t *m = &F.fut[i];
-    if (!m->used || m->accounted) continue;
+    if (!m->used || m->accounted || m->awaiting) continue;
     if (atomic_load_explicit(&m->cb_runs, memory_order_acquire) == 0) continue;
     EXPECT(atomic_load(&m->cb_runs) == 1, "future callback ran %d times", atomic_load(&m->cb_runs));
     m->accounted = true;
+    chain_adopt(m, false);
     int s = atomic_load(&m->cb_status);
     if (s == GMA_OK) {
       F.n_ready++;
@@ -728,8 +809,11 @@ static void check_stats(void) {
   EXPECT(s.num_fallbacks == F.n_fallbacks && s.fallback_bytes == m.fb_bytes,
          "fallbacks %" PRIu64 " (%" PRIu64 " bytes), model %" PRIu64 " (%" PRIu64 ")",
          s.num_fallbacks, s.fallback_bytes, F.n_fallbacks, m.fb_bytes);
-  EXPECT(s.futures_submitted == F.n_submitted, "futures_submitted %" PRIu64 ", model %" PRIu64,
-         s.futures_submitted, F.n_submitted);
+  /* A chain's callback may have submitted requests the model has not seen. */
+  EXPECT(s.futures_submitted >= F.n_submitted &&
+             s.futures_submitted <= F.n_submitted + (uint64_t)chains_awaiting(),
+         "futures_submitted %" PRIu64 ", model %" PRIu64 " (+ up to %d from callbacks)",
+         s.futures_submitted, F.n_submitted, chains_awaiting());
   if (inflight || F.reserve_unknown) return;
   /* Nothing in flight: exact. */
   EXPECT(s.futures_ready == F.n_ready && s.futures_failed == F.n_failed &&
@@ -1391,6 +1475,25 @@ static void op_gate_open(rd_t *r) {
 
 /* ---- futures ------------------------------------------------------------------ */
 
+static void future_cb(gma_future_t *f, gma_status_t status, void *user);
+
+/* A chain's next request, from the parent m's callback (on the worker, or
+ * on the fuzzer's thread inside the parent's submit): results in m's
+ * child_* fields, published by the callback's cb_runs release. */
+static void chain_submit(mfut_t *m) {
+  mfut_t *c = m->child;
+  gma_async_options_t o = GMA_ASYNC_OPTIONS_INIT;
+  o.timeout_ns = 2000000;
+  o.nonblocking = m->child_nonblocking;
+  o.worker_only = m->child_worker_only;
+  o.callback = future_cb;
+  o.user = c;
+  gma_future_t *f = NULL;
+  m->child_st = gma_alloc_async(F.g, m->child_size, c->h, &o, &f);
+  m->child_f = f;
+  m->child_tried = true;
+}
+
 static void future_cb(gma_future_t *f, gma_status_t status, void *user) {
   mfut_t *m = user;
   gma_status_t now = gma_future_status(f);
@@ -1399,6 +1502,15 @@ static void future_cb(gma_future_t *f, gma_status_t status, void *user) {
                     "says %s\n", gma_status_name(status), gma_status_name(now));
     abort();
   }
+  /* A callback runs on the worker, or on the submitting thread inside the
+   * submit that completed it at once: never on a thread waiting on it. */
+  m->cb_on_fuzzer = pthread_equal(pthread_self(), F.main_thread);
+  if (m->cb_on_fuzzer && !F.in_submit) {
+    fprintf(stderr, "fuzz_gma: CHECK FAILED: a future's callback (%s) ran on the fuzzer's "
+                    "thread outside the submit (a wait served it)\n", gma_status_name(status));
+    abort();
+  }
+  if (m->child && status == GMA_OK) chain_submit(m);
   atomic_store_explicit(&m->cb_status, (int)status, memory_order_relaxed);
   atomic_fetch_add_explicit(&m->cb_runs, 1, memory_order_release); /* pairs with observe's acquire */
 }
@@ -1410,6 +1522,42 @@ static mfut_t *fut_slot(void) {
   for (int i = 0; i < MAX_FUT; i++)
     if (!F.fut[i].used) return &F.fut[i];
   return NULL;
+}
+
+/* A fresh future slot for a request of n blocks on slot si. */
+static void fut_init(mfut_t *m, int si, bool batch, size_t n, const size_t *sizes) {
+  memset(m, 0, sizeof *m);
+  atomic_init(&m->cb_status, GMA_PENDING);
+  atomic_init(&m->cb_runs, 0);
+  m->seen = GMA_PENDING;
+  m->batch = batch;
+  m->n = n;
+  memcpy(m->sizes, sizes, n * sizeof *sizes);
+  for (size_t k = 0; k < MAX_BATCH; k++) m->ptrs[k] = (void *)7;
+  m->si = si;
+  m->gen = F.st[si].gen;
+  m->h = handle_of(si);
+}
+
+/* Makes m the head of a chain: its callback, on GMA_OK, submits one more
+ * request on the same stream into a slot reserved now (so it comes after
+ * m in F.fut: m took the first free one). Argument byte b: bits 0-5 the
+ * size (512 B .. 32 KiB), bit 6 worker_only, bit 7 nonblocking. NULL when
+ * no slot is free. */
+static mfut_t *chain_reserve(mfut_t *m, unsigned b) {
+  m->used = true; /* so fut_slot passes it by; op_async settles it */
+  mfut_t *c = fut_slot();
+  m->used = false;
+  if (!c) return NULL;
+  size_t size = 512 * (1 + (b & 63));
+  fut_init(c, m->si, false, 1, &size);
+  c->used = true;
+  c->awaiting = true;
+  m->child = c;
+  m->child_size = size;
+  m->child_worker_only = (b >> 6) & 1;
+  m->child_nonblocking = (b >> 7) & 1;
+  return c;
 }
 
 static void op_async(rd_t *r, int t, bool batch) {
@@ -1427,19 +1575,12 @@ static void op_async(rd_t *r, int t, bool batch) {
     else total += round_up(sizes[k], 512);
   }
   if (total > F.limit) bad_size = true;
+  bool chain = (ob & 0xb8) == 0xb8;
+  unsigned chain_arg = chain ? rd8(r) : 0;
   mfut_t *m = fut_slot();
   if (!m) return;
-  memset(m, 0, sizeof *m);
-  atomic_init(&m->cb_status, GMA_PENDING);
-  atomic_init(&m->cb_runs, 0);
-  m->seen = GMA_PENDING;
-  m->batch = batch;
-  m->n = n;
-  memcpy(m->sizes, sizes, n * sizeof *sizes);
-  for (size_t k = 0; k < MAX_BATCH; k++) m->ptrs[k] = (void *)7;
-  m->si = si;
-  m->gen = F.st[si].gen;
-  m->h = handle_of(si);
+  fut_init(m, si, batch, n, sizes);
+  mfut_t *child = chain ? chain_reserve(m, chain_arg) : NULL;
   gma_async_options_t o = GMA_ASYNC_OPTIONS_INIT;
   static const uint64_t timeouts[4] = {0, 50000, 2000000, 20000000};
   o.timeout_ns = timeouts[ob & 3];
@@ -1448,8 +1589,10 @@ static void op_async(rd_t *r, int t, bool batch) {
   o.user = m;
   snap_t before = snap_take();
   gma_future_t *f = (gma_future_t *)1;
+  F.in_submit = true; /* a callback may run here (complete at once), and submit */
   gma_status_t st = batch ? gma_alloc_batch_async(F.g, n, sizes, m->h, m->ptrs, &o, &f)
                           : gma_alloc_async(F.g, sizes[0], m->h, &o, &f);
+  F.in_submit = false;
   if (F.verbose) {
     char list[256] = "";
     for (size_t k = 0, at = 0; k < n && at < sizeof list; k++)
@@ -1472,8 +1615,15 @@ static void op_async(rd_t *r, int t, bool batch) {
     for (size_t k = 0; k < MAX_BATCH; k++) EXPECT(m->ptrs[k] == (void *)7, "a failed batch wrote ptrs");
     EXPECT(atomic_load(&m->cb_runs) == 0, "the callback of a refused request ran");
     snap_same(&before, "a refused gma_alloc_async");
+    m->used = false;
+    m->child = NULL;
+    if (child) fut_free_slot(child);
     return;
   }
+  if (child)
+    vlog("chain: future %ld submits future %ld (%zu bytes%s%s) when it completes", (long)(m - F.fut),
+         (long)(child - F.fut), m->child_size, m->child_worker_only ? ", worker_only" : "",
+         m->child_nonblocking ? ", nonblocking" : "");
   m->used = true;
   m->f = f;
   F.n_submitted++;
@@ -1484,7 +1634,7 @@ static void op_async(rd_t *r, int t, bool batch) {
 static mfut_t *pick_future(unsigned b, bool unreleased) {
   int idx[MAX_FUT], n = 0;
   for (int i = 0; i < MAX_FUT; i++)
-    if (F.fut[i].used && (!unreleased || !F.fut[i].released)) idx[n++] = i;
+    if (F.fut[i].used && !F.fut[i].awaiting && (!unreleased || !F.fut[i].released)) idx[n++] = i;
   return n ? &F.fut[idx[b % (unsigned)n]] : NULL;
 }
 
@@ -2967,11 +3117,24 @@ static void run_op(rd_t *r) {
   }
 }
 
+/* Every chain's head completes (its timeout is short, and the gates are
+ * open), so each child slot is an ordinary future, or free, before the
+ * futures are collected or released. */
+static void chains_settle(void) {
+  for (uint64_t t0 = now_ns(); chains_awaiting();) {
+    observe_futures();
+    if (now_ns() - t0 > (uint64_t)SETTLE_MS * 1000000u)
+      FAIL("%d chains' first requests did not complete in %d ms", chains_awaiting(), SETTLE_MS);
+    sleep_us(100);
+  }
+}
+
 /* Frees everything, synchronizes, and checks that every byte goes back. */
 static void finish(void) {
   F.opname = "END";
   gates_open_all();
   bool keep_futures = (F.end_mode & 15) == 8, leak_one = (F.end_mode & 15) == 7;
+  if (!keep_futures) chains_settle();
   for (int i = 0; i < MAX_FUT; i++) {
     mfut_t *m = &F.fut[i];
     if (!m->used || m->released || keep_futures) continue;
@@ -3067,6 +3230,10 @@ static void finish(void) {
   /* The worker is gone: no pressure callback runs any more. */
   free(F.pcb);
   F.pcb = NULL;
+  /* Every callback has run (gma_destroy joined the worker): chains the
+   * model had not seen yet have their second request, or none. */
+  for (int i = 0; i < MAX_FUT; i++)
+    if (F.fut[i].used && F.fut[i].child) chain_adopt(&F.fut[i], true);
   /* Futures may be polled, waited on and given back after the allocator is
    * gone; one that had been served says GMA_ERR_CANCELLED then (its memory
    * went with the allocator) and a wait hands out no pointer. */
@@ -3096,6 +3263,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 4) return 0;
   memset(&F, 0, sizeof F);
+  F.main_thread = pthread_self();
   F.verbose = getenv("FUZZ_GMA_VERBOSE") != NULL;
   atomic_store(&g_kernels_done, 0);
   rd_t r = {data, size, 0};

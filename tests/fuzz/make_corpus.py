@@ -94,6 +94,15 @@ def async_(t, sz, timeout=2, nonblocking=False, any_stream=None):
     return op("ASYNC", t, *sel, timeout | (4 if nonblocking else 0), *sz)
 
 
+def async_chain(t, sz, child=8, timeout=2, nonblocking=False, child_worker_only=False,
+                child_nonblocking=False):
+    """A chain (fuzz_gma.c, chain_reserve): the request's callback submits a
+    second one of 512 * child bytes (1..64) when it completes with GMA_OK."""
+    ob = timeout | (4 if nonblocking else 0) | 0xB8
+    arg = ((child - 1) & 63) | (64 if child_worker_only else 0) | (128 if child_nonblocking else 0)
+    return op("ASYNC", t, 0, ob, *sz, arg)
+
+
 def async_batch(t, sizes, timeout=2):
     out = [0, timeout | 0x40, len(sizes) - 1]
     for s in sizes:
@@ -305,6 +314,31 @@ seed("async_busy_ring", config(worker=True, small=True, tick=3),
      async_(0, size(GIANT, 100), nonblocking=True), async_(1, size(GIANT, 200), nonblocking=True),
      async_(2, size(GIANT, 300), nonblocking=True), async_(0, size(GIANT, 400), nonblocking=True),
      poll(0), poll(1), wait(0, 3), wait(1, 3), release(0), release(0), release(0), release(0))
+# 6b. chains through a tiny ring: callbacks on the worker submit the next
+# request (worker_only and nonblocking ones too); first three chains wait for
+# memory until one free lets the worker serve them in one pass, so their
+# callbacks submit three requests into a ring that holds one; one chain starts
+# complete at once (a bin hit), its callback on the fuzzer's thread
+seed("async_chain_ring", config(worker=True, small=True, tick=3),
+     alloc(0, edge(8)), async_chain(1, size(MID, 10), timeout=3, child=9),
+     async_chain(2, size(MID, 20), timeout=3, child=10, child_nonblocking=True),
+     async_chain(3, size(MID, 30), timeout=3, child=11, child_worker_only=True), free(0),
+     wait(0, 3), release(0), wait(0, 3), release(0), wait(0, 3), release(0),
+     wait(0, 3), release(0), wait(0, 3), release(0), wait(0, 3), release(0),
+     async_chain(0, size(GIANT, 100), child=64, child_worker_only=True),
+     async_chain(1, size(GIANT, 200), child=2, child_nonblocking=True),
+     async_chain(2, size(GIANT, 300), child=3, child_worker_only=True, child_nonblocking=True),
+     wait(0, 3), release(0), wait(0, 3), release(0), wait(0, 7), release(0), poll(0),
+     release(0), release(0), release(0),
+     alloc(3, size(TINY, 100)), free(3), async_chain(3, size(TINY, 100), child=1),
+     async_chain(0, size(GIANT, 400), child=4, nonblocking=True, child_nonblocking=True),
+     poll(0), wait(0, 3), wait(1, 3), wait(2, 3), poll(3), release(0), release(1), wait(1, 7))
+# 6c. chains still waiting for memory when gma_destroy runs (end mode 8: futures
+# kept across it): cancelled requests submit nothing, the rest is cancelled
+seed("async_chain_destroy", config(worker=True, small=True, tick=3, end=8),
+     alloc(0, size(GIANT, 8000)), async_chain(1, size(GIANT, 8000), timeout=0, child=5),
+     async_chain(2, size(TINY, 10), child=6, child_worker_only=True),
+     async_chain(3, size(MID, 10), child=7), poll(0), poll(1))
 # 7. async batches, collected and released
 seed("async_batch", config(worker=True),
      async_batch(0, [size(SMALL, 10), size(MID, 10), size(TINY, 1)]), wait(0, 3),
