@@ -1,0 +1,101 @@
+/* The presets of the simulated device's cost model and its clock (see
+ * sim_cost.h; the figures' sources are in docs/gpu/cost-model.md). */
+#include "device/sim_cost.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <string.h>
+#include <time.h>
+
+#define US(x) ((uint64_t)((x) * 1000.0))
+
+/* Hopper, driver 580, measured by gma-driver-probe on an H200
+ * (docs/gpu/runs/2026-11-28-h200/driver_probe.json): each line's base and
+ * slope fit the probe's medians over sizes. The H100 of the first GPU run
+ * had the same driver; its benchmark's direct column agrees (see the doc). */
+#define HOPPER_LINES                                                                 \
+  [GMA__SIM_COST_MEM_ALLOC] = {US(33), 72.0},                                        \
+  [GMA__SIM_COST_MEM_FREE] = {US(30), 300.0},                                        \
+  [GMA__SIM_COST_MEM_INFO] = {US(4.3), 0},                                           \
+  [GMA__SIM_COST_VM_RESERVE] = {US(1.0), 0},                                         \
+  [GMA__SIM_COST_VM_RELEASE] = {US(1.0), 0},                                         \
+  [GMA__SIM_COST_VM_MAP] = {US(35), 40.0},                                           \
+  [GMA__SIM_COST_VM_UNMAP] = {US(22), 280.0},                                        \
+  [GMA__SIM_COST_HOST_ALLOC] = {US(300), 350000.0},                                  \
+  [GMA__SIM_COST_HOST_FREE] = {US(200), 90000.0},                                    \
+  [GMA__SIM_COST_EVENT_CREATE] = {110, 0},                                           \
+  [GMA__SIM_COST_EVENT_DESTROY] = {110, 0},                                          \
+  [GMA__SIM_COST_EVENT_RECORD] = {190, 0},                                           \
+  [GMA__SIM_COST_EVENT_QUERY] = {180, 0},                                            \
+  [GMA__SIM_COST_EVENT_SYNCHRONIZE] = {330, 0},                                      \
+  [GMA__SIM_COST_STREAM_WAIT_EVENT] = {160, 0},                                      \
+  [GMA__SIM_COST_STREAM_CREATE] = {US(5), 0},                                        \
+  [GMA__SIM_COST_STREAM_DESTROY] = {US(5), 0},                                       \
+  [GMA__SIM_COST_STREAM_ID] = {44, 0},                                               \
+  [GMA__SIM_COST_STREAM_CAPTURE] = {49, 0},                                          \
+  [GMA__SIM_COST_STREAM_QUERY] = {US(1.3), 0},                                       \
+  [GMA__SIM_COST_STREAM_SYNCHRONIZE] = {US(1.3), 0},                                 \
+  [GMA__SIM_COST_DEVICE_SYNCHRONIZE] = {US(1.3), 0},                                 \
+  [GMA__SIM_COST_CTX_CURRENT] = {39, 0},                                             \
+  [GMA__SIM_COST_LAUNCH] = {US(3.1), 0},                                             \
+  [GMA__SIM_COST_POOL_ALLOC] = {286, 0},                                             \
+  [GMA__SIM_COST_POOL_FREE] = {373, 0}
+
+static const gma__sim_costs_t presets[] = {
+    {.name = "h100", .op = {HOPPER_LINES}, .event_latency_ns = US(2), .free_waits = true,
+     .one_lock = true},
+    {.name = "h200", .op = {HOPPER_LINES}, .event_latency_ns = US(2), .free_waits = true,
+     .one_lock = true},
+};
+
+const gma__sim_costs_t *gma__sim_costs_find(const char *name) {
+  for (size_t i = 0; name && i < sizeof presets / sizeof presets[0]; i++)
+    if (strcmp(presets[i].name, name) == 0) return &presets[i];
+  return NULL;
+}
+
+const char *gma__sim_costs_names(void) { return "none, h100, h200"; }
+
+uint64_t gma__sim_cost_ns(const gma__sim_costs_t *c, gma__sim_cost_op_t op, uint64_t bytes) {
+  if (!c || op >= GMA__SIM_COST_NOPS) return 0;
+  const gma__sim_cost_line_t *l = &c->op[op];
+  return l->base_ns + (uint64_t)(l->ns_per_mib * ((double)bytes / (1024.0 * 1024.0)));
+}
+
+static uint64_t clock_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+void gma__sim_spin_ns(uint64_t ns) {
+  if (ns == 0) return;
+  if (ns < 200000) {
+    uint64_t t0 = clock_now();
+    while (clock_now() - t0 < ns) {
+    }
+    return;
+  }
+  struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+/* The driver's own lock: calls of every thread (and device) take turns. */
+static pthread_mutex_t driver_lock = PTHREAD_MUTEX_INITIALIZER;
+static __thread uint64_t thread_calls;
+
+void gma__sim_cost_pay(const gma__sim_costs_t *c, gma__sim_cost_op_t op, uint64_t bytes) {
+  if (!c) return;
+  thread_calls++;
+  uint64_t ns = gma__sim_cost_ns(c, op, bytes);
+  if (!c->one_lock) {
+    gma__sim_spin_ns(ns);
+    return;
+  }
+  pthread_mutex_lock(&driver_lock);
+  gma__sim_spin_ns(ns);
+  pthread_mutex_unlock(&driver_lock);
+}
+
+uint64_t gma__sim_cost_thread_calls(void) { return thread_calls; }

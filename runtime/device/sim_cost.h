@@ -1,0 +1,70 @@
+/* The simulated device's GPU cost model (config key sim_costs).
+ *
+ * Off (the default, sim_costs:none), device calls cost nothing beyond the
+ * sim_*_ns knobs, which unit tests rely on. A preset makes each driver call
+ * take the host time it takes on a GPU, and the device behave as a GPU does
+ * where that changes a policy's cost:
+ *   - a call costs base_ns + ns_per_mib * MiB of the memory it concerns;
+ *   - device frees (and pinned host allocations and frees) first wait for
+ *     all work queued on the device, as cuMemFree and cuMemHostAlloc do;
+ *   - an event recorded behind queued work completes event_latency_ns after
+ *     that work has run (on an idle stream it is complete at once);
+ *   - driver calls from different threads serialize on one process-wide
+ *     lock, held for the call's cost (not for a free's wait).
+ * Every figure and its source is in docs/gpu/cost-model.md; the presets
+ * are compared there with what the driver probe measured.
+ *
+ * Any thread. The presets are immutable. */
+#ifndef GMA_SIM_COST_H
+#define GMA_SIM_COST_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* The priced calls: the device boundary's, then the driver calls the CUDA
+ * backend makes that have no sim equivalent, then a driver pool's (the
+ * benchmark's model of cudaMallocAsync). */
+#define GMA__SIM_COST_OPS(X)                                                              \
+  X(MEM_ALLOC) X(MEM_FREE) X(MEM_INFO) X(VM_RESERVE) X(VM_RELEASE) X(VM_MAP) X(VM_UNMAP) \
+  X(HOST_ALLOC) X(HOST_FREE) X(EVENT_CREATE) X(EVENT_DESTROY) X(EVENT_RECORD)           \
+  X(EVENT_QUERY) X(EVENT_SYNCHRONIZE) X(STREAM_WAIT_EVENT) X(STREAM_CREATE)             \
+  X(STREAM_DESTROY) X(STREAM_ID) X(STREAM_CAPTURE) X(STREAM_QUERY)                       \
+  X(STREAM_SYNCHRONIZE) X(DEVICE_SYNCHRONIZE) X(CTX_CURRENT) X(LAUNCH) X(POOL_ALLOC)     \
+  X(POOL_FREE)
+typedef enum gma__sim_cost_op {
+#define GMA__SIM_COST_ENUM_(NAME) GMA__SIM_COST_##NAME,
+  GMA__SIM_COST_OPS(GMA__SIM_COST_ENUM_)
+#undef GMA__SIM_COST_ENUM_
+  GMA__SIM_COST_NOPS
+} gma__sim_cost_op_t;
+
+typedef struct gma__sim_cost_line {
+  uint64_t base_ns;
+  double ns_per_mib;
+} gma__sim_cost_line_t;
+
+typedef struct gma__sim_costs {
+  const char *name;
+  gma__sim_cost_line_t op[GMA__SIM_COST_NOPS];
+  uint64_t event_latency_ns; /* after the work an event follows has run */
+  bool free_waits;           /* MEM_FREE, HOST_ALLOC, HOST_FREE wait for the device first */
+  bool one_lock;             /* driver calls of all threads serialize */
+} gma__sim_costs_t;
+
+/* The preset called name ("h100", "h200"), or NULL ("none", or unknown). */
+const gma__sim_costs_t *gma__sim_costs_find(const char *name);
+/* The names of the presets, for messages: "none, h100, h200". */
+const char *gma__sim_costs_names(void);
+/* The host time one call of op on bytes takes under c (0 when c is NULL). */
+uint64_t gma__sim_cost_ns(const gma__sim_costs_t *c, gma__sim_cost_op_t op, uint64_t bytes);
+/* Takes that time on the calling thread, holding the process-wide driver
+ * lock meanwhile when c->one_lock. No-op when c is NULL. */
+void gma__sim_cost_pay(const gma__sim_costs_t *c, gma__sim_cost_op_t op, uint64_t bytes);
+/* Driver calls paid on the calling thread so far (every op, NULL c
+ * excluded): the benchmark's "driver calls per gma_alloc". */
+uint64_t gma__sim_cost_thread_calls(void);
+/* Takes ns nanoseconds on the calling thread: spins below 200 us (nanosleep
+ * overshoots short waits several times over), sleeps above. */
+void gma__sim_spin_ns(uint64_t ns);
+
+#endif /* GMA_SIM_COST_H */
