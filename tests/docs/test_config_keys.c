@@ -1,15 +1,16 @@
-/* The README's configuration table and the parser agree (issue 17): every
- * key gma_config_parse accepts (its table, runtime/config.c) has a row in the
- * table of the README's "Configuration" section, and every key of that table
- * is accepted by gma_config_parse (asked with "key:value"; an unknown key is
- * the one error it must not give). A key added to one and not the other, or
+/* The configuration reference (docs/config.md) and the parser agree: every
+ * key gma_config_parse accepts (gma__config_keys) has a row in the first
+ * table of the page's "## Keys" section, and every key of that table is
+ * accepted by gma_config_parse (asked with "key:value"; an unknown key is the
+ * one error it must not give). A key added to one and not the other, or
  * renamed in one, fails this test with the key named.
  *
- * Usage: test_config_keys README.md            the check
- *        test_config_keys --planted README.md  the check must fail on copies
- *            of the README with each row deleted in turn, with a row for a
- *            key the parser does not have, and against a parser that lacks
- *            one of its keys (a test that cannot fail proves nothing) */
+ * Usage: test_config_keys docs/config.md            the check
+ *        test_config_keys --planted docs/config.md  the check must fail on
+ *            copies of the table with each row deleted in turn, with a row for
+ *            a key the parser does not have, with a row twice, and against a
+ *            parser that lacks one of its keys (a test that cannot fail
+ *            proves nothing) */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,12 +26,12 @@ typedef struct table {
   size_t n;
 } table_t;
 
-/* The keys of the first table in the "## Configuration" section: the first
+/* The keys of the first table in the "## Keys" section: the first
  * `backticked` word of each row starting "| `". skip: a row to leave out
  * (its index among the rows), as if it were deleted; -1 for none. */
-static table_t readme_keys(const char *text, long skip) {
+static table_t page_keys(const char *text, long skip) {
   table_t t = {.n = 0};
-  const char *sec = strstr(text, "\n## Configuration\n");
+  const char *sec = strstr(text, "\n## Keys\n");
   CHECK(sec != NULL);
   sec += 1;
   const char *end = strstr(sec + 3, "\n## ");
@@ -75,7 +76,7 @@ static int check(const table_t *t, const char *const *parser, size_t n, bool lou
     for (size_t j = 0; j < t->n && !found; j++) found = strcmp(parser[i], t->key[j]) == 0;
     if (!found) {
       bad++;
-      if (loud) printf("  gma_config_parse accepts '%s', which the README's table lacks\n", parser[i]);
+      if (loud) printf("  gma_config_parse accepts '%s', which docs/config.md's table lacks\n", parser[i]);
     }
   }
   for (size_t j = 0; j < t->n; j++) {
@@ -83,12 +84,12 @@ static int check(const table_t *t, const char *const *parser, size_t n, bool lou
     for (size_t i = 0; i < n && !listed; i++) listed = strcmp(parser[i], t->key[j]) == 0;
     if (!listed || !parser_accepts(t->key[j])) {
       bad++;
-      if (loud) printf("  the README's table has '%s', which gma_config_parse does not accept\n", t->key[j]);
+      if (loud) printf("  docs/config.md's table has '%s', which gma_config_parse does not accept\n", t->key[j]);
     }
     for (size_t k = j + 1; k < t->n; k++)
       if (strcmp(t->key[j], t->key[k]) == 0) {
         bad++;
-        if (loud) printf("  the README's table has '%s' twice\n", t->key[j]);
+        if (loud) printf("  docs/config.md's table has '%s' twice\n", t->key[j]);
       }
   }
   return bad;
@@ -113,17 +114,17 @@ static char *slurp(const char *path) {
 int main(int argc, char **argv) {
   bool planted = argc == 3 && strcmp(argv[1], "--planted") == 0;
   if (argc != 2 && !planted) {
-    fprintf(stderr, "usage: %s [--planted] README.md\n", argv[0]);
+    fprintf(stderr, "usage: %s [--planted] docs/config.md\n", argv[0]);
     return 2;
   }
   char *text = slurp(argv[argc - 1]);
   const char *parser[MAX_KEYS];
   size_t n = gma__config_keys(parser, MAX_KEYS);
   CHECK(n > 0 && n <= MAX_KEYS);
-  table_t t = readme_keys(text, -1);
+  table_t t = page_keys(text, -1);
   if (!planted) {
     int bad = check(&t, parser, n, true);
-    printf("%zu keys in gma_config_parse, %zu rows in the README's configuration table: %s\n", n,
+    printf("%zu keys in gma_config_parse, %zu rows in docs/config.md's table: %s\n", n,
            t.n, bad ? "they disagree" : "they agree");
     free(text);
     return bad ? 1 : 0;
@@ -131,10 +132,10 @@ int main(int argc, char **argv) {
   /* The planted variants: each must be caught. */
   CHECK(check(&t, parser, n, false) == 0); /* the real pair agrees */
   for (long row = 0; row < (long)t.n; row++) {
-    table_t less = readme_keys(text, row);
+    table_t less = page_keys(text, row);
     CHECK(less.n == t.n - 1);
     if (check(&less, parser, n, false) == 0) {
-      fprintf(stderr, "the check passed with the README's row for '%s' deleted\n", t.key[row]);
+      fprintf(stderr, "the check passed with docs/config.md's row for '%s' deleted\n", t.key[row]);
       return 1;
     }
   }
