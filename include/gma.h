@@ -58,7 +58,7 @@ extern "C" {
     "the pointer is not live: it was already freed; free each allocation once")               \
   X(GMA_ERR_CONFIG, -6,                                                                       \
     "the configuration is invalid (unknown key or bad value in GMA_CONF or gma_config_t); "   \
-    "see gma_last_error() and the README's configuration table")                              \
+    "see gma_last_error() and docs/config.md")                              \
   X(GMA_ERR_DEVICE, -7,                                                                       \
     "a device call failed; gma_last_error() carries the device's own message")                \
   X(GMA_ERR_NO_DEVICE, -8,                                                                    \
@@ -106,7 +106,7 @@ GMA_API const char *gma_version(void);
  * Configuration. Every field's zero means "the default", so GMA_CONFIG_INIT
  * only sets the size; later versions append fields without breaking callers.
  * GMA_CONF="key:value,key:value" in the environment overrides the struct at
- * gma_create (unless ignore_env is set); the README lists the keys.
+ * gma_create (unless ignore_env is set); docs/config.md lists the keys.
  * ------------------------------------------------------------------------- */
 typedef enum gma_device_kind {
   GMA_DEVICE_AUTO = 0, /* CUDA if a driver loads and this build has the backend, else sim */
@@ -133,7 +133,7 @@ typedef enum gma_reuse {
   GMA_REUSE_NONE = 2,  /* never automatically: S keeps its freed blocks until
                           gma_empty_cache or gma_stream_retire */
   GMA_REUSE_QUERY = 3  /* once the host has seen S's work on it complete (no device-side
-                          wait ever; the default before 2026-11-24) */
+                          wait ever) */
 } gma_reuse_t;
 
 typedef struct gma_config {
@@ -457,7 +457,7 @@ GMA_API gma_status_t gma_future_wait(gma_future_t *f, uint64_t timeout_ns, void 
  * nothing to do. A second release, or a poll, wait or take after it, returns
  * GMA_ERR_INVALID_ARGUMENT as a best effort, while the object is still
  * gma's (a future complete when released, named again by the same thread
- * before its next request: README "Async allocation: futures"); a released
+ * before its next request: docs/async.md); a released
  * handle must not be used again. */
 GMA_API gma_status_t gma_future_release(gma_future_t *f);
 /* Waits, collects and releases in one call: gma_future_wait(f, timeout_ns,
@@ -485,7 +485,7 @@ GMA_API gma_status_t gma_future_take(gma_future_t *f, uint64_t timeout_ns, void 
  * low and medium pressure, a quarter of it at high pressure, and nothing at
  * critical pressure. With the default ("auto") only the device's free memory
  * counts (pressure from outside gma), and it never takes the working set:
- * README, "The worker thread". */
+ * docs/near-the-limit.md, "Trimming". */
 typedef enum gma_pressure {
   GMA_PRESSURE_LOW = 0,     /* below 60% */
   GMA_PRESSURE_MEDIUM = 1,  /* 60% to 80% */
@@ -539,7 +539,7 @@ typedef struct gma_stats {
   gma_stat_t reserved;  /* bytes held from the device in segments */
   gma_stat_t active;    /* allocated + pending: memory the device may still use */
   gma_stat_t cached;    /* reserved - allocated: memory gma holds for reuse (peaks of
-                           allocated, requested, active, cached: sampled, README) */
+                           allocated, requested, active, cached: sampled, docs/stats.md) */
   uint64_t stream_cached_bytes; /* freed, reusable at once on its own stream only */
   uint64_t pending_bytes;       /* freed, waiting for other streams' work (record_stream) */
   uint64_t free_bytes;          /* reusable on any stream */
@@ -637,7 +637,7 @@ GMA_API gma_status_t gma_stats(gma_t *g, gma_stats_t *out);
 /* Marks the end of one iteration of a repeating workload and the start of
  * the next (plan:on; a no-op returning GMA_OK otherwise). Call it at the same
  * point of every iteration, for example after the optimizer step, from one
- * thread. See the README's "Planned memory" for what is learned and when a
+ * thread. See docs/planned-memory.md for what is learned and when a
  * plan is made, used and dropped. The mark that puts a new plan to use waits
  * once for the device to finish its queued work (as cudaDeviceSynchronize)
  * and gives back the cache of the learning iterations before it takes the
@@ -668,7 +668,7 @@ GMA_API gma_status_t gma_iteration_mark(gma_t *g);
  * with GMA_ERR_INVALID_ARGUMENT when it reaches the pool (a bin hit cannot
  * tell). gma makes no capture-unsafe call: its driver calls that CUDA counts
  * as unsafe during capture run in relaxed capture mode, and it records no
- * event on a capturing stream. See the README's "CUDA graphs" for the rules
+ * event on a capturing stream. See docs/graphs.md for the rules
  * a program keeps (launch graphs sharing a pool in capture order).
  * ------------------------------------------------------------------------- */
 typedef struct gma_graph_pool gma_graph_pool_t;
@@ -815,8 +815,8 @@ GMA_API gma_status_t gma_live_report(gma_t *g, size_t rows, char *buf, size_t le
  * ------------------------------------------------------------------------- */
 /* Starts recording every allocation event of g (allocations, frees,
  * record_stream, async submits and completions, batches, segment growth and
- * release, trims, OOMs) to path as gma's trace CSV (README: "Traces: the CSV
- * format"), replacing a trace already running. GMA_ERR_CONFIG if the file
+ * release, trims, OOMs) to path as gma's trace CSV (docs/trace-format.md),
+ * replacing a trace already running. GMA_ERR_CONFIG if the file
  * cannot be created. Any thread. */
 GMA_API gma_status_t gma_trace_start(gma_t *g, const char *path);
 /* Writes what is buffered and closes the trace; GMA_OK when none runs. */

@@ -6,8 +6,8 @@ an isolated build.
 It owns turning python/gma/*.py and pyproject.toml's [project] table into a
 wheel (pure Python: py3-none-any) or an sdist. The wheel holds the package's
 .py files and its .dist-info (METADATA, WHEEL, RECORD) and nothing else: not
-libgma, which comes from the CMake build or install (README.md, "Python,
-PyTorch and CuPy"), and not this file.
+libgma, which comes from the CMake build or install (docs/python.md),
+and not this file.
 """
 import base64
 import hashlib
