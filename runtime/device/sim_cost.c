@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <time.h>
 
@@ -84,10 +85,12 @@ void gma__sim_spin_ns(uint64_t ns) {
 /* The driver's own lock: calls of every thread (and device) take turns. */
 static pthread_mutex_t driver_lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread uint64_t thread_calls;
+static _Atomic uint64_t totals[GMA__SIM_COST_NOPS];
 
 void gma__sim_cost_pay(const gma__sim_costs_t *c, gma__sim_cost_op_t op, uint64_t bytes) {
   if (!c) return;
   thread_calls++;
+  atomic_fetch_add_explicit(&totals[op], 1, memory_order_relaxed);
   uint64_t ns = gma__sim_cost_ns(c, op, bytes);
   if (!c->one_lock) {
     gma__sim_spin_ns(ns);
@@ -99,3 +102,7 @@ void gma__sim_cost_pay(const gma__sim_costs_t *c, gma__sim_cost_op_t op, uint64_
 }
 
 uint64_t gma__sim_cost_thread_calls(void) { return thread_calls; }
+
+uint64_t gma__sim_cost_total(gma__sim_cost_op_t op) {
+  return op < GMA__SIM_COST_NOPS ? atomic_load_explicit(&totals[op], memory_order_relaxed) : 0;
+}

@@ -63,6 +63,8 @@ void gma__sim_cost_pay(const gma__sim_costs_t *c, gma__sim_cost_op_t op, uint64_
 /* Driver calls paid on the calling thread so far (every op, NULL c
  * excluded): the benchmark's "driver calls per gma_alloc". */
 uint64_t gma__sim_cost_thread_calls(void);
+/* Priced calls of op made so far in the process, all threads and devices. */
+uint64_t gma__sim_cost_total(gma__sim_cost_op_t op);
 /* Takes ns nanoseconds on the calling thread: spins below 200 us (nanosleep
  * overshoots short waits several times over), sleeps above. */
 void gma__sim_spin_ns(uint64_t ns);
