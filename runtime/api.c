@@ -221,7 +221,8 @@ static gma_status_t free_now(gma_t *g, void *ptr);
 
 /* What trace rows say of the live allocation starting at ptr: its block
  * size, the bytes asked for and its stream, from the layer that holds it
- * (a graph pool, the plan, the pool); zeros when ptr is none. */
+ * (a graph pool, the plan, the pool, the host pool for a CPU fallback);
+ * zeros when ptr is none. */
 typedef struct live_facts {
   uint64_t block, requested;
   uintptr_t stream;
@@ -244,6 +245,9 @@ static live_facts_t live_facts(gma_t *g, void *ptr) {
         !gma__load_relaxed(&b->arena))
       f = (live_facts_t){b->size, gma__load_relaxed(&b->requested),
                          b->stream ? (uintptr_t)b->stream->handle : 0};
+    else if (!b && g->cfg.fallback_host && gma__host_pointer_info(&g->host, &g->pool, ptr, &r) &&
+             r.kind == GMA_MEMORY_FALLBACK && r.base == ptr)
+      f = (live_facts_t){r.block_size, r.requested, (uintptr_t)r.stream};
   }
   return f;
 }
