@@ -322,13 +322,16 @@ static gma_status_t alloc_now(gma_t *g, size_t size, gma_stream_t stream, unsign
 
 /* The pool's memory, and before an OOM an idle plan's arena too: it is
  * cache like any other, so the plan is dropped and the pool tries again.
- * The first try's OOM is counted only when no arena could go back. */
+ * The pool tries again too when the arena went back meanwhile (the
+ * worker's timed trim gives an idle one back at any time). The first try's
+ * OOM is counted only when no arena could go back. */
 static gma_status_t alloc_pool_or_arena(gma_t *g, size_t size, gma_stream_t stream,
                                         unsigned flags, void **out) {
   if (!gma__plan_holds_arena(&g->plan)) return alloc_pool(g, size, stream, flags, out);
   gma_status_t st = alloc_pool(g, size, stream, flags | GMA__ALLOC_UNCOUNTED, out);
   if (st != GMA_ERR_OOM) return st;
-  if (gma__plan_reclaim(&g->plan, 0)) return alloc_pool(g, size, stream, flags, out);
+  if (gma__plan_reclaim(&g->plan, 0) || !gma__plan_holds_arena(&g->plan))
+    return alloc_pool(g, size, stream, flags, out);
   if (!(flags & GMA__ALLOC_UNCOUNTED)) gma__pool_oom_count(&g->pool, size, stream);
   return st;
 }
