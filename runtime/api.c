@@ -616,10 +616,9 @@ gma_status_t gma_stats(gma_t *g, gma_stats_t *out) {
                                            "GMA_STATS_INIT");
   if (st != GMA_OK) return st;
   gma_stats_t full = GMA_STATS_INIT;
-  gma__pool_stats(&g->pool, &full);
+  gma__plan_stats(&g->plan, &full); /* the pool's and the plan's in one step */
   gma__worker_stats(&g->worker, &full);
   gma__host_stats(&g->host, &full);
-  gma__plan_stats(&g->plan, &full);
   uint64_t gpools, gbytes, glive;
   gma__graphs_totals(&g->graphs, &gpools, &gbytes, &glive);
   full.graph_pools = gpools;
