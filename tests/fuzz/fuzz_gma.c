@@ -3744,25 +3744,9 @@ static bool trace_fits(const trow_t *r, const tlog_t *e) {
          (e->block ? r->block == e->block : r->block >= r->size);
 }
 
-/* The rows of byte 0 bit 6's trace (written from gma_create until gma_destroy,
- * or until gma_trace_start or _stop closed it) against the model's log, in
- * time order: each allocate and free row of a successful call is the next
- * event the model logged for its pointer, with the model's bytes asked for,
- * stream and block size (gma_pointer_info's), planned blocks included.
- * Other rows only where the model cannot know the pointer: a free of a
- * future's memory nobody collected (gma frees it; its bytes and stream
- * match that future), and gma_reserve's own allocate and free pairs (at
- * most as many as it was asked for; each free row agrees with its
- * allocate row). An async batch's allocate rows (Block 0) are left out.
- * When the trace ran to the end, every event the model logged has its row. */
-static void trace_check(void) {
-  if (!F.trace_file[0]) return;
-  for (int i = 0; i < MAX_FUT; i++) { /* completed with memory the model has not counted yet */
-    mfut_t *m = &F.fut[i];
-    if (m->used && !m->accounted && !m->collected && atomic_load(&m->cb_runs) == 1 &&
-        atomic_load(&m->cb_status) == GMA_OK)
-      tfut_add(m);
-  }
+/* The allocate and free rows of successful calls in byte 0 bit 6's trace
+ * file, sorted by time (*n of them); the file is removed. */
+static trow_t *trace_read(size_t *n) {
   FILE *f = fopen(F.trace_file, "r");
   EXPECT(f != NULL, "cannot open the trace %s", F.trace_file);
   char line[512];
@@ -3784,66 +3768,98 @@ static void trace_check(void) {
   fclose(f);
   unlink(F.trace_file);
   if (nrows) qsort(rows, nrows, sizeof *rows, trow_cmp);
+  *n = nrows;
+  return rows;
+}
+
+/* The first logged event of r's action and pointer not matched yet (idx:
+ * the log sorted by tlog_cmp), or NULL. */
+static tlog_t *trace_next(tlog_t *const *idx, const trow_t *r) {
+  size_t lo = 0, hi = F.ntlog;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (idx[mid]->act < r->act || (idx[mid]->act == r->act && idx[mid]->p < r->p)) lo = mid + 1;
+    else hi = mid;
+  }
+  for (; lo < F.ntlog && idx[lo]->act == r->act && idx[lo]->p == r->p; lo++)
+    if (!idx[lo]->used) return idx[lo];
+  return NULL;
+}
+
+/* gma_reserve's allocations whose free row has not come yet. */
+typedef struct tunknown {
+  tlog_t v[64];
+  int n;
+} tunknown_t;
+
+/* One row: the next event the model logged for its pointer, else one the
+ * model cannot know (see trace_check), else a failure. */
+static void trace_match(tlog_t *const *idx, const trow_t *r, tunknown_t *un) {
+  if (r->act == 'A' && r->id && !r->block) return; /* an async batch's: Block 0 by design */
+  tlog_t *e = trace_next(idx, r);
+  int u = 0;
+  while (u < un->n && un->v[u].p != r->p) u++;
+  if (r->act == 'F' && u < un->n) { /* the free of one of gma_reserve's allocations */
+    EXPECT(trace_fits(r, &un->v[u]),
+           "trace line %d: free of %#" PRIxPTR " (Size %" PRIu64 ", Stream %#" PRIx64 ", Block %"
+           PRIu64 "); its allocate row said %" PRIu64 " / %#" PRIx64 " / %" PRIu64, r->line, r->p,
+           r->size, r->stream, r->block, un->v[u].size, un->v[u].stream, un->v[u].block);
+    un->v[u] = un->v[--un->n];
+    return;
+  }
+  if (e && trace_fits(r, e)) {
+    e->used = true;
+    return;
+  }
+  for (size_t k = 0; r->act == 'F' && k < F.ntfut; k++) /* a future's memory, freed by gma */
+    if (!F.tfut[k].used && F.tfut[k].size == r->size && F.tfut[k].stream == r->stream &&
+        r->block >= r->size) {
+      F.tfut[k].used = true;
+      return;
+    }
+  if (r->act == 'A' && F.trace_unknown && un->n < 64) { /* one of gma_reserve's */
+    F.trace_unknown--;
+    un->v[un->n++] = (tlog_t){.p = r->p, .size = r->size, .stream = r->stream, .block = r->block,
+                              .act = 'A'};
+    return;
+  }
+  if (e)
+    FAIL("trace line %d: %s of %#" PRIxPTR " says Size %" PRIu64 ", Stream %#" PRIx64
+         ", Block %" PRIu64 "; the model's (event %u) %" PRIu64 " / %#" PRIx64 " / %" PRIu64,
+         r->line, r->act == 'A' ? "allocate" : "free", r->p, r->size, r->stream, r->block, e->seq,
+         e->size, e->stream, e->block);
+  FAIL("trace line %d: %s of %#" PRIxPTR " (Size %" PRIu64 ", Stream %#" PRIx64 ", Block %" PRIu64
+       "), an event the model does not know", r->line, r->act == 'A' ? "allocate" : "free", r->p,
+       r->size, r->stream, r->block);
+}
+
+/* The rows of byte 0 bit 6's trace (written from gma_create until gma_destroy,
+ * or until gma_trace_start or _stop closed it) against the model's log, in
+ * time order: each allocate and free row of a successful call is the next
+ * event the model logged for its pointer, with the model's bytes asked for,
+ * stream and block size (gma_pointer_info's), planned blocks included.
+ * Other rows only where the model cannot know the pointer: a free of a
+ * future's memory nobody collected (gma frees it; its bytes and stream
+ * match that future), and gma_reserve's own allocate and free pairs (at
+ * most as many as it was asked for; each free row agrees with its
+ * allocate row). An async batch's allocate rows (Block 0) are left out.
+ * When the trace ran to the end, every event the model logged has its row. */
+static void trace_check(void) {
+  if (!F.trace_file[0]) return;
+  for (int i = 0; i < MAX_FUT; i++) { /* completed with memory the model has not counted yet */
+    mfut_t *m = &F.fut[i];
+    if (m->used && !m->accounted && !m->collected && atomic_load(&m->cb_runs) == 1 &&
+        atomic_load(&m->cb_status) == GMA_OK)
+      tfut_add(m);
+  }
+  size_t nrows = 0;
+  trow_t *rows = trace_read(&nrows);
   tlog_t **idx = malloc((F.ntlog + 1) * sizeof *idx);
   EXPECT(idx != NULL, "host memory");
   for (size_t i = 0; i < F.ntlog; i++) idx[i] = &F.tlog[i];
   if (F.ntlog) qsort(idx, F.ntlog, sizeof *idx, tlog_cmp);
-  tlog_t unknown[64]; /* gma_reserve's allocations whose free row has not come yet */
-  int nunknown = 0;
-  for (size_t i = 0; i < nrows; i++) {
-    trow_t *r = &rows[i];
-    if (r->act == 'A' && r->id && !r->block) continue; /* an async batch's: Block 0 by design */
-    size_t lo = 0, hi = F.ntlog; /* the first logged event of this action and pointer */
-    while (lo < hi) {
-      size_t mid = (lo + hi) / 2;
-      if (idx[mid]->act < r->act || (idx[mid]->act == r->act && idx[mid]->p < r->p)) lo = mid + 1;
-      else hi = mid;
-    }
-    tlog_t *e = NULL;
-    for (; lo < F.ntlog && idx[lo]->act == r->act && idx[lo]->p == r->p; lo++)
-      if (!idx[lo]->used) {
-        e = idx[lo];
-        break;
-      }
-    int u = 0;
-    while (u < nunknown && unknown[u].p != r->p) u++;
-    if (r->act == 'F' && u < nunknown) { /* the free of one of gma_reserve's allocations */
-      EXPECT(trace_fits(r, &unknown[u]),
-             "trace line %d: free of %#" PRIxPTR " (Size %" PRIu64 ", Stream %#" PRIx64 ", Block %"
-             PRIu64 "); its allocate row said %" PRIu64 " / %#" PRIx64 " / %" PRIu64, r->line, r->p,
-             r->size, r->stream, r->block, unknown[u].size, unknown[u].stream, unknown[u].block);
-      unknown[u] = unknown[--nunknown];
-      continue;
-    }
-    if (e && trace_fits(r, e)) {
-      e->used = true;
-      continue;
-    }
-    if (r->act == 'F') { /* a future's memory nobody collected, freed by gma */
-      size_t k = 0;
-      while (k < F.ntfut && (F.tfut[k].used || F.tfut[k].size != r->size ||
-                             F.tfut[k].stream != r->stream || r->block < r->size))
-        k++;
-      if (k < F.ntfut) {
-        F.tfut[k].used = true;
-        continue;
-      }
-    }
-    if (r->act == 'A' && F.trace_unknown && nunknown < 64) { /* one of gma_reserve's */
-      F.trace_unknown--;
-      unknown[nunknown++] = (tlog_t){.p = r->p, .size = r->size, .stream = r->stream,
-                                     .block = r->block, .act = 'A'};
-      continue;
-    }
-    if (e)
-      FAIL("trace line %d: %s of %#" PRIxPTR " says Size %" PRIu64 ", Stream %#" PRIx64
-           ", Block %" PRIu64 "; the model's (event %u) %" PRIu64 " / %#" PRIx64 " / %" PRIu64,
-           r->line, r->act == 'A' ? "allocate" : "free", r->p, r->size, r->stream, r->block, e->seq,
-           e->size, e->stream, e->block);
-    FAIL("trace line %d: %s of %#" PRIxPTR " (Size %" PRIu64 ", Stream %#" PRIx64 ", Block %" PRIu64
-         "), an event the model does not know", r->line, r->act == 'A' ? "allocate" : "free", r->p,
-         r->size, r->stream, r->block);
-  }
+  tunknown_t un = {.n = 0};
+  for (size_t i = 0; i < nrows; i++) trace_match(idx, &rows[i], &un);
   if (!F.trace_closed)
     for (size_t i = 0; i < F.ntlog; i++)
       EXPECT(F.tlog[i].used, "the model's %s of %#" PRIxPTR " (event %zu: %" PRIu64 " bytes, stream %#"
