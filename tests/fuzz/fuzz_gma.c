@@ -78,7 +78,7 @@
  *     inside the first submit when that completed at once.
  *   - With plan:on, SLEEP's argument 0x7C-0x7E (a mark's unused low bits:
  *     no campaign input used them): operations on planned memory under
- *     pressure (issue 35), each with two more argument bytes (see
+ *     pressure, each with two more argument bytes (see
  *     op_plan_race_free and below): 0x7C PLAN_RACE_FREE, racing frees of
  *     one planned block used on more streams; 0x7D PLAN_IDLE, an idle
  *     plan's arena needed by a request (synchronous or async),
@@ -147,7 +147,7 @@
  * and every callback runs on the worker, or on the fuzzer's thread only
  * inside a gma_alloc_async call (a wait never runs one).
  *
- * Planned memory under pressure (issue 35) adds: of two frees of one
+ * Planned memory under pressure adds: of two frees of one
  * planned block racing on two threads exactly one succeeds and the other
  * says GMA_ERR_DOUBLE_FREE; a gma_alloc that fails with GMA_ERR_OOM (or
  * falls back to host memory), gma_trim(g, 0) and gma_empty_cache with no
@@ -2668,7 +2668,7 @@ static void meet(_Atomic int *arrived);
 static void start_thread(pthread_t *th, void *(*fn)(void *), void *arg);
 static void join_thread(pthread_t th);
 
-/* ---- planned memory under pressure, racing frees (issue 35) -----------------------
+/* ---- planned memory under pressure, racing frees ----------------------------------
  * PLAN_MARK's argument 0x7C-0x7E (a mark is any of 0x40-0x7F; the
  * campaign's inputs never used these three) names three more operations
  * of the plan, each with two argument bytes b, c:
@@ -2976,7 +2976,7 @@ static void op_plan_oom_busy(rd_t *r) {
 
 static void op_sleep(rd_t *r, int t) {
   unsigned a = rd8(r);
-  if (F.plan && a >= 0x7C && a <= 0x7E) { /* issue 35: see op_plan_race_free */
+  if (F.plan && a >= 0x7C && a <= 0x7E) { /* see op_plan_race_free */
     static const char *const names[3] = {"PLAN_RACE_FREE", "PLAN_IDLE", "PLAN_OOM_BUSY"};
     F.opname = names[a - 0x7C];
     if (a == 0x7C) op_plan_race_free(r);
