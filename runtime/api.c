@@ -221,7 +221,8 @@ static gma_status_t free_now(gma_t *g, void *ptr);
 
 /* What trace rows say of the live allocation starting at ptr: its block
  * size, the bytes asked for and its stream, from the layer that holds it
- * (a graph pool, the plan, the pool); zeros when ptr is none. */
+ * (a graph pool, the plan, the pool, the host pool for a CPU fallback);
+ * zeros when ptr is none. */
 typedef struct live_facts {
   uint64_t block, requested;
   uintptr_t stream;
@@ -244,6 +245,9 @@ static live_facts_t live_facts(gma_t *g, void *ptr) {
         !gma__load_relaxed(&b->arena))
       f = (live_facts_t){b->size, gma__load_relaxed(&b->requested),
                          b->stream ? (uintptr_t)b->stream->handle : 0};
+    else if (!b && g->cfg.fallback_host && gma__host_pointer_info(&g->host, &g->pool, ptr, &r) &&
+             r.kind == GMA_MEMORY_FALLBACK && r.base == ptr)
+      f = (live_facts_t){r.block_size, r.requested, (uintptr_t)r.stream};
   }
   return f;
 }
@@ -318,13 +322,16 @@ static gma_status_t alloc_now(gma_t *g, size_t size, gma_stream_t stream, unsign
 
 /* The pool's memory, and before an OOM an idle plan's arena too: it is
  * cache like any other, so the plan is dropped and the pool tries again.
- * The first try's OOM is counted only when no arena could go back. */
+ * The pool tries again too when the arena went back meanwhile (the
+ * worker's timed trim gives an idle one back at any time). The first try's
+ * OOM is counted only when no arena could go back. */
 static gma_status_t alloc_pool_or_arena(gma_t *g, size_t size, gma_stream_t stream,
                                         unsigned flags, void **out) {
   if (!gma__plan_holds_arena(&g->plan)) return alloc_pool(g, size, stream, flags, out);
   gma_status_t st = alloc_pool(g, size, stream, flags | GMA__ALLOC_UNCOUNTED, out);
   if (st != GMA_ERR_OOM) return st;
-  if (gma__plan_reclaim(&g->plan, 0)) return alloc_pool(g, size, stream, flags, out);
+  if (gma__plan_reclaim(&g->plan, 0) || !gma__plan_holds_arena(&g->plan))
+    return alloc_pool(g, size, stream, flags, out);
   if (!(flags & GMA__ALLOC_UNCOUNTED)) gma__pool_oom_count(&g->pool, size, stream);
   return st;
 }
@@ -609,10 +616,9 @@ gma_status_t gma_stats(gma_t *g, gma_stats_t *out) {
                                            "GMA_STATS_INIT");
   if (st != GMA_OK) return st;
   gma_stats_t full = GMA_STATS_INIT;
-  gma__pool_stats(&g->pool, &full);
+  gma__plan_stats(&g->plan, &full); /* the pool's and the plan's in one step */
   gma__worker_stats(&g->worker, &full);
   gma__host_stats(&g->host, &full);
-  gma__plan_stats(&g->plan, &full);
   uint64_t gpools, gbytes, glive;
   gma__graphs_totals(&g->graphs, &gpools, &gbytes, &glive);
   full.graph_pools = gpools;

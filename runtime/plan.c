@@ -1188,8 +1188,12 @@ void gma__plan_fini(gma__planner_t *pl) {
 }
 
 void gma__plan_stats(gma__planner_t *pl, gma_stats_t *st) {
-  if (!pl->on) return;
-  pthread_mutex_lock(&pl->mu);
+  if (!pl->on) {
+    gma__pool_stats(pl->p, st);
+    return;
+  }
+  pthread_mutex_lock(&pl->mu); /* before the pool's lock, as marks and reclaims take them */
+  gma__pool_stats(pl->p, st);
   st->plan_state = gma__load_relaxed(&pl->state);
   st->plan_hits = pl->hits;
   st->plan_misses = pl->misses;

@@ -158,7 +158,12 @@ bool gma__plan_each_live(gma__planner_t *pl, uintptr_t addr,
 void gma__plan_note_alloc(gma__planner_t *pl, void *ptr, size_t size, gma_stream_t stream);
 void gma__plan_note_free(gma__planner_t *pl, void *ptr);
 
-/* Fills the plan_* fields of a full-size gma_stats_t. */
+/* Fills the pool's fields (gma__pool_stats) and the plan_* fields of a
+ * full-size gma_stats_t in one step under mu, so that an arena taken or
+ * given back meanwhile (a mark, the worker's timed trim) is in both or in
+ * neither: reserved + planned live = allocated + stream_cached + pending +
+ * free + plan_arena_bytes holds whenever no caller's call is in flight.
+ * Any thread. */
 void gma__plan_stats(gma__planner_t *pl, gma_stats_t *st);
 /* gma_destroy, after the device finished its work and before the leak
  * report: gives the arenas back to the pool; returns the planned

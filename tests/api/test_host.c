@@ -129,6 +129,43 @@ static void fallback_to_host(void) {
   CHECK_OK(gma_destroy(g));
 }
 
+/* Trace rows of a CPU-fallback block carry its own figures, as
+ * gma_pointer_info says them: the allocate row its block size, the free
+ * row the bytes asked for, its stream and its block size (they were 0:
+ * the trace asked only the device pool). */
+static void fallback_trace_rows(void) {
+  char path[] = "/tmp/gma_fallback_trace_XXXXXX";
+  int fd = mkstemp(path);
+  CHECK(fd >= 0);
+  close(fd);
+  char conf[128];
+  snprintf(conf, sizeof conf, "worker:off,sim_capacity:16M,fallback:host,trace:%s", path);
+  gma_t *g = sim_allocator(conf);
+  gma_stream_t s;
+  CHECK_OK(gma_stream_create(g, &s));
+  void *a = NULL, *b = NULL;
+  CHECK_OK(gma_alloc(g, 10 * MiB, s, &a));
+  CHECK_OK(gma_alloc(g, 10 * MiB + 100, s, &b));
+  gma_pointer_info_t i = info_of(g, b);
+  CHECK(i.kind == GMA_MEMORY_FALLBACK);
+  CHECK_OK(gma_free(g, b));
+  CHECK_OK(gma_free(g, a));
+  CHECK_OK(gma_stream_destroy(g, s));
+  CHECK_OK(gma_destroy(g));
+  FILE *f = fopen(path, "r");
+  CHECK(f != NULL);
+  char text[8192];
+  size_t n = fread(text, 1, sizeof text - 1, f);
+  fclose(f);
+  text[n] = 0;
+  unlink(path);
+  char row[200];
+  snprintf(row, sizeof row, ",allocate,%p,%zu,%p,%zu,", b, 10 * MiB + 100, (void *)s, i.block_size);
+  CHECK(strstr(text, row) != NULL);
+  snprintf(row, sizeof row, ",free,%p,%zu,%p,%zu,", b, 10 * MiB + 100, (void *)s, i.block_size);
+  CHECK(strstr(text, row) != NULL);
+}
+
 /* gma_record_stream of a CPU-fallback block: its free also waits for the
  * work on the recorded stream, so the block is not handed out again (nor
  * written by the host) while a kernel there still uses it; also when that
@@ -324,6 +361,7 @@ int main(void) {
   host_reuse_waits_for_the_copy();
   worker_trims_host_cache();
   fallback_to_host();
+  fallback_trace_rows();
   fallback_record_stream();
   tags_everywhere();
   printf("test_host: ok\n");

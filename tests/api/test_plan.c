@@ -10,6 +10,7 @@
  * block used by a second stream (record_stream) and held there by a gated
  * kernel is not handed out again until that work is done; bad frees get
  * clear errors; the statistics add up. */
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -609,6 +610,68 @@ static void test_trace_rows(void) {
   close_iter(&it);
 }
 
+typedef struct watcher {
+  gma_t *g;
+  atomic_int quiet; /* the main thread makes no call now */
+  atomic_int stop;
+  atomic_long looks, broken;
+} watcher_t;
+
+/* gma_stats in a loop: whenever the main thread makes no call, nothing is
+ * live and the accounting equation must hold exactly. */
+static void *watch_stats(void *arg) {
+  watcher_t *w = arg;
+  while (!atomic_load(&w->stop)) {
+    int quiet = atomic_load(&w->quiet);
+    gma_stats_t s = stats_of(w->g);
+    if (!quiet || !atomic_load(&w->quiet)) continue; /* a call began meanwhile */
+    atomic_fetch_add(&w->looks, 1);
+    if (s.reserved.current != s.allocated.current + s.stream_cached_bytes + s.pending_bytes +
+                                  s.free_bytes + s.plan_arena_bytes &&
+        atomic_fetch_add(&w->broken, 1) < 3)
+      fprintf(stderr, "stats_while_reclaimed: reserved %" PRIu64 " != allocated %" PRIu64
+              " + stream cached %" PRIu64 " + pending %" PRIu64 " + free %" PRIu64
+              " + plan arena %" PRIu64 "\n", s.reserved.current, s.allocated.current,
+              s.stream_cached_bytes, s.pending_bytes, s.free_bytes, s.plan_arena_bytes);
+  }
+  return NULL;
+}
+
+/* The worker's timed trim gives an idle plan's arena back while another
+ * thread reads gma_stats, the caller making no call: the pool's figures and
+ * the plan's are read in one step, so the arena is in both or in neither
+ * (read apart, reserved still held it while plan_arena_bytes no longer
+ * did, and the accounting equation broke). */
+static void test_stats_while_reclaimed(void) {
+  const size_t three[] = {1 << 20, 3 << 20, 2 << 20};
+  iter_t it = {.g = plan_allocator("idle_ms:1,trim_interval_ms:1")};
+  CHECK_OK(gma_stream_create(it.g, &it.s));
+  watcher_t w = {.g = it.g};
+  pthread_t th;
+  CHECK(pthread_create(&th, NULL, watch_stats, &w) == 0);
+  uint64_t drops = 0;
+  for (int round = 0; round < 40; round++) {
+    /* Active again (the worker may drop it between iterations already). */
+    for (int i = 0; i < 20 && stats_of(it.g).plan_state != 4; i++) {
+      small_step(&it, three, 3);
+      end_iteration(&it);
+      if (stats_of(it.g).plan_state == 3) sleep_us(2000);
+    }
+    uint64_t replans = stats_of(it.g).plan_replans;
+    if (stats_of(it.g).plan_state != 4) continue;
+    atomic_store(&w.quiet, 1);
+    for (int i = 0; i < 100 && stats_of(it.g).plan_replans == replans; i++) sleep_us(500);
+    sleep_us(500);
+    atomic_store(&w.quiet, 0);
+    drops += stats_of(it.g).plan_replans > replans;
+  }
+  atomic_store(&w.stop, 1);
+  CHECK(pthread_join(th, NULL) == 0);
+  CHECK(drops > 0 && atomic_load(&w.looks) > 0);
+  CHECK(atomic_load(&w.broken) == 0);
+  close_iter(&it);
+}
+
 int main(int argc, char **argv) {
   static const test_case_t cases[] = {
       {"empty_cache", test_empty_cache},
@@ -620,7 +683,7 @@ int main(int argc, char **argv) {
       {"threads", test_threads},
       {"racing_frees", test_racing_frees}, {"oom_wait_planned", test_oom_wait_planned},
       {"idle_arena", test_idle_arena},     {"arena_merge_counts", test_arena_merge_counts},
-      {"trace_rows", test_trace_rows},
+      {"trace_rows", test_trace_rows},     {"stats_while_reclaimed", test_stats_while_reclaimed},
   };
   return run_cases(argc, argv, cases, sizeof cases / sizeof cases[0]);
 }

@@ -15,7 +15,8 @@
  * INPUT ENCODING (tests/fuzz/make_corpus.py writes seeds in it)
  *   byte 0  configuration flags: bit0 worker on, bit1 expandable_segments,
  *           bit2 bins off, bits3-4 reuse (0 auto, 1 wait, 2 none, 3 query),
- *           bit5 fallback:host, bit6 trace to /dev/null, bit7 fault injection
+ *           bit5 fallback:host, bit6 trace to a temporary file (checked at the
+ *           end: trace_check), bit7 fault injection
  *   byte 1  bits0-1 sim_capacity (32M, 64M, 64M, 128M), bits2-3 trim_interval_ms
  *           (1, 2, 5, 50), bit4 release_threshold 8M (else 512 B), bit5
  *           idle_ms 10000 (else 1), bit6 grow_ahead 4M, bit7 small knobs
@@ -75,6 +76,15 @@
  *     submits must never wait for ring room, which only the worker makes:
  *     with ring_size 2 it would wait for itself), or on the fuzzer's thread
  *     inside the first submit when that completed at once.
+ *   - With plan:on, SLEEP's argument 0x7C-0x7E (a mark's unused low bits:
+ *     no campaign input used them): operations on planned memory under
+ *     pressure, each with two more argument bytes (see
+ *     op_plan_race_free and below): 0x7C PLAN_RACE_FREE, racing frees of
+ *     one planned block used on more streams; 0x7D PLAN_IDLE, an idle
+ *     plan's arena needed by a request (synchronous or async),
+ *     gma_trim(g, 0) or gma_empty_cache, optionally beside a block cached
+ *     on the legacy stream; 0x7E PLAN_OOM_BUSY, a request that fits once
+ *     memory freed behind a kernel is safe, while a planned block is live.
  *
  * THE MODEL
  *   - live device (and CPU-fallback) blocks: pointer, requested size, block
@@ -137,6 +147,29 @@
  * and every callback runs on the worker, or on the fuzzer's thread only
  * inside a gma_alloc_async call (a wait never runs one).
  *
+ * Planned memory under pressure adds: of two frees of one
+ * planned block racing on two threads exactly one succeeds and the other
+ * says GMA_ERR_DOUBLE_FREE; a gma_alloc that fails with GMA_ERR_OOM (or
+ * falls back to host memory), gma_trim(g, 0) and gma_empty_cache with no
+ * planned block live leave no arena held and the plan no longer active
+ * (plan_replans rose), and so does a request that cannot fit beside the
+ * arena once it is served or times out; with nothing else live and the
+ * streams synchronized such a request succeeds; an OOM blamed on "a real
+ * shortage" names as held exactly the model's live bytes outside arenas
+ * plus the arena, and with the request they pass the limit (every input,
+ * plan or not); the statistics, the accounting equation included, are
+ * checked right after each of these operations, and after the final
+ * gma_empty_cache allocated and requested are the model's.
+ *
+ * The trace check (byte 0 bit 6): the model logs every allocation and free
+ * it knows of (pointer, bytes asked for, stream, block size from
+ * gma_pointer_info); at the end each allocate and free row of a successful
+ * call must be the next event the model logged for its pointer, with its
+ * figures, planned and CPU-fallback blocks included; the only other rows
+ * allowed are gma's own frees of futures' memory nobody collected and
+ * gma_reserve's allocate/free pairs; and when the trace ran to the end,
+ * every logged event has its row.
+ *
  * Gated kernels hold their stream until an OP_GATE_OPEN (or any synchronize,
  * or the end) opens their gate: stream order then deterministically keeps
  * their memory from other streams. A gate that stays shut 10 s means a call
@@ -158,6 +191,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "gma.h"
 
@@ -425,6 +459,7 @@ typedef struct mfut {
   gma_status_t child_st;
   gma_future_t *child_f;
   bool cb_on_fuzzer;     /* the callback ran on the fuzzer's thread */
+  uint64_t fid;          /* the model's id of the request (the trace check's) */
 } mfut_t;
 
 static const char *const tag_names[] = {"weights", "kv-cache", "act", "grad", "tmp", "x", "",
@@ -479,6 +514,23 @@ typedef struct fuzz {
   size_t hist[16];      /* start offsets of the last operations (a ring, by opno) */
   uint64_t marks;       /* gma_iteration_mark calls */
   const uint8_t *in;    /* the input (PLAN_REPEAT reads earlier operations' bytes) */
+  /* The last PLAN_LOOP's requests (size and stream slot, in order): after a
+   * mark, its first request on a stream is planned while its plan is active
+   * (plan_take). */
+  int loop_n;
+  size_t loop_size[17];
+  int loop_si[17];
+  /* The trace check (byte 0 bit 6: a temporary file, read at the end). */
+  char trace_file[256];
+  bool trace_closed;      /* gma_trace_start or _stop closed the file early */
+  struct tlog *tlog;      /* every allocation and free the model knows, in order */
+  size_t ntlog, tlog_cap;
+  struct tlog *tfut;      /* blocks of futures that completed with memory nobody collected:
+                             gma frees them itself (free rows the model has no pointer for) */
+  size_t ntfut, tfut_cap;
+  uint64_t trace_unknown; /* allocations gma_reserve may have made (rows with unknown pointers) */
+  uint64_t next_fid;
+  bool collecting;        /* fut_collect registers a future's blocks (their rows are async ones) */
 } fuzz_t;
 
 static fuzz_t F;
@@ -593,6 +645,62 @@ static void stream_new_gen(int si) {
   F.st[si].allocs = F.st[si].frees = 0;
 }
 
+static bool default_handle(gma_stream_t h) { return h == NULL || h == GMA_STREAM_LEGACY; }
+
+/* ---- the trace check's log ------------------------------------------------------ */
+/* With byte 0 bit 6 gma traces to a temporary file from gma_create on. The
+ * model logs every allocation and free it knows of (pointer, bytes asked
+ * for, stream, block size from gma_pointer_info; block 0: not known, e.g. a
+ * lock-free pair beside the reports), and at the end of the input every
+ * allocate and free row of a successful call must be one of them (see
+ * trace_check). */
+
+typedef struct tlog {
+  uintptr_t p;
+  uint64_t size, stream, block; /* stream: the handle, the default streams as 0 */
+  uint64_t fid;                 /* tfut: the future's id */
+  uint32_t seq;
+  char act;                     /* 'A' allocate, 'F' free */
+  bool used;
+} tlog_t;
+
+static uint64_t trace_stream(gma_stream_t h) { return default_handle(h) ? 0 : (uint64_t)(uintptr_t)h; }
+
+static tlog_t *tlog_push(tlog_t **v, size_t *n, size_t *cap) {
+  if (*n == *cap) {
+    *cap = *cap ? 2 * *cap : 256;
+    *v = realloc(*v, *cap * sizeof **v);
+    EXPECT(*v != NULL, "host memory");
+  }
+  tlog_t *e = &(*v)[(*n)++];
+  memset(e, 0, sizeof *e);
+  return e;
+}
+
+/* A successful allocation (act 'A') or free ('F') the trace must show. */
+static void tlog_add(char act, uintptr_t p, uint64_t size, gma_stream_t h, uint64_t block) {
+  if (!F.trace_file[0]) return;
+  tlog_t *e = tlog_push(&F.tlog, &F.ntlog, &F.tlog_cap);
+  *e = (tlog_t){.p = p, .size = size, .stream = trace_stream(h), .block = block,
+                .seq = (uint32_t)(F.ntlog - 1), .act = act};
+}
+
+/* A future completed with memory nobody collected yet: if it is never
+ * collected, gma frees its blocks itself (a free row of a pointer the model
+ * never saw). */
+static void tfut_add(const mfut_t *m) {
+  if (!F.trace_file[0]) return;
+  for (size_t k = 0; k < m->n; k++) {
+    tlog_t *e = tlog_push(&F.tfut, &F.ntfut, &F.tfut_cap);
+    *e = (tlog_t){.size = m->sizes[k], .stream = trace_stream(m->h), .fid = m->fid, .act = 'F'};
+  }
+}
+
+static void tfut_collected(uint64_t fid) {
+  for (size_t i = 0; i < F.ntfut; i++)
+    if (F.tfut[i].fid == fid) F.tfut[i].used = true;
+}
+
 /* ---- stats ------------------------------------------------------------------------ */
 
 static gma_stats_t stats_now(void) {
@@ -696,6 +804,7 @@ static void observe_futures(void) {
     if (s == GMA_OK) {
       F.n_ready++;
       F.n_allocs += m->n;
+      tfut_add(m);
       if (m->released) { /* released before it completed: gma frees it, maybe on the worker */
         F.n_frees += m->n;
         F.lag = true;
@@ -917,6 +1026,68 @@ static void snap_same(const snap_t *a, const char *what) {
          a->s.host_allocated.current, b.host_allocated.current);
 }
 
+/* Nothing runs on the model's behalf and every byte gma holds for callers is
+ * a live block of the model: no request in flight, no future's memory
+ * uncollected, no released future's free trailing on the worker, no failed
+ * gma_reserve to re-learn. */
+static bool model_exact(void) {
+  observe_futures();
+  return !futures_in_flight() && !futures_uncollected() && !F.reserve_unknown && !F.lag;
+}
+
+static int planned_live(void) {
+  int n = 0;
+  for (int i = 0; i < F.nlive; i++) n += F.live[i].planned;
+  return n;
+}
+
+/* gma_alloc of size said GMA_ERR_OOM. When its message blames "a real
+ * shortage", the bytes it says stay in use whatever device work completes
+ * are the allocations outside arenas plus the arenas whole, and with the
+ * request they pass the limit. Under plan:on a planned block lies inside the
+ * arena: counted on its own as well, a request that fits once freed memory
+ * behind running kernels completes failed at once. When the model is exact,
+ * those bytes are its live blocks less the planned ones plus
+ * plan_arena_bytes (then, or before the call: arena_before; the worker may
+ * give an idle arena back meanwhile). */
+static void check_oom_cause(size_t size, uint64_t arena_before) {
+  const char *e = gma_last_error();
+  const char *k = strstr(e, "a real shortage: live allocations held ");
+  if (!k) return;
+  uint64_t held = 0, limit = 0, need = 0;
+  EXPECT(sscanf(k, "a real shortage: live allocations held %" SCNu64 " bytes of memory_limit / "
+                   "device capacity %" SCNu64 " when this call looked, so %" SCNu64,
+                &held, &limit, &need) == 3,
+         "an OOM message not as expected: %s", e);
+  EXPECT(need >= size && limit == F.limit && (held >= limit || limit - held < need),
+         "gma_alloc(%zu): a real shortage with %" PRIu64 " bytes held of %" PRIu64 ", %" PRIu64
+         " more (the limit is %" PRIu64 ")", size, held, limit, need, F.limit);
+  if (!model_exact()) return;
+  sums_t m = model_sums();
+  uint64_t arena = stats_now().plan_arena_bytes, want = m.dev_bytes - m.planned_bytes + arena;
+  if (held == want - arena + arena_before) return;
+  EXPECT(held == want,
+         "gma_alloc(%zu) failed as a real shortage with %" PRIu64 " bytes held; the model's live "
+         "blocks outside arenas (%" PRIu64 " of %" PRIu64 ", %" PRIu64 " planned) and the arena (%"
+         PRIu64 ") make %" PRIu64 "%s", size, held, m.dev_bytes - m.planned_bytes, m.dev_bytes,
+         m.planned_bytes, arena, want,
+         want + need <= limit ? ": the request fits once device work completes" : "");
+}
+
+/* A gma_alloc that went past the pool (GMA_ERR_OOM, or the CPU fallback)
+ * while a plan held an arena and no planned block was live took the arena
+ * back first: an idle plan's arena is cache. pre: gma_stats before the call;
+ * idle: the model had no planned block live then. */
+static void check_arena_went(const gma_stats_t *pre, bool idle, const char *what) {
+  if (!F.plan || !idle || !pre->plan_arena_bytes) return;
+  gma_stats_t s = stats_now();
+  EXPECT(s.plan_arena_bytes == 0 && s.plan_state != 4 &&
+             (pre->plan_state != 4 || s.plan_replans > pre->plan_replans),
+         "%s with an idle plan (state %d, arena %" PRIu64 ", no planned block live): state %d, arena %"
+         PRIu64 ", re-plans %" PRIu64 " -> %" PRIu64, what, pre->plan_state, pre->plan_arena_bytes,
+         s.plan_state, s.plan_arena_bytes, pre->plan_replans, s.plan_replans);
+}
+
 /* ---- registering allocations ---------------------------------------------------- */
 
 /* [p, p + len) against every live range of the model. */
@@ -935,8 +1106,6 @@ static void check_no_overlap(uintptr_t p, size_t len, const char *what) {
            what, p, len, h->id, h->p, h->size);
   }
 }
-
-static bool default_handle(gma_stream_t h) { return h == NULL || h == GMA_STREAM_LEGACY; }
 
 static void grave_remove(uintptr_t *grave, int *n, uintptr_t p) {
   for (int i = 0; i < *n; i++)
@@ -1006,6 +1175,7 @@ static mblock_t *add_block(void *ptr, size_t size, int si, unsigned gen, gma_str
                   .thread = thread, .tag = tag, .kind = info.kind, .planned = planned,
                   .id = ++F.next_id};
   grave_remove(F.grave, &F.ngrave, p);
+  if (!F.collecting) tlog_add('A', p, size, h, info.block_size);
   if (info.kind == GMA_MEMORY_DEVICE) {
     if (F.st[si].gen == gen) F.st[si].allocs++;
   } else { /* a successful gma_alloc too: num_allocs counts it (callers count device blocks) */
@@ -1109,6 +1279,7 @@ static uint64_t launch_pattern(int si, gma_stream_t h, uintptr_t base, size_t le
 
 static void op_host_free(rd_t *r);
 static void free_block(int i, const char *what);
+static void forget_freed(int i);
 
 static void op_alloc(rd_t *r, int t, bool tagged) {
   int si = stream_of_thread(t);
@@ -1122,11 +1293,12 @@ static void op_alloc(rd_t *r, int t, bool tagged) {
   uint64_t fb_live = model_sums().fb_bytes;
   if (F.fallback && fb_live > 192 * MiB && size > MiB) size = MiB; /* bound host memory */
   snap_t before = snap_take();
-  uint64_t hits0 = F.plan ? stats_now().plan_hits : 0;
+  gma_stats_t pre = F.plan ? stats_now() : (gma_stats_t){0};
+  bool idle = F.plan && planned_live() == 0;
   void *p = (void *)1;
   gma_status_t st = tagged ? gma_alloc_tagged(F.g, size, h, tag_names[tag], &p)
                            : gma_alloc(F.g, size, h, &p);
-  F.next_planned = F.plan && st == GMA_OK && stats_now().plan_hits > hits0;
+  F.next_planned = F.plan && st == GMA_OK && stats_now().plan_hits > pre.plan_hits;
   vlog("T%d slot %d size %zu tag %d -> %s %p%s", t, si, size, tag, gma_status_name(st), p,
        F.next_planned ? " (planned)" : "");
   bool bad_tag = tag >= 6;
@@ -1142,10 +1314,15 @@ static void op_alloc(rd_t *r, int t, bool tagged) {
   if (st == GMA_OK) {
     mblock_t *b = add_block(p, size, si, F.st[si].gen, h, t, tagged ? tag : -1, 0);
     if (b->kind == GMA_MEMORY_DEVICE) F.n_allocs++;
+    else check_arena_went(&pre, idle, "a CPU-fallback allocation");
     return;
   }
   EXPECT(p == NULL, "a failed gma_alloc left *out = %p", p);
   snap_same(&before, "a failed gma_alloc");
+  if (st == GMA_ERR_OOM) {
+    check_oom_cause(size, pre.plan_arena_bytes);
+    check_arena_went(&pre, idle, "an OOM");
+  }
 }
 
 static void free_block(int i, const char *what) {
@@ -1158,6 +1335,13 @@ static void free_block(int i, const char *what) {
   vlog("%s block #%" PRIu64 " %#" PRIxPTR " (%zu) -> %s", what, b->id, b->p, b->size,
        gma_status_name(st));
   EXPECT_ST(st, GMA_OK, what);
+  forget_freed(i);
+}
+
+/* Block i was freed (by gma_free that returned GMA_OK): the model follows. */
+static void forget_freed(int i) {
+  mblock_t *b = &F.live[i];
+  tlog_add('F', b->p, b->size, b->h, b->bsize);
   F.n_frees++; /* a CPU-fallback block's free counts in num_frees too */
   if (b->kind == GMA_MEMORY_DEVICE && F.st[b->si].gen == b->gen) F.st[b->si].frees++;
   remove_block(i);
@@ -1537,6 +1721,7 @@ static void fut_init(mfut_t *m, int si, bool batch, size_t n, const size_t *size
   m->si = si;
   m->gen = F.st[si].gen;
   m->h = handle_of(si);
+  m->fid = ++F.next_fid;
 }
 
 /* Makes m the head of a chain: its callback, on GMA_OK, submits one more
@@ -1675,17 +1860,19 @@ static void fut_collect(mfut_t *m, void *first) {
     return;
   }
   m->collected = true;
+  tfut_collected(m->fid);
   for (size_t k = 0; k < m->n; k++) {
     m->got[k] = ptrs[k];
     if (F.nlive >= MAX_LIVE) { /* no room in the model: give it back at once */
       EXPECT_ST(gma_free(F.g, ptrs[k]), GMA_OK, "gma_free of a future's block");
+      tlog_add('F', (uintptr_t)ptrs[k], m->sizes[k], m->h, 0);
       F.n_frees++;
       if (F.st[m->si].gen == m->gen) F.st[m->si].frees++;
       continue;
     }
-    mblock_t *b = add_block(ptrs[k], m->sizes[k], m->si, m->gen, m->h, (int)(F.opno & 3), -1,
-                            m->batch ? 1 : 0);
-    (void)b;
+    F.collecting = true; /* its rows are async_complete (a batch's: allocate rows with Block 0) */
+    add_block(ptrs[k], m->sizes[k], m->si, m->gen, m->h, (int)(F.opno & 3), -1, m->batch ? 1 : 0);
+    F.collecting = false;
   }
   if (m->batch && m->n > 1) {
     /* All or nothing, and each pointer distinct (add_block checked overlaps). */
@@ -1794,10 +1981,15 @@ static void op_trim(rd_t *r, bool empty) {
   static const uint64_t keeps[4] = {0, MiB, 16 * MiB, UINT64_MAX};
   uint64_t keep = keeps[rd8(r) & 3];
   snap_t before = snap_take();
+  gma_stats_t pre = F.plan ? stats_now() : (gma_stats_t){0};
+  bool idle = F.plan && planned_live() == 0;
   gma_status_t st = empty ? gma_empty_cache(F.g) : gma_trim(F.g, keep);
   vlog("%s keep %" PRIu64 " -> %s", empty ? "empty_cache" : "trim", keep, gma_status_name(st));
   EXPECT(st == GMA_OK || (st == GMA_ERR_DEVICE && F.faults), "%s returned %s",
          empty ? "gma_empty_cache" : "gma_trim", gma_status_name(st));
+  /* An idle plan's arena is cache: all of it goes with the rest. */
+  if (st == GMA_OK && (empty || keep == 0))
+    check_arena_went(&pre, idle, empty ? "gma_empty_cache" : "gma_trim(g, 0)");
   if (before.valid) {
     gma_stats_t s = stats_now();
     EXPECT(s.allocated.current == before.s.allocated.current && s.num_allocs == before.s.num_allocs,
@@ -2094,6 +2286,7 @@ static void op_reserve_bad(rd_t *r, int t, unsigned variant) {
   if (sp == NULL || cp == NULL)
     EXPECT_ST(st, GMA_ERR_INVALID_ARGUMENT, "gma_reserve with a NULL array");
   if (may_alloc) F.st[si].has_record = F.st[si].has_record == 1 ? 1 : -1;
+  if (may_alloc) F.trace_unknown += counts[0];
   /* How many blocks it made and gave back (and from where) is gma's
    * business: re-learn the counters (check_stats requires allocs == frees). */
   F.reserve_unknown = true;
@@ -2138,6 +2331,7 @@ static void op_reserve(rd_t *r, int t) {
     else bytes += counts[k] * (((uint64_t)sizes[k] + 511) / 512 * 512);
   }
   if (bytes > F.limit) bad = true;
+  F.trace_unknown += total; /* its allocate and free rows name pointers the model never sees */
   snap_t before = snap_take();
   gma_status_t st = gma_reserve(F.g, handle_of(si), n, sizes, counts);
   vlog("slot %d n %zu blocks %zu -> %s", si, n, total, gma_status_name(st));
@@ -2278,6 +2472,7 @@ static void op_introspect(rd_t *r, int t) {
       gma_status_t st = (v >> 2) & 1 ? gma_trace_start(F.g, "/dev/null") : gma_trace_stop(F.g);
       vlog("trace %s -> %s", (v >> 2) & 1 ? "start" : "stop", gma_status_name(st));
       EXPECT_ST(st, GMA_OK, "gma_trace_start/stop");
+      F.trace_closed = true; /* either closes the trace of byte 0 bit 6 */
       break;
     }
     default:
@@ -2301,7 +2496,8 @@ static void op_introspect(rd_t *r, int t) {
 /* ---- planned memory (plan:on, issue 18) -------------------------------------------
  * With byte 3 bit 6 (plan:on) SLEEP's argument byte a names, by its top two
  * bits: 0 the sleep (a % 64 units of 8 us, as without a plan), 1 PLAN_MARK
- * (gma_iteration_mark), 2 PLAN_LOOP (a synthetic training loop repeated
+ * (gma_iteration_mark; 0x7C-0x7E name three more operations, see
+ * op_plan_race_free), 2 PLAN_LOOP (a synthetic training loop repeated
  * with marks), 3 PLAN_REPEAT (the last operations repeated with marks).
  * Inputs without the bit decode as before. What the model checks of
  * planned blocks is what it checks of any block (no overlap, patterns,
@@ -2341,29 +2537,47 @@ static void plan_mark(void) {
             b.plan_hits, b.plan_hits - a.plan_hits, b.plan_misses);
 }
 
-/* One allocation of a plan loop on logical thread t: the model's index of
- * the new block, or -1 (OOM, or a device error with faults). */
-static int plan_loop_alloc(int t, size_t size, unsigned hold_us) {
-  int si = stream_of_thread(t);
+/* gma_alloc of size on stream slot si for logical thread t (plan:on): the
+ * model's index of the new block, or -1 (OOM, or a device error with
+ * faults). An OOM's message and what it did to an idle plan are checked. */
+static int plan_alloc_on(int si, int t, size_t size, const char *what) {
   gma_stream_t h = handle_of(si);
   if (F.nlive >= MAX_LIVE) return -1;
-  uint64_t hits0 = stats_now().plan_hits;
+  gma_stats_t pre = stats_now();
+  bool idle = planned_live() == 0;
   void *p = (void *)1;
   gma_status_t st = gma_alloc(F.g, size, h, &p);
   F.st[si].has_record = 1;
   EXPECT(st == GMA_OK || st == GMA_ERR_OOM || (st == GMA_ERR_DEVICE && F.faults),
-         "gma_alloc(%zu) in a plan loop returned %s", size, gma_status_name(st));
+         "gma_alloc(%zu) %s returned %s", size, what, gma_status_name(st));
   if (st != GMA_OK) {
+    vlog("  %s: T%d slot %d size %zu -> %s", what, t, si, size, gma_status_name(st));
     EXPECT(p == NULL, "a failed gma_alloc left *out = %p", p);
+    if (st == GMA_ERR_OOM) {
+      check_oom_cause(size, pre.plan_arena_bytes);
+      check_arena_went(&pre, idle, what);
+    }
     return -1;
   }
-  F.next_planned = stats_now().plan_hits > hits0;
-  vlog("  loop T%d slot %d size %zu -> %p%s", t, si, size, p, F.next_planned ? " (planned)" : "");
+  F.next_planned = stats_now().plan_hits > pre.plan_hits;
+  vlog("  %s: T%d slot %d size %zu -> %p%s", what, t, si, size, p,
+       F.next_planned ? " (planned)" : "");
   mblock_t *b = add_block(p, size, si, F.st[si].gen, h, t, -1, 0);
   if (b->kind == GMA_MEMORY_DEVICE) F.n_allocs++;
-  if (block_usable(b) && size >= 8)
-    b->pat = launch_pattern(si, h, b->p, b->size, K_HOLD_ONE, 0, hold_us & 63, b->id);
+  else check_arena_went(&pre, idle, what);
   return F.nlive - 1;
+}
+
+/* One allocation of a plan loop on logical thread t, with a short pattern
+ * kernel on it: the model's index of the new block, or -1. */
+static int plan_loop_alloc(int t, size_t size, unsigned hold_us) {
+  int si = stream_of_thread(t);
+  int i = plan_alloc_on(si, t, size, "in a plan loop");
+  if (i < 0) return -1;
+  mblock_t *b = &F.live[i];
+  if (block_usable(b) && size >= 8)
+    b->pat = launch_pattern(si, b->h, b->p, b->size, K_HOLD_ONE, 0, hold_us & 63, b->id);
+  return i;
 }
 
 static void plan_loop_free(uintptr_t p) {
@@ -2395,7 +2609,10 @@ static void op_plan_loop(rd_t *r, unsigned a) {
     size[i] = ((size_t)1 << bits) + (size_t)((x >> 8) % ((uint64_t)1 << bits)) * ((x >> 40) & 1);
     thr[i] = (int)((b >> (2 * (i % 4))) & 3);
     temp[i] = (x >> 50) & 1;
+    F.loop_size[i] = size[i];
+    F.loop_si[i] = stream_of_thread(thr[i]);
   }
+  F.loop_n = n;
   vlog("plan loop: %d allocations x %d iterations", n, reps);
   for (int rep = 0; rep < reps; rep++) {
     uintptr_t kept[17];
@@ -2446,9 +2663,327 @@ static void op_plan_repeat(unsigned a) {
   F.opname = name;
 }
 
+static void spin_for(unsigned n);
+static void meet(_Atomic int *arrived);
+static void start_thread(pthread_t *th, void *(*fn)(void *), void *arg);
+static void join_thread(pthread_t th);
+
+/* ---- planned memory under pressure, racing frees ----------------------------------
+ * PLAN_MARK's argument 0x7C-0x7E (a mark is any of 0x40-0x7F; the
+ * campaign's inputs never used these three) names three more operations
+ * of the plan, each with two argument bytes b, c:
+ *   0x7C PLAN_RACE_FREE  a live planned block used on 1-4 more streams
+ *                        (gma_record_stream), then freed by the fuzzer's
+ *                        thread and a helper thread at once, 1-4 rounds;
+ *   0x7D PLAN_IDLE       nothing planned live, optionally a block of the
+ *                        legacy stream cached beside the arena, then the
+ *                        idle plan's arena is needed: by a request that
+ *                        fits only without it (synchronous or async),
+ *                        gma_trim(g, 0) or gma_empty_cache;
+ *   0x7E PLAN_OOM_BUSY   a planned block live, memory freed behind a kernel
+ *                        on another stream, then a request that fits once
+ *                        that kernel completes.
+ * A planned block comes from the model when one is live, else from
+ * plan_take. */
+
+static int thread_of_slot(int si) { return si < 3 ? si : 3; }
+
+/* The model's index of the live planned block k picks, or -1. */
+static int pick_planned(unsigned k) {
+  int idx[MAX_LIVE], n = 0;
+  for (int i = 0; i < F.nlive; i++)
+    if (F.live[i].planned) idx[n++] = i;
+  return n ? idx[k % (unsigned)n] : -1;
+}
+
+/* A planned block now: a mark starts an iteration (twice when the plan is
+ * being placed, so that it becomes active), then the last PLAN_LOOP's
+ * first request on one of its streams (k picks which) is served at its
+ * planned address while the plan that loop made is active. The model's
+ * index of the new block when it was planned; else -1 (an ordinary block
+ * it got stays live in the model). */
+static int plan_take(unsigned k) {
+  if (!F.loop_n || F.nlive >= MAX_LIVE) return -1;
+  plan_mark();
+  if (stats_now().plan_state == 3) {
+    sleep_us(200); /* the worker places it */
+    plan_mark();
+  }
+  if (stats_now().plan_state != 4) return -1;
+  int si = F.loop_si[k % (unsigned)F.loop_n], i = 0;
+  if (!slot_live(si)) return -1;
+  while (F.loop_si[i] != si) i++;
+  int b = plan_alloc_on(si, thread_of_slot(si), F.loop_size[i], "the first request after a mark");
+  return b >= 0 && F.live[b].planned ? b : -1;
+}
+
+typedef struct free_racer {
+  _Atomic int bar;
+  gma_t *g;
+  void *p;
+  unsigned spin;
+  gma_status_t st;
+} free_racer_t;
+
+static void *race_planned_main(void *arg) {
+  free_racer_t *a = arg;
+  meet(&a->bar);
+  spin_for(a->spin);
+  a->st = gma_free(a->g, a->p);
+  return NULL;
+}
+
+/* PLAN_RACE_FREE: a live planned block (the model's, or plan_take's) is
+ * used on more streams (gma_record_stream, no kernel there), then the
+ * fuzzer's thread and a helper free it at once (one spinning barrier):
+ * exactly one free returns GMA_OK, the other GMA_ERR_DOUBLE_FREE
+ * (GMA_ERR_INVALID_POINTER only if the plan was dropped in between, its
+ * arena no longer planned memory); the model frees it once. Each round
+ * after the first takes a new planned block (often the same slot) and
+ * names one more stream, so the slot's record of its users grows.
+ *   arg b: bits0-1 rounds - 1, bits2-3 streams named in the first round
+ *          (1 + value % 3), bit4 the helper spins before it frees (else the
+ *          fuzzer's thread), bit5 a pattern kernel on the block on its own
+ *          stream first, bits6-7 which live planned block the first round
+ *          takes
+ *   arg c: the spin (c * 8 iterations), the first stream named, the
+ *          kernel's hold (c & 63 us), which stream plan_take uses */
+static void op_plan_race_free(rd_t *r) {
+  unsigned b = rd8(r), c = rd8(r);
+  int rounds = 1 + (int)(b & 3), n0 = 1 + (int)((b >> 2) & 3) % 3;
+  for (int round = 0; round < rounds; round++) {
+    int i = round == 0 ? pick_planned(b >> 6) : -1;
+    if (i < 0) i = plan_take(c + (unsigned)round);
+    if (i < 0) return;
+    mblock_t *blk = &F.live[i];
+    if ((b & 0x20) && block_usable(blk) && blk->size >= 8)
+      blk->pat = launch_pattern(blk->si, blk->h, blk->p, blk->size, K_HOLD_ONE, 0, c & 63, blk->id);
+    int want = n0 + round < 4 ? n0 + round : 4, named = 0;
+    for (int k = 0; k < NSLOTS && named < want; k++) {
+      int ui = (int)((c + (unsigned)k) % NSLOTS);
+      if (ui == blk->si || !slot_live(ui)) continue;
+      gma_status_t st = gma_record_stream(F.g, (void *)blk->p, handle_of(ui));
+      EXPECT_ST(st, GMA_OK, "gma_record_stream of a planned block");
+      F.st[ui].has_record = 1;
+      named++;
+    }
+    gma_stats_t pre = stats_now();
+    uintptr_t p = blk->p;
+    vlog("round %d: planned block #%" PRIu64 " %#" PRIxPTR " (%zu, slot %d) used on %d more "
+         "streams, freed by two threads", round, blk->id, p, blk->size, blk->si, named);
+    forget_freed(i); /* the model frees it once */
+    free_racer_t fr = {.g = F.g, .p = (void *)p, .spin = (b & 0x10) ? c * 8 : 0};
+    atomic_init(&fr.bar, 0);
+    pthread_t th;
+    start_thread(&th, race_planned_main, &fr);
+    meet(&fr.bar);
+    if (!(b & 0x10)) spin_for(c * 8);
+    gma_status_t st = gma_free(F.g, (void *)p);
+    join_thread(th);
+    vlog("  the fuzzer's free -> %s, the helper's -> %s", gma_status_name(st), gma_status_name(fr.st));
+    EXPECT((st == GMA_OK) + (fr.st == GMA_OK) == 1,
+           "two racing frees of planned block %#" PRIxPTR ": %s and %s (exactly one must succeed)",
+           p, gma_status_name(st), gma_status_name(fr.st));
+    gma_status_t lost = st == GMA_OK ? fr.st : st;
+    EXPECT(lost == GMA_ERR_DOUBLE_FREE ||
+               (lost == GMA_ERR_INVALID_POINTER && stats_now().plan_replans > pre.plan_replans),
+           "the losing free of a planned block returned %s", gma_status_name(lost));
+    check_stats();
+  }
+}
+
+/* PLAN_IDLE's async request (worker on): the worker gives an idle plan's
+ * arena back before it waits for memory, so when the request needs the
+ * arena (check) and is served, the arena went back. */
+static void plan_idle_async(int si, size_t size, const gma_stats_t *pre, bool check) {
+  gma_async_options_t o = GMA_ASYNC_OPTIONS_INIT;
+  o.timeout_ns = 200000000;
+  gma_stream_t h = handle_of(si);
+  gma_future_t *f = NULL;
+  F.in_submit = true;
+  gma_status_t st = gma_alloc_async(F.g, size, h, &o, &f);
+  F.in_submit = false;
+  EXPECT_ST(st, GMA_OK, "gma_alloc_async of a request that needs the idle arena");
+  F.n_submitted++;
+  F.st[si].has_record = F.st[si].has_record == 1 ? 1 : -1; /* the worker may resolve it */
+  F.st[si].counts_exact = false;
+  void *p = NULL;
+  st = gma_future_wait(f, UINT64_MAX, &p);
+  vlog("async request of %zu on slot %d -> %s %p", size, si, gma_status_name(st), p);
+  EXPECT(st == GMA_OK || st == GMA_ERR_TIMEOUT || (st == GMA_ERR_DEVICE && F.faults),
+         "a request that needs the idle arena: gma_future_wait returned %s", gma_status_name(st));
+  /* Served, or timed out (after at least one try, which met the OOM). */
+  if (check && (st == GMA_OK || st == GMA_ERR_TIMEOUT))
+    check_arena_went(pre, true, st == GMA_OK ? "an async request that needs the arena"
+                                             : "an async request that needs the arena (timed out)");
+  if (st == GMA_OK) {
+    F.n_ready++;
+    F.n_allocs++;
+    F.collecting = true; /* its rows are async ones */
+    add_block(p, size, si, F.st[si].gen, h, thread_of_slot(si), -1, 0);
+    F.collecting = false;
+  } else if (st == GMA_ERR_TIMEOUT) {
+    F.n_timed_out++;
+  } else {
+    F.n_failed++;
+  }
+  EXPECT_ST(gma_future_release(f), GMA_OK, "gma_future_release");
+}
+
+/* Gives every block of the model back (PLAN_IDLE with bit 4): nothing else
+ * holds memory then, once the streams are synchronized. */
+static void free_everything(void) {
+  while (F.nlive) free_block(F.nlive - 1, "gma_free of every block (PLAN_IDLE)");
+}
+
+/* PLAN_IDLE: the plan's arena is needed while no planned block is live
+ * (the model's planned blocks are freed first; a plan being placed is
+ * activated by a mark). The arena is cache then:
+ * a synchronous request that cannot fit beside it (the model's live bytes
+ * outside arenas + the arena + the request pass the limit), an async one
+ * (worker on), gma_trim(g, 0) or gma_empty_cache must give it back: after
+ * it, no arena is held, the plan left ACTIVE and plan_replans rose. With
+ * every block freed first and the streams synchronized (bit 4, no fault
+ * injection, no growth ahead, no future busy), the synchronous request
+ * must also succeed (after a synchronize and a retry at most, since the
+ * OOM path waits 2 ms for device work). Before that, optionally, a block of
+ * the legacy stream (the arena's) is allocated and freed, so that the
+ * arena goes back beside a cached block: the counts must stay exact (the
+ * stats are checked right after).
+ *   arg b: bits0-1 how (0 a synchronous request, 1 gma_trim(g, 0), 2
+ *          gma_empty_cache, 3 an async request, synchronous without a
+ *          worker), bit2 the legacy stream's cached block first, bit3 a
+ *          fill kernel on it, bit4 free every block first, bit5 the request
+ *          on the legacy stream (else on logical thread t's), bits6-7 the
+ *          request's slack below the limit (MiB)
+ *   arg c: the legacy block's size: (1 + (c & 7)) MiB less (c >> 3) * 4 KiB */
+static void op_plan_idle(rd_t *r, int t) {
+  unsigned b = rd8(r), c = rd8(r);
+  int how = (int)(b & 3);
+  if (how == 3 && !F.worker) how = 0;
+  for (int i = F.nlive; i-- > 0;)
+    if (F.live[i].planned) free_block(i, "gma_free of a planned block (PLAN_IDLE)");
+  if (stats_now().plan_state == 3) { /* placed by now, most likely: the mark activates it */
+    sleep_us(200);
+    plan_mark();
+  }
+  bool all = (b >> 4) & 1;
+  if (all) {
+    free_everything();
+    sync_all();
+  }
+  if ((b & 4) && F.nlive < MAX_LIVE) { /* beside the arena, cached on the legacy stream */
+    size_t size = (1 + (c & 7)) * MiB - (c >> 3) * 4 * KiB;
+    int i = plan_alloc_on(3, 3, size, "a legacy block beside the arena");
+    if (i >= 0 && (b & 8) && block_usable(&F.live[i]))
+      F.live[i].pat = launch_pattern(3, F.live[i].h, F.live[i].p, F.live[i].size, K_FILL_ONLY, 0, 0,
+                                     F.live[i].id);
+    if (i >= 0) free_block(i, "gma_free of the legacy block beside the arena");
+  }
+  observe_futures();
+  sums_t m = model_sums();
+  gma_stats_t pre = stats_now();
+  bool idle = planned_live() == 0;
+  uint64_t outside = m.dev_bytes - m.planned_bytes, slack = (b >> 6) * MiB;
+  const char *what = how == 1 ? "gma_trim(g, 0)" : how == 2 ? "gma_empty_cache" : "a request";
+  vlog("plan state %d, arena %" PRIu64 ", %s; the model holds %" PRIu64 " outside arenas",
+       pre.plan_state, pre.plan_arena_bytes, what, outside);
+  if (how == 1 || how == 2) {
+    gma_status_t st = how == 1 ? gma_trim(F.g, 0) : gma_empty_cache(F.g);
+    EXPECT(st == GMA_OK || (st == GMA_ERR_DEVICE && F.faults), "%s returned %s", what,
+           gma_status_name(st));
+    if (st == GMA_OK) check_arena_went(&pre, idle, what);
+    check_stats();
+    return;
+  }
+  if (outside + slack + 512 > F.limit || F.nlive >= MAX_LIVE) return;
+  size_t size = (size_t)(F.limit - outside - slack);
+  int si = (b & 0x20) ? 3 : stream_of_thread(t);
+  bool needs_arena = size + outside + pre.plan_arena_bytes > F.limit;
+  if (how == 3 && si != 4) {
+    plan_idle_async(si, size, &pre, idle && needs_arena);
+    check_stats();
+    return;
+  }
+  int i = plan_alloc_on(si, thread_of_slot(si), size, "a request that needs the idle arena");
+  /* Everything freed and every stream synchronized: nothing holds memory
+   * but the arena, which is cache. */
+  bool must = all && !F.faults && !F.grow_ahead && !F.orphaned && !any_future_busy() &&
+              F.nlive == 0;
+  for (int k = 0; i < 0 && must && k < 20; k++) {
+    sync_all();
+    sleep_us(1000);
+    i = plan_alloc_on(si, thread_of_slot(si), size, "a request with nothing else live");
+  }
+  EXPECT(i >= 0 || !must,
+         "gma_alloc(%zu) with nothing live, the streams synchronized and the idle arena cache "
+         "failed 20 times: %s", size, gma_last_error());
+  if (i >= 0 && !F.live[i].planned && idle && needs_arena)
+    check_arena_went(&pre, true, "a request that needs the arena");
+  check_stats();
+}
+
+/* PLAN_OOM_BUSY: a planned block is live (the model's, or plan_take's); a
+ * block Y of the rest of the room is allocated on another stream, a
+ * pattern kernel is queued on it (held behind a gate, or for up to 63 us)
+ * and Y is freed; then a request of Y's size on a third stream (or the
+ * planned block's) fits once that kernel completes: the model's live bytes
+ * outside arenas + the arena + the request are within the limit. It may
+ * succeed (another stream waits on the device under reuse:wait, or the
+ * kernel completed) or fail (the OOM path waits at most 2 ms, and a gate
+ * stays shut until the input opens it), but not as "a real shortage":
+ * check_oom_cause checks the figures of that message against the model.
+ *   arg b: bits0-2 where Y goes (the first live slot from there that is not
+ *          the planned block's), bit3 the kernel gated (else held c >> 2
+ *          us), bit4 the request on the planned block's stream (else the
+ *          legacy stream's), bits5-6 Y's slack below the room (MiB)
+ *   arg c: bits0-1 the gate; which live planned block (or which stream
+ *          plan_take uses) */
+static void op_plan_oom_busy(rd_t *r) {
+  unsigned b = rd8(r), c = rd8(r);
+  int i = pick_planned(c);
+  if (i < 0) i = plan_take(c);
+  if (i < 0 || F.nlive + 2 > MAX_LIVE) return;
+  int psi = F.live[i].si, ysi = -1, rsi = -1;
+  for (int k = 0; k < NSLOTS && ysi < 0; k++) {
+    int x = (int)((b + (unsigned)k) % NSLOTS);
+    if (x != psi && slot_live(x)) ysi = x;
+  }
+  if (ysi < 0) return;
+  rsi = (b & 0x10) ? psi : 3;
+  for (int k = 0; k < NSLOTS && rsi == ysi; k++)
+    if (k != ysi && slot_live(k)) rsi = k;
+  sums_t m = model_sums();
+  uint64_t used = m.dev_bytes - m.planned_bytes + stats_now().plan_arena_bytes;
+  uint64_t slack = ((b >> 5) & 3) * MiB;
+  if (used + slack + MiB > F.limit) return;
+  size_t ysize = (size_t)((F.limit - used - slack) / 512 * 512);
+  int y = plan_alloc_on(ysi, thread_of_slot(ysi), ysize, "a block to free behind a kernel");
+  if (y < 0) return;
+  mblock_t *yb = &F.live[y];
+  if (yb->kind != GMA_MEMORY_DEVICE || yb->planned || !block_usable(yb)) {
+    free_block(y, "gma_free of a block not for the kernel");
+    return;
+  }
+  yb->pat = launch_pattern(ysi, yb->h, yb->p, yb->size, K_HOLD_ONE, 0,
+                           (b & 8) ? 0x80u | (c & 3) : (c >> 2) & 63, yb->id);
+  free_block(y, "gma_free of the block behind a kernel");
+  vlog("planned block #%" PRIu64 " live (slot %d); %zu bytes freed on slot %d behind a %s kernel; "
+       "the same again on slot %d", F.live[i].id, psi, ysize, ysi, (b & 8) ? "gated" : "held", rsi);
+  plan_alloc_on(rsi, thread_of_slot(rsi), ysize, "a request that fits once a kernel completes");
+}
+
+
 static void op_sleep(rd_t *r, int t) {
   unsigned a = rd8(r);
-  (void)t;
+  if (F.plan && a >= 0x7C && a <= 0x7E) { /* see op_plan_race_free */
+    static const char *const names[3] = {"PLAN_RACE_FREE", "PLAN_IDLE", "PLAN_OOM_BUSY"};
+    F.opname = names[a - 0x7C];
+    if (a == 0x7C) op_plan_race_free(r);
+    else if (a == 0x7D) op_plan_idle(r, t);
+    else op_plan_oom_busy(r);
+    return;
+  }
   if (F.plan && (a >> 6) == 1) {
     F.opname = "PLAN_MARK";
     plan_mark();
@@ -2588,6 +3123,7 @@ static void op_race_destroy(rd_t *r, int t) {
     for (int k = 0; k < ra.n; k++) {
       for (int i = 0; i < F.nlive; i++)
         if (F.live[i].p == (uintptr_t)ra.ptrs[k]) {
+          tlog_add('F', F.live[i].p, F.live[i].size, F.live[i].h, F.live[i].bsize);
           remove_block(i);
           break;
         }
@@ -2620,6 +3156,13 @@ typedef struct ptds_job {
   long hold_us;
   uint64_t seed;
   uint64_t dev_allocs, fb_allocs, dev_frees, launched; /* what it did, for the model */
+  struct {
+    char act;
+    uintptr_t p;
+    size_t size;
+    uint64_t block;
+  } ev[2 * 3 * MAX_PTDS]; /* its allocations and frees, in order (the trace check's) */
+  int nev;
 } ptds_job_t;
 
 static void *ptds_main(void *arg) {
@@ -2627,6 +3170,7 @@ static void *ptds_main(void *arg) {
   for (int round = 0; round < j->rounds; round++) {
     void *p[MAX_PTDS];
     size_t len[MAX_PTDS];
+    uint64_t blk[MAX_PTDS];
     gma_memory_kind_t kind[MAX_PTDS];
     int got = 0;
     for (int i = 0; i < j->n; i++) {
@@ -2653,7 +3197,9 @@ static void *ptds_main(void *arg) {
              "pointer_info on a helper thread: base %p requested %zu block %zu stream %p kind %d for "
              "%p (%zu bytes, PER_THREAD)", info.base, info.requested, info.block_size, info.stream,
              (int)info.kind, q, size);
-      p[got] = q, len[got] = size, kind[got] = info.kind, got++;
+      p[got] = q, len[got] = size, kind[got] = info.kind, blk[got] = info.block_size, got++;
+      j->ev[j->nev].act = 'A', j->ev[j->nev].p = a, j->ev[j->nev].size = size;
+      j->ev[j->nev++].block = info.block_size;
       if (info.kind == GMA_MEMORY_FALLBACK) {
         j->fb_allocs++;
         continue;
@@ -2672,6 +3218,8 @@ static void *ptds_main(void *arg) {
     }
     for (int k = 0; k < got; k++) {
       EXPECT_ST(gma_free(j->g, p[k]), GMA_OK, "gma_free on a helper thread");
+      j->ev[j->nev].act = 'F', j->ev[j->nev].p = (uintptr_t)p[k], j->ev[j->nev].size = len[k];
+      j->ev[j->nev++].block = blk[k];
       if (kind[k] == GMA_MEMORY_DEVICE) j->dev_frees++;
     }
   }
@@ -2703,6 +3251,8 @@ static void op_ptds_thread(rd_t *r) {
   join_thread(th);
   vlog("a thread used PER_THREAD: %d x %d blocks (%" PRIu64 " device, %" PRIu64 " fallback), %" PRIu64
        " kernels, and exited", j.rounds, j.n, j.dev_allocs, j.fb_allocs, j.launched);
+  for (int k = 0; k < j.nev; k++)
+    tlog_add(j.ev[k].act, j.ev[k].p, j.ev[k].size, GMA_STREAM_PER_THREAD, j.ev[k].block);
   F.n_allocs += j.dev_allocs + j.fb_allocs; /* a fallback is a gma_alloc call too */
   F.n_frees += j.dev_frees + j.fb_allocs;   /* and every block the thread got, it freed */
   F.n_fallbacks += j.fb_allocs;
@@ -2979,11 +3529,13 @@ static void op_reporters(rd_t *r, int t) {
     uintptr_t q = (uintptr_t)p;
     EXPECT(q && q % 256 == 0, "pointer %p is not 256-byte aligned", p);
     check_no_overlap(q, size, "an allocation beside the reports");
+    tlog_add('A', q, size, h, 0);
     F.n_allocs++;
     F.st[si].allocs++;
     spin_for(64u * (unsigned)(k + 1)); /* live a moment: the reports may see it */
     st = gma_free(F.g, p);
     EXPECT_ST(st, GMA_OK, "gma_free beside the reports");
+    tlog_add('F', q, size, h, 0);
     F.n_frees++;
     F.st[si].frees++;
     grave_add(F.grave, &F.ngrave, q);
@@ -3028,7 +3580,14 @@ static void configure(rd_t *r) {
   c.bins_off = (b0 >> 2) & 1;
   c.reuse = ((b0 >> 3) & 3) == 3 ? GMA_REUSE_QUERY : (gma_reuse_t)((b0 >> 3) & 3);
   c.fallback_host = (b0 >> 5) & 1;
-  if ((b0 >> 6) & 1) snprintf(c.trace_path, sizeof c.trace_path, "/dev/null");
+  if ((b0 >> 6) & 1) { /* a temporary file, read by trace_check at the end */
+    const char *dir = getenv("TMPDIR");
+    snprintf(F.trace_file, sizeof F.trace_file, "%s/fuzz_gma_trace_XXXXXX", dir && *dir ? dir : "/tmp");
+    int fd = mkstemp(F.trace_file);
+    EXPECT(fd >= 0, "mkstemp(%s) for the trace", F.trace_file);
+    close(fd);
+    snprintf(c.trace_path, sizeof c.trace_path, "%s", F.trace_file);
+  }
   F.faults = (b0 >> 7) & 1;
   if (F.faults) {
     c.sim_fail_alloc = b2 & 7;
@@ -3129,6 +3688,195 @@ static void chains_settle(void) {
   }
 }
 
+/* ---- the trace check ----------------------------------------------------------- */
+
+typedef struct trow {
+  uint64_t t_ns;
+  uintptr_t p;
+  uint64_t size, stream, block, id;
+  int line;
+  char act;
+} trow_t;
+
+static int trow_cmp(const void *x, const void *y) {
+  const trow_t *a = x, *b = y;
+  if (a->t_ns != b->t_ns) return a->t_ns < b->t_ns ? -1 : 1;
+  return a->line - b->line;
+}
+
+static int tlog_cmp(const void *x, const void *y) {
+  const tlog_t *a = *(const tlog_t *const *)x, *b = *(const tlog_t *const *)y;
+  if (a->act != b->act) return a->act - b->act;
+  if (a->p != b->p) return a->p < b->p ? -1 : 1;
+  return a->seq < b->seq ? -1 : a->seq > b->seq;
+}
+
+/* One CSV row: Thread,Time,Action,Pointer,Size,Stream,Block,Id,Count,Status.
+ * True for an allocate or free row of a successful call. */
+static bool trace_row(char *line, trow_t *r) {
+  char *f[10];
+  int n = 0;
+  for (char *q = line; n < 10;) {
+    f[n++] = q;
+    q = strchr(q, ',');
+    if (!q) break;
+    *q++ = '\0';
+  }
+  EXPECT(n == 10, "trace line %d has %d fields", r->line, n);
+  f[9][strcspn(f[9], "\r\n")] = '\0';
+  bool alloc = strcmp(f[2], "allocate") == 0, freed = strcmp(f[2], "free") == 0;
+  if ((!alloc && !freed) || f[9][0]) return false;
+  char *dot = strchr(f[1], '.');
+  EXPECT(dot && strlen(dot + 1) == 9, "trace line %d: time '%s'", r->line, f[1]);
+  r->t_ns = strtoull(f[1], NULL, 10) * 1000000000u + strtoull(dot + 1, NULL, 10);
+  r->act = alloc ? 'A' : 'F';
+  r->p = (uintptr_t)strtoull(f[3], NULL, 16);
+  r->size = strtoull(f[4], NULL, 10);
+  r->stream = strtoull(f[5], NULL, 16);
+  if (r->stream == (uint64_t)(uintptr_t)GMA_STREAM_LEGACY) r->stream = 0;
+  r->block = strtoull(f[6], NULL, 10);
+  r->id = strtoull(f[7], NULL, 10);
+  return true;
+}
+
+static bool trace_fits(const trow_t *r, const tlog_t *e) {
+  return r->size == e->size && r->stream == e->stream &&
+         (e->block ? r->block == e->block : r->block >= r->size);
+}
+
+/* The allocate and free rows of successful calls in byte 0 bit 6's trace
+ * file, sorted by time (*n of them); the file is removed. */
+static trow_t *trace_read(size_t *n) {
+  FILE *f = fopen(F.trace_file, "r");
+  EXPECT(f != NULL, "cannot open the trace %s", F.trace_file);
+  char line[512];
+  static const char header[] = "Thread,Time,Action,Pointer,Size,Stream,Block,Id,Count,Status";
+  EXPECT(fgets(line, sizeof line, f) && strncmp(line, header, sizeof header - 1) == 0,
+         "the trace's header is '%.80s'", line);
+  trow_t *rows = NULL;
+  size_t nrows = 0, cap = 0;
+  for (int ln = 2; fgets(line, sizeof line, f); ln++) {
+    trow_t r = {.line = ln};
+    if (!trace_row(line, &r)) continue;
+    if (nrows == cap) {
+      cap = cap ? 2 * cap : 256;
+      rows = realloc(rows, cap * sizeof *rows);
+      EXPECT(rows != NULL, "host memory");
+    }
+    rows[nrows++] = r;
+  }
+  fclose(f);
+  unlink(F.trace_file);
+  if (nrows) qsort(rows, nrows, sizeof *rows, trow_cmp);
+  *n = nrows;
+  return rows;
+}
+
+/* The first logged event of r's action and pointer not matched yet (idx:
+ * the log sorted by tlog_cmp), or NULL. */
+static tlog_t *trace_next(tlog_t *const *idx, const trow_t *r) {
+  size_t lo = 0, hi = F.ntlog;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (idx[mid]->act < r->act || (idx[mid]->act == r->act && idx[mid]->p < r->p)) lo = mid + 1;
+    else hi = mid;
+  }
+  for (; lo < F.ntlog && idx[lo]->act == r->act && idx[lo]->p == r->p; lo++)
+    if (!idx[lo]->used) return idx[lo];
+  return NULL;
+}
+
+/* gma_reserve's allocations whose free row has not come yet. */
+typedef struct tunknown {
+  tlog_t v[64];
+  int n;
+} tunknown_t;
+
+/* One row: the next event the model logged for its pointer, else one the
+ * model cannot know (see trace_check), else a failure. */
+static void trace_match(tlog_t *const *idx, const trow_t *r, tunknown_t *un) {
+  if (r->act == 'A' && r->id && !r->block) return; /* an async batch's: Block 0 by design */
+  tlog_t *e = trace_next(idx, r);
+  int u = 0;
+  while (u < un->n && un->v[u].p != r->p) u++;
+  if (r->act == 'F' && u < un->n) { /* the free of one of gma_reserve's allocations */
+    EXPECT(trace_fits(r, &un->v[u]),
+           "trace line %d: free of %#" PRIxPTR " (Size %" PRIu64 ", Stream %#" PRIx64 ", Block %"
+           PRIu64 "); its allocate row said %" PRIu64 " / %#" PRIx64 " / %" PRIu64, r->line, r->p,
+           r->size, r->stream, r->block, un->v[u].size, un->v[u].stream, un->v[u].block);
+    un->v[u] = un->v[--un->n];
+    return;
+  }
+  if (e && trace_fits(r, e)) {
+    e->used = true;
+    return;
+  }
+  for (size_t k = 0; r->act == 'F' && k < F.ntfut; k++) /* a future's memory, freed by gma */
+    if (!F.tfut[k].used && F.tfut[k].size == r->size && F.tfut[k].stream == r->stream &&
+        r->block >= r->size) {
+      F.tfut[k].used = true;
+      return;
+    }
+  if (r->act == 'A' && F.trace_unknown && un->n < 64) { /* one of gma_reserve's */
+    F.trace_unknown--;
+    un->v[un->n++] = (tlog_t){.p = r->p, .size = r->size, .stream = r->stream, .block = r->block,
+                              .act = 'A'};
+    return;
+  }
+  if (e)
+    FAIL("trace line %d: %s of %#" PRIxPTR " says Size %" PRIu64 ", Stream %#" PRIx64
+         ", Block %" PRIu64 "; the model's (event %u) %" PRIu64 " / %#" PRIx64 " / %" PRIu64,
+         r->line, r->act == 'A' ? "allocate" : "free", r->p, r->size, r->stream, r->block, e->seq,
+         e->size, e->stream, e->block);
+  FAIL("trace line %d: %s of %#" PRIxPTR " (Size %" PRIu64 ", Stream %#" PRIx64 ", Block %" PRIu64
+       "), an event the model does not know", r->line, r->act == 'A' ? "allocate" : "free", r->p,
+       r->size, r->stream, r->block);
+}
+
+/* The rows of byte 0 bit 6's trace (written from gma_create until gma_destroy,
+ * or until gma_trace_start or _stop closed it) against the model's log, in
+ * time order: each allocate and free row of a successful call is the next
+ * event the model logged for its pointer, with the model's bytes asked for,
+ * stream and block size (gma_pointer_info's), planned blocks included.
+ * Other rows only where the model cannot know the pointer: a free of a
+ * future's memory nobody collected (gma frees it; its bytes and stream
+ * match that future), and gma_reserve's own allocate and free pairs (at
+ * most as many as it was asked for; each free row agrees with its
+ * allocate row). An async batch's allocate rows (Block 0) are left out.
+ * When the trace ran to the end, every event the model logged has its row. */
+static void trace_check(void) {
+  if (!F.trace_file[0]) return;
+  for (int i = 0; i < MAX_FUT; i++) { /* completed with memory the model has not counted yet */
+    mfut_t *m = &F.fut[i];
+    if (m->used && !m->accounted && !m->collected && atomic_load(&m->cb_runs) == 1 &&
+        atomic_load(&m->cb_status) == GMA_OK)
+      tfut_add(m);
+  }
+  size_t nrows = 0;
+  trow_t *rows = trace_read(&nrows);
+  tlog_t **idx = malloc((F.ntlog + 1) * sizeof *idx);
+  EXPECT(idx != NULL, "host memory");
+  for (size_t i = 0; i < F.ntlog; i++) idx[i] = &F.tlog[i];
+  if (F.ntlog) qsort(idx, F.ntlog, sizeof *idx, tlog_cmp);
+  tunknown_t un = {.n = 0};
+  for (size_t i = 0; i < nrows; i++) trace_match(idx, &rows[i], &un);
+  if (!F.trace_closed)
+    for (size_t i = 0; i < F.ntlog; i++)
+      EXPECT(F.tlog[i].used, "the model's %s of %#" PRIxPTR " (event %zu: %" PRIu64 " bytes, stream %#"
+             PRIx64 ", block %" PRIu64 ") has no row in the trace",
+             F.tlog[i].act == 'A' ? "allocation" : "free", F.tlog[i].p, i, F.tlog[i].size,
+             F.tlog[i].stream, F.tlog[i].block);
+  free(idx);
+  free(rows);
+}
+
+static void trace_forget(void) {
+  free(F.tlog);
+  free(F.tfut);
+  F.tlog = F.tfut = NULL;
+  F.ntlog = F.ntfut = F.tlog_cap = F.tfut_cap = 0;
+}
+
 /* Frees everything, synchronizes, and checks that every byte goes back. */
 static void finish(void) {
   F.opname = "END";
@@ -3212,6 +3960,17 @@ static void finish(void) {
   if (must_drain && !F.grow_ahead)
     EXPECT(s.num_segments == (s.plan_arena_bytes ? 1u : 0u), "%" PRIu64 " segments left (plan arena %"
            PRIu64 ")", s.num_segments, s.plan_arena_bytes);
+  if (!keep_futures) { /* a plan dropped by gma_empty_cache left the counts as they were */
+    sums_t m = model_sums();
+    s = stats_now();
+    EXPECT(s.allocated.current == m.dev_bytes && s.requested.current == m.dev_req &&
+               accounting_holds(&s, m.planned_bytes),
+           "after gma_empty_cache at the end: allocated %" PRIu64 " requested %" PRIu64 " (model %"
+           PRIu64 " / %" PRIu64 "), reserved %" PRIu64 " = stream cached %" PRIu64 " + pending %"
+           PRIu64 " + free %" PRIu64 " + plan arena %" PRIu64 " ?",
+           s.allocated.current, s.requested.current, m.dev_bytes, m.dev_req, s.reserved.current,
+           s.stream_cached_bytes, s.pending_bytes, s.free_bytes, s.plan_arena_bytes);
+  }
   for (int si = 0; si < 3; si++)
     if (F.st[si].live) {
       gma_status_t st = gma_stream_destroy(F.g, F.st[si].h);
@@ -3256,6 +4015,9 @@ static void finish(void) {
   uint64_t done = atomic_load_explicit(&g_kernels_done, memory_order_acquire);
   EXPECT(done == F.kernels_launched, "%" PRIu64 " kernels launched, %" PRIu64 " ran", F.kernels_launched,
          done);
+  F.opname = "TRACE";
+  trace_check();
+  trace_forget();
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -268,6 +268,35 @@ def plan_repeat(k=4, reps=9):  # the last k operations (1..15), reps 3/5/7/9 rou
     return op("SLEEP", 0, 0xC0 | (k - 1) | ((reps - 3) // 2) << 4)
 
 
+# Issue 35: PLAN_MARK's argument 0x7C-0x7E (fuzz_gma.c, op_plan_race_free and below).
+def plan_race_free(rounds=4, streams=1, helper_spins=False, kernel=False, which=0, c=0):
+    """A live planned block (the model's, or the last plan_loop's first request after a
+    mark) used on 1-4 more streams, then freed by two threads at once; rounds 1-4, each
+    naming one more stream; c: spin (c * 8), first stream named, kernel hold, stream."""
+    b = (rounds - 1) | ((streams - 1) % 3) << 2 | helper_spins << 4 | kernel << 5 | which << 6
+    return op("SLEEP", 0, 0x7C, b, c)
+
+
+IDLE_REQUEST, IDLE_TRIM0, IDLE_EMPTY, IDLE_ASYNC = range(4)
+
+
+def plan_idle(t=0, how=IDLE_REQUEST, legacy_block=False, legacy_fill=False, free_all=False,
+              on_legacy=False, slack_mib=0, legacy_mib=6, legacy_less_4k=0):
+    """Nothing planned live, optionally a block of the legacy stream cached beside the
+    arena, then the idle arena is needed: a request that fits only without it (sync or
+    async), gma_trim(g, 0) or gma_empty_cache."""
+    b = (how | legacy_block << 2 | legacy_fill << 3 | free_all << 4 | on_legacy << 5 |
+         slack_mib << 6)
+    return op("SLEEP", t, 0x7D, b, (legacy_mib - 1) | legacy_less_4k << 3)
+
+
+def plan_oom_busy(y_slot=0, gated=True, on_planned=False, slack_mib=0, c=0):
+    """A planned block live; the rest of the room freed on another stream behind a kernel
+    (gated: gate c & 3; else held (c >> 2) & 63 us); a request of that size elsewhere."""
+    b = y_slot | gated << 3 | on_planned << 4 | slack_mib << 5
+    return op("SLEEP", 0, 0x7E, b, c)
+
+
 def sync_all():
     return op("SYNC_ALL", 0)
 
@@ -509,6 +538,53 @@ seed("plan_faults", config(worker=False, plan=True, faults=True, fail_alloc=5, f
      plan_loop(6, 10, threads=0x55, sizes=4), plan_loop(9, 10, threads=0x00, sizes=5))
 seed("plan_leak", config(worker=True, plan=True, end=7),
      plan_loop(4, 10, threads=0x00, sizes=6), plan_mark(), alloc(0, popular(0)))
+
+# 42-45. issue 35: racing frees of a planned block; an idle plan's arena needed by a
+# request, gma_trim(g, 0), gma_empty_cache and an async request, with a block of the
+# legacy stream cached beside it; a request that fits once a kernel completes while a
+# planned block is live. Traced to a temporary file: the rows of planned blocks are
+# checked too.
+seed("plan_race_free", config(worker=False, plan=True, trace=True),
+     plan_loop(8, 10, threads=0x00, sizes=1),
+     plan_race_free(rounds=4, streams=1, c=0), plan_race_free(rounds=4, streams=1, c=1,
+                                                            helper_spins=True),
+     plan_race_free(rounds=4, streams=2, kernel=True, c=3), plan_race_free(rounds=4, c=64),
+     plan_race_free(rounds=4, streams=3, helper_spins=True, c=9))
+seed("plan_race_free_worker", config(worker=True, plan=True, idle_long=True, trace=True),
+     plan_loop(6, 10, threads=0xE4, sizes=3),
+     *[plan_race_free(rounds=4, streams=1 + i % 3, helper_spins=bool(i & 1), c=i * 5)
+       for i in range(6)])
+# an idle plan's arena beside a block cached on its (the legacy) stream, dropped by
+# gma_empty_cache: the counts stay exact (the plan's blocks on the legacy stream
+# too, so that the arena goes back cached there, beside the block)
+seed("plan_idle_empty_beside", config(worker=False, plan=True, trace=True),
+     plan_loop(12, 10, threads=0xFF, sizes=0), plan_idle(t=3, how=IDLE_EMPTY, legacy_block=True),
+     plan_loop(12, 10, threads=0xFF, sizes=2), plan_idle(t=3, how=IDLE_EMPTY, legacy_block=True,
+                                                        legacy_fill=True, legacy_mib=3))
+# gma_trim(g, 0) gives an idle arena back (a trim that can keep it keeps the plan)
+seed("plan_idle_trim0", config(worker=False, plan=True, trace=True),
+     plan_loop(12, 10, threads=0xFF, sizes=5), trim(3),
+     plan_idle(t=3, how=IDLE_TRIM0, legacy_block=True),
+     plan_loop(8, 10, threads=0x00, sizes=1), plan_idle(how=IDLE_TRIM0))
+# requests that fit only once the idle arena goes back: synchronous, async, and with
+# nothing else live (then it must succeed)
+seed("plan_idle_request", config(worker=False, plan=True, limit34=True, trace=True),
+     plan_loop(12, 10, threads=0xFF, sizes=6), plan_idle(t=3, how=IDLE_REQUEST, legacy_block=True),
+     plan_loop(8, 10, threads=0x00, sizes=1), alloc(1, popular(3)),
+     plan_idle(how=IDLE_REQUEST, free_all=True, on_legacy=True),
+     plan_loop(6, 10, threads=0x00, sizes=2), plan_idle(t=1, how=IDLE_REQUEST, slack_mib=2))
+seed("plan_idle_request_worker", config(worker=True, plan=True, cap=0, trace=True),
+     plan_loop(6, 10, threads=0x00, sizes=2), plan_idle(how=IDLE_REQUEST, legacy_block=True,
+                                                       on_legacy=True),
+     plan_loop(6, 10, threads=0x00, sizes=2), plan_idle(how=IDLE_REQUEST, free_all=True))
+seed("plan_idle_async", config(worker=True, plan=True, limit34=True, idle_long=True, trace=True),
+     plan_loop(8, 10, threads=0x00, sizes=1), plan_idle(how=IDLE_ASYNC, slack_mib=1),
+     plan_loop(8, 10, threads=0x00, sizes=1), plan_idle(how=IDLE_ASYNC, free_all=True))
+seed("plan_oom_busy", config(worker=True, plan=True, limit34=True, idle_long=True, trace=True),
+     plan_loop(8, 10, threads=0x00, sizes=1), plan_oom_busy(y_slot=1, gated=True, c=0),
+     gate_open(0), sync_all(), plan_oom_busy(y_slot=2, gated=False, on_planned=True, c=0xFC),
+     plan_oom_busy(y_slot=3, gated=True, c=1), gate_open(1), sync_all(),
+     plan_oom_busy(y_slot=1, gated=True, on_planned=True, c=2))
 
 # Minimal inputs of the issue-13 findings (written to ../regressions/; they fail
 # until the fixes land): name -> bytes.
