@@ -24,7 +24,8 @@ PACKAGE = "gma"
 
 def _project():
     """pyproject.toml's [project] table: name, version, description,
-    requires-python (strings only; tomllib when the Python has it, 3.11+)."""
+    requires-python (strings), and optional-dependencies (extra name -> list
+    of requirement strings); tomllib when the Python has it, 3.11+."""
     path = os.path.join(HERE, "pyproject.toml")
     try:
         import tomllib
@@ -33,13 +34,25 @@ def _project():
     if tomllib is not None:
         with open(path, "rb") as f:
             return tomllib.load(f)["project"]
-    # Older Pythons: the table is flat `key = "string"` lines.
+    # Older Pythons: the tables are flat `key = "string"` lines, and
+    # `extra = ["requirement", ...]` lines in [project.optional-dependencies].
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    m = re.search(r"^\[project\]\s*$(.*?)(?=^\[|\Z)", text, re.M | re.S)
-    if not m:
+
+    def table(name):
+        m = re.search(r"^\[%s\]\s*$(.*?)(?=^\[|\Z)" % re.escape(name), text, re.M | re.S)
+        return m.group(1) if m else None
+
+    body = table("project")
+    if body is None:
         raise RuntimeError("%s has no [project] table" % path)
-    return {k: v for k, v in re.findall(r'^([A-Za-z-]+)\s*=\s*"([^"]*)"\s*$', m.group(1), re.M)}
+    p = {k: v for k, v in re.findall(r'^([A-Za-z-]+)\s*=\s*"([^"]*)"\s*$', body, re.M)}
+    extras = table("project.optional-dependencies")
+    if extras is not None:
+        p["optional-dependencies"] = {
+            k: re.findall(r'"([^"]*)"', v)
+            for k, v in re.findall(r'^([A-Za-z0-9_-]+)\s*=\s*\[(.*?)\]\s*$', extras, re.M)}
+    return p
 
 
 def _files():
@@ -58,6 +71,9 @@ def _metadata(p):
         lines.append("Summary: %s" % p["description"])
     if p.get("requires-python"):
         lines.append("Requires-Python: %s" % p["requires-python"])
+    for extra, reqs in sorted(p.get("optional-dependencies", {}).items()):
+        lines.append("Provides-Extra: %s" % extra)
+        lines.extend('Requires-Dist: %s; extra == "%s"' % (r, extra) for r in reqs)
     return "\n".join(lines) + "\n"
 
 

@@ -39,7 +39,9 @@ Several graphs share one pool with gma.torch.graph(g2, pool=cap.pool)
 the capture's allocations that reach its pool (gma.InvalidArgument).
 
 torch is imported only inside use(), graph and record_stream(); everything
-else works through ctypes alone.
+else works through ctypes alone. use() needs PyTorch 2.0 or later (MIN_TORCH):
+torch.cuda.memory.CUDAPluggableAllocator and change_current_allocator came in
+2.0, and an older torch gets a RuntimeError saying so.
 """
 import ctypes
 import os
@@ -53,6 +55,13 @@ ALLOC_FN = "gma_torch_alloc"
 FREE_FN = "gma_torch_free"
 SHIM_ALLOC_FN = "gma_torch_shim_alloc"
 SHIM_FREE_FN = "gma_torch_shim_free"
+
+# The oldest PyTorch use() works with: torch.cuda.memory.CUDAPluggableAllocator
+# and change_current_allocator came in 2.0 (so did Tensor.untyped_storage,
+# which record_stream reads). python/pyproject.toml's "torch" extra says the
+# same (tests/python/test_pip_install.py checks).
+MIN_TORCH = (2, 0)
+_TORCH_NEEDS = ("CUDAPluggableAllocator", "change_current_allocator")
 
 _lock = threading.Lock()
 _plugin = None
@@ -156,14 +165,40 @@ def entry_points():
     return path, ALLOC_FN, FREE_FN
 
 
+def check_torch(torch):
+    """Raises RuntimeError, naming the torch found and what to do, when torch
+    lacks the pluggable-allocator interface use() installs gma through
+    (PyTorch before 2.0). Asks for the functions themselves rather than
+    comparing version strings, so a build that has them passes whatever it
+    calls itself."""
+    memory = getattr(getattr(torch, "cuda", None), "memory", None)
+    missing = [n for n in _TORCH_NEEDS if not hasattr(memory, n)]
+    if not missing:
+        return
+    version = getattr(torch, "__version__", None)
+    where = getattr(torch, "__file__", None)
+    found = "torch %s" % version if version else "a torch that gives no __version__"
+    if where:
+        found += " (%s)" % os.path.dirname(os.path.abspath(where))
+    need = ".".join(str(v) for v in MIN_TORCH)
+    raise RuntimeError(
+        "gma.torch needs PyTorch %s or later, and this is %s: it has no "
+        "torch.cuda.memory.%s, the pluggable-allocator interface gma.torch.use() "
+        "installs gma through. Install PyTorch %s or later in this Python "
+        "(pip install 'torch>=%s'), or use gma without PyTorch through gma.Allocator "
+        "or the C API" % (need, found, " or ".join(missing), need, need))
+
+
 def use(conf=None):
     """Makes gma PyTorch's CUDA allocator (before any CUDA tensor exists).
     conf, if given, becomes GMA_CONF for the plug-in's allocators. Returns
     the CUDAPluggableAllocator. An allocation gma cannot satisfy raises
     torch.OutOfMemoryError with gma's message (libgma_torch_shim.so; see
-    entry_points for when it is missing)."""
+    entry_points for when it is missing). A torch older than MIN_TORCH
+    raises RuntimeError (check_torch) before anything is loaded or set."""
     import torch  # only here: the rest of gma needs no torch
 
+    check_torch(torch)
     if conf is not None:
         os.environ["GMA_CONF"] = conf
     # Load libgma and the plug-in here first: PyTorch's ctypes.CDLL of the
@@ -258,7 +293,9 @@ class graph:
     as .pool), announced to gma on the capture stream before the capture
     begins and closed after it ends. Arguments as torch.cuda.graph's, except
     that PyTorch's pool= becomes a gma.GraphPool; stream defaults to a new
-    side stream (a capture cannot run on the default stream)."""
+    side stream (a capture cannot run on the default stream).
+    capture_error_mode is passed on only when it is not "global" (PyTorch's
+    default), since torch.cuda.graph takes it from PyTorch 2.1 on."""
 
     def __init__(self, cuda_graph, pool=None, stream=None, capture_error_mode="global"):
         import torch
@@ -267,8 +304,8 @@ class graph:
         self.stream = stream if stream is not None else torch.cuda.Stream()
         self.pool = pool if pool is not None else graph_pool(self.device)
         self._gma = allocator(self.device)
-        self._torch = torch.cuda.graph(cuda_graph, stream=self.stream,
-                                       capture_error_mode=capture_error_mode)
+        mode = {} if capture_error_mode == "global" else {"capture_error_mode": capture_error_mode}
+        self._torch = torch.cuda.graph(cuda_graph, stream=self.stream, **mode)
 
     def __enter__(self):
         # Before torch begins the capture: gma records nothing on the stream

@@ -54,11 +54,15 @@ class FakeCupy:
 
 
 class FakeTorch:
-    """Just torch.cuda.memory's pluggable allocator, calling like PyTorch."""
+    """Just torch.cuda.memory's pluggable allocator, calling like PyTorch.
+    FakeTorch(version="1.13.1") is a PyTorch before 2.0: torch.cuda.memory
+    without CUDAPluggableAllocator and change_current_allocator."""
 
-    def __init__(self):
+    def __init__(self, version=None):
         self.current = None
         torch = types.ModuleType("torch")
+        if version is not None:
+            torch.__version__ = version
         fake = self
 
         class CUDAPluggableAllocator:
@@ -78,6 +82,8 @@ class FakeTorch:
 
         memory = types.SimpleNamespace(CUDAPluggableAllocator=CUDAPluggableAllocator,
                                        change_current_allocator=change_current_allocator)
+        if version is not None and version.split(".")[0] == "1":
+            memory = types.SimpleNamespace(caching_allocator_alloc=lambda *a: None)
         torch.cuda = types.SimpleNamespace(memory=memory)
         self.module = torch
 
@@ -163,6 +169,42 @@ class TorchAdapter(unittest.TestCase):
         self.assertIn("GMA_ERR_INVALID_SIZE", gt.last_error())
         self.assertEqual(len(err[0].splitlines()), 1)
         gt.empty_cache(0)
+
+
+class TorchTooOld(unittest.TestCase):
+    """A torch before 2.0 has no pluggable-allocator interface: use() says
+    which torch it found, the version it needs and what to do, instead of an
+    AttributeError, and changes nothing."""
+
+    def tearDown(self):
+        del sys.modules["torch"]
+
+    def use_with(self, fake):
+        sys.modules["torch"] = fake.module
+        import gma.torch
+        before = os.environ.get("GMA_CONF")
+        with self.assertRaises(RuntimeError) as cm:
+            gma.torch.use("device:sim,sim_capacity:32M")
+        self.assertNotIsInstance(cm.exception, AttributeError)
+        self.assertIsNone(fake.current)
+        self.assertEqual(os.environ.get("GMA_CONF"), before)  # conf not applied
+        return str(cm.exception)
+
+    def test_torch_1_13(self):
+        msg = self.use_with(FakeTorch(version="1.13.1+cu117"))
+        self.assertIn("gma.torch needs PyTorch 2.0 or later", msg)
+        self.assertIn("this is torch 1.13.1+cu117", msg)
+        self.assertIn("torch.cuda.memory.CUDAPluggableAllocator or change_current_allocator", msg)
+        self.assertIn("pip install 'torch>=2.0'", msg)
+        import gma.torch
+        self.assertEqual(gma.torch.MIN_TORCH, (2, 0))
+
+    def test_no_version_given(self):
+        fake = FakeTorch()
+        del fake.module.cuda.memory.CUDAPluggableAllocator
+        msg = self.use_with(fake)
+        self.assertIn("a torch that gives no __version__", msg)
+        self.assertIn("no torch.cuda.memory.CUDAPluggableAllocator,", msg)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ directory on its path, imports gma from it and allocates and frees through it
 on the simulated device, finding libgma through GMA_LIBRARY, through the
 system's library path (LD_LIBRARY_PATH), and next to the package. The
 package's version must equal libgma's (include/gma/version.h) and
-pyproject.toml's. Skips (77) when this Python has no pip.
+pyproject.toml's, and its METADATA must state gma.torch's minimum PyTorch
+(the "torch" extra). Skips (77) when this Python has no pip.
 
 Usage: test_pip_install.py REPO_ROOT LIBGMA
 """
@@ -94,6 +95,16 @@ def main():
         installed = sorted(os.listdir(site))
         check(installed == ["gma", "gma-%s.dist-info" % py_version],
               "installed %r" % installed)
+        # The "torch" extra states gma.torch's minimum PyTorch (MIN_TORCH).
+        with open(os.path.join(repo, "python", "gma", "torch.py")) as f:
+            m = re.search(r"^MIN_TORCH = \((\d+), (\d+)\)", f.read(), re.M)
+        want = 'Requires-Dist: torch>=%s.%s; extra == "torch"' % m.groups() if m else None
+        meta = os.path.join(site, "gma-%s.dist-info" % py_version, "METADATA")
+        text = open(meta).read() if os.path.exists(meta) else ""
+        check(want is not None and want in text.splitlines()
+              and "Provides-Extra: torch" in text.splitlines(),
+              "METADATA lacks %r (gma.torch.MIN_TORCH) or Provides-Extra: torch:\n%s"
+              % (want, text))
         check(sorted(f for f in os.listdir(os.path.join(site, "gma")) if f.endswith(".py"))
               == sorted(f for f in os.listdir(os.path.join(repo, "python", "gma"))
                         if f.endswith(".py")),
