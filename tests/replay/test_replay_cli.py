@@ -11,13 +11,15 @@ in the error (and the exit status 1 or 2), never a silent success: hostile rows
 (signs, spaces, empty fields and values past 2^64-1 in the number columns, a
 NaN time, async Id 0, a Count past the rows after it, sums that overflow)
 refused with the line, action, column and value; pointers and Ids 0 and
-2^64-1 replayed like any other.
+2^64-1 replayed like any other; a gzip file and a pickle (a PyTorch snapshot
+not yet converted) named as what they are.
 
 Usage: test_replay_cli.py PATH/TO/gma-replay
 """
 
 import json
 import os
+import pickle
 import re
 import shutil
 import subprocess
@@ -273,6 +275,19 @@ class ReplayCli(unittest.TestCase):
         rc, err = self.run_bad(gz)
         self.assertEqual(rc, 1)
         self.assertIn("gzip-compressed", err)
+        # A PyTorch memory snapshot given as it is: a pickle (protocol 2 and
+        # later start with 0x80 and the protocol), named as one, with the
+        # command that converts it.
+        for proto in (2, 4, 5):
+            snap = os.path.join(self.dir, "snapshot%d.pickle" % proto)
+            with open(snap, "wb") as f:
+                pickle.dump({"segments": [], "device_traces": [[]]}, f, protocol=proto)
+            rc, err = self.run_bad(snap)
+            self.assertEqual(rc, 1, err)
+            self.assertIn("snapshot%d.pickle is a Python pickle (protocol %d), not a trace CSV"
+                          % (proto, proto), err)
+            self.assertIn("tools/gma-import-torch %s -o TRACE.csv" % snap, err)
+            self.assertNotIn("not a trace header", err)
         empty = os.path.join(self.dir, "empty.csv")
         with open(empty, "w") as f:
             f.write(HEADER)

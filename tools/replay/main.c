@@ -458,7 +458,7 @@ int main(int argc, char **argv) {
   cap_outcome_t *capall = min_cap ? calloc((size_t)nin * (size_t)ncfg, sizeof *capall) : NULL;
   bool tty = isatty(2) && !quiet;
   for (int in = 0; in < nin; in++) {
-    char err[512];
+    char err[1024];
     replay_trace_t *t = NULL;
     char name[128];
     if (strncmp(inputs[in], "workload:", 9) == 0) {

@@ -202,7 +202,10 @@ static int check_in_order(replay_trace_t *t, char *err, size_t errlen) {
   return 0;
 }
 
-int replay_parse(FILE *f, const char *name, replay_trace_t **out, char *err, size_t errlen) {
+/* replay_parse, with the file's path for a message that names a command to
+ * run on it (name, in the other messages, is its base name). */
+static int parse_file(FILE *f, const char *name, const char *path, replay_trace_t **out, char *err,
+                      size_t errlen) {
   char *line = NULL;
   size_t cap = 0;
   ssize_t got = getline(&line, &cap, f);
@@ -216,10 +219,20 @@ int replay_parse(FILE *f, const char *name, replay_trace_t **out, char *err, siz
   int nf = split(line, fld, len, 16);
   for (int i = 0; i < 6; i++)
     if (nf < 6 || len[i] != strlen(want[i]) || memcmp(fld[i], want[i], len[i]) != 0) {
-      bool gz = got >= 2 && (unsigned char)line[0] == 0x1f && (unsigned char)line[1] == 0x8b;
+      const unsigned char *b = (const unsigned char *)line;
+      bool gz = got >= 2 && b[0] == 0x1f && b[1] == 0x8b;
+      /* Pickle protocols 2 and later start with PROTO (0x80) and the
+       * protocol number; torch.cuda.memory._dump_snapshot writes one. */
+      int pickle = got >= 2 && b[0] == 0x80 && b[1] >= 2 && b[1] <= 5 ? b[1] : 0;
       free(line);
       if (gz)
         return fail(err, errlen, "%s is gzip-compressed: decompress it first (gunzip -k)", name);
+      if (pickle)
+        return fail(err, errlen,
+                    "%s is a Python pickle (protocol %d), not a trace CSV; if it is a "
+                    "PyTorch memory snapshot (torch.cuda.memory._dump_snapshot), convert it "
+                    "first and replay TRACE.csv: tools/gma-import-torch %s -o TRACE.csv",
+                    name, pickle, path);
       return fail(err, errlen,
                   "%s: line 1 is not a trace header: it must start with "
                   "Thread,Time,Action,Pointer,Size,Stream (RMM's columns)",
@@ -273,6 +286,10 @@ int replay_parse(FILE *f, const char *name, replay_trace_t **out, char *err, siz
   return 0;
 }
 
+int replay_parse(FILE *f, const char *name, replay_trace_t **out, char *err, size_t errlen) {
+  return parse_file(f, name, name, out, err, errlen);
+}
+
 int replay_load(const char *path, replay_trace_t **out, char *err, size_t errlen) {
   struct stat st;
   if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
@@ -280,7 +297,7 @@ int replay_load(const char *path, replay_trace_t **out, char *err, size_t errlen
   FILE *f = fopen(path, "r");
   if (!f) return fail(err, errlen, "cannot open %s: %s", path, strerror(errno));
   const char *base = strrchr(path, '/');
-  int rc = replay_parse(f, base ? base + 1 : path, out, err, errlen);
+  int rc = parse_file(f, base ? base + 1 : path, path, out, err, errlen);
   fclose(f);
   return rc;
 }
