@@ -17,7 +17,8 @@
 #     a bisection to 0.05%, about fifteen fast replays each), next to PyTorch's
 #     peak reserved and the trace's peak live bytes;
 #  3. draws memory over time and the segment map at the peak with
-#     tools/gma-viz (SVG + HTML under build/release/pictures/);
+#     tools/gma-viz (PNG, SVG and HTML under build/release/pictures/; the PNG
+#     needs rsvg-convert, which tools/bootstrap.sh installs);
 #  4. runs the demo and the benchmarks (simulated device; gma-bench-scenarios:
 #     a training loop, a pipeline, a service and varying sequence lengths), then the GPU
 #     benchmarks, which say so and skip when there is no GPU.
@@ -55,11 +56,18 @@ echo
 echo "=== pictures"
 for tl in "$out"/replay/*.default.timeline.csv; do
   name=$(basename "$tl" .default.timeline.csv)
+  # Exit status 3: no PNG (gma-viz said why), the SVG and HTML were written.
+  rc=0
   tools/gma-viz --title "$name" --recorded-label PyTorch \
     --timeline default="$tl" --timeline expandable="$out/replay/$name.expandable.timeline.csv" \
     --snapshot "$out/replay/$name.default.peak.json" --snapshot-label default \
-    --svg "$out/pictures/$name.svg" --html "$out/pictures/$name.html"
-  echo "  $out/pictures/$name.svg (and .html)"
+    --svg "$out/pictures/$name.svg" --html "$out/pictures/$name.html" \
+    --png "$out/pictures/$name.png" || rc=$?
+  case $rc in
+    0) echo "  $out/pictures/$name.png (and .svg, .html)" ;;
+    3) echo "  $out/pictures/$name.svg (and .html; no PNG, see above)" ;;
+    *) exit "$rc" ;;
+  esac
 done
 
 echo

@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """Tests of tools/gma-viz: it runs the tool on small generated timelines and
-snapshots and checks the SVG and HTML it writes, and that bad input gives a
-clear message and exit status 2.
+snapshots and checks the SVG, HTML and PNG it writes (the PNG: the signature,
+the SVG's size in IHDR, and the picture's colours in its pixels), that the
+axis titles name what they measure and its unit (time in s or ms, events for
+a trace without times, memory in bytes' units), and that bad input gives a
+clear message and exit status 2, a missing rsvg-convert exit status 3 with
+the SVG written.
 
 Usage: test_viz.py [PATH/TO/gma-viz]   (default: tools/gma-viz of this checkout)
 """
@@ -10,11 +14,13 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
 import unittest
 import xml.etree.ElementTree as ET
+import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOOL = os.path.join(HERE, "..", "..", "tools", "gma-viz")
@@ -52,6 +58,52 @@ def texts(root):
     return ["".join(t.itertext()) for t in root.iter(SVG_NS + "text")]
 
 
+def read_png(path):
+    """(width, height, rows of (r, g, b) pixels) of an 8-bit RGB or RGBA,
+    non-interlaced PNG (what rsvg-convert writes), with its chunks' CRCs
+    checked and its scanline filters undone."""
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "no PNG signature: %r" % data[:8]
+    pos, chunks = 8, []
+    while pos < len(data):
+        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + n]
+        crc, = struct.unpack(">I", data[pos + 8 + n:pos + 12 + n])
+        assert zlib.crc32(kind + body) & 0xffffffff == crc, "bad CRC in %r" % kind
+        chunks.append((kind, body))
+        pos += 12 + n
+    assert chunks[0][0] == b"IHDR" and chunks[-1][0] == b"IEND", [k for k, _ in chunks]
+    w, h, depth, ctype, _, _, interlace = struct.unpack(">IIBBBBB", chunks[0][1])
+    assert depth == 8 and ctype in (2, 6) and interlace == 0, (depth, ctype, interlace)
+    bpp = 3 if ctype == 2 else 4
+    raw = zlib.decompress(b"".join(b for k, b in chunks if k == b"IDAT"))
+    stride = w * bpp
+    rows, prev = [], bytearray(stride)
+    for y in range(h):
+        ftype, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - bpp] if i >= bpp else 0
+            b = prev[i]
+            c = prev[i - bpp] if i >= bpp else 0
+            if ftype == 1:
+                line[i] = (line[i] + a) & 255
+            elif ftype == 2:
+                line[i] = (line[i] + b) & 255
+            elif ftype == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif ftype == 4:
+                pa, pb, pc = abs(b - c), abs(a - c), abs(a + b - 2 * c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        rows.append([tuple(line[x * bpp:x * bpp + 3]) for x in range(w)])
+        prev = line
+    return w, h, rows
+
+
+def rgb(hexcolor):
+    return tuple(int(hexcolor[i:i + 2], 16) for i in (1, 3, 5))
+
+
 class VizTest(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="gma-viz-test-")
@@ -65,9 +117,9 @@ class VizTest(unittest.TestCase):
     def path(self, name):
         return os.path.join(self.dir, name)
 
-    def run_viz(self, *args):
+    def run_viz(self, *args, env=None):
         p = subprocess.run([sys.executable, TOOL] + list(args), stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
+                           stderr=subprocess.PIPE, universal_newlines=True, timeout=60, env=env)
         return p.returncode, p.stderr
 
     def ok(self, *args):
@@ -160,9 +212,11 @@ class VizTest(unittest.TestCase):
         self.assertIn("1.25 GiB · 1.25× allocated", all_text)
         self.assertIn("2.00 GiB · 2.00× allocated", all_text)
         self.assertIn("peak PyTorch reserved", all_text)
-        # Axes: GiB ticks and a time axis.
+        # Axes: GiB ticks and a time axis, each titled with its unit.
         self.assertIn("trace time (s)", all_text)
+        self.assertIn("memory (GiB)", all_text)
         self.assertTrue(any(re.fullmatch(r"[\d.]+ GiB", t) for t in all_text))
+        self.assertIn("3.99 s of trace time", all_text[1])
         # Hover tooltips.
         self.assertGreater(len(list(root.iter(SVG_NS + "title"))), 50)
         # Segment map: states, totals, pools, and the caption on the scale.
@@ -219,10 +273,111 @@ class VizTest(unittest.TestCase):
         self.ok("--timeline", "x=" + t, "--x", "events", "--svg", self.path("o.svg"))
         root = self.svg("o.svg")
         all_text = texts(root)
-        self.assertIn("trace event", all_text)
+        self.assertIn("trace position (events)", all_text)
+        self.assertIn("memory (GiB)", all_text)
+        self.assertIn("9.9 s of trace time", all_text[1])  # the trace has times
         self.assertIn("40.0 GiB", all_text)
         self.assertIn("45.0 GiB · 1.12× allocated", all_text)
         self.assertEqual(int(self.by_id(root, "peak-recorded").get("data-peak")), 45 * GIB)
+
+    def test_trace_without_times(self):
+        # An imported snapshot without time_us: the timeline's Time column is
+        # empty, so the x axis counts events and nothing claims a time (it
+        # said "10.3 ms of trace time", the event count read as
+        # microseconds).
+        rows = HEADER + "".join("%d,,%d,%d,%d\n" % (i * 103, (i % 10) * MIB, 12 * MIB, 16 * MIB)
+                                for i in range(101))
+        t = write(self.path("t.csv"), rows)
+        self.ok("--timeline", "default=" + t, "--svg", self.path("o.svg"),
+                "--html", self.path("o.html"))
+        root = self.svg("o.svg")
+        all_text = texts(root)
+        self.assertEqual("".join(self.by_id(root, "x-axis-title").itertext()),
+                         "trace position (events)")
+        self.assertEqual("".join(self.by_id(root, "y-axis-title").itertext()), "memory (MiB)")
+        self.assertIn("trace events 0–10300 · no times in the trace: the x axis counts events",
+                      all_text[1])
+        self.assertFalse([t for t in all_text if re.search(r"\b(ms|µs|s) of trace time|t = ", t)])
+        self.assertIn("10000", all_text)  # an event tick
+        titles = ["".join(el.itertext()) for el in root.iter(SVG_NS + "title")]
+        self.assertTrue(any(t.startswith("event 5150\n") for t in titles))
+        self.assertFalse([t for t in titles if "t = " in t])
+        with open(self.path("o.html"), encoding="utf-8") as f:
+            self.assertIn("<td>–</td>", f.read())
+
+    def test_times_that_do_not_advance(self):
+        rows = [(i, 0.0, i * MIB, 16 * MIB, None) for i in range(10)]
+        t = write(self.path("t.csv"), timeline(rows))
+        self.ok("--timeline", "d=" + t, "--svg", self.path("o.svg"))
+        root = self.svg("o.svg")
+        self.assertEqual("".join(self.by_id(root, "x-axis-title").itertext()),
+                         "trace position (events)")
+        self.assertIn("the trace's times do not advance: the x axis counts events",
+                      texts(root)[1])
+
+    def test_milliseconds_axis(self):
+        rows = [(i * 3, i * 1e-4, (i % 10) * MIB, 12 * MIB, None) for i in range(104)]
+        t = write(self.path("t.csv"), timeline(rows))
+        self.ok("--timeline", "d=" + t, "--svg", self.path("o.svg"))
+        root = self.svg("o.svg")
+        all_text = texts(root)
+        self.assertEqual("".join(self.by_id(root, "x-axis-title").itertext()), "trace time (ms)")
+        self.assertIn("10.3 ms of trace time", all_text[1])
+        self.assertIn("10", all_text)  # ticks in milliseconds, not 0.01 (seconds)
+        self.assertNotIn("0.01", all_text)
+
+    @unittest.skipUnless(shutil.which("rsvg-convert"),
+                         "rsvg-convert is not installed (librsvg2-bin; tools/bootstrap.sh)")
+    def test_png(self):
+        d = write(self.path("default.csv"), timeline(sawtooth(GIB, GIB * 3 // 2, 2 * GIB)))
+        snap = write(self.path("peak.json"), json.dumps(self.snapshot()))
+        self.ok("--timeline", "default=" + d, "--snapshot", snap, "--width", "900",
+                "--svg", self.path("o.svg"), "--png", self.path("o.png"))
+        root = self.svg("o.svg")
+        w, h, px = read_png(self.path("o.png"))
+        self.assertEqual((w, h), (900, int(root.get("height"))))
+        colours = {}
+        for row in px:
+            for c in row:
+                colours[c] = colours.get(c, 0) + 1
+        white = colours.get((255, 255, 255), 0)
+        self.assertLess(white, 0.95 * w * h, "the PNG is blank")
+        self.assertGreater(len(colours), 20)  # lines, areas, text, anti-aliasing
+        # The picture's own colours, each over a real area: the allocated
+        # area, the reserved line, the live and cached blocks of the map.
+        for name, colour, least in (("allocated area", "#c6dbef", 2000),
+                                    ("default reserved line", "#e15759", 300),
+                                    ("live block", "#4a7fb5", 300),
+                                    ("cached block", "#f2b447", 300)):
+            self.assertGreater(colours.get(rgb(colour), 0), least, name)
+        # The chart is above the segment map: the allocated area's colour is
+        # in the top half, the cached blocks' in the bottom part.
+        top = sum(row.count(rgb("#c6dbef")) for row in px[:h // 2])
+        self.assertGreater(top, 2000)
+        low = sum(row.count(rgb("#f2b447")) for row in px[h // 2:])
+        self.assertGreater(low, 300)
+        # Only the PNG: the SVG goes through rsvg-convert without a file.
+        self.ok("--timeline", "default=" + d, "--png", self.path("only.png"))
+        self.assertEqual(read_png(self.path("only.png"))[0], 1200)
+
+    def test_png_without_rsvg_convert(self):
+        # No rsvg-convert on PATH: exit status 3 saying what to install; the
+        # SVG and HTML are written all the same, and no PNG.
+        d = write(self.path("d.csv"), timeline(sawtooth(GIB, GIB * 3 // 2, None)))
+        empty = os.path.join(self.dir, "bin")
+        os.mkdir(empty)
+        rc, err = self.run_viz("--timeline", "d=" + d, "--svg", self.path("o.svg"),
+                               "--html", self.path("o.html"), "--png", self.path("o.png"),
+                               env=dict(os.environ, PATH=empty))
+        self.assertEqual(rc, 3, err)
+        self.assertIn("gma-viz: error: cannot write %s: the PNG is drawn by rsvg-convert, "
+                      "which is not on PATH" % self.path("o.png"), err)
+        self.assertIn("apt-get install librsvg2-bin", err)
+        self.assertIn("(written: %s, %s)" % (self.path("o.svg"), self.path("o.html")), err)
+        self.assertNotIn("Traceback", err)
+        self.svg("o.svg")
+        self.assertTrue(os.path.exists(self.path("o.html")))
+        self.assertFalse(os.path.exists(self.path("o.png")))
 
     def test_zero_allocations(self):
         rows = [(i, i * 0.01, 0, 0, None) for i in range(20)]
@@ -258,7 +413,10 @@ class VizTest(unittest.TestCase):
         noseg = write(self.path("n.json"), '{"version": 1}')
         self.fails("--timeline", "a=" + good, "--snapshot", noseg, "--svg", out,
                    expect=r"\"segments\" list")
-        self.fails("--timeline", "a=" + good, expect=r"give --svg and/or --html")
+        self.fails("--timeline", "a=" + good, expect=r"give --svg, --html and/or --png")
+        mixed = write(self.path("x.csv"), HEADER + "0,0,1,1,\n1,,2,2,\n")
+        self.fails("--timeline", "a=" + mixed, "--svg", out,
+                   expect=r"x\.csv:3: column Time is empty here but set on the first row")
         self.fails("--timeline", "a=" + good, "--timeline", "a=" + good, "--svg", out,
                    expect=r"given twice")
         self.fails("--timeline", "a=" + good, "--svg", os.path.join(self.dir, "no", "o.svg"),

@@ -1,6 +1,7 @@
 # Tests of tools/gma-viz (included by tests/CMakeLists.txt): test_viz.py runs
-# the tool on small generated timelines and snapshots and checks the SVG and
-# HTML it writes and its errors on bad input. Label "tools"; needs Python 3.
+# the tool on small generated timelines and snapshots and checks the SVG,
+# HTML and PNG it writes, its axis titles and its errors on bad input (the PNG
+# test skips, saying why, without rsvg-convert). Label "tools"; needs Python 3.
 find_package(Python3 COMPONENTS Interpreter)
 if(NOT Python3_Interpreter_FOUND)
   message(STATUS "gma: Python 3 not found; the gma-viz test (tools_viz) is not registered")
