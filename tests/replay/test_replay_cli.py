@@ -297,6 +297,32 @@ class ReplayCli(unittest.TestCase):
         self.assertIn("allocates nothing", err)
         self.assertNotIn("GMA_ERR_CONFIG", err)
 
+    def test_timeline_without_times(self):
+        # A trace whose Time column is empty (a snapshot without time_us,
+        # imported) has no times: its timeline's Time column is empty too,
+        # rather than the row index as microseconds, which would be drawn as
+        # time. A trace with times keeps them.
+        untimed = os.path.join(self.dir, "untimed.csv")
+        with open(untimed, "w") as f:
+            f.write(HEADER + "".join(re.sub(r"^0,[^,]*,", "0,,", r) + "\n"
+                                     for r in KNOWN.splitlines()[1:]))
+        out = os.path.join(self.dir, "tl")
+        os.mkdir(out)
+        self.replay("--config", "d=" + CONF, "--timeline-dir", out, untimed, self.known)
+        for name, timed in (("untimed", False), ("known", True)):
+            with open(os.path.join(out, name + ".d.timeline.csv")) as f:
+                rows = [r.split(",") for r in f.read().splitlines()]
+            self.assertEqual(rows[0], ["Event", "Time", "Allocated", "Reserved",
+                                       "RecordedReserved"])
+            self.assertGreater(len(rows), 5)
+            times = [r[1] for r in rows[1:]]
+            if timed:
+                self.assertTrue(all(re.fullmatch(r"0\.\d{9}", t) for t in times), times)
+                self.assertEqual(times[-1], "0.000010000")
+            else:
+                self.assertEqual(set(times), {""}, times)
+            self.assertEqual(max(int(r[2]) for r in rows[1:]), 48 * MIB + 1000)
+
     def write_trace(self, name, rows):
         path = os.path.join(self.dir, name)
         with open(path, "w") as f:

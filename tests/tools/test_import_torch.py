@@ -326,7 +326,7 @@ def part_small(tmp):
     # plus the sizes of the blocks before it (they tile the segment in address
     # order). Requested sizes come from requested_size, else the newest
     # history entry's real_size, else the block's size. 2.0 traces have no
-    # time_us (the event index is the time) and an oom event carries
+    # time_us (Time is left empty) and an oom event carries
     # device_free instead of addr. Segment 0x5000000 (2 MiB): an allocated
     # block with history (seeded, 1000), a free one the trace allocates at its
     # derived address 0x5000400, one pending free without history (seeded,
@@ -362,13 +362,13 @@ def part_small(tmp):
     s, stdout = convert(path, out)
     if s:
         expect_rows(out, [
-            "0,0.000000000,segment_alloc,0x0,3145728,0x0,0,0,0,",
-            "0,0.000000000,allocate,0x5000000,1000,0x0,0,0,0,",
-            "0,0.000000000,allocate,0x5000600,512,0x0,0,0,0,",
-            "0,0.000000000,allocate,0x6000000,4000,0x0,0,0,0,",
-            "0,0.000000000,allocate,0x5000400,100,0x0,0,0,0,",
-            "0,0.000001000,free,0x5000400,100,0x0,0,0,0,",
-            "0,0.000003000,oom,0x0,5000000,0x0,0,0,0,",
+            "0,,segment_alloc,0x0,3145728,0x0,0,0,0,",
+            "0,,allocate,0x5000000,1000,0x0,0,0,0,",
+            "0,,allocate,0x5000600,512,0x0,0,0,0,",
+            "0,,allocate,0x6000000,4000,0x0,0,0,0,",
+            "0,,allocate,0x5000400,100,0x0,0,0,0,",
+            "0,,free,0x5000400,100,0x0,0,0,0,",
+            "0,,oom,0x0,5000000,0x0,0,0,0,",
         ])
         dev = s["devices"][0]
         check(dev["snapshot_format"].startswith("PyTorch 2.0 (block addresses derived"),
@@ -379,7 +379,7 @@ def part_small(tmp):
         check("format          PyTorch 2.0" in stdout, "torch20: summary lacks the format:\n"
               + stdout)
 
-    # Older format: no time_us, so the event index is the time in microseconds.
+    # Older format: no time_us, so the trace has no times: Time is empty.
     snap = {"segments": [seg(0, 0x10000, 2 * MIB, [blk(0x10000, 2 * MIB, "inactive", 0)])],
             "device_traces": [[
                 ev("segment_alloc", 0x10000, 2 * MIB),
@@ -395,15 +395,16 @@ def part_small(tmp):
     s, _ = convert(path, out, ["--quiet"])
     if s:
         expect_rows(out, [
-            "0,0.000000000,segment_alloc,0x10000,2097152,0x0,0,0,0,",
-            "0,0.000001000,allocate,0x10000,4000,0x0,0,0,0,",
-            "0,0.000002000,allocate,0x11000,100,0x0,0,0,0,",
-            "0,0.000003000,free,0x10000,4000,0x0,0,0,0,",
-            "0,0.000005000,free,0x11000,100,0x0,0,0,0,",
-            "0,0.000006000,oom,0x0,3145728,0x0,0,0,0,",
+            "0,,segment_alloc,0x10000,2097152,0x0,0,0,0,",
+            "0,,allocate,0x10000,4000,0x0,0,0,0,",
+            "0,,allocate,0x11000,100,0x0,0,0,0,",
+            "0,,free,0x10000,4000,0x0,0,0,0,",
+            "0,,free,0x11000,100,0x0,0,0,0,",
+            "0,,oom,0x0,3145728,0x0,0,0,0,",
         ])
         dev = s["devices"][0]
-        check(dev["time_source"] == "event index", "old: time_source %r" % dev["time_source"])
+        check(dev["time_source"] == "none (no time_us; Time left empty)",
+              "old: time_source %r" % dev["time_source"])
         check(dev["reserved_at_start_bytes"] == 0 and dev["peak_reserved_bytes"] == 2 * MIB
               and dev["peak_allocated_bytes"] == 4100 and dev["seeded_allocations"] == 0,
               "old: summary %r" % dev)
@@ -625,15 +626,15 @@ def part_damaged(tmp):
               "%s: stderr %r, want it to contain %r" % (name, err, want))
         check(not os.path.exists(out), "%s: wrote %s" % (name, out))
     # None is "not given" for the optional fields (stream, time_us,
-    # requested_size): the event's stream is 0, the time the event index.
+    # requested_size): the event's stream is 0; no time_us, no Time.
     snap = {"segments": [], "device_traces": [[
         ev("alloc", 0x1000, 64, None, stream=None), ev("free_requested", 0x1000, 64, None)]]}
     path = write_pickle(os.path.join(d, "none.pickle"), snap)
     s, _ = convert(path, os.path.join(d, "none.csv"), ["--quiet"])
     if s:
         expect_rows(os.path.join(d, "none.csv"), [
-            "0,0.000000000,allocate,0x1000,64,0x0,0,0,0,",
-            "0,0.000001000,free,0x1000,64,0x0,0,0,0,",
+            "0,,allocate,0x1000,64,0x0,0,0,0,",
+            "0,,free,0x1000,64,0x0,0,0,0,",
         ])
     # The largest values gma-replay takes still convert: addr 2^64-1, size
     # 2^64-1 (alone), a segment of 2^63-1 bytes, time_us at 2^63-1.
@@ -653,23 +654,26 @@ def part_damaged(tmp):
 
 def csv_peaks(name, rows):
     """Recompute the peaks from the rows and check that they replay: every
-    free names a live pointer, no allocate names one, time never decreases.
+    free names a live pointer, no allocate names one, time never decreases
+    (Time is on every row, or on none: a trace without times).
     Returns (peak allocated, peak reserved, rows by action)."""
     alloc = peak_alloc = res = peak_res = 0
     live = {}
     last_t = 0.0
     bad = collections.Counter()
     actions = collections.Counter()
+    timed = set()  # a trace has a Time on every row or on none
     for row in rows:
         f = row.split(",")
         if len(f) != 10:
             bad["fields"] += 1
             continue
-        t, action, ptr, size = float(f[1]), f[2], int(f[3], 16), int(f[4])
+        t, action, ptr, size = (float(f[1]) if f[1] else None), f[2], int(f[3], 16), int(f[4])
         actions[action] += 1
-        if t < last_t:
+        timed.add(t is not None)
+        if t is not None and t < last_t:
             bad["time"] += 1
-        last_t = t
+        last_t = t if t is not None else last_t
         if action == "allocate":
             if ptr in live:
                 bad["allocate_live"] += 1
@@ -689,6 +693,8 @@ def csv_peaks(name, rows):
                 bad["reserved_negative"] += 1
         elif action != "oom":
             bad["action " + action] += 1
+    if len(timed) > 1:
+        bad["time on some rows only"] += 1
     check(not bad, "%s: CSV problems %r" % (name, dict(bad)))
     return peak_alloc, peak_res, dict(actions)
 

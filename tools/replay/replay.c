@@ -125,6 +125,7 @@ static int parse_row(const char *name, uint64_t lineno, size_t index, int a, cha
   else if (!isfinite(e->time))
     return fail(err, errlen, "%s:%" PRIu64 ": %s row: column Time is '%s', not a finite number "
                 "of seconds", name, lineno, an, shown(tmp, sizeof tmp, fld[1], len[1]));
+  else e->timed = 1;
   uint64_t block;
   uint64_t *const dst[9] = {[3] = &e->ptr, [4] = &e->size, [5] = &e->stream, [6] = &block,
                             [7] = &e->id, [8] = &e->count};
@@ -268,6 +269,7 @@ static int parse_file(FILE *f, const char *name, const char *path, replay_trace_
     if (rc == 0)
       rc = parse_row(name, lineno, t->n, a, fld, len, nf, &t->ev[t->n], err, errlen);
     if (rc != 0) break;
+    if (t->ev[t->n].timed) t->has_time = 1;
     t->count[a]++;
     t->n++;
   }
@@ -616,8 +618,9 @@ static void sample(run_t *x, size_t i) {
   if (x->o->timeline) {
     /* Allocated is the highest value since the previous row, so a short
      * spike between rows still shows (peak-preserving downsampling). */
-    fprintf(x->o->timeline, "%" PRIu64 ",%.9f,%" PRIu64 ",%" PRIu64 ",",
-            (uint64_t)i + x->rep * (uint64_t)x->t->n, x->t->ev[i].time + x->time_offset,
+    fprintf(x->o->timeline, "%" PRIu64 ",", (uint64_t)i + x->rep * (uint64_t)x->t->n);
+    if (x->t->has_time) fprintf(x->o->timeline, "%.9f", x->t->ev[i].time + x->time_offset);
+    fprintf(x->o->timeline, ",%" PRIu64 ",%" PRIu64 ",",
             x->window_max > x->live ? x->window_max : x->live, s.reserved.current);
     x->window_max = x->live;
     if (x->t->has_recorded) fprintf(x->o->timeline, "%" PRId64, x->recorded);

@@ -35,6 +35,7 @@ typedef struct replay_event {
   uint8_t action;   /* replay_action_t */
   uint8_t failed;   /* the Status column named a failure */
   uint8_t explicit_trim;
+  uint8_t timed;    /* its Time column held a time (else time is the row's index in us) */
   uint32_t line;    /* its line in the file, for messages (UINT32_MAX: that line or later) */
 } replay_event_t;
 
@@ -44,6 +45,8 @@ typedef struct replay_trace {
   size_t n;
   size_t count[RA_NACTIONS];
   int has_recorded;          /* it has segment rows: the recording allocator's reserved curve */
+  int has_time;              /* some row has a Time; a trace without (an imported snapshot
+                                without time_us) writes its timeline with an empty Time */
   uint64_t recorded_peak;    /* peak of that curve */
   uint64_t peak_live;        /* the trace's own peak of live requested bytes: every request it
                                 records as served (allocate rows, async completions), whatever
@@ -67,7 +70,8 @@ typedef struct replay_options {
   const char *device;       /* "sim" (default) or "cuda" */
   FILE *timeline;           /* if set: Event,Time,Allocated,Reserved,RecordedReserved rows;
                                Allocated is the highest live (requested) bytes since the
-                               previous row, so peaks survive the downsampling */
+                               previous row, so peaks survive the downsampling; Time is
+                               empty when the trace has none (has_time) */
   size_t samples;           /* timeline points (default 2000) */
   const char *snapshot_path; /* if set: gma_snapshot_json at the sampled peak reserved */
   int progress;             /* draw a progress bar on stderr */
