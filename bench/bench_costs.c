@@ -316,7 +316,7 @@ static size_t *sizes; /* opt.pairs sizes of the current pair scenario */
 static void fill_sizes(const scenario_t *sc) {
   uint64_t rng = opt.seed ? opt.seed : 1;
   for (int i = 0; i < opt.pairs; i++) {
-    if (sc->size) {
+    if (sc->size || sc->hi_bits <= sc->lo_bits) { /* fixed, or a scenario of its own sizes */
       sizes[i] = sc->size;
       continue;
     }

@@ -204,6 +204,11 @@ typedef struct gma_config {
    * one iteration's allocations, places them in one arena off the hot path,
    * and serves later iterations from the plan. */
   int plan;                      /* "plan": off | on (off) */
+  /* The simulated device's GPU cost model (ignored by CUDA): each device
+   * call takes the host time it takes on that GPU, frees wait for the
+   * device's queued work, and an event behind work completes after it
+   * (docs/gpu/cost-model.md). 0 (none): calls cost only the sim_*_ns knobs. */
+  int sim_costs;                 /* "sim_costs": none | h100 | h200 (none) */
 } gma_config_t;
 
 /* release_threshold = GMA_RELEASE_ALL (GMA_CONF "release_threshold:0"): every

@@ -19,7 +19,7 @@
 #define TiB (1ull << 40)
 
 typedef enum {
-  KIND_SIZE, KIND_COUNT, KIND_DEVICE, KIND_REUSE, KIND_ONOFF, KIND_BOOL, KIND_PATH, KIND_FALLBACK, KIND_DEFSTREAM, KIND_PLAN,
+  KIND_SIZE, KIND_COUNT, KIND_DEVICE, KIND_REUSE, KIND_ONOFF, KIND_BOOL, KIND_PATH, KIND_FALLBACK, KIND_DEFSTREAM, KIND_PLAN, KIND_SIMCOSTS,
   KIND_THRESHOLD /* a size; "auto" is 0 (the default), "0" is GMA_RELEASE_ALL */
 } value_kind_t;
 
@@ -64,6 +64,7 @@ static const key_spec_t keys[] = {
     {"sim_event_ns", FIELD(sim_event_latency_ns), KIND_COUNT, 0, 10000000000ull},
     {"sim_fail_alloc", FIELD(sim_fail_alloc), KIND_COUNT, 0, UINT64_MAX},
     {"sim_fail_event", FIELD(sim_fail_event), KIND_COUNT, 0, UINT64_MAX},
+    {"sim_costs", FIELD(sim_costs), KIND_SIMCOSTS, 0, 2},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
 
@@ -72,7 +73,7 @@ static uint64_t get_field(const gma_config_t *c, const key_spec_t *k) {
   if (k->kind == KIND_DEVICE) return (uint64_t)*(const gma_device_kind_t *)at;
   if (k->kind == KIND_REUSE) return (uint64_t)*(const gma_reuse_t *)at;
   if (k->kind == KIND_ONOFF || k->kind == KIND_BOOL || k->kind == KIND_FALLBACK || k->kind == KIND_DEFSTREAM ||
-      k->kind == KIND_PLAN ||
+      k->kind == KIND_PLAN || k->kind == KIND_SIMCOSTS ||
       k->offset == FIELD(device_ordinal))
     return (uint64_t)(int64_t)*(const int *)at;
   return *(const uint64_t *)at;
@@ -84,7 +85,7 @@ static size_t field_width(const key_spec_t *k) {
   if (k->kind == KIND_DEVICE) return sizeof(gma_device_kind_t);
   if (k->kind == KIND_REUSE) return sizeof(gma_reuse_t);
   if (k->kind == KIND_ONOFF || k->kind == KIND_BOOL || k->kind == KIND_FALLBACK || k->kind == KIND_DEFSTREAM ||
-      k->kind == KIND_PLAN || k->offset == FIELD(device_ordinal))
+      k->kind == KIND_PLAN || k->kind == KIND_SIMCOSTS || k->offset == FIELD(device_ordinal))
     return sizeof(int);
   return sizeof(uint64_t);
 }
@@ -96,7 +97,7 @@ static void set_field(gma_config_t *c, const key_spec_t *k, uint64_t v) {
   else if (k->kind == KIND_REUSE)
     *(gma_reuse_t *)at = (gma_reuse_t)v;
   else if (k->kind == KIND_ONOFF || k->kind == KIND_BOOL || k->kind == KIND_FALLBACK || k->kind == KIND_DEFSTREAM ||
-      k->kind == KIND_PLAN ||
+      k->kind == KIND_PLAN || k->kind == KIND_SIMCOSTS ||
       k->offset == FIELD(device_ordinal))
     *(int *)at = (int)v;
   else
@@ -187,6 +188,7 @@ static const char *const bool_names[] = {"false", "true"};
 static const char *const fallback_names[] = {"none", "host"};
 static const char *const defstream_names[] = {"legacy", "per_thread"};
 static const char *const plan_names[] = {"off", "on"};
+static const char *const simcosts_names[] = {"none", "h100", "h200"};
 
 static void trim(const char **s, size_t *len) {
   while (*len && isspace((unsigned char)**s)) (*s)++, (*len)--;
@@ -213,6 +215,7 @@ static const char *const *names_of(const key_spec_t *k, uint64_t *n) {
     case KIND_FALLBACK: *n = 2; return fallback_names;
     case KIND_DEFSTREAM: *n = 2; return defstream_names;
     case KIND_PLAN: *n = 2; return plan_names;
+    case KIND_SIMCOSTS: *n = 3; return simcosts_names;
     default: *n = 0; return NULL;
   }
 }
@@ -425,6 +428,10 @@ gma_status_t gma_config_parse(gma_config_t *config, const char *text) {
       case KIND_PLAN:
         ok = parse_name(val, vlen, plan_names, 2, &v);
         expected = "off or on";
+        break;
+      case KIND_SIMCOSTS:
+        ok = parse_name(val, vlen, simcosts_names, 3, &v);
+        expected = "none, h100 or h200";
         break;
       case KIND_SIZE:
         ok = parse_number(val, vlen, true, &v);

@@ -86,6 +86,7 @@ class Config(ctypes.Structure):
         ("oom_wait_ms", u64),
         ("per_thread_default_stream", c_int),
         ("plan", c_int),
+        ("sim_costs", c_int),
     ]
 
 

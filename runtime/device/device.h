@@ -175,6 +175,12 @@ typedef struct gma__sim_live {
 } gma__sim_live_t;
 void gma__sim_fault(gma__device_t *dev, gma__sim_site_t site, uint64_t nth, gma_status_t status);
 uint64_t gma__sim_calls(gma__device_t *dev, gma__sim_site_t site);
+
+/* For the fake CUDA driver, which prices each driver entry point itself:
+ * dev (created with a sim_costs preset) keeps the preset's behaviour (frees
+ * wait for the device, events complete after their work) but charges no
+ * call. Call it before dev is used. */
+void gma__sim_costs_unpriced(gma__device_t *dev);
 void gma__sim_live(gma__device_t *dev, gma__sim_live_t *out);
 
 /* Opens the CUDA device config->device_ordinal through the driver (see

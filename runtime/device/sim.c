@@ -56,6 +56,7 @@
 #include <time.h>
 
 #include "device/device.h"
+#include "device/sim_cost.h"
 
 #if defined(GMA_DEBUG) && GMA_DEBUG >= 1
 #include <assert.h>
@@ -282,6 +283,8 @@ struct sim_device {
   uint64_t capacity, alloc_ns, free_ns, event_ns, fail_alloc, fail_event;
   uint64_t serial;    /* never reused by another device in this process */
   uint64_t legacy_id; /* the NULL / 0x1 stream's id */
+  const gma__sim_costs_t *costs; /* sim_costs: NULL, or the GPU cost preset */
+  bool unpriced; /* the preset's behaviour without its prices (the fake driver) */
   /* Calls so far, for fault injection; written concurrently, relaxed is
    * enough because each only needs a unique ticket number. */
   _Atomic uint64_t alloc_calls, event_calls;
@@ -321,6 +324,24 @@ struct sim_device {
 };
 
 static sim_device_t *sim_of(gma__device_t *d) { return (sim_device_t *)d; }
+
+/* The stream whose thread is the calling thread, NULL on other threads. */
+static _Thread_local const struct sim_stream *sim_self;
+
+/* Takes the host time op on bytes costs under the cost preset; nothing
+ * without one. Any thread. */
+static void sim_pay(const sim_device_t *dev, gma__sim_cost_op_t op, uint64_t bytes) {
+  if (dev->costs && !dev->unpriced) gma__sim_cost_pay(dev->costs, op, bytes);
+}
+
+static gma_status_t device_wait_all(sim_device_t *dev);
+
+/* Under a preset whose frees wait for the device (cuMemFree,
+ * cuMemHostAlloc and cuMemFreeHost do): waits until every stream has run
+ * the work queued on it, the calling stream's own thread excepted. */
+static void sim_wait_device(sim_device_t *dev) {
+  if (dev->costs && dev->costs->free_waits) (void)device_wait_all(dev);
+}
 
 /* Takes ns nanoseconds, as a device call would; any thread. Waits shorter
  * than 200 us spin on the clock, because nanosleep overshoots them several
@@ -420,6 +441,7 @@ static gma_status_t sim_mem_alloc(gma__device_t *d, uint64_t size, uintptr_t *ou
     return gma__set_error(GMA_ERR_DEVICE, "injected failure of device allocation #%llu on the simulated device",
                           (unsigned long long)t);
   }
+  sim_pay(dev, GMA__SIM_COST_MEM_ALLOC, size);
   gma_status_t fst = site_fault(dev, GMA__SIM_MEM_ALLOC);
   if (fst != GMA_OK) return fst;
   if (!out) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "the simulated device was asked to allocate without an address to return");
@@ -476,6 +498,8 @@ static gma_status_t sim_mem_alloc(gma__device_t *d, uint64_t size, uintptr_t *ou
 static gma_status_t sim_mem_free(gma__device_t *d, uintptr_t addr, uint64_t size) {
   sim_device_t *dev = sim_of(d);
   sim_sleep(dev->free_ns);
+  sim_wait_device(dev);
+  sim_pay(dev, GMA__SIM_COST_MEM_FREE, size);
   gma_status_t fst = site_fault(dev, GMA__SIM_MEM_FREE);
   if (fst != GMA_OK) return fst;
   pthread_mutex_lock(&dev->mem_mu);
@@ -515,6 +539,7 @@ static gma_status_t sim_mem_free(gma__device_t *d, uintptr_t addr, uint64_t size
 /* Any thread; never blocks beyond mem_mu. */
 static gma_status_t sim_mem_info(gma__device_t *d, uint64_t *free_bytes, uint64_t *total_bytes) {
   sim_device_t *dev = sim_of(d);
+  sim_pay(dev, GMA__SIM_COST_MEM_INFO, 0);
   gma_status_t fst = site_fault(dev, GMA__SIM_MEM_INFO);
   if (fst != GMA_OK) return fst;
   pthread_mutex_lock(&dev->mem_mu);
@@ -545,6 +570,7 @@ static bool vm_aligned(uint64_t x) { return x % SIM_VM_GRANULARITY == 0; }
 /* Any thread. */
 static gma_status_t sim_vm_reserve(gma__device_t *d, uint64_t size, uintptr_t *out) {
   sim_device_t *dev = sim_of(d);
+  sim_pay(dev, GMA__SIM_COST_VM_RESERVE, 0);
   gma_status_t fst = site_fault(dev, GMA__SIM_VM_RESERVE);
   if (fst != GMA_OK) return fst;
   if (!out) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "the simulated device was asked to reserve without an address to return");
@@ -593,6 +619,7 @@ static sim_reserve_t *reserve_of(const sim_device_t *dev, uintptr_t addr, uint64
 /* Any thread. */
 static gma_status_t sim_vm_release(gma__device_t *d, uintptr_t addr, uint64_t size) {
   sim_device_t *dev = sim_of(d);
+  sim_pay(dev, GMA__SIM_COST_VM_RELEASE, 0);
   gma_status_t fst = site_fault(dev, GMA__SIM_VM_RELEASE);
   if (fst != GMA_OK) return fst;
   pthread_mutex_lock(&dev->mem_mu);
@@ -622,6 +649,7 @@ static gma_status_t sim_vm_map(gma__device_t *d, uintptr_t addr, uint64_t size, 
   if (fault_fires(&dev->alloc_calls, dev->fail_alloc, &t))
     return gma__set_error(GMA_ERR_DEVICE, "injected failure of device allocation #%llu "
                                           "(vm_map) on the simulated device", (unsigned long long)t);
+  sim_pay(dev, GMA__SIM_COST_VM_MAP, size);
   gma_status_t fst = site_fault(dev, GMA__SIM_VM_MAP);
   if (fst != GMA_OK) return fst;
   if (!handle) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "the simulated device was asked to map memory without a place for its handle");
@@ -681,6 +709,7 @@ static gma_status_t sim_vm_map(gma__device_t *d, uintptr_t addr, uint64_t size, 
 static gma_status_t sim_vm_unmap(gma__device_t *d, uintptr_t addr, uint64_t size, uint64_t handle) {
   sim_device_t *dev = sim_of(d);
   sim_sleep(dev->free_ns);
+  sim_pay(dev, GMA__SIM_COST_VM_UNMAP, size);
   gma_status_t fst = site_fault(dev, GMA__SIM_VM_UNMAP);
   if (fst != GMA_OK) return fst;
   pthread_mutex_lock(&dev->mem_mu);
@@ -718,6 +747,8 @@ static gma_status_t sim_vm_unmap(gma__device_t *d, uintptr_t addr, uint64_t size
 static gma_status_t sim_host_alloc(gma__device_t *d, uint64_t size, void **host,
                                    uintptr_t *dev_addr) {
   sim_device_t *dev = sim_of(d);
+  sim_wait_device(dev);
+  sim_pay(dev, GMA__SIM_COST_HOST_ALLOC, size);
   gma_status_t fst = site_fault(dev, GMA__SIM_HOST_ALLOC);
   if (fst != GMA_OK) return fst;
   sim_alloc_t *a = malloc(sizeof *a);
@@ -745,6 +776,8 @@ static gma_status_t sim_host_alloc(gma__device_t *d, uint64_t size, void **host,
 /* Any thread. An unknown address or another size changes nothing. */
 static gma_status_t sim_host_free(gma__device_t *d, void *host, uint64_t size) {
   sim_device_t *dev = sim_of(d);
+  sim_wait_device(dev);
+  sim_pay(dev, GMA__SIM_COST_HOST_FREE, size);
   gma_status_t fst = site_fault(dev, GMA__SIM_HOST_FREE);
   if (fst != GMA_OK) return fst;
   pthread_mutex_lock(&dev->mem_mu);
@@ -789,6 +822,7 @@ static sim_event_t *event_find(sim_device_t *dev, gma__event_t h) {
 static gma_status_t sim_event_create(gma__device_t *d, gma__event_t *out) {
   sim_device_t *dev = sim_of(d);
   gma_status_t st = event_fault(dev, "event_create");
+  sim_pay(dev, GMA__SIM_COST_EVENT_CREATE, 0);
   if (st == GMA_OK) st = site_fault(dev, GMA__SIM_EVENT_CREATE);
   if (st != GMA_OK) return st;
   if (!out) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "the simulated device was asked for an event without a place for it");
@@ -805,6 +839,7 @@ static gma_status_t sim_event_create(gma__device_t *d, gma__event_t *out) {
 /* Any thread. Queued RECORD/WAIT ops keep their marks alive until they run. */
 static gma_status_t sim_event_destroy(gma__device_t *d, gma__event_t h) {
   sim_device_t *dev = sim_of(d);
+  sim_pay(dev, GMA__SIM_COST_EVENT_DESTROY, 0);
   gma_status_t fst = site_fault(dev, GMA__SIM_EVENT_DESTROY);
   if (fst != GMA_OK) return fst;
   pthread_mutex_lock(&dev->ev_mu);
@@ -822,6 +857,7 @@ static gma_status_t sim_event_destroy(gma__device_t *d, gma__event_t h) {
 static gma_status_t sim_event_query(gma__device_t *d, gma__event_t h, bool *done) {
   sim_device_t *dev = sim_of(d);
   gma_status_t st = event_fault(dev, "event_query");
+  sim_pay(dev, GMA__SIM_COST_EVENT_QUERY, 0);
   if (st == GMA_OK) st = site_fault(dev, GMA__SIM_EVENT_QUERY);
   if (st != GMA_OK) return st;
   if (!done) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "the simulated device was asked to query an event without a place for the answer");
@@ -838,6 +874,7 @@ static gma_status_t sim_event_query(gma__device_t *d, gma__event_t h, bool *done
 static gma_status_t sim_event_synchronize(gma__device_t *d, gma__event_t h) {
   sim_device_t *dev = sim_of(d);
   gma_status_t st = event_fault(dev, "event_synchronize");
+  sim_pay(dev, GMA__SIM_COST_EVENT_SYNCHRONIZE, 0);
   if (st == GMA_OK) st = site_fault(dev, GMA__SIM_EVENT_SYNCHRONIZE);
   if (st != GMA_OK) return st;
   pthread_mutex_lock(&dev->ev_mu);
@@ -863,6 +900,8 @@ static void op_run(sim_device_t *dev, sim_op_t *op) {
     op->fn(op->arg);
     return;
   }
+  /* Under a preset, an event behind work completes a little after it. */
+  if (op->kind == SIM_OP_RECORD && dev->costs) gma__sim_spin_ns(dev->costs->event_latency_ns);
   pthread_mutex_lock(&dev->ev_mu);
   if (op->kind == SIM_OP_RECORD) {
     op->mark->done = true;
@@ -912,6 +951,7 @@ static void stream_exit(sim_stream_t *s) {
  * and idle, then retires the stream. */
 static void *stream_main(void *arg) {
   sim_stream_t *s = arg;
+  sim_self = s;
   pthread_mutex_lock(&s->mu);
   for (;;) {
     while (!s->head && !s->stop) pthread_cond_wait(&s->work_cv, &s->mu);
@@ -1192,6 +1232,7 @@ static sim_op_t *op_new(sim_op_kind_t kind) {
 static gma_status_t sim_event_record(gma__device_t *d, gma__event_t ev, gma_stream_t stream) {
   sim_device_t *dev = sim_of(d);
   gma_status_t st = event_fault(dev, "event_record");
+  sim_pay(dev, GMA__SIM_COST_EVENT_RECORD, 0);
   if (st == GMA_OK) st = site_fault(dev, GMA__SIM_EVENT_RECORD);
   if (st != GMA_OK) return st;
   sim_sleep(dev->event_ns);
@@ -1203,6 +1244,7 @@ static gma_status_t sim_event_record(gma__device_t *d, gma__event_t ev, gma_stre
 static gma_status_t sim_stream_wait_event(gma__device_t *d, gma_stream_t stream, gma__event_t ev) {
   sim_device_t *dev = sim_of(d);
   gma_status_t st = event_fault(dev, "stream_wait_event");
+  sim_pay(dev, GMA__SIM_COST_STREAM_WAIT_EVENT, 0);
   if (st == GMA_OK) st = site_fault(dev, GMA__SIM_STREAM_WAIT_EVENT);
   if (st != GMA_OK) return st;
   sim_op_t *op = op_new(SIM_OP_WAIT);
@@ -1219,6 +1261,7 @@ static gma_status_t sim_stream_wait_stream(gma__device_t *d, gma_stream_t waiter
                                            gma_stream_t waitee) {
   sim_device_t *dev = sim_of(d);
   gma_status_t st = event_fault(dev, "stream_wait_stream");
+  sim_pay(dev, GMA__SIM_COST_STREAM_WAIT_EVENT, 0);
   if (st == GMA_OK) st = site_fault(dev, GMA__SIM_STREAM_WAIT_STREAM);
   if (st != GMA_OK) return st;
   sim_sleep(dev->event_ns);
@@ -1293,6 +1336,7 @@ static gma_status_t sim_stream_wait_stream(gma__device_t *d, gma_stream_t waiter
 static gma_status_t sim_launch(gma__device_t *d, gma_stream_t stream, gma_sim_kernel_fn fn,
                                void *arg) {
   sim_device_t *dev = sim_of(d);
+  sim_pay(dev, GMA__SIM_COST_LAUNCH, 0);
   gma_status_t fst = site_fault(dev, GMA__SIM_SIM_LAUNCH);
   if (fst != GMA_OK) return fst;
   if (!fn) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "the simulated device was asked to launch a kernel without a function");
@@ -1307,6 +1351,7 @@ static gma_status_t sim_launch(gma__device_t *d, gma_stream_t stream, gma_sim_ke
  * stream's, if any (see slot_take). */
 static gma_status_t sim_stream_create(gma__device_t *d, gma_stream_t *out) {
   sim_device_t *dev = sim_of(d);
+  sim_pay(dev, GMA__SIM_COST_STREAM_CREATE, 0);
   gma_status_t fst = site_fault(dev, GMA__SIM_STREAM_CREATE);
   if (fst != GMA_OK) return fst;
   if (!out) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "the simulated device was asked for a stream without a place for it");
@@ -1335,6 +1380,7 @@ static gma_status_t sim_stream_create(gma__device_t *d, gma_stream_t *out) {
  * stream's queued work still runs; the stream frees itself after that. */
 static gma_status_t sim_stream_destroy(gma__device_t *d, gma_stream_t h) {
   sim_device_t *dev = sim_of(d);
+  sim_pay(dev, GMA__SIM_COST_STREAM_DESTROY, 0);
   gma_status_t fst = site_fault(dev, GMA__SIM_STREAM_DESTROY);
   if (fst != GMA_OK) return fst;
   if (h == NULL || h == SIM_LEGACY_STREAM || h == SIM_PER_THREAD_STREAM) {
@@ -1370,6 +1416,9 @@ static gma_status_t sim_stream_destroy(gma__device_t *d, gma_stream_t h) {
  * device (or a cache collision between devices). Never waits for a stream. */
 static gma_status_t sim_stream_id(gma__device_t *d, gma_stream_t h, uint64_t *id) {
   sim_device_t *dev = sim_of(d);
+  /* cuda.c's stream_id asks the capture state first, then the id. */
+  sim_pay(dev, GMA__SIM_COST_STREAM_CAPTURE, 0);
+  sim_pay(dev, GMA__SIM_COST_STREAM_ID, 0);
   gma_status_t fst = site_fault(dev, GMA__SIM_STREAM_ID);
   if (fst != GMA_OK) return fst;
   if (!id) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "the simulated device was asked for a stream id without a place for it");
@@ -1404,6 +1453,7 @@ static gma_status_t sim_stream_id(gma__device_t *d, gma_stream_t h, uint64_t *id
 /* Any thread but the stream's own. */
 static gma_status_t sim_stream_synchronize(gma__device_t *d, gma_stream_t h) {
   sim_device_t *dev = sim_of(d);
+  sim_pay(dev, GMA__SIM_COST_STREAM_SYNCHRONIZE, 0);
   gma_status_t fst = site_fault(dev, GMA__SIM_STREAM_SYNCHRONIZE);
   if (fst != GMA_OK) return fst;
   sim_stream_t *s;
@@ -1420,8 +1470,15 @@ static gma_status_t sim_stream_synchronize(gma__device_t *d, gma_stream_t h) {
  * streams_mu (a kernel may itself call into the device). */
 static gma_status_t sim_device_synchronize(gma__device_t *d) {
   sim_device_t *dev = sim_of(d);
+  sim_pay(dev, GMA__SIM_COST_DEVICE_SYNCHRONIZE, 0);
   gma_status_t fst = site_fault(dev, GMA__SIM_DEVICE_SYNCHRONIZE);
   if (fst != GMA_OK) return fst;
+  return device_wait_all(dev);
+}
+
+/* Waits until every stream with a running thread (but the caller's own) has
+ * run the work queued on it. Any thread. */
+static gma_status_t device_wait_all(sim_device_t *dev) {
   pthread_mutex_lock(&dev->streams_mu);
   size_t n = 0;
   sim_stream_t **all = malloc((dev->threads + 1) * sizeof *all);
@@ -1430,6 +1487,7 @@ static gma_status_t sim_device_synchronize(gma__device_t *d) {
     return gma__set_error(GMA_ERR_DEVICE, "the simulated device ran out of host memory to synchronize");
   }
   for (sim_stream_t *s = dev->all; s; s = s->all_next) {
+    if (s == sim_self) continue; /* a stream thread cannot wait for itself */
     s->refs++;
     all[n++] = s;
   }
@@ -1561,33 +1619,47 @@ static void sim_forget(gma__device_t *d) {
   free(dev);
 }
 
-static const gma__device_ops_t sim_ops = {
-    .mem_alloc = sim_mem_alloc,
-    .mem_free = sim_mem_free,
-    .mem_info = sim_mem_info,
-    .event_create = sim_event_create,
-    .event_destroy = sim_event_destroy,
-    .event_record = sim_event_record,
-    .event_query = sim_event_query,
-    .event_synchronize = sim_event_synchronize,
-    .stream_wait_event = sim_stream_wait_event,
-    .stream_wait_stream = sim_stream_wait_stream,
-    .stream_create = sim_stream_create,
-    .stream_destroy = sim_stream_destroy,
-    .stream_id = sim_stream_id,
-    .stream_synchronize = sim_stream_synchronize,
-    .device_synchronize = sim_device_synchronize,
-    .vm_granularity = sim_vm_granularity,
-    .vm_reserve = sim_vm_reserve,
-    .vm_release = sim_vm_release,
-    .vm_map = sim_vm_map,
-    .vm_unmap = sim_vm_unmap,
-    .host_alloc = sim_host_alloc,
-    .host_free = sim_host_free,
-    .sim_launch = sim_launch,
-    .destroy = sim_destroy,
+/* Under a cost preset the CUDA backend's capture query is priced as well:
+ * the sim then answers it (never capturing) so that gma makes the calls it
+ * makes on a GPU. */
+static gma_status_t sim_stream_capture(gma__device_t *d, gma_stream_t stream, bool *capturing,
+                                       uint64_t *id) {
+  (void)stream;
+  sim_pay(sim_of(d), GMA__SIM_COST_STREAM_CAPTURE, 0);
+  if (capturing) *capturing = false;
+  if (id) *id = 0;
+  return GMA_OK;
+}
+
+#define SIM_OPS_COMMON \
+    .mem_alloc = sim_mem_alloc, \
+    .mem_free = sim_mem_free, \
+    .mem_info = sim_mem_info, \
+    .event_create = sim_event_create, \
+    .event_destroy = sim_event_destroy, \
+    .event_record = sim_event_record, \
+    .event_query = sim_event_query, \
+    .event_synchronize = sim_event_synchronize, \
+    .stream_wait_event = sim_stream_wait_event, \
+    .stream_wait_stream = sim_stream_wait_stream, \
+    .stream_create = sim_stream_create, \
+    .stream_destroy = sim_stream_destroy, \
+    .stream_id = sim_stream_id, \
+    .stream_synchronize = sim_stream_synchronize, \
+    .device_synchronize = sim_device_synchronize, \
+    .vm_granularity = sim_vm_granularity, \
+    .vm_reserve = sim_vm_reserve, \
+    .vm_release = sim_vm_release, \
+    .vm_map = sim_vm_map, \
+    .vm_unmap = sim_vm_unmap, \
+    .host_alloc = sim_host_alloc, \
+    .host_free = sim_host_free, \
+    .sim_launch = sim_launch, \
+    .destroy = sim_destroy, \
     .forget = sim_forget,
-};
+static const gma__device_ops_t sim_ops = {SIM_OPS_COMMON};
+static const gma__device_ops_t sim_ops_priced = {SIM_OPS_COMMON .stream_capture = sim_stream_capture};
+#undef SIM_OPS_COMMON
 
 gma_status_t gma__sim_create(const gma_config_t *config, gma__device_t **out) {
   if (!out) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "the simulated device was created without a place for it");
@@ -1595,7 +1667,8 @@ gma_status_t gma__sim_create(const gma_config_t *config, gma__device_t **out) {
   const gma_config_t *c = config ? config : &defaults;
   sim_device_t *dev = calloc(1, sizeof *dev);
   if (!dev) return gma__set_error(GMA_ERR_DEVICE, "no host memory for the simulated device");
-  dev->base.ops = &sim_ops;
+  dev->costs = gma__sim_costs_preset(c->sim_costs);
+  dev->base.ops = dev->costs ? &sim_ops_priced : &sim_ops;
   dev->base.name = "sim";
   dev->capacity = c->sim_capacity ? c->sim_capacity : SIM_DEFAULT_CAPACITY;
   dev->alloc_ns = c->sim_alloc_latency_ns;
@@ -1636,6 +1709,12 @@ gma_status_t gma__sim_create(const gma_config_t *config, gma__device_t **out) {
 /* ---------------------------------------------------------------------------
  * The test hook (device.h)
  * ------------------------------------------------------------------------- */
+void gma__sim_costs_unpriced(gma__device_t *d) {
+  if (!is_sim(d)) return;
+  sim_of(d)->unpriced = true;
+  d->ops = &sim_ops; /* the fake answers capture queries itself */
+}
+
 void gma__sim_fault(gma__device_t *d, gma__sim_site_t site, uint64_t nth, gma_status_t status) {
   if (site > GMA__SIM_NSITES || (d && !is_sim(d))) return;
   if (status == GMA_OK) status = GMA_ERR_DEVICE;

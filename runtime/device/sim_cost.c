@@ -55,6 +55,11 @@ const gma__sim_costs_t *gma__sim_costs_find(const char *name) {
   return NULL;
 }
 
+const gma__sim_costs_t *gma__sim_costs_preset(int preset) {
+  if (preset <= 0 || (size_t)preset > sizeof presets / sizeof presets[0]) return NULL;
+  return &presets[preset - 1];
+}
+
 const char *gma__sim_costs_names(void) { return "none, h100, h200"; }
 
 uint64_t gma__sim_cost_ns(const gma__sim_costs_t *c, gma__sim_cost_op_t op, uint64_t bytes) {

@@ -53,6 +53,8 @@ typedef struct gma__sim_costs {
 
 /* The preset called name ("h100", "h200"), or NULL ("none", or unknown). */
 const gma__sim_costs_t *gma__sim_costs_find(const char *name);
+/* The preset of gma_config_t.sim_costs (1: h100, 2: h200), NULL for 0. */
+const gma__sim_costs_t *gma__sim_costs_preset(int preset);
 /* The names of the presets, for messages: "none, h100, h200". */
 const char *gma__sim_costs_names(void);
 /* The host time one call of op on bytes takes under c (0 when c is NULL). */

@@ -127,6 +127,7 @@
 
 #include "device/cuda_entries.h"
 #include "device/device.h"
+#include "device/sim_cost.h"
 #include "fakecuda.h"
 
 #define FC_API __attribute__((visibility("default")))
@@ -524,6 +525,10 @@ static struct {
   uint64_t sim_gran; /* immutable after cuInit: the sim's granularity (divides gran) */
   bool vmm;      /* immutable after cuInit: the sim has vm ops */
   bool vmm_rdma, vmm_posix_fd; /* immutable after cuInit: GMA_FAKECUDA_VMM_FEATURES */
+  /* immutable after cuInit: GMA_FAKECUDA_COSTS, the simulated device's cost
+   * preset (NULL: none) and its sim_costs value */
+  const gma__sim_costs_t *costs;
+  int costs_preset;
   /* mu: what the last successful cuMemCreate asked for (fakecuda_last_create) */
   unsigned last_create_flags;
   fc_device_t dev[FC_MAX_DEVICES];
@@ -568,11 +573,53 @@ static _Thread_local struct {
 static bool fc_ready(void) { return atomic_load_explicit(&fc.initialized, memory_order_acquire); }
 
 /* Counts the call, applies an armed fault, then requires cuInit. */
+/* The cost preset's price of entry e, taken on the calling thread
+ * (GMA_FAKECUDA_COSTS): the driver calls gma makes, each at its base price;
+ * the sized ones (fc_price_bytes) are charged where their size is known. */
+static gma__sim_cost_op_t fc_cost_op(int e) {
+  switch (e) {
+    case FC_cuMemFree: return GMA__SIM_COST_MEM_FREE;
+    case FC_cuMemGetInfo: return GMA__SIM_COST_MEM_INFO;
+    case FC_cuMemAddressReserve: return GMA__SIM_COST_VM_RESERVE;
+    case FC_cuMemAddressFree: return GMA__SIM_COST_VM_RELEASE;
+    case FC_cuMemFreeHost: return GMA__SIM_COST_HOST_FREE;
+    case FC_cuEventCreate: return GMA__SIM_COST_EVENT_CREATE;
+    case FC_cuEventDestroy: return GMA__SIM_COST_EVENT_DESTROY;
+    case FC_cuEventRecord: return GMA__SIM_COST_EVENT_RECORD;
+    case FC_cuEventQuery: return GMA__SIM_COST_EVENT_QUERY;
+    case FC_cuEventSynchronize: return GMA__SIM_COST_EVENT_SYNCHRONIZE;
+    case FC_cuStreamWaitEvent: return GMA__SIM_COST_STREAM_WAIT_EVENT;
+    case FC_cuStreamCreate: return GMA__SIM_COST_STREAM_CREATE;
+    case FC_cuStreamDestroy: return GMA__SIM_COST_STREAM_DESTROY;
+    case FC_cuStreamGetId: return GMA__SIM_COST_STREAM_ID;
+    case FC_cuStreamGetCaptureInfo:
+    case FC_cuStreamIsCapturing: return GMA__SIM_COST_STREAM_CAPTURE;
+    case FC_cuStreamQuery: return GMA__SIM_COST_STREAM_QUERY;
+    case FC_cuStreamSynchronize: return GMA__SIM_COST_STREAM_SYNCHRONIZE;
+    case FC_cuCtxSynchronize: return GMA__SIM_COST_DEVICE_SYNCHRONIZE;
+    case FC_cuCtxGetCurrent:
+    case FC_cuCtxSetCurrent:
+    case FC_cuCtxPushCurrent:
+    case FC_cuCtxPopCurrent: return GMA__SIM_COST_CTX_CURRENT;
+    default: return GMA__SIM_COST_NOPS;
+  }
+}
+
+static void fc_price(int e) {
+  gma__sim_cost_op_t op = fc.costs ? fc_cost_op(e) : GMA__SIM_COST_NOPS;
+  if (op != GMA__SIM_COST_NOPS) gma__sim_cost_pay(fc.costs, op, 0);
+}
+
+static void fc_price_bytes(gma__sim_cost_op_t op, uint64_t bytes) {
+  if (fc.costs) gma__sim_cost_pay(fc.costs, op, bytes);
+}
+
 #define FC_BEGIN(name)                                     \
   do {                                                     \
     CUresult fr_;                                          \
     if (fc_enter(FC_##name, &fr_)) return fr_;             \
     if (!fc_ready()) return CUDA_ERROR_NOT_INITIALIZED;    \
+    fc_price(FC_##name);                                   \
   } while (0)
 
 /* A potentially unsafe call during stream capture (fakecuda.h): refused,
@@ -1555,6 +1602,16 @@ static bool read_env(void) {
       return false;
     }
   }
+  e = getenv("GMA_FAKECUDA_COSTS");
+  fc.costs = e && *e && strcmp(e, "none") != 0 ? gma__sim_costs_find(e) : NULL;
+  if (e && *e && strcmp(e, "none") != 0 && !fc.costs) {
+    fprintf(stderr, "fakecuda: GMA_FAKECUDA_COSTS=%s: expected one of %s\n", e,
+            gma__sim_costs_names());
+    return false;
+  }
+  fc.costs_preset = 0;
+  for (int i = 1; fc.costs && gma__sim_costs_preset(i); i++)
+    if (gma__sim_costs_preset(i) == fc.costs) fc.costs_preset = i;
   fc.gran = FC_DEFAULT_GRANULARITY;
   e = getenv("GMA_FAKECUDA_GRANULARITY");
   if (e && *e && !parse_size(e, e + strlen(e), &fc.gran)) {
@@ -1698,10 +1755,12 @@ CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
   if (!d->active) {
     gma_config_t cfg = GMA_CONFIG_INIT;
     cfg.sim_capacity = d->capacity;
+    cfg.sim_costs = fc.costs_preset;
     gma__device_t *sim;
     if (gma__sim_create(&cfg, &sim) != GMA_OK) {
       r = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
+      gma__sim_costs_unpriced(sim); /* fc_price charges each entry point */
       pthread_mutex_lock(&fc.mu);
       d->sim = sim;
       d->active = true;
@@ -1933,6 +1992,7 @@ static void pending_check(const char *entry, uintptr_t p, uint64_t n, int di);
 
 CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
   FC_BEGIN(cuMemAlloc);
+  fc_price_bytes(GMA__SIM_COST_MEM_ALLOC, bytesize);
   FC_UNSAFE(cuMemAlloc);
   fc_device_t *d;
   CUresult r = ctx_enter(&d);
@@ -1993,6 +2053,7 @@ static fc_host_t *fc_hosts; /* fc.mu */
 
 CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags) {
   FC_BEGIN(cuMemHostAlloc);
+  fc_price_bytes(GMA__SIM_COST_HOST_ALLOC, bytesize);
   FC_UNSAFE(cuMemHostAlloc);
   fc_device_t *d;
   CUresult r = ctx_enter(&d);
@@ -2844,6 +2905,7 @@ CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                              const CUmemAllocationProp *prop, unsigned long long flags) {
   FC_BEGIN(cuMemCreate);
+  fc_price_bytes(GMA__SIM_COST_VM_MAP, size); /* the VM_MAP line: create, map and access */
   FC_UNSAFE(cuMemCreate);
   if (!fc.vmm) return CUDA_ERROR_NOT_SUPPORTED;
   int di;
@@ -2986,6 +3048,7 @@ static bool mapped_span(uintptr_t p, uint64_t n, int di, size_t *first, size_t *
  * released handle is freed. */
 CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
   FC_BEGIN(cuMemUnmap);
+  fc_price_bytes(GMA__SIM_COST_VM_UNMAP, size);
   FC_UNSAFE(cuMemUnmap);
   if (!fc.vmm) return CUDA_ERROR_NOT_SUPPORTED;
   pthread_mutex_lock(&fc.mu);

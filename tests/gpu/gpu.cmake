@@ -42,6 +42,16 @@ gma_gpu_test(pipeline test_gpu_pipeline.c ARGS 2 ${gma_gpu_pipeline_batches})
 gma_gpu_test(capture test_gpu_capture.c)
 gma_gpu_test(held test_gpu_held.c)
 
+# The API and pipeline tests again on the fake with the GPU cost preset
+# (GMA_FAKECUDA_COSTS): frees wait for the device, events complete after
+# their work, every driver call takes its time.
+if(TARGET gma_fakecuda)
+  gma_test(NAME fakecuda_api_costs EXE gpu_api LABELS fakecuda TIMEOUT 120
+    ENV ${gma_fake_env} GMA_FAKECUDA_COSTS=h100)
+  gma_test(NAME fakecuda_pipeline_costs EXE gpu_pipeline LABELS fakecuda TIMEOUT 120
+    ARGS 2 16 ENV ${gma_fake_env} GMA_FAKECUDA_COSTS=h100)
+endif()
+
 # cuda.c through the fake's controls: one process per scenario, since some
 # change the driver's environment or its once-only initialization.
 if(TARGET gma_fakecuda)

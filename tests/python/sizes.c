@@ -41,6 +41,7 @@ int main(void) {
   F(gma_config_t, fallback_host); F(gma_config_t, host_release_threshold);
   F(gma_config_t, oom_wait_ms);
   F(gma_config_t, per_thread_default_stream); F(gma_config_t, plan);
+  F(gma_config_t, sim_costs);
   end();
   BEGIN(gma_stat_t);
   F(gma_stat_t, current); F(gma_stat_t, peak); F(gma_stat_t, total);
