@@ -61,7 +61,7 @@
 #include "drv.h"
 #include "gma.h"
 #ifdef GMA_CAPTURE_PLANT
-#include "pool.h" /* gma__pool_of and the planted switch */
+#include "core/pool.h" /* gma__pool_of and the planted switch */
 #endif
 
 #define MiB ((size_t)1 << 20)

@@ -39,7 +39,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "pool.h"
+#include "core/pool.h"
 #include "rng.h"
 #include "simkit.h"
 #include "stress_kernel.h"

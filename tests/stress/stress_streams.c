@@ -52,7 +52,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "pool.h"
+#include "core/pool.h"
 #include "simkit.h"
 #include "stress_kernel.h"
 

@@ -5,8 +5,8 @@
  * with bins off, so that every call reaches the pool's trees. */
 #include <inttypes.h>
 
-#include "pool.h"
-#include "sizeclass.h"
+#include "core/pool.h"
+#include "base/sizeclass.h"
 #include "simkit.h"
 
 /* The size of the block a request gets (its class size when bins serve it). */
