@@ -8,7 +8,9 @@
 #include "graph/graph.h"
 #include "host/host.h"
 #include "plan/plan.h"
-#include "core/pool.h"
+#include "api/tags.h"
+#include "cache/cache.h"
+#include "core/internal.h"
 #include "worker/worker.h"
 
 /* magic: LIVE from gma_create until gma_destroy, then DEAD. The structs of
@@ -92,5 +94,8 @@ gma_status_t gma__batch_sizes_check(gma_t *g, size_t n, const size_t *sizes, con
     gma_status_t chk_ = gma__check((g), (fn)); \
     if (chk_ != GMA_OK) return chk_;           \
   } while (0)
+
+/* The pool behind an allocator, for internal tests. */
+gma__pool_t *gma__pool_of(gma_t *g);
 
 #endif /* GMA_ALLOCATOR_H */

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/pool.h"
+#include "core/internal.h"
 #include "base/sizeclass.h"
 #include "base/tsan.h"
 

@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/pool.h"
+#include "core/internal.h"
 #include "source/vmm.h"
 
 static uint8_t state_of(gma__block_t *b) { return gma__load_relaxed(&b->state); }

@@ -9,7 +9,8 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "core/pool.h"
+#include "cache/cache.h"
+#include "core/internal.h"
 #include "base/tsan.h"
 
 /* An event to record on s: from the spare pool, or made for s when s is of

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "graph/graph.h"
+#include "cache/cache.h"
 
 #define GRAPH_MAGIC 0x6c6f6f7068707267ull /* "grphpool" */
 #define CHUNK_ROUND (2ull << 20)          /* chunks are whole 2 MiB pieces ... */

@@ -40,7 +40,7 @@
 
 #include "base/atomics.h"
 #include "gma.h"
-#include "core/pool.h"
+#include "core/internal.h"
 
 typedef struct gma__gchunk gma__gchunk_t;
 typedef struct gma__capture gma__capture_t;

@@ -3,13 +3,14 @@
  * from the device hot path. Device calls (allocating pinned memory can take
  * milliseconds) are made outside the mutex. */
 #include "host/host.h"
+#include "api/tags.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "core/pool.h"
+#include "core/internal.h"
 #include "base/sizeclass.h"
 
 static uint64_t now_ns(void) {

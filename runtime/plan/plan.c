@@ -19,6 +19,8 @@
  * stream when it is published: it was taken after a settle, on the legacy
  * stream, which was then synchronized. */
 #include "plan/plan.h"
+#include "cache/cache.h"
+#include "api/tags.h"
 
 #include <inttypes.h>
 #include <stdio.h>

@@ -37,7 +37,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "core/pool.h"
+#include "core/internal.h"
 
 enum {
   GMA__PLAN_OFF = 0,

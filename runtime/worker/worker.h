@@ -9,7 +9,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 
-#include "core/pool.h"
+#include "core/internal.h"
 
 #define GMA__LATENCY_BUCKETS 512 /* size-class buckets (sizeclass.h): up to ~4 s, 1/32 above 1 ms */
 

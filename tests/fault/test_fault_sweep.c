@@ -85,7 +85,8 @@
 #include <time.h>
 
 #include "device/device.h"
-#include "core/pool.h"
+#include "api/allocator.h"
+#include "core/internal.h"
 #include "source/vmm.h"
 #include "simkit.h"
 

@@ -5,7 +5,8 @@
  * with bins off, so that every call reaches the pool's trees. */
 #include <inttypes.h>
 
-#include "core/pool.h"
+#include "api/allocator.h"
+#include "core/internal.h"
 #include "base/sizeclass.h"
 #include "simkit.h"
 

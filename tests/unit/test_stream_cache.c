@@ -20,7 +20,8 @@
 #include <stdio.h>
 
 #include "base/config.h"
-#include "core/pool.h"
+#include "api/allocator.h"
+#include "core/internal.h"
 #include "simkit.h"
 
 static void pair(gma_t *g, size_t size, gma_stream_t s) {

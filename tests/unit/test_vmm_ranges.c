@@ -7,7 +7,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/pool.h"
+#include "api/allocator.h"
+#include "core/internal.h"
 #include "source/vmm.h"
 #include "simkit.h"
 

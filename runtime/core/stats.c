@@ -3,7 +3,8 @@
  * snapshots handed to callers by gma_stats and gma_stream_stats. */
 #include <string.h>
 
-#include "core/pool.h"
+#include "cache/cache.h"
+#include "core/internal.h"
 
 void gma__stat_add(gma_stat_t *s, uint64_t bytes) {
   s->current += bytes;
