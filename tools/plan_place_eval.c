@@ -1,5 +1,5 @@
 /* gma-plan-place-eval: the measuring driver for the planned-memory placement
- * (runtime/plan_place.c). It places one set of items and prints the arena,
+ * (runtime/plan/plan_place.c). It places one set of items and prints the arena,
  * the lower bound (peak live bytes), their ratio, the CPU time taken and whether
  * gma__plan_place_is_valid accepts the result. The items come from standard
  * input, one "start end size" line each (tools/plan-place-eval extracts them
@@ -19,7 +19,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "plan_place.h"
+#include "plan/plan_place.h"
 
 typedef struct vec {
   gma__plan_item_t *v;

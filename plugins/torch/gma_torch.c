@@ -161,7 +161,7 @@ static gma_t *allocator_of(int device, bool create) {
 
 /* ---- fork() --------------------------------------------------------------------- *
  * A child of fork() has only the forking thread. libgma marks the allocators
- * it inherits as unusable (runtime/fork.c), so the child drops them and makes
+ * it inherits as unusable (runtime/api/fork.c), so the child drops them and makes
  * its own on first use (on the simulated device that works; CUDA itself is
  * not fork-safe, and then creation fails with the driver's message). Around
  * the fork create_lock is held, so no other parent thread holds it in the

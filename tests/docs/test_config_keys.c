@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "config.h"
+#include "base/config.h"
 
 #define MAX_KEYS 128
 

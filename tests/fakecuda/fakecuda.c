@@ -6,7 +6,7 @@
  * per-entry call counters and the armed faults.
  *
  * Each fake GPU is one of gma's simulated devices (runtime/device/sim.c and
- * runtime/error.c are compiled into this library, hidden and bound with
+ * runtime/base/error.c are compiled into this library, hidden and bound with
  * -Bsymbolic, so these copies never interpose with libgma's). Streams are the
  * sim's stream handles, events the sim's event handles, device pointers the
  * sim's host addresses. What the sim cannot know, the fake keeps: which

@@ -18,7 +18,7 @@ add_library(gma_fakecuda SHARED
   ${CMAKE_CURRENT_LIST_DIR}/fakecuda.c
   ${PROJECT_SOURCE_DIR}/runtime/device/sim.c
   ${PROJECT_SOURCE_DIR}/runtime/device/sim_cost.c
-  ${PROJECT_SOURCE_DIR}/runtime/error.c)
+  ${PROJECT_SOURCE_DIR}/runtime/base/error.c)
 target_include_directories(gma_fakecuda PRIVATE
   ${PROJECT_SOURCE_DIR}/include
   ${PROJECT_SOURCE_DIR}/runtime

@@ -85,8 +85,9 @@
 #include <time.h>
 
 #include "device/device.h"
-#include "pool.h"
-#include "vmm.h"
+#include "api/allocator.h"
+#include "core/internal.h"
+#include "source/vmm.h"
 #include "simkit.h"
 
 #define KiB ((size_t)1 << 10)
@@ -263,7 +264,7 @@ static gma_stream_t stream_new(run_t *r) {
 
 /* gma_stream_destroy retires the stream in gma, then destroys it on the
  * device, and returns the retire's error even when the destroy went ahead
- * (runtime/api.c): whether the stream is gone is told by the device here. */
+ * (runtime/api/api.c): whether the stream is gone is told by the device here. */
 static void stream_del(run_t *r, gma_stream_t s) {
   if (!s) return;
   gma__sim_live_t before, after;

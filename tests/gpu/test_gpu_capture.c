@@ -61,7 +61,8 @@
 #include "drv.h"
 #include "gma.h"
 #ifdef GMA_CAPTURE_PLANT
-#include "pool.h" /* gma__pool_of and the planted switch */
+#include "api/allocator.h"
+#include "core/internal.h" /* gma__pool_of and the planted switch */
 #endif
 
 #define MiB ((size_t)1 << 20)

@@ -39,7 +39,8 @@
 #include "drv.h"
 #include "rng.h"
 #ifdef GMA_PIPELINE_PLANT
-#include "pool.h" /* gma__pool_of and the planted switch */
+#include "api/allocator.h"
+#include "core/internal.h" /* gma__pool_of and the planted switch */
 #endif
 
 #define STAGES 4

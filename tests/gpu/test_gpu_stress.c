@@ -38,7 +38,8 @@
 #include "drv.h"
 #include "rng.h"
 #ifdef GMA_STRESS_PLANT
-#include "pool.h" /* gma__pool_of and the planted switch */
+#include "api/allocator.h"
+#include "core/internal.h" /* gma__pool_of and the planted switch */
 #endif
 
 #define MAX_LIVE 24

@@ -110,7 +110,7 @@ int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "threads") == 0) {
     /* bins:off keeps this test on the plug-in's teardown: TSan cannot see
      * ck's atomics, and with bins on it occasionally reports (in about 1 of
-     * 300 runs) the worker draining a bin in runtime/streams.c against a
+     * 300 runs) the worker draining a bin in runtime/core/streams.c against a
      * push, with the pushing stack lost. */
     setenv("GMA_CONF", "device:sim,bins:off", 1);
     threads();

@@ -76,7 +76,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "pool.h"
+#include "api/allocator.h"
+#include "core/internal.h"
 #include "rng.h"
 #include "simkit.h"
 #include "stress_kernel.h"

@@ -52,7 +52,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "pool.h"
+#include "api/allocator.h"
+#include "core/internal.h"
 #include "simkit.h"
 #include "stress_kernel.h"
 

@@ -42,7 +42,8 @@
  * Run one case with `unit_test_consumer_reuse NAME`. */
 #include <inttypes.h>
 
-#include "pool.h"
+#include "api/allocator.h"
+#include "core/internal.h"
 #include "simkit.h"
 
 #define MiB ((size_t)1 << 20)

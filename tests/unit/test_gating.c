@@ -2,7 +2,8 @@
  * runs once with gma's gating (no corruption allowed) and once with the gate
  * removed by a test-only switch (the corruption must be caught). A scenario
  * whose planted-bug run stays clean would be a test that cannot fail. */
-#include "pool.h"
+#include "api/allocator.h"
+#include "core/internal.h"
 #include "simkit.h"
 
 typedef struct outcome {

@@ -6,7 +6,8 @@
  * drives gma__pool_grow_ahead and gma__pool_release with a chosen clock. */
 #include <stdio.h>
 
-#include "pool.h"
+#include "api/allocator.h"
+#include "core/internal.h"
 #include "simkit.h"
 
 #define MiB ((uint64_t)1 << 20)

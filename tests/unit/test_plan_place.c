@@ -1,4 +1,4 @@
-/* The offline placement of planned memory (runtime/plan_place.c): seeded
+/* The offline placement of planned memory (runtime/plan/plan_place.c): seeded
  * random workloads of several shapes, each placement checked three ways (the
  * solver's own gma__plan_place_is_valid, an independent O(n^2) checker
  * written here, and the arena and lower bound recomputed by brute force);
@@ -10,7 +10,7 @@
 #include <pthread.h>
 
 #include "check.h"
-#include "plan_place.h"
+#include "plan/plan_place.h"
 #include "rng.h"
 
 typedef gma__plan_item_t item_t;

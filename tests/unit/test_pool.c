@@ -5,8 +5,9 @@
  * with bins off, so that every call reaches the pool's trees. */
 #include <inttypes.h>
 
-#include "pool.h"
-#include "sizeclass.h"
+#include "api/allocator.h"
+#include "core/internal.h"
+#include "base/sizeclass.h"
 #include "simkit.h"
 
 /* The size of the block a request gets (its class size when bins serve it). */

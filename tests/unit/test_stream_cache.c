@@ -19,8 +19,9 @@
 #include <pthread.h>
 #include <stdio.h>
 
-#include "config.h"
-#include "pool.h"
+#include "base/config.h"
+#include "api/allocator.h"
+#include "core/internal.h"
 #include "simkit.h"
 
 static void pair(gma_t *g, size_t size, gma_stream_t s) {

@@ -1,4 +1,4 @@
-/* Growable segments' address ranges (runtime/vmm.c), white-box: the first
+/* Growable segments' address ranges (runtime/source/vmm.c), white-box: the first
  * range of a kind spans several times the memory limit, and a growth that
  * finds no unmapped run in any range reserves another instead of failing.
  * Filling a range that large takes a pathological workload, so the test
@@ -7,8 +7,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "pool.h"
-#include "vmm.h"
+#include "api/allocator.h"
+#include "core/internal.h"
+#include "source/vmm.h"
 #include "simkit.h"
 
 #define MiB ((uint64_t)1 << 20)

@@ -1,13 +1,13 @@
 /* Reproducer of a fuzzer finding (tests/fuzz/crashes/README.md, bug B):
  * gma_alloc_batch_async accepts sizes near SIZE_MAX.
  *
- * runtime/future.c, gma_alloc_batch_async: the check is
+ * runtime/worker/future.c, gma_alloc_batch_async: the check is
  *     total += ((uint64_t)sizes[i] + 511) / 512 * 512;
  *     if (sizes[i] == 0 || total > g->cfg.memory_limit) -> GMA_ERR_INVALID_SIZE
  * Both the rounding (SIZE_MAX + 511 wraps to 510, rounded to 0) and the sum
  * (SIZE_MAX - 511 rounds to 2^64 - 512, and the total wraps) overflow, and
  * there is no per-block `sizes[i] > memory_limit` test as gma_alloc_batch
- * has (runtime/api.c). So:
+ * has (runtime/api/api.c). So:
  *   1. n = 1, {SIZE_MAX}: accepted, and the future completes with GMA_OK and a
  *      block of 0 bytes (pool invariant "size > 0" broken; a debug build
  *      aborts in gma__pool_is_valid, a release build hands out a pointer for

@@ -2,7 +2,7 @@
  * pinned host memory (gma_host_alloc) and CPU-fallback memory (gma_alloc
  * with fallback:host) whose stream was destroyed before the free.
  *
- * runtime/host.c, gma__host_free: the free records an event on b->stream,
+ * runtime/host/host.c, gma__host_free: the free records an event on b->stream,
  * the raw handle saved at allocation, with no check that the handle still
  * names that stream (device memory checks the stream id, host memory does
  * not). So:

@@ -1,0 +1,50 @@
+/* The lock-free hot path's functions (cache/stream_cache.c): bins, the stream
+ * table, the per-thread stream cache and counters, and the process-wide list
+ * of pools that a thread's exit walks. */
+#ifndef GMA_CACHE_CACHE_H
+#define GMA_CACHE_CACHE_H
+
+#include "core/types.h"
+
+/* Serves size from the stream's bin without a lock; GMA_OK with *out set, or
+ * GMA_ERR_OOM meaning "miss: take the slow path" (never reported as such).
+ * id is the device's id of the stream (the caller asked once, for both paths);
+ * a record found with that id goes into the calling thread's stream cache.
+ * Any thread; lock-free. */
+gma_status_t gma__bin_alloc(gma__pool_t *p, size_t size, gma_stream_t stream, uint64_t id,
+                           void **out);
+/* The live record of the stream handle names, whose device id is id (the
+ * caller asked the device), put in the calling thread's stream cache; NULL
+ * when gma has none yet (the slow path makes it) or it was retired. Any
+ * thread; lock-free. */
+gma__stream_t *gma__stream_live(gma__pool_t *p, gma_stream_t stream, uint64_t id);
+/* The same without the device's id: only through the calling thread's stream
+ * cache (stream_cache.c), so it makes no device call; a miss when the cache
+ * has no live entry for the stream (ask the device, then gma__bin_alloc).
+ * Relies on streams being retired before they are destroyed. Any thread;
+ * wait-free apart from the ck_stack pop. */
+gma_status_t gma__bin_alloc_cached(gma__pool_t *p, size_t size, gma_stream_t stream,
+                                   void **out);
+/* The record the calling thread's stream cache holds for handle in p, or
+ * NULL when it has none that may be used (for tests: what a bin hit would
+ * pop from, without popping). */
+gma__stream_t *gma__stream_cached(gma__pool_t *p, gma_stream_t handle);
+gma_status_t gma__bin_free(gma__pool_t *p, void *ptr);
+uintptr_t gma__stream_key(gma_stream_t handle, uint64_t *owner_tid);
+gma__stream_t *gma__stable_lookup(gma__pool_t *p, uintptr_t key);
+/* Lock held: the live record for handle whose device id is id, made (and a
+ * stale record with a recycled handle orphaned) as needed; NULL without host
+ * memory. */
+gma__stream_t *gma__stream_resolve(gma__pool_t *p, gma_stream_t handle, uint64_t id);
+gma__stream_t *gma__stream_find(gma__pool_t *p, gma_stream_t handle);
+void gma__stable_remove(gma__pool_t *p, gma__stream_t *s);
+/* Puts p on / takes it off the process-wide list of pools that a thread's
+ * exit walks to retire its per-thread default streams. */
+void gma__pools_add(gma__pool_t *p);
+void gma__pools_remove(gma__pool_t *p);
+/* The calling thread's counters for stream s (made on first use). */
+gma__tcount_t *gma__tcount(gma__pool_t *p, gma__stream_t *s);
+uint64_t gma__thread_id(void);
+void gma__stream_cache_fini(gma__pool_t *p);
+
+#endif /* GMA_CACHE_CACHE_H */

@@ -1,0 +1,206 @@
+/* Owns trimming: what a release gives back (idle memory first, then the largest
+ * while the budget allows), ordinary segments' release, and growth ahead of demand
+ * for the worker. Every function here runs under gma__pool_t.lock (core/types.h)
+ * unless it says otherwise. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/round.h"
+#include "base/sizeclass.h"
+#include "core/internal.h"
+
+/* Takes ordinary segment i (one FREE block) out of the pool and frees its
+ * record; the source takes its memory (out), which the caller gives back. */
+static void seg_detach(gma__pool_t *p, size_t i, gma__span_t *out) {
+  gma__segment_t *seg = p->segs[i];
+  gma__block_t *b = seg->first;
+  gma__free_unlink(p, b);
+  gma__pagemap_set(&p->pagemap, b->addr, NULL);
+  gma__block_recycle(p, b);
+  gma__stat_sub(&p->c.reserved, seg->size);
+  gma__segs_remove(p, seg);
+  p->src->ops->take(p->src, NULL, seg->base, seg->size, out); /* (ordinary: cannot fail) */
+  out->kind = seg->kind;
+  free(seg);
+}
+
+/* An ordinary segment that is one FREE block (growable segments give their
+ * free chunks back through segments.c instead). */
+static bool seg_is_free(gma__segment_t *seg) {
+  return !seg->range && gma__state_of(seg->first) == GMA__FREE && seg->first->size == seg->size;
+}
+
+/* Returns p->segs[i], one FREE block, to the device. */
+void gma__release_segment(gma__pool_t *p, size_t i) {
+  gma__span_t x;
+  seg_detach(p, i, &x);
+  p->src->ops->give_back(p->src, &x);
+  p->src->ops->settle(p->src, &x);
+  p->c.device_frees += x.calls;
+  p->c.bytes_trimmed += x.done; /* as growable chunks given back here count */
+  if (x.done < x.size) /* keep what the device would not take back */
+    gma__seg_adopt(p, x.kind, x.addr, x.size, 0, NULL);
+}
+
+/* Returns every segment that is one FREE block to the device (the OOM
+ * retry: the caller is waiting for this memory anyway, so under the lock). */
+void gma__release_free_segments(gma__pool_t *p) {
+  if (p->growable) gma__segs_release_free(p);
+  for (size_t i = p->nsegs; i-- > 0;)
+    if (seg_is_free(p->segs[i])) gma__release_segment(p, i);
+}
+
+/* Lock held: segment i is free; has it been unused at least idle_ns (0:
+ * any time)? A segment's clock starts when a trim pass first sees it wholly
+ * free, and stops whenever a block of it is handed out (take_block). */
+static bool seg_unused(gma__segment_t *seg, uint64_t now_ns, uint64_t idle_ns) {
+  if (!seg->free_since_ns) seg->free_since_ns = now_ns;
+  return now_ns - seg->free_since_ns >= idle_ns;
+}
+
+gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r) {
+  pthread_mutex_lock(&p->lock);
+  gma__streams_poll(p, true);
+  gma__stats_sample(p);
+  /* Detach the chosen free segments under the lock; give them back after
+   * unlocking, so a slow device free (cuMemFree synchronizes) never holds up
+   * other callers. First those idle too long, then until at most keep bytes
+   * of cache (reserved - allocated) stay, each time the one that gets there
+   * with the least beyond it (gma__trim_prefer). */
+  gma__trim_budget_t bud = {
+      .keep = r->keep, .want = r->want, .cached = p->c.reserved.current - p->c.allocated.current};
+  size_t n = 0, cap = 0, n_idle = 0;
+  gma__span_t *out = NULL;
+  for (int pass = 0; pass < 2; pass++) {
+    for (;;) {
+      if (pass == 1 && gma__trim_done(&bud)) break;
+      size_t pick = SIZE_MAX;
+      for (size_t i = 0; i < p->nsegs; i++) {
+        gma__segment_t *seg = p->segs[i];
+        if (!seg_is_free(seg)) {
+          seg->free_since_ns = 0;
+          continue;
+        }
+        bool ok = pass == 0 ? r->idle_ns && seg_unused(seg, r->now_ns, r->idle_ns)
+                            : seg_unused(seg, r->now_ns, r->unused_ns) &&
+                                  gma__trim_prefer(&bud, seg->size,
+                                                   pick == SIZE_MAX ? 0 : p->segs[pick]->size);
+        if (ok) {
+          pick = i;
+          if (pass == 0) break;
+        }
+      }
+      if (pick == SIZE_MAX) break;
+      if (n == cap) {
+        cap = cap ? cap * 2 : 16;
+        gma__span_t *a = realloc(out, cap * sizeof *a);
+        if (!a) break;
+        out = a;
+      }
+      seg_detach(p, pick, &out[n]);
+      gma__trim_took(&bud, out[n].size, pass == 1);
+      n++;
+      n_idle += pass == 0;
+    }
+  }
+  /* Growable segments: the chunks inside FREE blocks, by the same rules. */
+  gma__span_t *spans = NULL;
+  size_t nr = 0, nr_idle = 0;
+  if (p->growable) nr = gma__segs_pick(p, r, &bud, &spans, &nr_idle);
+  /* Out of reserved now, but the device still holds it until the calls
+   * below return: growth counts it against the limit meanwhile, and an
+   * allocation that finds no room waits for it (gma__oom_wait). */
+  uint64_t leaving = 0;
+  for (size_t i = 0; i < n; i++) leaving += out[i].size;
+  for (size_t i = 0; i < nr; i++) leaving += spans[i].size;
+  p->leaving += leaving;
+  GMA__VALIDATE(p);
+  pthread_mutex_unlock(&p->lock);
+
+  gma_status_t st = GMA_OK;
+  uint64_t freed = 0, freed_idle = 0;
+  for (size_t i = 0; i < nr; i++) {
+    p->src->ops->give_back(p->src, &spans[i]);
+    if (spans[i].done < spans[i].size) st = GMA_ERR_DEVICE; /* message kept */
+    if (i < nr_idle) freed_idle += spans[i].done;
+  }
+  for (size_t i = 0; i < n; i++) {
+    p->src->ops->give_back(p->src, &out[i]);
+    if (out[i].done == out[i].size) {
+      freed += out[i].size;
+      if (i < n_idle) freed_idle += out[i].size;
+    } else {
+      st = GMA_ERR_DEVICE; /* keep the message; the segment goes back to the pool */
+    }
+  }
+  pthread_mutex_lock(&p->lock);
+  for (size_t i = 0; i < n; i++) {
+    p->src->ops->settle(p->src, &out[i]);
+    p->c.device_frees += out[i].calls;
+    if (out[i].done < out[i].size) gma__seg_adopt(p, out[i].kind, out[i].addr, out[i].size, 0, NULL);
+  }
+  p->c.bytes_trimmed += freed;
+  for (size_t i = 0; i < nr; i++) {
+    uint64_t done = spans[i].done;
+    gma__segs_finish(p, &spans[i]); /* counts frees and bytes itself */
+    freed += done;
+  }
+  free(spans);
+  p->leaving -= leaving;
+  if (leaving) pthread_cond_broadcast(&p->settled);
+  if (r->timed) {
+    p->c.trims_idle += freed_idle > 0;
+    p->c.trims_timed += freed > freed_idle;
+    p->c.trims_pressure += freed > 0 && r->pressured;
+  } else {
+    p->c.trims_explicit += freed > 0;
+  }
+  /* Explicit trims are replayed (they also settle streams), timed ones only
+   * shown; Count carries an explicit trim's keep_bytes. */
+  if (!r->timed || freed)
+    GMA__TRACE(p, GMA__TR_TRIM, 0, freed, 0, 0, 0, r->timed ? 0 : r->keep,
+               !r->timed ? GMA__TRIM_EXPLICIT : r->pressured ? GMA__TRIM_PRESSURE
+                                                              : GMA__TRIM_TIMED);
+  pthread_mutex_unlock(&p->lock);
+  free(out);
+  return st;
+}
+
+gma_status_t gma__pool_trim(gma__pool_t *p, uint64_t keep) {
+  gma__release_t r = {.keep = keep};
+  return gma__pool_release(p, &r);
+}
+
+gma_status_t gma__pool_grow_ahead(gma__pool_t *p, uint64_t want_free) {
+  gma_status_t st = GMA_OK;
+  pthread_mutex_lock(&p->lock);
+  if (p->c.free < want_free) {
+    gma__block_t *b;
+    uint64_t size = p->segment_size[GMA__LARGE];
+    if (want_free - p->c.free > size) size = gma__round_up(want_free - p->c.free, GMA__SEGMENT_ROUND);
+    st = p->growable ? gma__segs_grow(p, GMA__LARGE, want_free - p->c.free, 0)
+                     : gma__seg_create(p, GMA__LARGE, size, 0, &b);
+    if (st == GMA_OK) p->c.grows_worker++;
+  }
+  GMA__VALIDATE(p);
+  pthread_mutex_unlock(&p->lock);
+  return st;
+}
+
+/* Largest idle block in the stream trees and free trees (bins not included:
+ * their blocks have class sizes and are reused as they are); lock held. */
+uint64_t gma__pool_largest_idle(const gma__pool_t *p) {
+  uint64_t best = 0;
+  for (int k = 0; k < GMA__NKINDS; k++) {
+    uint64_t m = gma__treap_max_size(p->free_tree[k]);
+    if (m > best) best = m;
+    for (const gma__stream_t *s = p->stream_list; s; s = s->next_all) {
+      m = gma__treap_max_size(s->cached_tree[k]);
+      if (m > best) best = m;
+    }
+  }
+  return best;
+}

@@ -1,0 +1,467 @@
+/* Owns growable address ranges, the segment source behind
+ * expandable_segments:true (source.h): per pool kind a list of reserved
+ * address ranges, the table of physical chunks mapped into each, and the
+ * device's vm_* calls. It deals only in address ranges: the pool (pool.c,
+ * segments.c) turns what it maps into segments and blocks, merges a chunk
+ * mapped next to a segment into it, and splits segments around what goes
+ * back; nothing here touches a segment, a block or a tree.
+ *
+ * Chunk sizes. A growth maps the request's shortfall (what the FREE tail of
+ * the segment it extends lacks, or the whole request for a fresh run),
+ * rounded to the granularity, in ONE vm_map: a 1 GiB tensor costs one map,
+ * not 512. A smaller shortfall maps the kind's minimum chunk instead
+ * (chunk[kind]: the large kind's segment size, 20 MiB by default, as
+ * PyTorch's expandable segments map for their large pool; four small
+ * segments, 8 MiB, for the small kind, whose blocks are at most 1 MiB), so
+ * many growths share one map. Near the memory limit a chunk would strand
+ * memory the other kind may need: a minimum chunk larger than a quarter of
+ * what the limit still allows (NEAR_LIMIT_DIV) maps just the shortfall.
+ * The pool offers the segment ends it could extend (gma__tail_t); the plan
+ * picks one, so the pool can merge the new chunk into that segment.
+ *
+ * Giving back. The device can only unmap what one vm_map mapped, so only
+ * whole chunks go back: releasable says which chunks lie wholly inside a
+ * free range the pool offers; a chunk partly in use stays mapped.
+ *
+ * Address space. The first range of a kind is RANGE_MULT times the memory
+ * limit; when no range has an unmapped run for a growth, another is
+ * reserved, so a request fails only when memory (the limit, the device) is
+ * short, never for want of a hole in the address space.
+ *
+ * Everything here runs under the pool lock except vm_give_back, which works
+ * on copies of taken (busy) chunk records that no other thread touches. */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "source/vmm.h"
+
+/* The first range of a kind spans this many times the memory limit. */
+#define RANGE_MULT 4u
+/* No range larger than this (the simulated device takes at most 64 TiB). */
+#define RANGE_MAX ((uint64_t)16 << 40)
+/* A minimum chunk larger than 1/NEAR_LIMIT_DIV of what the memory limit
+ * still allows maps just the shortfall. */
+#define NEAR_LIMIT_DIV 16u
+/* The small kind's minimum chunk, in small segments. */
+#define SMALL_CHUNK_SEGMENTS 4u
+
+/* The growable source: what source.h's base needs, plus the ranges. */
+typedef struct vm_source {
+  gma__source_t base;
+  uint64_t limit;                       /* the pool's memory limit */
+  uint64_t chunk[GMA__NKINDS];          /* each kind's minimum chunk (granular) */
+  gma__region_t *region[GMA__NKINDS];   /* each kind's ranges (a list) */
+} vm_source_t;
+
+static const gma__source_ops_t vm_ops;
+
+static vm_source_t *vm_of(gma__source_t *s) { return (vm_source_t *)s; }
+
+gma__region_t *gma__vm_ranges(const gma__source_t *s, int kind) {
+  return s && s->ops == &vm_ops ? ((const vm_source_t *)s)->region[kind] : NULL;
+}
+
+static uint64_t round_up(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
+
+#define VM_TRACE(s, action, addr, size)                                                      \
+  do {                                                                                       \
+    gma__trace_t *t_ = gma__trace_on((s)->trace);                                            \
+    if (t_) gma__trace_emit(t_, gma__trace_now(), (action), (addr), (size), 0, 0, 0, 0, 0);  \
+  } while (0)
+
+/* ---- The chunk table -------------------------------------------------------------*/
+
+/* The index of the first chunk at or above addr. */
+static size_t chunk_lb(const gma__region_t *r, uintptr_t addr) {
+  size_t lo = 0, hi = r->nchunks;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (r->chunks[mid].addr < addr) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+/* Room for one more record (so an insert after a map cannot fail). */
+static bool chunks_reserve(gma__region_t *r) {
+  if (r->nchunks < r->cap) return true;
+  size_t cap = r->cap ? r->cap * 2 : 16;
+  gma__chunk_t *a = realloc(r->chunks, cap * sizeof *a);
+  if (!a) return false;
+  r->chunks = a;
+  r->cap = cap;
+  return true;
+}
+
+static void chunks_insert(gma__region_t *r, uintptr_t addr, uint64_t size, uint64_t handle) {
+  size_t i = chunk_lb(r, addr);
+  memmove(r->chunks + i + 1, r->chunks + i, (r->nchunks - i) * sizeof *r->chunks);
+  r->chunks[i] = (gma__chunk_t){.addr = addr, .size = size, .handle = handle};
+  r->nchunks++;
+  r->mapped += size;
+}
+
+static void chunks_remove(gma__region_t *r, size_t i, size_t n) {
+  memmove(r->chunks + i, r->chunks + i + n, (r->nchunks - i - n) * sizeof *r->chunks);
+  r->nchunks -= n;
+}
+
+/* The unmapped bytes from addr up to the next chunk or the range's end. */
+static uint64_t room_at(const gma__region_t *r, uintptr_t addr) {
+  size_t i = chunk_lb(r, addr);
+  if (i > 0 && r->chunks[i - 1].addr + r->chunks[i - 1].size > addr) return 0;
+  return (i < r->nchunks ? r->chunks[i].addr : r->base + r->size) - addr;
+}
+
+/* The whole chunks inside [addr, addr + size) of r: chunks [*i, *j),
+ * bytes [*lo, *hi). */
+static uint64_t inside_of(const gma__region_t *r, uintptr_t addr, uint64_t size, size_t *i,
+                          size_t *j, uintptr_t *lo, uintptr_t *hi) {
+  uintptr_t end = addr + size;
+  size_t a = chunk_lb(r, addr), z = a;
+  while (z < r->nchunks && r->chunks[z].addr + r->chunks[z].size <= end) z++;
+  if (i) *i = a, *j = z;
+  if (z == a) return 0;
+  *lo = r->chunks[a].addr;
+  *hi = r->chunks[z - 1].addr + r->chunks[z - 1].size;
+  return *hi - *lo;
+}
+
+static uint64_t vm_releasable(const gma__source_t *s, const void *range, uintptr_t addr,
+                              uint64_t size, uint64_t want, uintptr_t *lo, uintptr_t *hi) {
+  (void)s;
+  const gma__region_t *r = range;
+  size_t a, z;
+  uint64_t n = inside_of(r, addr, size, &a, &z, lo, hi);
+  if (!want || n <= want) return n;
+  /* The last chunks only: while the ones after a still hold want, a moves up. */
+  while (a + 1 < z && *hi - r->chunks[a + 1].addr >= want) a++;
+  *lo = r->chunks[a].addr;
+  return *hi - *lo;
+}
+
+/* ---- Ranges -----------------------------------------------------------------------*/
+
+static void region_free(gma__region_t *r) {
+  if (!r) return;
+  free(r->chunks);
+  free(r);
+}
+
+/* Reserves a range of about want bytes (at least least) and appends it to
+ * the kind's list; a device that refuses a large reservation is asked for
+ * half as much, down to least. */
+static gma_status_t region_add(vm_source_t *v, int kind, uint64_t gran, uint64_t want,
+                               uint64_t least, gma__region_t **out) {
+  gma__device_t *dev = v->base.dev;
+  gma__region_t *r = calloc(1, sizeof *r);
+  if (!r) return gma__set_error(GMA_ERR_OOM, "host memory for a growable segment's range");
+  r->gran = gran;
+  r->kind = kind;
+  gma_status_t st;
+  for (uint64_t size = want;; size = round_up(size / 2, gran)) {
+    if (size < least) size = least;
+    st = dev->ops->vm_reserve(dev, size, &r->base);
+    if (st == GMA_OK) {
+      r->size = size;
+      break;
+    }
+    if (size == least) {
+      free(r);
+      return st;
+    }
+  }
+  gma__region_t **at = &v->region[kind];
+  while (*at) at = &(*at)->next;
+  *at = r;
+  *out = r;
+  return GMA_OK;
+}
+
+static uint64_t range_size(const vm_source_t *v, uint64_t gran) {
+  uint64_t size = v->limit > RANGE_MAX / RANGE_MULT ? RANGE_MAX : v->limit * RANGE_MULT;
+  return round_up(size, gran);
+}
+
+static void vm_fini(gma__source_t *s) {
+  vm_source_t *v = vm_of(s);
+  gma__device_t *dev = s->dev;
+  for (int k = 0; k < GMA__NKINDS; k++) {
+    while (v->region[k]) {
+      gma__region_t *r = v->region[k];
+      for (size_t i = 0; i < r->nchunks; i++) {
+        gma__chunk_t *c = &r->chunks[i];
+        if (dev->ops->vm_unmap(dev, c->addr, c->size, c->handle) == GMA_OK)
+          VM_TRACE(s, GMA__TR_SEGMENT_UNMAP, c->addr, c->size);
+      }
+      dev->ops->vm_release(dev, r->base, r->size);
+      v->region[k] = r->next;
+      region_free(r);
+    }
+  }
+  free(v);
+}
+
+gma_status_t gma__vm_source_new(gma__device_t *dev, gma__trace_t *_Atomic const *trace,
+                                uint64_t limit, const uint64_t segment_size[2],
+                                gma__source_t **out) {
+  const gma__device_ops_t *ops = dev->ops;
+  if (!ops->vm_reserve)
+    return gma__set_error(GMA_ERR_UNSUPPORTED,
+                          "expandable_segments:true needs virtual memory management, which the "
+                          "%s device does not offer; use expandable_segments:false",
+                          dev->name);
+  uint64_t gran = 0;
+  gma_status_t st = ops->vm_granularity(dev, &gran);
+  if (st != GMA_OK) return st;
+  if (gran == 0 || gran % GMA__ROUND)
+    return gma__set_error(GMA_ERR_DEVICE, "device granularity %" PRIu64 " is not a multiple of %u",
+                          gran, GMA__ROUND);
+  /* Growable segments map whole chunks: a limit below one chunk could never
+   * map any (issue 13), so say so now rather than fail every allocation. */
+  if (limit < gran)
+    return gma__set_error(GMA_ERR_CONFIG,
+                          "expandable_segments:true maps memory in chunks of %" PRIu64 " bytes "
+                          "(the %s device's granularity), more than memory_limit (%" PRIu64
+                          "); raise memory_limit to at least one chunk, or use "
+                          "expandable_segments:false",
+                          gran, dev->name, limit);
+  vm_source_t *v = calloc(1, sizeof *v);
+  if (!v) return gma__set_error(GMA_ERR_OOM, "host memory for a growable segment source");
+  v->base = (gma__source_t){.ops = &vm_ops, .dev = dev, .trace = trace};
+  v->limit = limit;
+  v->chunk[GMA__SMALL] = round_up(segment_size[GMA__SMALL] * SMALL_CHUNK_SEGMENTS, gran);
+  v->chunk[GMA__LARGE] = round_up(segment_size[GMA__LARGE], gran);
+  /* Each kind may grow to the whole limit and its address space fragments
+   * as chunks come and go, so each reserves several times the limit
+   * (address space is cheap; memory is mapped on demand), and more later
+   * when that runs out. */
+  for (int k = 0; k < GMA__NKINDS; k++) {
+    gma__region_t *r;
+    /* At least as large as the limit, where the address space allows (a
+     * later growth reserves another range when this one is full). */
+    uint64_t least = round_up(limit < RANGE_MAX ? limit : RANGE_MAX, gran);
+    st = region_add(v, k, gran, range_size(v, gran), least, &r);
+    if (st != GMA_OK) {
+      vm_fini(&v->base);
+      return st;
+    }
+  }
+  *out = &v->base;
+  return GMA_OK;
+}
+
+/* ---- Growth -----------------------------------------------------------------------*/
+
+/* Plans a growth for req->size bytes of req->kind; false when no range has
+ * room. Prefers extending one of the pool's segment ends (req->tails: the
+ * chunk merges with its FREE block, so fewer bytes need mapping; the largest
+ * tail wins), else the first unmapped run that holds the request. */
+static bool vm_plan(gma__source_t *s, const gma__grow_req_t *req, gma__plan_t *pl) {
+  vm_source_t *v = vm_of(s);
+  uint64_t g = v->region[req->kind]->gran, size = req->size;
+  *pl = (gma__plan_t){.need = round_up(size, g), .tail = -1};
+  for (size_t i = 0; i < req->ntails; i++) {
+    const gma__tail_t *t = &req->tails[i];
+    if (t->free >= size) continue; /* (the free tree would have served it) */
+    uint64_t need = round_up(size - t->free, g);
+    if (pl->tail >= 0 && need >= pl->need) continue;
+    uint64_t room = room_at(t->range, t->end);
+    if (room < need) continue;
+    *pl = (gma__plan_t){
+        .range = t->range, .addr = t->end, .need = need, .room = room, .tail = (ptrdiff_t)i};
+  }
+  if (pl->tail >= 0) return true;
+  for (gma__region_t *r = v->region[req->kind]; r; r = r->next) {
+    uintptr_t at = r->base;
+    for (size_t i = 0; i <= r->nchunks; i++) {
+      uintptr_t end = i < r->nchunks ? r->chunks[i].addr : r->base + r->size;
+      if (end - at >= pl->need) {
+        pl->range = r;
+        pl->addr = at;
+        pl->room = end - at;
+        return true;
+      }
+      if (i < r->nchunks) at = r->chunks[i].addr + r->chunks[i].size;
+    }
+  }
+  return false;
+}
+
+/* How much a growth that needs pl->need bytes maps: the kind's minimum
+ * chunk when that is more, unless it would take more than 1/NEAR_LIMIT_DIV
+ * of what the memory limit still allows; never more than the room at the
+ * spot. */
+static uint64_t chunk_size(const vm_source_t *v, const gma__grow_req_t *req,
+                           const gma__plan_t *pl) {
+  uint64_t least = v->chunk[req->kind], g = ((const gma__region_t *)pl->range)->gran;
+  if (least <= pl->need || least > req->left / NEAR_LIMIT_DIV) return pl->need;
+  if (least > pl->room) least = pl->room / g * g;
+  return least > pl->need ? least : pl->need;
+}
+
+/* Maps one chunk where pl says (reserving another range first when pl
+ * found no room), chunk_size bytes, or pl->need with req->least. */
+static gma_status_t vm_grow(gma__source_t *s, const gma__grow_req_t *req, gma__plan_t *pl,
+                            gma__grown_t *out) {
+  vm_source_t *v = vm_of(s);
+  if (!pl->range) { /* every range is too fragmented for this run: reserve another */
+    uint64_t g = v->region[req->kind]->gran;
+    gma__region_t *r;
+    gma_status_t st = region_add(v, req->kind, g, range_size(v, g), pl->need, &r);
+    if (st != GMA_OK) return st;
+    pl->range = r;
+    pl->addr = r->base;
+    pl->room = r->size;
+  }
+  gma__region_t *r = (gma__region_t *)pl->range;
+  uint64_t size = req->least ? pl->need : chunk_size(v, req, pl);
+  *out = (gma__grown_t){.addr = pl->addr, .size = size, .range = r};
+  if (!chunks_reserve(r)) return gma__set_error(GMA_ERR_OOM, "host memory for the chunk table");
+  uint64_t h;
+  gma_status_t st = s->dev->ops->vm_map(s->dev, pl->addr, size, &h);
+  if (st != GMA_OK) return st;
+  chunks_insert(r, pl->addr, size, h);
+  return GMA_OK;
+}
+
+/* The pool could not take the chunk just mapped: unmap it again, or, if
+ * the device refuses that, keep it busy (never handed out, unmapped at
+ * fini). */
+static void vm_ungrow(gma__source_t *s, const gma__grown_t *g) {
+  gma__region_t *r = (gma__region_t *)g->range;
+  size_t i = chunk_lb(r, g->addr);
+  if (s->dev->ops->vm_unmap(s->dev, g->addr, g->size, r->chunks[i].handle) == GMA_OK) {
+    chunks_remove(r, i, 1);
+    r->mapped -= g->size;
+  } else {
+    r->chunks[i].busy = 1;
+    r->busy += g->size;
+  }
+}
+
+/* ---- Giving back ------------------------------------------------------------------*/
+
+static bool vm_take(gma__source_t *s, const void *range, uintptr_t addr, uint64_t size,
+                    gma__span_t *out) {
+  (void)s;
+  gma__region_t *r = (gma__region_t *)range;
+  size_t ci = chunk_lb(r, addr), cj = ci;
+  while (cj < r->nchunks && r->chunks[cj].addr < addr + size) cj++;
+  gma__chunk_t *copy = malloc((cj - ci) * sizeof *copy);
+  if (!copy) return false;
+  for (size_t i = ci; i < cj; i++) r->chunks[i].busy = 1;
+  memcpy(copy, r->chunks + ci, (cj - ci) * sizeof *copy);
+  r->busy += size;
+  *out = (gma__span_t){
+      .range = r, .addr = addr, .size = size, .priv = copy, .npriv = cj - ci};
+  return true;
+}
+
+static void vm_give_back(gma__source_t *s, gma__span_t *x) {
+  const gma__chunk_t *chunks = x->priv;
+  x->done = 0;
+  x->calls = 0;
+  for (size_t i = 0; i < x->npriv; i++) {
+    const gma__chunk_t *c = &chunks[i];
+    if (s->dev->ops->vm_unmap(s->dev, c->addr, c->size, c->handle) != GMA_OK) break;
+    x->done += c->size;
+    x->calls++;
+  }
+}
+
+static void vm_settle(gma__source_t *s, gma__span_t *x) {
+  gma__region_t *r = (gma__region_t *)x->range;
+  size_t i = chunk_lb(r, x->addr);
+  chunks_remove(r, i, x->calls);
+  r->mapped -= x->done;
+  r->busy -= x->done;
+  free(x->priv);
+  x->priv = NULL;
+  if (x->done) VM_TRACE(s, GMA__TR_SEGMENT_UNMAP, x->addr, x->done);
+}
+
+/* What the device refused to unmap is in the pool's use again. */
+static void vm_reuse(gma__source_t *s, const void *range, uintptr_t addr, uint64_t size) {
+  (void)s;
+  gma__region_t *r = (gma__region_t *)range;
+  for (size_t i = chunk_lb(r, addr); i < r->nchunks && r->chunks[i].addr < addr + size; i++)
+    r->chunks[i].busy = 0;
+  r->busy -= size;
+}
+
+static void vm_drop(gma__source_t *s, const void *range, uintptr_t addr, uint64_t size) {
+  (void)s, (void)range, (void)addr, (void)size; /* vm_fini unmaps every chunk */
+}
+
+/* ---- Checks -----------------------------------------------------------------------*/
+
+static bool invalid(const char *what, uintptr_t addr) {
+  gma__set_error(GMA_ERR_INTERNAL, "pool invariant: %s (at %p)", what, (void *)addr);
+  return false;
+}
+
+bool gma__vm_check(const gma__source_t *s, const gma__seg_view_t *v, size_t n) {
+  const vm_source_t *vs = (const vm_source_t *)s;
+  for (int k = 0; k < GMA__NKINDS; k++) {
+    for (gma__region_t *r = vs->region[k]; r; r = r->next) {
+      if (r->kind != k || !r->gran || r->base % r->gran || r->size % r->gran)
+        return invalid("a growable range is not granular or in the wrong list", r->base);
+      uint64_t mapped = 0, busy = 0;
+      for (size_t i = 0; i < r->nchunks; i++) {
+        const gma__chunk_t *c = &r->chunks[i];
+        if (!c->size || c->addr % r->gran || c->size % r->gran || c->addr < r->base ||
+            c->addr - r->base > r->size - c->size)
+          return invalid("a chunk is not granular or lies outside its range", c->addr);
+        if (i && r->chunks[i - 1].addr + r->chunks[i - 1].size > c->addr)
+          return invalid("chunks overlap or are out of order", c->addr);
+        mapped += c->size;
+        busy += c->busy ? c->size : 0;
+      }
+      if (mapped != r->mapped || busy != r->busy)
+        return invalid("a range's mapped or busy bytes differ from its chunks", r->base);
+      /* Each segment is a run of adjacent non-busy chunks, starting and
+       * ending on chunk boundaries. */
+      uint64_t covered = 0;
+      for (size_t j = 0; j < n; j++) {
+        if (v[j].range != r) continue;
+        if (v[j].kind != k) return invalid("a growable segment's kind differs", v[j].addr);
+        size_t i = chunk_lb(r, v[j].addr);
+        uintptr_t at = v[j].addr, end = v[j].addr + v[j].size;
+        for (; at < end && i < r->nchunks && r->chunks[i].addr == at && !r->chunks[i].busy; i++)
+          at += r->chunks[i].size;
+        if (at != end)
+          return invalid("a growable segment is not a run of whole mapped chunks", v[j].addr);
+        covered += v[j].size;
+      }
+      if (covered + r->busy != r->mapped) {
+        gma__set_error(GMA_ERR_INTERNAL,
+                       "pool invariant: range maps %" PRIu64 " bytes, segments cover %" PRIu64
+                       " and %" PRIu64 " are being unmapped",
+                       r->mapped, covered, r->busy);
+        return false;
+      }
+    }
+  }
+  /* Every growable segment belongs to one of its kind's ranges. */
+  for (size_t j = 0; j < n; j++) {
+    const gma__region_t *r = vs->region[v[j].kind < GMA__NKINDS ? v[j].kind : 0];
+    while (r && r != v[j].range) r = r->next;
+    if (!r) return invalid("a growable segment's range is not in its kind's list", v[j].addr);
+  }
+  return true;
+}
+
+static const gma__source_ops_t vm_ops = {
+    .plan = vm_plan,
+    .grow = vm_grow,
+    .ungrow = vm_ungrow,
+    .releasable = vm_releasable,
+    .take = vm_take,
+    .give_back = vm_give_back,
+    .settle = vm_settle,
+    .reuse = vm_reuse,
+    .drop = vm_drop,
+    .fini = vm_fini,
+};

@@ -1,0 +1,423 @@
+/* Owns the worker thread (see worker.h): its lifecycle, its timer, pressure
+ * levels and the policy of timed trimming. The trimming itself is
+ * gma__pool_release, which gives memory back to the device outside the pool
+ * lock, so a tick never holds up callers for the duration of device frees. */
+#include "worker/worker.h"
+
+#include "api/allocator.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/sizeclass.h"
+#include "base/tsan.h"
+
+/* The working set: with release_threshold "auto", memory handed out during
+ * the last WORKING_SET_TICKS ticks is never trimmed by the timer (it is
+ * what the workload needs; giving it back would make the next iteration
+ * allocate it again). */
+#define WORKING_SET_TICKS 3u
+/* While freed memory waits for other streams' work (pending), the worker
+ * looks at least this often, so what completed goes back to its stream's
+ * cache and the statistics say so without a caller's poll. */
+#define POLL_NS (10u * 1000000u)
+
+static gma_pressure_t level_of(double use) {
+  return use > 0.95 ? GMA_PRESSURE_CRITICAL
+         : use > 0.80 ? GMA_PRESSURE_HIGH
+         : use >= 0.60 ? GMA_PRESSURE_MEDIUM
+                       : GMA_PRESSURE_LOW;
+}
+
+/* What a tick sees of memory pressure. */
+typedef struct load {
+  gma_pressure_t level;  /* reported: reserved against memory_limit, or the device's
+                            use against its total, whichever is higher */
+  gma_pressure_t device; /* the device's use alone: pressure from outside gma's cache */
+  uint64_t dev_free, dev_total;
+} load_t;
+
+static load_t load_of(gma__pool_t *p) {
+  pthread_mutex_lock(&p->lock);
+  uint64_t reserved = p->c.reserved.current;
+  pthread_mutex_unlock(&p->lock);
+  double use = p->limit ? (double)reserved / (double)p->limit : 0.0, dev_use = 0.0;
+  load_t l = {0};
+  if (p->dev->ops->mem_info(p->dev, &l.dev_free, &l.dev_total) == GMA_OK && l.dev_total &&
+      l.dev_free <= l.dev_total)
+    dev_use = (double)(l.dev_total - l.dev_free) / (double)l.dev_total;
+  else
+    l.dev_free = l.dev_total = 0;
+  l.level = level_of(use > dev_use ? use : dev_use);
+  l.device = level_of(dev_use);
+  return l;
+}
+
+/* The timed trim's policy (README, "The worker thread"). Always: memory
+ * unused for idle_ms. An explicit release_threshold: then cache above it, a
+ * quarter of it at high pressure, none at critical. "auto" (the default):
+ * nothing else unless the device's free memory is short (below 20% of its
+ * total); then up to the shortfall, only from memory the working set did
+ * not use (unused for WORKING_SET_TICKS ticks; one tick when critical). */
+static gma__release_t trim_policy(const gma__worker_t *w, const load_t *l) {
+  gma__release_t r = {.now_ns = gma__now_ns(), .idle_ns = w->idle_ns, .keep = UINT64_MAX,
+                      .timed = true};
+  if (w->release_threshold) {
+    r.keep = w->release_threshold == GMA_RELEASE_ALL ? 0 : w->release_threshold;
+    if (l->level == GMA_PRESSURE_HIGH) r.keep /= 4;
+    if (l->level == GMA_PRESSURE_CRITICAL) r.keep = 0;
+    r.pressured = l->level >= GMA_PRESSURE_HIGH;
+    return r;
+  }
+  if (l->device < GMA_PRESSURE_HIGH) return r;
+  uint64_t target = l->dev_total / 5; /* free memory at which pressure stops being high */
+  r.keep = 0;
+  r.want = target > l->dev_free ? target - l->dev_free : 1;
+  /* Half a tick less, so a tick that comes a little early still counts. */
+  uint64_t ticks = l->device == GMA_PRESSURE_CRITICAL ? 1 : WORKING_SET_TICKS;
+  r.unused_ns = ticks * w->interval_ns - w->interval_ns / 2;
+  r.pressured = true;
+  return r;
+}
+
+/* One tick: report a level change, trim by the policy, top up the free pool
+ * to grow_ahead when there is room. Worker thread only. */
+static void tick(gma__worker_t *w) {
+  gma__pool_t *p = w->p;
+  gma__pool_tick_clock(p); /* allocation ages count in ticks */
+  load_t l = load_of(p);
+  gma_pressure_t level = l.level;
+  pthread_mutex_lock(&w->mu);
+  bool changed = (int)level != w->level || w->report;
+  w->level = (int)level;
+  w->report = false;
+  gma_pressure_callback_t cb = changed ? w->cb : NULL;
+  void *user = w->cb_user;
+  w->cb_running = cb != NULL; /* gma_set_pressure_callback waits for it to clear */
+  pthread_mutex_unlock(&w->mu);
+  if (changed) {
+    pthread_mutex_lock(&p->lock);
+    p->c.pressure_level = (int)level;
+    pthread_mutex_unlock(&p->lock);
+  }
+  if (cb) {
+    cb(w->g, level, user); /* no gma lock held: it may call gma */
+    pthread_mutex_lock(&w->mu);
+    w->cb_running = false;
+    pthread_cond_broadcast(&w->cb_cv);
+    pthread_mutex_unlock(&w->mu);
+  }
+  gma__release_t r = trim_policy(w, &l);
+  /* An idle plan's arena is cache: unused for idle_ms, or outside the
+   * working set under pressure, it goes back to the pool first. */
+  if (w->g->cfg.plan)
+    gma__plan_reclaim_timed(&w->g->plan, r.pressured && r.unused_ns ? r.unused_ns : r.idle_ns);
+  gma__pool_release(p, &r); /* a failed device free keeps the segment: retried next tick */
+  gma__host_trim(&w->g->host, level == GMA_PRESSURE_CRITICAL ? 0 : w->g->cfg.host_release_threshold);
+  if (w->grow_ahead && level < GMA_PRESSURE_HIGH) gma__pool_grow_ahead(p, w->grow_ahead);
+}
+
+/* The worker of the calling thread, if it is one: set once at its start. */
+static __thread gma__worker_t *self;
+
+/* Appends f to the list from *head to *tail (linked through wnext). */
+static void list_append(gma_future_t **head, gma_future_t **tail, gma_future_t *f) {
+  gma__future_set_wnext(f, NULL);
+  if (*tail) gma__future_set_wnext(*tail, f); else *head = f;
+  *tail = f;
+}
+
+/* Takes new requests from the ring, then those the worker thread submitted
+ * itself (in order, after those already waiting), and tries every waiting
+ * request once: served or failed ones complete, the rest keep waiting for
+ * memory until their deadline. A callback that submits while this runs
+ * adds to w->local, taken by the next call. Worker thread. */
+static unsigned serve(gma__worker_t *w) {
+  void *item;
+  unsigned taken = 0;
+  while (ck_ring_dequeue_mpsc(&w->ring, w->ring_buf, &item)) {
+    taken++;
+    gma_future_t *f = item;
+    gma__tsan_acquire(f); /* pairs with the submitter's release */
+    list_append(&w->waiting, &w->waiting_tail, f);
+  }
+  if (w->local) {
+    taken++;
+    if (w->waiting_tail) gma__future_set_wnext(w->waiting_tail, w->local); else w->waiting = w->local;
+    w->waiting_tail = w->local_tail;
+    w->local = w->local_tail = NULL;
+  }
+  uint64_t now = gma__now_ns();
+  gma_future_t *prev = NULL;
+  for (gma_future_t *f = w->waiting, *next; f; f = next) {
+    next = gma__future_wnext(f);
+    if (gma__future_serve(w, f, now)) {
+      if (prev) gma__future_set_wnext(prev, next); else w->waiting = next;
+      if (w->waiting_tail == f) w->waiting_tail = prev;
+    } else {
+      prev = f;
+    }
+  }
+  atomic_store(&w->memory_wanted, w->waiting != NULL);
+  return taken;
+}
+
+/* The earliest deadline among waiting requests, or UINT64_MAX. */
+static uint64_t next_deadline(gma__worker_t *w) {
+  uint64_t d = UINT64_MAX;
+  for (gma_future_t *f = w->waiting; f; f = gma__future_wnext(f))
+    if (gma__future_deadline(f) < d) d = gma__future_deadline(f);
+  return d;
+}
+
+/* Lock-free of the caller: observes device work that completed, so pending
+ * memory it gated goes back to its stream's cache (and the statistics say
+ * so) without waiting for a caller's slow path; true while some still
+ * waits. Stream caches stay with their streams: moving them to the shared
+ * pool every 10 ms took a training loop's blocks from their streams in its
+ * first iterations (an allocation that misses polls for itself). */
+static bool poll_gated(gma__pool_t *p) {
+  pthread_mutex_lock(&p->lock);
+  if (p->c.pending) {
+    gma__streams_settle_pending(p);
+    gma__stats_sample(p);
+  }
+  bool gated = p->c.pending != 0;
+  pthread_mutex_unlock(&p->lock);
+  return gated;
+}
+
+/* Cancels every request still queued, waiting or submitted by the worker
+ * itself. Their callbacks run here and may submit again: those submits
+ * are refused (stopping), so this ends. Worker thread, at shutdown. */
+static void cancel_all(gma__worker_t *w) {
+  w->stopping = true;
+  void *item;
+  while (ck_ring_dequeue_mpsc(&w->ring, w->ring_buf, &item)) {
+    gma__tsan_acquire(item);
+    gma__future_cancel(w, item);
+  }
+  gma_future_t *lists[2] = {w->waiting, w->local};
+  w->waiting = w->waiting_tail = w->local = w->local_tail = NULL;
+  for (int i = 0; i < 2; i++)
+    for (gma_future_t *f = lists[i], *next; f; f = next) {
+      next = gma__future_wnext(f);
+      gma__future_cancel(w, f);
+    }
+}
+
+static void *worker_main(void *arg) {
+  gma__worker_t *w = arg;
+  self = w;
+  uint64_t next_tick = gma__now_ns() + w->interval_ns, next_poll = UINT64_MAX;
+  uint64_t poll_ns = w->interval_ns < POLL_NS ? w->interval_ns : POLL_NS;
+  pthread_mutex_lock(&w->mu);
+  while (!w->stop) {
+    /* Sleep until the next tick, a waiting request's deadline, a request, or
+     * a free that a waiting request may use. Memory also becomes usable when
+     * device work completes (an epoch event), which nothing signals: while
+     * requests wait, look again every millisecond. */
+    uint64_t due = next_tick < next_deadline(w) ? next_tick : next_deadline(w);
+    if (next_poll < due) due = next_poll;
+    if (w->waiting && gma__now_ns() + 1000000u < due) due = gma__now_ns() + 1000000u;
+    struct timespec ts = {(time_t)(due / 1000000000u), (long)(due % 1000000000u)};
+    while (!w->stop && !w->kicked && pthread_cond_timedwait(&w->cv, &w->mu, &ts) == 0) {
+    }
+    if (w->stop) break;
+    w->kicked = false;
+    pthread_mutex_unlock(&w->mu);
+    pthread_mutex_lock(&w->p->lock);
+    w->p->c.worker_wakeups++;
+    pthread_mutex_unlock(&w->p->lock);
+    unsigned taken = serve(w);
+    /* Requests tend to come in runs: after taking some, watch the ring a
+     * little (at most 50 us) before sleeping, so the next one needs no
+     * wake-up; yielding, so a waiter on this CPU gets it at once
+     * (gma__spin_step). Timer ticks and an idle worker never spin. */
+    uint64_t t0 = gma__now_ns(), spun = 0;
+    for (unsigned i = 1; taken && !w->waiting && (spun = gma__now_ns() - t0) < 50000; i++) {
+      if (ck_ring_size(&w->ring) || w->local) {
+        serve(w);
+        t0 = gma__now_ns();
+        spun = 0;
+      }
+      gma__spin_step(i, spun >= 1000);
+    }
+    uint64_t now = gma__now_ns();
+    if (now >= next_tick) {
+      tick(w);
+      next_tick = gma__now_ns() + w->interval_ns;
+    }
+    if (now >= next_poll || next_poll == UINT64_MAX) {
+      /* Said before the look, so a free that the look misses sees it. */
+      atomic_store(&w->unwatched, true);
+      next_poll = poll_gated(w->p) ? gma__now_ns() + poll_ns : UINT64_MAX;
+      if (next_poll != UINT64_MAX) atomic_store(&w->unwatched, false);
+    }
+    pthread_mutex_lock(&w->mu);
+    if (w->job) {
+      void (*job)(void *) = w->job;
+      void *job_arg = w->job_arg;
+      w->job = NULL;
+      pthread_mutex_unlock(&w->mu);
+      job(job_arg);
+      pthread_mutex_lock(&w->mu);
+    }
+    if (w->room_waiters) pthread_cond_broadcast(&w->room_cv);
+  }
+  pthread_mutex_unlock(&w->mu);
+  cancel_all(w); /* nothing is left hanging: every request still queued or waiting fails */
+  return NULL;
+}
+
+/* A submit on the worker thread (from a callback): waiting for ring room
+ * would wait for this very thread, so f joins the worker's own list
+ * instead, never refused for room; the worker takes it at its next pass,
+ * before it sleeps. Refused while the worker cancels what is left at
+ * shutdown: the request would only be cancelled too, and a callback that
+ * submits again on cancellation would never let the shutdown end. */
+static gma_status_t submit_on_worker(gma__worker_t *w, gma_future_t *f) {
+  if (w->stopping)
+    return gma__set_error(GMA_ERR_CANCELLED, "the allocator is being destroyed: a request "
+                          "submitted from a callback while gma_destroy cancels the others "
+                          "is refused");
+  list_append(&w->local, &w->local_tail, f);
+  atomic_fetch_add_explicit(&w->queued, 1, memory_order_relaxed);
+  gma__worker_kick(w); /* no lock of the worker is held in a callback */
+  return GMA_OK;
+}
+
+gma_status_t gma__worker_submit(gma__worker_t *w, gma_future_t *f, bool nonblocking) {
+  if (self == w) return submit_on_worker(w, f);
+  if (!ck_ring_enqueue_mpsc(&w->ring, w->ring_buf, f)) {
+    if (nonblocking)
+      return gma__set_error(GMA_ERR_BUSY, "the async request ring is full: %u requests wait "
+                            "for the worker (ring_size - 1); wait for one, or raise ring_size",
+                            ck_ring_capacity(&w->ring) - 1);
+    /* Wait for room: the worker broadcasts room_cv after each pass. */
+    pthread_mutex_lock(&w->mu);
+    w->room_waiters++;
+    while (!ck_ring_enqueue_mpsc(&w->ring, w->ring_buf, f)) {
+      w->kicked = true;
+      pthread_cond_signal(&w->cv);
+      pthread_cond_wait(&w->room_cv, &w->mu);
+    }
+    w->room_waiters--;
+    pthread_mutex_unlock(&w->mu);
+  }
+  atomic_fetch_add_explicit(&w->queued, 1, memory_order_relaxed);
+  gma__worker_kick(w);
+  return GMA_OK;
+}
+
+bool gma__worker_run_job(gma__worker_t *w, void (*fn)(void *arg), void *arg) {
+  if (!w->started) return false;
+  pthread_mutex_lock(&w->mu);
+  bool queued = !w->job && !w->stop;
+  if (queued) {
+    w->job = fn;
+    w->job_arg = arg;
+    w->kicked = true;
+    pthread_cond_signal(&w->cv);
+  }
+  pthread_mutex_unlock(&w->mu);
+  return queued;
+}
+
+void gma__worker_kick(gma__worker_t *w) {
+  pthread_mutex_lock(&w->mu);
+  w->kicked = true;
+  pthread_cond_signal(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+}
+
+void gma__worker_stats(gma__worker_t *w, gma_stats_t *st) {
+  /* Futures complete at once are counted only in ready_at_once (future.c). */
+  st->futures_ready_at_once = atomic_load_explicit(&w->ready_at_once, memory_order_relaxed);
+  st->futures_submitted =
+      atomic_load_explicit(&w->submitted, memory_order_relaxed) + st->futures_ready_at_once;
+  st->futures_ready =
+      atomic_load_explicit(&w->ready, memory_order_relaxed) + st->futures_ready_at_once;
+  st->futures_failed = atomic_load_explicit(&w->failed, memory_order_relaxed);
+  st->futures_timed_out = atomic_load_explicit(&w->timed_out, memory_order_relaxed);
+  st->queue_depth = atomic_load_explicit(&w->queued, memory_order_relaxed);
+  uint64_t counts[GMA__LATENCY_BUCKETS], total = 0;
+  for (unsigned b = 0; b < GMA__LATENCY_BUCKETS; b++)
+    total += counts[b] = atomic_load_explicit(&w->latency[b], memory_order_relaxed);
+  uint64_t seen = 0;
+  for (unsigned b = 0; b < GMA__LATENCY_BUCKETS && total; b++) {
+    seen += counts[b];
+    /* A bucket's upper bound: percentiles are within 1/8 above the truth. */
+    if (!st->submit_to_ready_p50_ns && seen * 2 >= total)
+      st->submit_to_ready_p50_ns = gma__class_size(b);
+    if (!st->submit_to_ready_p99_ns && seen * 100 >= total * 99)
+      st->submit_to_ready_p99_ns = gma__class_size(b);
+  }
+}
+
+gma_status_t gma__worker_start(gma__worker_t *w, gma_t *g, gma__pool_t *p,
+                               const gma_config_t *cfg) {
+  memset(w, 0, sizeof *w);
+  w->g = g;
+  w->p = p;
+  w->interval_ns = cfg->trim_interval_ms * 1000000u;
+  w->release_threshold = cfg->release_threshold;
+  w->idle_ns = cfg->idle_ms * 1000000u;
+  w->grow_ahead = cfg->grow_ahead;
+  w->timeout_ns = cfg->future_timeout_ms * 1000000u;
+  if (cfg->worker_off) return GMA_OK;
+  w->ring_buf = calloc(cfg->ring_size, sizeof *w->ring_buf);
+  if (!w->ring_buf) return gma__set_error(GMA_ERR_OOM, "no host memory for the async request ring (ring_size)");
+  ck_ring_init(&w->ring, (unsigned)cfg->ring_size);
+  pthread_condattr_t attr;
+  pthread_condattr_init(&attr);
+  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+  bool ok = pthread_mutex_init(&w->mu, NULL) == 0 && pthread_cond_init(&w->cv, &attr) == 0 &&
+            pthread_cond_init(&w->room_cv, NULL) == 0 && pthread_cond_init(&w->cb_cv, NULL) == 0 &&
+            (w->anchor = gma__anchor_new(g)) != NULL;
+  pthread_condattr_destroy(&attr);
+  atomic_store(&w->unwatched, true); /* it starts asleep until its first tick */
+  if (!ok || pthread_create(&w->thread, NULL, worker_main, w) != 0) {
+    atomic_store(&w->unwatched, false);
+    free(w->ring_buf);
+    return gma__set_error(GMA_ERR_INTERNAL, "cannot start gma's worker thread");
+  }
+  w->started = true;
+  return GMA_OK;
+}
+
+void gma__worker_stop(gma__worker_t *w) {
+  if (!w->started) return;
+  pthread_mutex_lock(&w->mu);
+  w->stop = true;
+  pthread_cond_signal(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+  pthread_join(w->thread, NULL);
+  atomic_store(&w->unwatched, false); /* no free kicks a worker that is gone */
+  gma__anchor_detach(w->anchor); /* futures waited on or released from now on no longer reach g */
+  pthread_cond_destroy(&w->cv);
+  pthread_cond_destroy(&w->room_cv);
+  pthread_cond_destroy(&w->cb_cv);
+  pthread_mutex_destroy(&w->mu);
+  free(w->ring_buf);
+  w->started = false;
+}
+
+gma_status_t gma__worker_set_callback(gma__worker_t *w, gma_pressure_callback_t cb, void *user) {
+  if (!w->started)
+    return gma__set_error(GMA_ERR_UNSUPPORTED, "gma_set_pressure_callback: the worker is off "
+                                               "(worker:off), so pressure is never observed");
+  pthread_mutex_lock(&w->mu);
+  /* The caller may free the old callback's user data once this returns
+   * (issue 13: it did, while the callback still ran on the worker). So wait
+   * for a running callback to return, unless this is that callback
+   * changing itself: the worker would wait for itself. */
+  if (!pthread_equal(pthread_self(), w->thread))
+    while (w->cb_running) pthread_cond_wait(&w->cb_cv, &w->mu);
+  w->cb = cb;
+  w->cb_user = user;
+  w->report = true; /* tell the new callback the current level at the next tick */
+  pthread_mutex_unlock(&w->mu);
+  return GMA_OK;
+}
