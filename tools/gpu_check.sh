@@ -31,7 +31,14 @@
 # or was skipped for a stated reason; 1 when one failed or ran out of time.
 # It installs nothing. Environment: NVIDIA_SMI, GMA_CUDA_DRIVER,
 # GPU_CHECK_BUILD_DIR, GPU_CHECK_OUT, GPU_CHECK_RESULTS, GPU_CHECK_ARCH,
-# GPU_CHECK_BUDGET. Arguments go to gma-bench-gpu.
+# GPU_CHECK_BUDGET, GPU_CHECK_FAKE. Arguments go to gma-bench-gpu.
+#
+# GPU_CHECK_FAKE=1 runs every step against the fake CUDA driver (tests/
+# fakecuda, the simulated device behind the driver API, with the h100 cost
+# preset) instead of a GPU, as CI does: the build makes only the library,
+# the fake, the probe and the GPU tests (no nvcc), the probe and the tests
+# run on the fake, and the steps that need a real GPU (the CUDA runtime's
+# kernels, PyTorch) are recorded as skipped, saying so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,9 +50,18 @@ arch=${GPU_CHECK_ARCH:-sm_90}
 smi=${NVIDIA_SMI:-nvidia-smi}
 driver=${GMA_CUDA_DRIVER:-libcuda.so.1}
 python=$(command -v python3 || true)
+fake=${GPU_CHECK_FAKE:-0}
+if [ "$fake" = 1 ]; then
+  driver="fake CUDA driver (built in step 1)"
+  gpu_only="GPU-only step, skipped on the fake driver"
+fi
 
 # ---- 0. is there a GPU? -------------------------------------------------------------------
 # The driver decides, as it does for gma; nvidia-smi only names what it sees.
+# The fake driver is there by construction: it is built in step 1.
+if [ "$fake" = 1 ]; then
+  drv_gpus=1
+else
 smi_gpus=0
 smi_why=""
 if ! command -v "$smi" >/dev/null 2>&1; then
@@ -97,6 +113,7 @@ if [ "$drv_gpus" -eq 0 ] && { [ -n "$python" ] || [ "$smi_gpus" -eq 0 ]; }; then
   echo "gpu_check: no GPU ($smi_why; $drv_why): nothing to check"
   exit 0
 fi
+fi
 
 # ---- steps ----------------------------------------------------------------------------------
 start_all=$SECONDS
@@ -137,9 +154,14 @@ run_quiet() {
 }
 why_rc() { [ "$1" -eq 124 ] || [ "$1" -eq 137 ] && echo "ran out of time" || echo "exit $1"; }
 
+if [ "$fake" = 1 ]; then
+  gpu_info="0, gma fake CUDA device (simulated, sim_costs h100), -, 8192 MiB"
+  cuda_driver_version="fake"
+else
 gpu_info=$(timeout 60 "$smi" --query-gpu=index,name,driver_version,memory.total \
            --format=csv,noheader 2>/dev/null || echo "($smi --query-gpu failed)")
 cuda_driver_version=$(timeout 60 "$smi" 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9.]*\).*/\1/p' | head -n 1 || true)
+fi
 echo "gpu_check: $drv_gpus GPU(s) through $driver:"
 while IFS= read -r line; do echo "  $line"; done <<<"$gpu_info"
 
@@ -178,21 +200,31 @@ else
   else
     toolkit=$(sed -n 's/.*gma: CUDA Toolkit \([^ ]*\) headers.*/\1/p' "$logs/configure.log" | head -n 1)
     step_limit=$(limit_for $((180 - (SECONDS - step_start))))
-    run_quiet "$logs/build.log" cmake --build "$build" -j "$(nproc 2>/dev/null || echo 2)"
+    targets=()
+    [ "$fake" = 1 ] && targets=(--target gma gma_fakecuda gma-driver-probe gpu_api gpu_stress
+                                gpu_pipeline gpu_capture gpu_held)
+    run_quiet "$logs/build.log" cmake --build "$build" -j "$(nproc 2>/dev/null || echo 2)" "${targets[@]}"
     if [ "$rc" -ne 0 ]; then
       record build failed $((SECONDS - step_start)) "cmake --build: $(why_rc "$rc") (log: $logs/build.log)"
     else
       built=1
+      if [ "$fake" = 1 ]; then
+        driver=$(cd "$build" && pwd)/tests/libgma_fakecuda.so
+        export GMA_CUDA_DRIVER=$driver GMA_FAKECUDA_DEVICES=1 GMA_FAKECUDA_MEM=8G \
+               GMA_FAKECUDA_GRANULARITY=2M GMA_FAKECUDA_COSTS=h100
+      fi
       shim_note=$(sed -n 's/.*gma: \(libgma_torch_shim.so [^:]*\).*/\1/p' "$logs/configure.log" | head -n 1)
       record build ok $((SECONDS - step_start)) "CUDA Toolkit $toolkit headers, kernels $arch; ${shim_note:-libgma_torch_shim.so: not reported}"
     fi
   fi
 fi
-plugin=$PWD/$build/libgma_torch.so
+plugin=$(cd "$build" 2>/dev/null && pwd)/libgma_torch.so
 
 # 2. the driver probe
 probe_table=""
-if [ ! -x "$probe_bin" ]; then
+if [ "$fake" = 1 ] && [ "$built" -eq 0 ]; then
+  record probe skipped 0 "not run: the fake driver was not built"
+elif [ ! -x "$probe_bin" ]; then
   record probe failed 0 "not run: gma-driver-probe was not built"
 else
   begin probe "gma-driver-probe: driver call costs, which calls wait for the device" 90
@@ -214,8 +246,15 @@ held_lines=""
 if [ "$built" -eq 0 ]; then
   record "ctest -L gpu" skipped 0 "not run: gma was not built${ck_why:+ ($ck_why)}"
 else
-  begin "ctest -L gpu" "gma's CUDA backend on the real driver" 90
-  run_logged "$logs/ctest.log" ctest --test-dir "$build" -L gpu --output-on-failure -V --timeout 80
+  if [ "$fake" = 1 ]; then
+    # The same tests, registered as fakecuda_* with the fake's environment.
+    begin "ctest -L gpu" "gma's CUDA backend on the fake driver" 90
+    run_logged "$logs/ctest.log" ctest --test-dir "$build" -R '^fakecuda_(api|stress|pipeline|capture|held)$' \
+      --output-on-failure -V --timeout 80
+  else
+    begin "ctest -L gpu" "gma's CUDA backend on the real driver" 90
+    run_logged "$logs/ctest.log" ctest --test-dir "$build" -L gpu --output-on-failure -V --timeout 80
+  fi
   total=$(sed -n -e 's/.* tests* failed out of \([0-9]*\).*/\1/p' \
                  -e 's/.*% tests passed out of \([0-9]*\).*/\1/p' "$logs/ctest.log" | tail -n 1)
   passed=$(grep -cE 'Test +#[0-9]+: .* Passed' "$logs/ctest.log" || true)
@@ -243,7 +282,10 @@ fi
 bench_table=$out/bench_gpu_table.txt
 torch_bench_note=""
 rm -f "$bench_table"
-if [ "$built" -eq 0 ] || [ ! -x "$build/bench/gma-bench-gpu" ]; then
+if [ "$fake" = 1 ]; then
+  record bench skipped 0 "$gpu_only: gma-bench-gpu's kernels need the CUDA runtime on a GPU (gma-bench-costs runs these scenarios on the simulated device)"
+  record torch_bench skipped 0 "$gpu_only: PyTorch needs a GPU"
+elif [ "$built" -eq 0 ] || [ ! -x "$build/bench/gma-bench-gpu" ]; then
   record bench skipped 0 "not run: gma-bench-gpu was not built${ck_why:+ ($ck_why)}"
 else
   begin bench "gma-bench-gpu" 150
@@ -301,7 +343,9 @@ else
   torch_version=$torch_why
   torch_why=""
 fi
-if [ -n "$torch_why" ]; then
+if [ "$fake" = 1 ]; then
+  record torch_train skipped 0 "$gpu_only: PyTorch needs a GPU"
+elif [ -n "$torch_why" ]; then
   record torch_train skipped 0 "no torch: $torch_why"
 elif [ "$built" -eq 0 ]; then
   record torch_train skipped 0 "not run: gma was not built (no plug-in)"

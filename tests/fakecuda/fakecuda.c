@@ -151,6 +151,8 @@ _Static_assert(sizeof(uintptr_t) >= sizeof(uint64_t), "stream ids are keys");
  * ABI, is here: nothing else in the fake depends on which list names an
  * entry point, and none may be named by both. */
 #define FC_EXTRA_ENTRIES(X)             \
+  X(cuDeviceGetName)                    \
+  X(cuDeviceTotalMem)                   \
   X(cuCtxSetCurrent)                    \
   X(cuCtxCreate)                        \
   X(cuCtxDestroy)                       \
@@ -1695,6 +1697,23 @@ CUresult CUDAAPI cuDeviceGet(CUdevice *device, int ordinal) {
   if (!device) return CUDA_ERROR_INVALID_VALUE;
   if (ordinal < 0 || ordinal >= fc.ndev) return CUDA_ERROR_INVALID_DEVICE;
   *device = ordinal;
+  return CUDA_SUCCESS;
+}
+
+/* For gma-driver-probe, which names the device it measured. */
+CUresult CUDAAPI cuDeviceGetName(char *name, int len, CUdevice dev) {
+  FC_BEGIN(cuDeviceGetName);
+  if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+  if (dev < 0 || dev >= fc.ndev) return CUDA_ERROR_INVALID_DEVICE;
+  snprintf(name, (size_t)len, "gma fake CUDA device %d (simulated)", (int)dev);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceTotalMem(size_t *bytes, CUdevice dev) {
+  FC_BEGIN(cuDeviceTotalMem);
+  if (!bytes) return CUDA_ERROR_INVALID_VALUE;
+  if (dev < 0 || dev >= fc.ndev) return CUDA_ERROR_INVALID_DEVICE;
+  *bytes = (size_t)fc.dev[dev].capacity;
   return CUDA_SUCCESS;
 }
 

@@ -11,6 +11,11 @@ where there is no GPU, as on CI.
       docs/gpu/RESULTS.md must not appear either). A fake nvidia-smi that
       lists a GPU the driver cannot open must make it fail (exit 1), and one
       that lists none must give the "lists no GPU" reason.
+  test_gpu_check.py fake REPO   tools/gpu_check.sh end to end on the fake CUDA
+      driver (GPU_CHECK_FAKE=1): within 180 s it must build, run the probe
+      and the GPU tests on the fake (each step "ok"), record the GPU-only
+      steps (bench, torch_bench, torch_train) as skipped saying why, exit 0,
+      and write RESULTS.md (into a temporary directory) naming the fake.
   test_gpu_check.py torch_train REPO  bench/gpu/torch_train.py: with a stand-in
       torch that does not import, and one that sees no CUDA device, it must
       exit 0 printing "torch_train: skipped: <why>" and write
@@ -126,6 +131,41 @@ def test_gpu_check(repo, tmp):
     nothing_made("this machine")
 
 
+FAKE_LIMIT_S = 180
+
+
+def test_fake(repo, tmp):
+    script = os.path.join(repo, "tools", "gpu_check.sh")
+    build = os.path.join(tmp, "build-gpu")
+    out = os.path.join(tmp, "out")
+    results = os.path.join(tmp, "docs", "RESULTS.md")
+    env = dict(os.environ, GPU_CHECK_FAKE="1", GPU_CHECK_BUILD_DIR=build, GPU_CHECK_OUT=out,
+               GPU_CHECK_RESULTS=results)
+    env.pop("GMA_CUDA_DRIVER", None)
+    t0 = time.monotonic()
+    r = subprocess.run(["bash", script], env=env, cwd=repo, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, universal_newlines=True,
+                       timeout=FAKE_LIMIT_S + 60)
+    took = time.monotonic() - t0
+    steps = dict(re.findall(r"^gpu_check: \[([^\]]+)\] (ok|failed|skipped) in ", r.stdout, re.M))
+    print("gpu_check on the fake driver: exit %d in %.0fs; steps %s" % (r.returncode, took, steps))
+    if r.returncode != 0:
+        print(r.stdout[-4000:])
+    check(r.returncode == 0, "fake: exit %d, want 0" % r.returncode)
+    check(took < FAKE_LIMIT_S, "fake: took %.0fs (limit %ds)" % (took, FAKE_LIMIT_S))
+    for step in ("build", "probe", "ctest -L gpu"):
+        check(steps.get(step) == "ok", "fake: step %s is %s, want ok" % (step, steps.get(step)))
+    for step in ("bench", "torch_bench", "torch_train"):
+        check(steps.get(step) == "skipped", "fake: step %s is %s, want skipped" % (step, steps.get(step)))
+    check(len(re.findall(r"skipped in 0s: GPU-only step", r.stdout)) == 3,
+          "fake: the GPU-only steps do not say why they were skipped")
+    check(os.path.isfile(results), "fake: no %s" % results)
+    if os.path.isfile(results):
+        text = open(results).read()
+        check("fake CUDA" in text and "| probe | ok |" in text,
+              "fake: RESULTS.md does not name the fake driver or the probe's result")
+
+
 STUB_NO_IMPORT = "raise ImportError('stub: no torch here')\n"
 STUB_NO_CUDA = ("__version__ = '0.0-stub'\n"
                 "class cuda:\n"
@@ -180,7 +220,7 @@ def main():
     mode, repo = sys.argv[1], os.path.abspath(sys.argv[2])
     tmp = tempfile.mkdtemp(prefix="test_gpu_check_")
     try:
-        {"gpu_check": test_gpu_check, "torch_train": test_torch_train}[mode](repo, tmp)
+        {"gpu_check": test_gpu_check, "fake": test_fake, "torch_train": test_torch_train}[mode](repo, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     for f in fails:

@@ -52,3 +52,15 @@ foreach(mode gpu_check torch_train)
                    ${mode} ${PROJECT_SOURCE_DIR})
   set_tests_properties(tools_${mode}_skip PROPERTIES LABELS tools TIMEOUT 60)
 endforeach()
+
+# tools/gpu_check.sh end to end on the fake CUDA driver (GPU_CHECK_FAKE=1):
+# its own Release build of the library, the fake and the GPU tests, the
+# probe, the tests, RESULTS.md, and the GPU-only steps skipped with a reason.
+# In the unsanitized builds only (it builds and times a Release tree of its
+# own, which a sanitizer build would not check any better).
+if(TARGET gma_fakecuda AND NOT GMA_SANITIZE)
+  add_test(NAME tools_gpu_check_fake
+           COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_gpu_check.py
+                   fake ${PROJECT_SOURCE_DIR})
+  set_tests_properties(tools_gpu_check_fake PROPERTIES LABELS tools TIMEOUT 300 RUN_SERIAL TRUE)
+endif()
