@@ -68,13 +68,17 @@ _plugin = None
 
 
 def library_path():
-    """The path of libgma_torch.so: $GMA_TORCH_LIBRARY, else beside libgma
-    (the build writes both into the build directory), else the places
+    """The path of libgma_torch.so: $GMA_TORCH_LIBRARY, else beside the libgma
+    this process loaded (the build writes both into the build directory;
+    cmake --install puts both in PREFIX/lib), else the places
     gma._lib.find_library looks, else the system's library path."""
     p = os.environ.get("GMA_TORCH_LIBRARY")
     if p:
         return p
-    libgma = _lib.find_library()
+    try:
+        libgma = _lib.load().file
+    except OSError:
+        libgma = None
     if libgma and os.path.isabs(libgma):
         d = os.path.dirname(libgma)
         for c in (os.path.join(d, "libgma_torch.so"),
