@@ -301,6 +301,7 @@ PROTOTYPES = {
     "gma_trace_start": (st, [vp, ctypes.c_char_p]),
     "gma_trace_stop": (st, [vp]),
     "gma_snapshot_json": (st, [vp, ctypes.c_char_p]),
+    "gma_snapshot_write": (st, [vp, ctypes.c_char_p, c_int]),
     "gma_memory_summary": (st, [vp, ctypes.c_char_p, size_t]),
     "gma_stream_create": (st, [vp, P(vp)]),
     "gma_stream_destroy": (st, [vp, vp]),

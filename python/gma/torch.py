@@ -100,6 +100,7 @@ _PROTOS = {
     "gma_torch_stats": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(_lib.Stats)]),
     "gma_torch_summary": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]),
     "gma_torch_snapshot": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p]),
+    "gma_torch_snapshot_write": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p, ctypes.c_int]),
     "gma_torch_empty_cache": (ctypes.c_int, [ctypes.c_int]),
     "gma_torch_iteration_mark": (ctypes.c_int, [ctypes.c_int]),
     "gma_torch_record_stream": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]),
@@ -234,12 +235,29 @@ def summary(device=0):
         return _text(buf.value)
 
 
-def snapshot(device=0, path=None):
-    """gma_snapshot_json of device's allocator: to path (returned), or as a dict."""
+def snapshot(device=0, path=None, format="json"):
+    """gma_snapshot_write of device's allocator: to path (returned), or as a
+    dict. format "json" (gma's own) or "torch" (PyTorch's _snapshot()
+    structure; see dump_snapshot)."""
+    if format not in ("json", "torch"):
+        raise ValueError("snapshot format is 'json' or 'torch', not %r" % (format,))
     if path is not None:
-        _check(plugin().gma_torch_snapshot(device, os.fsencode(path)), "gma_torch_snapshot")
+        if format == "json":
+            _check(plugin().gma_torch_snapshot(device, os.fsencode(path)), "gma_torch_snapshot")
+        else:
+            _check(plugin().gma_torch_snapshot_write(device, os.fsencode(path), 1),
+                   "gma_torch_snapshot_write")
         return path
-    return allocator(device).snapshot()
+    return allocator(device).snapshot(format=format)
+
+
+def dump_snapshot(path, device=0):
+    """What torch.cuda.memory._dump_snapshot(path) is for PyTorch's own
+    allocator: writes device's gma memory as a PyTorch-format pickle
+    (segments with blocks; with a gma trace running, trace:PATH in GMA_CONF
+    or allocator(device).trace_start(), its events in device_traces) that
+    pytorch.org/memory_viz and torch.cuda._memory_viz read. Returns path."""
+    return snapshot(device, path, format="torch")
 
 
 def empty_cache(device=0):
