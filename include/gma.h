@@ -557,7 +557,10 @@ typedef struct gma_stats {
   uint64_t hits_device;         /* needed a new segment from the device */
   uint64_t num_segments;        /* segments held now */
   uint64_t largest_free_block;  /* largest block in stream caches or the free pool */
-  double fragmentation;         /* 1 - largest_free_block / (stream_cached + free); 0 if none */
+  double fragmentation;         /* share of the idle bytes (free, stream-cached, binned) in free
+                                   regions smaller than the median live block size (rounded
+                                   down to a power of two): cache too small for a typical
+                                   request. 0 with nothing idle or nothing live (docs/stats.md) */
   uint64_t num_streams;         /* streams gma keeps a record of (retired ones excluded) */
   uint64_t num_cross_stream_waits; /* reuse:auto/wait: device-side waits made instead of growing */
   uint64_t num_epoch_events;    /* events recorded to close stream epochs */
