@@ -52,3 +52,10 @@ foreach(mode gpu_check torch_train)
                    ${mode} ${PROJECT_SOURCE_DIR})
   set_tests_properties(tools_${mode}_skip PROPERTIES LABELS tools TIMEOUT 60)
 endforeach()
+
+# tools/main_summary.py (main.sh's closing summary) on made-up inputs with
+# known answers, and on the repository's docs/gpu/RESULTS.md.
+add_test(NAME tools_main_summary
+         COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_main_summary.py
+                 ${PROJECT_SOURCE_DIR})
+set_tests_properties(tools_main_summary PROPERTIES LABELS tools TIMEOUT 60)
