@@ -562,7 +562,10 @@ typedef struct gma_stats {
   uint64_t hits_device;         /* needed a new segment from the device */
   uint64_t num_segments;        /* segments held now */
   uint64_t largest_free_block;  /* largest block in stream caches or the free pool */
-  double fragmentation;         /* 1 - largest_free_block / (stream_cached + free); 0 if none */
+  double fragmentation;         /* share of the idle bytes (free, stream-cached, binned) in free
+                                   regions smaller than the median live block size (rounded
+                                   down to a power of two): cache too small for a typical
+                                   request. 0 with nothing idle or nothing live (docs/stats.md) */
   uint64_t num_streams;         /* streams gma keeps a record of (retired ones excluded) */
   uint64_t num_cross_stream_waits; /* reuse:auto/wait: device-side waits made instead of growing */
   uint64_t num_epoch_events;    /* events recorded to close stream epochs */
@@ -831,6 +834,47 @@ GMA_API gma_status_t gma_trace_stop(gma_t *g);
  * picture). GMA_ERR_INVALID_ARGUMENT if the file cannot be created or
  * written. Any thread. */
 GMA_API gma_status_t gma_snapshot_json(gma_t *g, const char *path);
+
+/* The formats gma_snapshot_write writes. */
+typedef enum gma_snapshot_format {
+  GMA_SNAPSHOT_JSON = 0,  /* gma's own JSON: exactly what gma_snapshot_json writes */
+  GMA_SNAPSHOT_TORCH = 1, /* a pickle with the structure of PyTorch's
+                             torch.cuda.memory._snapshot(), which
+                             torch.cuda.memory._dump_snapshot writes and
+                             pytorch.org/memory_viz and torch.cuda._memory_viz
+                             read (docs/debugging.md) */
+} gma_snapshot_format_t;
+
+/* Writes a snapshot of g to path in format.
+ *
+ * GMA_SNAPSHOT_TORCH writes a dict (pickle protocol 2; only dicts, lists,
+ * tuples, strings, ints and bools, so a restricted unpickler loads it) with:
+ *   "segments": one dict per segment, taken under the pool lock: device,
+ *     address, total_size, allocated_size (live blocks), active_size (live and
+ *     pending-free blocks), requested_size, stream (of its first block in use;
+ *     0 when none), segment_type ("small" / "large"), segment_pool_id (0, 0),
+ *     is_expandable (a growable segment), frames [] and "blocks": dicts of
+ *     address, size, requested_size, state ("active_allocated" live,
+ *     "active_pending_free" freed and waiting for its stream, "inactive"
+ *     cached or free) and frames []. A planned-memory arena (plan:on) is one
+ *     active_allocated block whose requested_size is its planned blocks'.
+ *   "device_traces": a list indexed by device ordinal, empty for other
+ *     devices; for g's device, when a trace is running (gma_trace_start or
+ *     trace:PATH), every event it recorded so far, in PyTorch's entry form
+ *     (action, addr, size, stream, time_us since the trace began, frames []):
+ *     allocate -> "alloc"; free -> "free_requested" then "free_completed";
+ *     segment_alloc / segment_free / segment_map / segment_unmap by name;
+ *     oom -> "oom" (size: the request; device_free 0). Rows PyTorch has no
+ *     action for (record_stream, async_submit, batch, trim...) are left
+ *     out; a served single async allocation is an "alloc". Without a
+ *     running trace the list for g's device is empty.
+ * No stack frames are recorded: every "frames" list is empty.
+ *
+ * GMA_ERR_INVALID_ARGUMENT for a NULL or empty path, an unknown format, or a
+ * file that cannot be created or written (the message names the file and the
+ * reason; a partly written file is removed); GMA_ERR_OOM when host memory
+ * runs out. Any thread; the trace keeps recording. */
+GMA_API gma_status_t gma_snapshot_write(gma_t *g, const char *path, gma_snapshot_format_t format);
 /* Writes a human-readable table of g's memory (current, peak and total by
  * pool, segments, OOMs and retries, hits by level, futures, trims) into buf,
  * NUL-terminated. GMA_ERR_INVALID_SIZE if len is too small (the message says

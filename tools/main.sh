@@ -21,14 +21,55 @@
 #     needs rsvg-convert, which tools/bootstrap.sh installs);
 #  4. runs the demo and the benchmarks (simulated device; gma-bench-scenarios:
 #     a training loop, a pipeline, a service and varying sequence lengths), then the GPU
-#     benchmarks, which say so and skip when there is no GPU.
+#     benchmarks, which say so and skip when there is no GPU;
+#  5. ends with a summary (tools/main_summary.py): gma against PyTorch on the
+#     traces' memory (this run's figures), the benchmarks' goals met or
+#     missed, and gma against cudaMallocAsync, CUB and PyTorch on a GPU from
+#     docs/gpu/RESULTS.md (that run's date and commit, read from the file).
+#
+# Output: one stream. stderr is joined to stdout (exec 2>&1) and the programs
+# write stdout a line at a time (stdbuf -oL, PYTHONUNBUFFERED), so lines
+# never interleave when the output goes to a file; progress bars appear only
+# on a terminal. Each table is followed by a legend of its columns.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+exec 2>&1
+export PYTHONUNBUFFERED=1
+lb=()
+if command -v stdbuf >/dev/null 2>&1; then lb=(stdbuf -oL -eL); fi
 bash tools/bootstrap.sh
 jobs=$(nproc 2>/dev/null || echo 2)
 out=build/release
-cmake -S . -B "$out" -DCMAKE_BUILD_TYPE=Release -DGMA_BUILD_TESTS=OFF >/dev/null
-cmake --build "$out" -j "$jobs" >/dev/null
+start=$SECONDS
+echo "=== building gma (Release, $out, -j$jobs); progress by target, full log in $out/build.log"
+mkdir -p "$out"
+cmake -S . -B "$out" -DCMAKE_BUILD_TYPE=Release -DGMA_BUILD_TESTS=OFF >"$out/configure.log" 2>&1 ||
+  { tail -n 30 "$out/configure.log"; echo "configure failed (log: $out/configure.log)"; exit 1; }
+# A line per finished target as it comes (and every error line); the whole
+# output goes to build.log. With pipefail a failed build fails the pipeline.
+build_progress() {
+  local line n=0 t0=$SECONDS last=0 pct
+  : >"$out/build.log"
+  while IFS= read -r line; do
+    printf '%s\n' "$line" >>"$out/build.log"
+    pct=${line#\[}; pct=${pct%%%]*}; pct=${pct// /}
+    if [[ $line == \[*%\]* && $pct =~ ^[0-9]+$ ]] && ((pct >= last + 10)); then
+      last=$pct
+      printf '  [%3ds] %d%% compiled\n' $((SECONDS - t0)) "$pct"
+    fi
+    case "$line" in
+      *"Built target "*) n=$((n + 1)); printf '  [%3ds] built %s (%d targets)\n' $((SECONDS - t0)) "${line##*Built target }" "$n" ;;
+      *error:* | *"Error "[0-9]*) printf '  %s\n' "$line" ;;
+    esac
+  done
+}
+if ! cmake --build "$out" -j "$jobs" 2>&1 | build_progress; then
+  echo "build failed: the last lines of $out/build.log:"
+  tail -n 30 "$out/build.log"
+  exit 1
+fi
+echo "built in $((SECONDS - start)) s"
+echo
 echo "gma $(sed -n 's/#define GMA_VERSION_STRING "\(.*\)"/\1/p' include/gma/version.h): replays and" \
      "benchmarks on the SIMULATED device (no GPU needed); GPU benchmarks follow when a GPU is present"
 
@@ -47,10 +88,38 @@ fi
 echo
 echo "=== replaying on the simulated device: default segments and growable segments;"
 echo "    the smallest capacity each replays in (bisection, --min-capacity)"
-"$out/gma-replay" --config default= --config expandable=expandable_segments:true \
+${lb[@]+"${lb[@]}"} "$out/gma-replay" --config default= --config expandable=expandable_segments:true \
   --recorded-label PyTorch --min-capacity --precision 0.05 \
   --json "$out/replay.json" --timeline-dir "$out/replay" --snapshot-dir "$out/replay" \
   --workload pipeline "${inputs[@]}"
+
+cat <<'LEGEND'
+
+Legend of the replay tables (docs/tools.md#gma-replay, docs/stats.md):
+  default / expandable   gma's configurations: ordinary segments / growable segments
+                         (expandable_segments:true); PyTorch: what PyTorch's allocator
+                         recorded for the same workload (imported from its snapshot)
+  trace peak live        the most bytes the program held at once (the floor for any allocator)
+  peak requested         the most bytes asked for at once; allocated (blocks): after gma's
+                         rounding to block sizes
+  peak reserved          the most device memory the allocator held (segments)
+  reserved / allocated   res/all: peak reserved over peak allocated; 1.000x wastes nothing
+  reserved / recorded    res/rec: gma's peak reserved over PyTorch's; below 1 gma needed less
+  fragmentation at peak  frag: share of the cached (reserved, unused) bytes in free regions
+                         smaller than the median live block, at the peak (docs/stats.md)
+  device allocs / frees  calls to the device's allocator (cuMemAlloc/map and free/unmap)
+  hits bin/stream/pool/dev  where allocations were served: the lock-free per-stream bins,
+                         the stream's own cache, the shared pool, or a new device allocation
+  alloc/free ns p50/p99/p99.9  latency percentiles of gma_alloc / gma_free on this CPU
+  failed / oom r/g       allocations that failed in the replay (the trace served them);
+                         requests PyTorch itself failed (oom rows) / of those, failed by gma
+  unmatched frees        frees of pointers the trace never allocated (ignored)
+  Mev/s, replay rate     trace events replayed per second
+  min cap / min capacity the smallest simulated device the trace replays in with no failed
+                         allocation (bisection); / rec: over PyTorch's peak reserved,
+                         / live: over the trace's peak live bytes (1.000x is the floor)
+  replays, time          replays the bisection ran, and their wall time
+LEGEND
 
 echo
 echo "=== pictures"
@@ -58,7 +127,7 @@ for tl in "$out"/replay/*.default.timeline.csv; do
   name=$(basename "$tl" .default.timeline.csv)
   # Exit status 3: no PNG (gma-viz said why), the SVG and HTML were written.
   rc=0
-  tools/gma-viz --title "$name" --recorded-label PyTorch \
+  python3 tools/gma-viz --title "$name" --recorded-label PyTorch \
     --timeline default="$tl" --timeline expandable="$out/replay/$name.expandable.timeline.csv" \
     --snapshot "$out/replay/$name.default.peak.json" --snapshot-label default \
     --svg "$out/pictures/$name.svg" --html "$out/pictures/$name.html" \
@@ -72,21 +141,43 @@ done
 
 echo
 echo "=== demo"
-"$out/gma-demo"
+${lb[@]+"${lb[@]}"} "$out/gma-demo"
 echo
-"$out/bench/gma-bench-alloc" --json "$out/bench_alloc.json"
+${lb[@]+"${lb[@]}"} "$out/bench/gma-bench-alloc" --json "$out/bench_alloc.json"
 echo
-"$out/bench/gma-bench-hotpath" --json "$out/bench_hotpath.json"
+${lb[@]+"${lb[@]}"} "$out/bench/gma-bench-hotpath" --json "$out/bench_hotpath.json"
 echo
-"$out/bench/gma-bench-worker" --json "$out/bench_worker.json"
+${lb[@]+"${lb[@]}"} "$out/bench/gma-bench-worker" --json "$out/bench_worker.json"
 echo
 # Five scenarios (training loop, pipeline, service, varying length, cross-stream
 # hand-off), medians of 5 runs, about 3 min; exits 3 if a simulated kernel
 # found a buffer overwritten while in use.
-"$out/bench/gma-bench-scenarios" --json "$out/bench_scenarios.json"
+${lb[@]+"${lb[@]}"} "$out/bench/gma-bench-scenarios" --json "$out/bench_scenarios.json"
+cat <<'LEGEND'
+
+Legend of the benchmark tables (docs/benchmarks.md):
+  ns, p50/p99            time per call or per alloc+free pair: median / 99th percentile
+  ratio, Nx              one figure over another, as the row says; goals are in brackets or
+                         "(goal ...)" and are marked MET or MISSED in the summary below
+  dev allocs 1st / after device allocations in the first iteration / in all later ones
+                         (goal 0 after the first: a warm cache serves every request)
+  bin hits               share of allocations served by the lock-free per-stream bins
+  peak reserved / MiB    the most device memory held
+  floor without waits    the least any allocator can reserve in the training loop's first
+                         iteration if it never waits for device work (neither on the host nor
+                         by making a stream wait for another's), computed from the requests;
+                         / peak active: that floor over what gma had in use at its peak
+  failed                 allocations that got no memory
+LEGEND
 echo
 echo "results (JSON): $out/replay.json (replays and smallest capacities), $out/bench_alloc.json, $out/bench_hotpath.json," \
      "$out/bench_worker.json, $out/bench_scenarios.json; pictures: $out/pictures/"
 echo
 echo "=== GPU benchmarks (tools/bench_gpu.sh)"
 bash tools/bench_gpu.sh
+echo
+echo "=== summary: gma against PyTorch and the GPU allocators"
+python3 tools/main_summary.py --replay "$out/replay.json" --hotpath "$out/bench_hotpath.json" \
+  --worker "$out/bench_worker.json" --gpu-results docs/gpu/RESULTS.md
+echo
+echo "main.sh took $((SECONDS - start)) s"

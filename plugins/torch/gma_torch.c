@@ -342,6 +342,15 @@ GMA_TORCH_API int gma_torch_snapshot(int device, const char *path) {
   return st;
 }
 
+/* gma_snapshot_write of device's allocator (created if needed). */
+GMA_TORCH_API int gma_torch_snapshot_write(int device, const char *path, int format) {
+  WITH_ALLOCATOR(device, true, GMA_ERR_INVALID_ARGUMENT)
+  gma_status_t st = gma_snapshot_write(g, path, (gma_snapshot_format_t)format);
+  if (st != GMA_OK) set_gma_msg(st, "gma_snapshot_write");
+  leave();
+  return st;
+}
+
 /* gma_empty_cache of device's allocator; GMA_OK when it has none yet.
  * (torch.cuda.empty_cache() does not reach plug-ins: call this instead.) */
 GMA_TORCH_API int gma_torch_empty_cache(int device) {

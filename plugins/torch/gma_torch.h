@@ -33,6 +33,9 @@ gma_t *gma_torch_allocator(int device);
 int gma_torch_stats(int device, gma_stats_t *out); /* zeros before the first allocation */
 int gma_torch_summary(int device, char *buf, size_t len);
 int gma_torch_snapshot(int device, const char *path);
+/* gma_snapshot_write of device's allocator: format GMA_SNAPSHOT_JSON or
+ * GMA_SNAPSHOT_TORCH (PyTorch's _snapshot() structure, as a pickle). */
+int gma_torch_snapshot_write(int device, const char *path, int format);
 int gma_torch_empty_cache(int device);
 /* gma_iteration_mark of device's allocator: call it at the same point of
  * every training or inference iteration (plan:on in GMA_CONF plans the

@@ -243,6 +243,27 @@ def _run_kernel(arg):
 # ---------------------------------------------------------------------------
 # The allocator
 # ---------------------------------------------------------------------------
+# gma_snapshot_format_t (gma.h)
+SNAPSHOT_JSON = 0
+SNAPSHOT_TORCH = 1
+
+
+def load_torch_snapshot(path):
+    """A PyTorch-format snapshot (gma_snapshot_write GMA_SNAPSHOT_TORCH, or
+    torch.cuda.memory._dump_snapshot) as a dict, loaded with an unpickler
+    that refuses every global: a snapshot is plain dicts, lists, tuples,
+    strings and numbers, and a pickle that names a global could run code."""
+    import pickle
+
+    class _Plain(pickle.Unpickler):
+        def find_class(self, module, name):
+            raise pickle.UnpicklingError(
+                "%s names the global %s.%s: not a plain memory snapshot" % (path, module, name))
+
+    with open(path, "rb") as fh:
+        return _Plain(fh).load()
+
+
 class Allocator:
     """One gma allocator (gma_create). conf is a GMA_CONF-style string
     ("device:sim,memory_limit:4G"); with use_env (the default) GMA_CONF from
@@ -542,9 +563,17 @@ class Allocator:
             _check(st, "gma_memory_summary")
             return _text(buf.value)
 
-    def snapshot(self, path=None):
-        """gma_snapshot_json. With a path: writes it there and returns path.
-        Without: returns the snapshot as a dict (json.load of a temp file)."""
+    def snapshot(self, path=None, format="json"):
+        """gma_snapshot_write. format "json" (gma_snapshot_json: gma's own
+        JSON) or "torch" (GMA_SNAPSHOT_TORCH: a pickle with the structure of
+        torch.cuda.memory._snapshot(), the running trace's events in
+        device_traces; for pytorch.org/memory_viz). With a path: writes it
+        there and returns path. Without: returns the snapshot as a dict (read
+        from a temp file; a torch one with load_torch_snapshot)."""
+        if format == "torch":
+            return self._snapshot_torch(path)
+        if format != "json":
+            raise ValueError("snapshot format is 'json' or 'torch', not %r" % (format,))
         g = self._h("gma_snapshot_json")
         f = _fn("gma_snapshot_json")
         if path is not None:
@@ -556,6 +585,20 @@ class Allocator:
             _check(f(g, os.fsencode(tmp)), "gma_snapshot_json")
             with open(tmp) as fh:
                 return json.load(fh)
+        finally:
+            os.unlink(tmp)
+
+    def _snapshot_torch(self, path):
+        g = self._h("gma_snapshot_write")
+        f = _fn("gma_snapshot_write")
+        if path is not None:
+            _check(f(g, os.fsencode(path), SNAPSHOT_TORCH), "gma_snapshot_write")
+            return path
+        fd, tmp = tempfile.mkstemp(prefix="gma-snapshot-", suffix=".pickle")
+        os.close(fd)
+        try:
+            _check(f(g, os.fsencode(tmp), SNAPSHOT_TORCH), "gma_snapshot_write")
+            return load_torch_snapshot(tmp)
         finally:
             os.unlink(tmp)
 

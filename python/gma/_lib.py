@@ -18,10 +18,26 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _REPO = os.path.dirname(os.path.dirname(_HERE))  # python/gma -> repository root
 
 
+def _install_libdirs():
+    """The install's library directory when the package sits inside one:
+    pip install --prefix P (or a venv at P) puts the package in
+    P/lib*/pythonX.Y/site-packages/gma, and cmake --install --prefix P puts
+    libgma in P/lib*: the nearest ancestor named lib, lib64 or lib/<triplet>."""
+    out = []
+    d = _HERE
+    for _ in range(4):
+        d = os.path.dirname(d)
+        base = os.path.basename(d)
+        if base in ("lib", "lib64", "lib32") or os.path.basename(os.path.dirname(d)) == "lib":
+            out.append(d)
+    return out
+
+
 def _candidates(stem):
     """Where to look for lib<stem>.so, in order (after the environment)."""
     names = ["lib%s.so" % stem]
     dirs = [_HERE, os.path.dirname(_HERE)]  # inside the package, or beside it
+    dirs += _install_libdirs()
     for sub in ("build/release", "build/debug", "build"):
         dirs.append(os.path.join(_REPO, sub))
     for d in dirs:
@@ -31,8 +47,11 @@ def _candidates(stem):
 
 def find_library(stem="gma", env="GMA_LIBRARY"):
     """The path of lib<stem>.so: $<env> if set, else next to the package, else
-    the repository's build/release, build/debug or build tree, else what
-    ctypes.util.find_library finds. None when nothing is found."""
+    the install's library directory the package sits in (see
+    _install_libdirs), else the repository's build/release, build/debug or
+    build tree, else what ctypes.util.find_library finds (a bare name such as
+    libgma.so.0; Library.file resolves it once loaded). None when nothing is
+    found."""
     path = os.environ.get(env)
     if path:
         return path
@@ -283,6 +302,7 @@ PROTOTYPES = {
     "gma_trace_start": (st, [vp, ctypes.c_char_p]),
     "gma_trace_stop": (st, [vp]),
     "gma_snapshot_json": (st, [vp, ctypes.c_char_p]),
+    "gma_snapshot_write": (st, [vp, ctypes.c_char_p, c_int]),
     "gma_memory_summary": (st, [vp, ctypes.c_char_p, size_t]),
     "gma_stream_create": (st, [vp, P(vp)]),
     "gma_stream_destroy": (st, [vp, vp]),
@@ -290,6 +310,28 @@ PROTOTYPES = {
     "gma_stream_wait_stream": (st, [vp, vp, vp]),
     "gma_sim_launch": (st, [vp, vp, vp, vp]),
 }
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", vp),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", vp)]
+
+
+def _loaded_file(function):
+    """The absolute path of the shared object holding a ctypes function
+    (dladdr), or None."""
+    try:
+        libc = ctypes.CDLL(None)
+        dladdr = libc.dladdr
+    except (OSError, AttributeError):
+        return None
+    dladdr.restype = c_int
+    dladdr.argtypes = [vp, ctypes.POINTER(_DlInfo)]
+    info = _DlInfo()
+    if not dladdr(ctypes.cast(function, vp), ctypes.byref(info)) or not info.dli_fname:
+        return None
+    name = os.fsdecode(info.dli_fname)
+    return os.path.abspath(name) if os.path.sep in name else None
 
 
 class Library:
@@ -300,6 +342,18 @@ class Library:
         # RTLD_GLOBAL: libgma_torch.so, loaded later, then resolves to this copy.
         self.cdll = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
         self._bound = {}
+
+    @property
+    def file(self):
+        """The file the library was loaded from, as an absolute path: self.path
+        may be a bare name (libgma.so.0) that the dynamic loader resolved
+        through its search path; dladdr on one of its functions says where."""
+        if os.path.isabs(self.path):
+            return self.path
+        try:
+            return _loaded_file(self.cdll.gma_version) or self.path
+        except AttributeError:
+            return self.path
 
     def has(self, name):
         """Whether this libgma exports name."""

@@ -68,13 +68,17 @@ _plugin = None
 
 
 def library_path():
-    """The path of libgma_torch.so: $GMA_TORCH_LIBRARY, else beside libgma
-    (the build writes both into the build directory), else the places
+    """The path of libgma_torch.so: $GMA_TORCH_LIBRARY, else beside the libgma
+    this process loaded (the build writes both into the build directory;
+    cmake --install puts both in PREFIX/lib), else the places
     gma._lib.find_library looks, else the system's library path."""
     p = os.environ.get("GMA_TORCH_LIBRARY")
     if p:
         return p
-    libgma = _lib.find_library()
+    try:
+        libgma = _lib.load().file
+    except OSError:
+        libgma = None
     if libgma and os.path.isabs(libgma):
         d = os.path.dirname(libgma)
         for c in (os.path.join(d, "libgma_torch.so"),
@@ -96,6 +100,7 @@ _PROTOS = {
     "gma_torch_stats": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(_lib.Stats)]),
     "gma_torch_summary": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]),
     "gma_torch_snapshot": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p]),
+    "gma_torch_snapshot_write": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p, ctypes.c_int]),
     "gma_torch_empty_cache": (ctypes.c_int, [ctypes.c_int]),
     "gma_torch_iteration_mark": (ctypes.c_int, [ctypes.c_int]),
     "gma_torch_record_stream": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]),
@@ -230,12 +235,29 @@ def summary(device=0):
         return _text(buf.value)
 
 
-def snapshot(device=0, path=None):
-    """gma_snapshot_json of device's allocator: to path (returned), or as a dict."""
+def snapshot(device=0, path=None, format="json"):
+    """gma_snapshot_write of device's allocator: to path (returned), or as a
+    dict. format "json" (gma's own) or "torch" (PyTorch's _snapshot()
+    structure; see dump_snapshot)."""
+    if format not in ("json", "torch"):
+        raise ValueError("snapshot format is 'json' or 'torch', not %r" % (format,))
     if path is not None:
-        _check(plugin().gma_torch_snapshot(device, os.fsencode(path)), "gma_torch_snapshot")
+        if format == "json":
+            _check(plugin().gma_torch_snapshot(device, os.fsencode(path)), "gma_torch_snapshot")
+        else:
+            _check(plugin().gma_torch_snapshot_write(device, os.fsencode(path), 1),
+                   "gma_torch_snapshot_write")
         return path
-    return allocator(device).snapshot()
+    return allocator(device).snapshot(format=format)
+
+
+def dump_snapshot(path, device=0):
+    """What torch.cuda.memory._dump_snapshot(path) is for PyTorch's own
+    allocator: writes device's gma memory as a PyTorch-format pickle
+    (segments with blocks; with a gma trace running, trace:PATH in GMA_CONF
+    or allocator(device).trace_start(), its events in device_traces) that
+    pytorch.org/memory_viz and torch.cuda._memory_viz read. Returns path."""
+    return snapshot(device, path, format="torch")
 
 
 def empty_cache(device=0):

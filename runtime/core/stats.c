@@ -108,6 +108,45 @@ void gma__stats_sample(gma__pool_t *p) {
   sample_from(p, &t);
 }
 
+/* Pool lock held. gma_stats_t.fragmentation (docs/stats.md): the share of
+ * the idle bytes (free, cached on a stream, binned) that lie in free regions
+ * too small for a typical request. A free region is a run of adjacent idle
+ * blocks in one segment (gma merges them when it needs the room); a typical
+ * request is the median live block size, rounded down to a power of two (so
+ * memory that could serve it is never counted as wasted). 0 with nothing
+ * idle, or nothing live (no request to measure against). Arenas (planned
+ * memory, graph pools) are not requests and are left out of the median. */
+static double fragmentation(const gma__pool_t *p) {
+  uint64_t hist[64] = {0}, nlive = 0;
+  for (size_t i = 0; i < p->nsegs; i++)
+    for (const gma__block_t *b = p->segs[i]->first; b; b = b->next)
+      if (gma__load_relaxed(&((gma__block_t *)b)->state) == GMA__LIVE &&
+          !gma__load_relaxed(&((gma__block_t *)b)->arena) && b->size) {
+        hist[63 - __builtin_clzll(b->size)]++;
+        nlive++;
+      }
+  if (!nlive) return 0.0;
+  uint64_t ref = 0, seen = 0;
+  for (int k = 0; k < 64 && !ref; k++)
+    if ((seen += hist[k]) >= (nlive + 1) / 2) ref = (uint64_t)1 << k;
+  uint64_t idle = 0, small = 0;
+  for (size_t i = 0; i < p->nsegs; i++) {
+    uint64_t run = 0;
+    for (const gma__block_t *b = p->segs[i]->first;; b = b->next) {
+      uint8_t st = b ? gma__load_relaxed(&((gma__block_t *)b)->state) : GMA__LIVE;
+      if (st == GMA__FREE || st == GMA__CACHED || st == GMA__BINNED) {
+        run += b->size;
+        continue;
+      }
+      idle += run;
+      if (run < ref) small += run;
+      run = 0;
+      if (!b) break;
+    }
+  }
+  return idle ? (double)small / (double)idle : 0.0;
+}
+
 void gma__pool_stats(gma__pool_t *p, gma_stats_t *out) {
   gma_stats_t st;
   memset(&st, 0, sizeof st);
@@ -154,10 +193,8 @@ void gma__pool_stats(gma__pool_t *p, gma_stats_t *out) {
   st.grows_inline = c->grows_inline;
   st.worker_wakeups = c->worker_wakeups;
   st.pressure_level = c->pressure_level;
+  st.fragmentation = fragmentation(p);
   pthread_mutex_unlock(&p->lock);
-  uint64_t idle = st.stream_cached_bytes + st.free_bytes;
-  st.fragmentation = idle ? 1.0 - (double)st.largest_free_block / (double)idle : 0.0;
-  if (st.fragmentation < 0) st.fragmentation = 0; /* binned blocks are not in the trees */
   /* Copy only what the caller's (possibly older, smaller) struct holds. */
   size_t n = out->size < sizeof st ? out->size : sizeof st;
   st.size = out->size;

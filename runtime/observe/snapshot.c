@@ -220,8 +220,9 @@ gma_status_t gma_memory_summary(gma_t *g, char *buf, size_t len) {
   row1(&o, "  stream / pending / free", "%s / %s / %s",
        human(a, sizeof a, s.stream_cached_bytes), human(b, sizeof b, s.pending_bytes),
        human((char[32]){0}, 32, s.free_bytes));
-  row1(&o, "largest free block", "%s (fragmentation %.1f%%)",
-       human(a, sizeof a, s.largest_free_block), 100.0 * s.fragmentation);
+  row1(&o, "largest free block", "%s", human(a, sizeof a, s.largest_free_block));
+  /* docs/stats.md: idle bytes in free regions below the median live block size */
+  row1(&o, "fragmentation", "%.1f%% of cache too small to reuse", 100.0 * s.fragmentation);
   put(&o, RULE);
   row1(&o, "allocations / frees", "%" PRIu64 " / %" PRIu64 " (%" PRIu64 " live)", s.num_allocs,
        s.num_frees, blocks_live);

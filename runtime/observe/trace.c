@@ -193,13 +193,15 @@ gma_status_t gma__trace_open(const char *path, gma__trace_t **out) {
   t->cap = TRACE_BUF_RECORDS;
   t->buf = malloc(t->cap * sizeof *t->buf);
   t->spare = malloc(t->cap * sizeof *t->spare);
-  t->f = t->buf && t->spare ? fopen(path, "w") : NULL;
+  t->path = strdup(path);
+  t->f = t->buf && t->spare && t->path ? fopen(path, "w") : NULL;
   if (!t->f) {
     int err = errno;
-    gma_status_t st = t->buf && t->spare
+    gma_status_t st = t->buf && t->spare && t->path
                           ? gma__set_error(GMA_ERR_CONFIG, "cannot create '%s' for the trace: %s", path,
                                            strerror(err))
                           : gma__set_error(GMA_ERR_OOM, "no host memory for the trace's buffers");
+    free(t->path);
     free(t->buf);
     free(t->spare);
     free(t);
@@ -213,6 +215,38 @@ gma_status_t gma__trace_open(const char *path, gma__trace_t **out) {
   atomic_init(&t->next_thread, 0);
   *out = t;
   return GMA_OK;
+}
+
+gma_status_t gma__trace_flush(gma__trace_t *t, uint64_t *bytes) {
+  pthread_mutex_lock(&t->write_mu); /* as a full buffer's swap in gma__trace_emit */
+  pthread_mutex_lock(&t->rec_mu);
+  bool open = !t->closed;
+  gma__trace_rec_t *full = t->buf;
+  size_t n = open ? t->n : 0;
+  if (open) {
+    t->buf = t->spare;
+    t->n = 0;
+  }
+  pthread_mutex_unlock(&t->rec_mu);
+  gma_status_t st = GMA_OK;
+  if (!open) {
+    st = gma__set_error(GMA_ERR_INVALID_ARGUMENT, "the trace was stopped");
+  } else {
+    bool ok = write_records(t, full, n);
+    ok = fflush(t->f) == 0 && ok;
+    t->spare = full;
+    long at = ftell(t->f);
+    if (bytes) *bytes = at > 0 ? (uint64_t)at : 0;
+    if (!ok) {
+      pthread_mutex_lock(&t->rec_mu);
+      t->dropped += n;
+      pthread_mutex_unlock(&t->rec_mu);
+      st = gma__set_error(GMA_ERR_DEVICE, "writing the trace file '%s' failed: %s", t->path,
+                          strerror(errno));
+    }
+  }
+  pthread_mutex_unlock(&t->write_mu);
+  return st;
 }
 
 gma_status_t gma__trace_close(gma__trace_t *t) {
@@ -244,6 +278,7 @@ void gma__trace_free(gma__trace_t *t) {
     pthread_mutex_destroy(&t->write_mu);
     free(t->buf);
     free(t->spare);
+    free(t->path);
     free(t);
     t = older;
   }
@@ -268,6 +303,7 @@ void gma__trace_abandon(gma__trace_t *t) {
         pthread_mutex_destroy(&t->write_mu);
         free(t->buf);
         free(t->spare);
+        free(t->path);
         free(t);
       } else {
         pthread_mutex_unlock(&t->write_mu);

@@ -64,6 +64,7 @@ typedef struct gma__trace {
   _Atomic uint32_t next_thread;
   uint64_t dropped;     /* rec_mu: records that could not be written (I/O error) */
   struct gma__trace *older; /* traces stopped earlier, freed at destroy */
+  char *path;           /* immutable: the file (gma_snapshot_write reads the rows back) */
 } gma__trace_t;
 
 /* The recording trace, or NULL: the only cost when tracing is off. */
@@ -79,6 +80,11 @@ void gma__trace_emit(gma__trace_t *t, uint64_t t_ns, gma__trace_action_t action,
                      int status);
 /* Opens path and writes the header; GMA_ERR_CONFIG if it cannot be created. */
 gma_status_t gma__trace_open(const char *path, gma__trace_t **out);
+/* Writes what is buffered and flushes the file, which stays open, so that
+ * the file holds every row recorded before the call; *bytes (if not NULL) is
+ * the file's length then. GMA_ERR_INVALID_ARGUMENT when the trace is closed,
+ * GMA_ERR_DEVICE on an I/O error. */
+gma_status_t gma__trace_flush(gma__trace_t *t, uint64_t *bytes);
 /* Writes what is buffered and closes the file; the object stays (see above). */
 gma_status_t gma__trace_close(gma__trace_t *t);
 /* Closes (if open) and frees t and every older trace. No other thread may

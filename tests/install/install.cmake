@@ -38,3 +38,21 @@ gma_test(NAME install_consume EXE ${GMA_BASH} LABELS install TIMEOUT 180
        "--cflags=${gma_consumer_flags}"
        "--pkg-config=${PKG_CONFIG_EXECUTABLE}"
        "--version=${PROJECT_VERSION}")
+
+# install_prefix (label install): installs this build into a fresh prefix and
+# uses the four commands (gma-import-torch, gma-replay, gma-viz,
+# gma-torch-policy-model) and the PyTorch plug-in's lookup from there, with no
+# environment pointing into the build or source tree (test_install_prefix.sh).
+# Not in sanitizer builds: the installed gma-replay and libgma would need the
+# sanitizer runtime preloaded into the tools' python.
+find_package(Python3 COMPONENTS Interpreter QUIET)
+if(Python3_Interpreter_FOUND AND GMA_SANITIZE STREQUAL "")
+  gma_test(NAME install_prefix EXE ${GMA_BASH} LABELS install TIMEOUT 180
+    ARGS ${CMAKE_CURRENT_LIST_DIR}/test_install_prefix.sh
+         "--build=${PROJECT_BINARY_DIR}"
+         "--source=${PROJECT_SOURCE_DIR}"
+         "--work=${CMAKE_CURRENT_BINARY_DIR}/install_prefix"
+         "--config=$<CONFIG>"
+         "--cmake=${CMAKE_COMMAND}"
+         "--python=${Python3_EXECUTABLE}")
+endif()

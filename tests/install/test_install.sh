@@ -102,14 +102,17 @@ fi
 [ "$(readlink "$lib/libgma.so")" = "libgma.so.$major" ] ||
   fail "$libdir/libgma.so should link to libgma.so.$major, links to '$(readlink "$lib/libgma.so")'"
 # Everything installed must be one of these; anything else (a test binary, the
-# fake CUDA driver, a benchmark, a tool) is a mistake in the install rules.
+# fake CUDA driver, a benchmark, the demo) is a mistake in the install rules.
+# The plug-ins and the four commands are install_prefix's to check.
 for f in $files; do
   case "$f" in
     "$includedir"/*.h) ;;
     "$libdir/libgma.so" | "$libdir/libgma.so.$major" | "$libdir/libgma.so.$version" | "$libdir/libgma.a") ;;
     "$cmakedir"/gmaConfig.cmake | "$cmakedir"/gmaConfigVersion.cmake | "$cmakedir"/gmaTargets*.cmake) ;;
     "$libdir/pkgconfig/gma.pc") ;;
-    *) fail "unexpected installed file: $f (only headers, libgma, the CMake package and gma.pc belong)" ;;
+    "$libdir/libgma_torch.so" | "$libdir/libgma_torch_shim.so") ;;
+    bin/gma-replay | bin/gma-viz | bin/gma-import-torch | bin/gma-torch-policy-model) ;;
+    *) fail "unexpected installed file: $f (only headers, libgma, the CMake package, gma.pc, the PyTorch plug-ins and the four tools belong)" ;;
   esac
 done
 # The package files must not point back into the source or build tree.

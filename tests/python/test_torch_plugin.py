@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import tempfile
 import unittest
 
 from common import KiB, MiB, c_stderr, run
@@ -170,6 +171,17 @@ class Plugin(unittest.TestCase):
                 if int(b["address"], 16) == p]
         self.assertEqual(len(live), 1)
         self.assertEqual((live[0]["state"], live[0]["requested"]), ("live", 3 * MiB))
+        # PyTorch's format: gma.torch.dump_snapshot (gma_torch_snapshot_write), and as a dict.
+        with tempfile.TemporaryDirectory() as d:
+            path = gt.dump_snapshot(os.path.join(d, "snap.pickle"), device=0)
+            tsnap = gma.load_torch_snapshot(path)
+        self.assertEqual(set(tsnap), {"segments", "device_traces"})
+        live = [b for seg in tsnap["segments"] for b in seg["blocks"] if b["address"] == p]
+        self.assertEqual((live[0]["state"], live[0]["requested_size"]),
+                         ("active_allocated", 3 * MiB))
+        self.assertEqual(gt.snapshot(0, format="torch")["segments"], tsnap["segments"])
+        with self.assertRaises(gma.InvalidArgument):
+            gt.dump_snapshot("/nonexistent-gma-dir/snap.pickle", device=0)
         free(p)
         gt.iteration_mark(0)  # plan:off (GMA_CONF above): a no-op
         self.assertEqual(gt.stats(0)["plan_iterations"], 0)

@@ -28,3 +28,17 @@ if(Python3_Interpreter_FOUND AND TARGET gma-replay)
 else()
   message(STATUS "gma: Python 3 or gma-replay missing; replay_cli_capacity is not registered")
 endif()
+
+# replay_torch_snapshot (label tools): gma-replay --torch-snapshot's pickle
+# (PyTorch's _snapshot() structure) loaded with a restricted unpickler, its
+# round trip through tools/gma-import-torch and gma-replay with the same
+# peaks, the Python binding's snapshot(format="torch"), and where torch is
+# installed torch.cuda._memory_viz reading it. Loads the build's libgma into
+# python, so not in sanitizer builds (tests/python/python.cmake says why).
+if(Python3_Interpreter_FOUND AND TARGET gma-replay AND GMA_SANITIZE STREQUAL "")
+  add_test(NAME replay_torch_snapshot
+    COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_torch_snapshot.py
+            $<TARGET_FILE:gma-replay> ${PROJECT_SOURCE_DIR})
+  set_tests_properties(replay_torch_snapshot PROPERTIES TIMEOUT 120 LABELS tools
+    ENVIRONMENT "GMA_LIBRARY=$<TARGET_FILE:gma>;GMA_CONF=")
+endif()

@@ -64,3 +64,10 @@ if(TARGET gma_fakecuda AND NOT GMA_SANITIZE)
                    fake ${PROJECT_SOURCE_DIR})
   set_tests_properties(tools_gpu_check_fake PROPERTIES LABELS tools TIMEOUT 300 RUN_SERIAL TRUE)
 endif()
+
+# tools/main_summary.py (main.sh's closing summary) on made-up inputs with
+# known answers, and on the repository's docs/gpu/RESULTS.md.
+add_test(NAME tools_main_summary
+         COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_main_summary.py
+                 ${PROJECT_SOURCE_DIR})
+set_tests_properties(tools_main_summary PROPERTIES LABELS tools TIMEOUT 60)

@@ -41,6 +41,10 @@ static void usage(FILE *f) {
           "  --timeline-dir DIR   write TRACE.CONFIG.timeline.csv (memory over time) per run\n"
           "  --snapshot-dir DIR   write TRACE.CONFIG.peak.json (gma_snapshot_json at the peak),\n"
           "                       from a second, untimed replay\n"
+          "  --torch-snapshot OUT.pickle  write the end state and the events of a replay of\n"
+          "                       the one TRACE under the first configuration, as a PyTorch\n"
+          "                       memory snapshot (gma_snapshot_write GMA_SNAPSHOT_TORCH; for\n"
+          "                       pytorch.org/memory_viz), from a second, untimed replay\n"
           "  --seed N             seed of the synthetic workloads (default 1)\n"
           "  --repeat N           replay each trace N times in one allocator, as the iterations\n"
           "                       of a loop: at the end of each repetition, free what the trace\n"
@@ -330,7 +334,7 @@ int main(int argc, char **argv) {
   int ncfg = 0;
   const char *inputs[MAX_INPUTS];
   int nin = 0;
-  const char *json = NULL, *tl_dir = NULL, *snap_dir = NULL, *device = "sim";
+  const char *json = NULL, *tl_dir = NULL, *snap_dir = NULL, *torch_snap = NULL, *device = "sim";
   uint64_t seed = 1, repeat = 0;
   int quiet = 0, min_cap = 0, verbose = 0, confirm = 1;
   double precision = 0.002, budget = 0;
@@ -367,6 +371,8 @@ int main(int argc, char **argv) {
       tl_dir = argv[++i];
     } else if (strcmp(a, "--snapshot-dir") == 0 && more) {
       snap_dir = argv[++i];
+    } else if (strcmp(a, "--torch-snapshot") == 0 && more) {
+      torch_snap = argv[++i];
     } else if (strcmp(a, "--seed") == 0 && more) {
       char *end;
       const char *v = argv[++i];
@@ -439,6 +445,11 @@ int main(int argc, char **argv) {
     snprintf(cfg[1].name, sizeof cfg[1].name, "expandable");
     cfg[1].conf = "expandable_segments:true";
     ncfg = 2;
+  }
+  if (torch_snap && (nin != 1 || min_cap)) {
+    fprintf(stderr, "gma-replay: --torch-snapshot writes the replay of one trace; %s\n",
+            min_cap ? "it does not go with --min-capacity" : "give exactly one TRACE");
+    return 2;
   }
   if (tl_dir && !output_dir("--timeline-dir", tl_dir)) return 1;
   if (snap_dir && !output_dir("--snapshot-dir", snap_dir)) return 1;
@@ -523,6 +534,15 @@ int main(int argc, char **argv) {
           snprintf(err, sizeof err, "the snapshot %.400s could not be written", path);
           rc = -1;
         }
+      }
+      if (rc == 0 && torch_snap && c == 0) { /* untimed: tracing costs time */
+        replay_result_t scratch;
+        replay_options_t so = {.device = device, .torch_snapshot_path = torch_snap,
+                               .repeat = repeat};
+        rc = replay_run(t, cfg[c].conf, &so, &scratch, err, sizeof err);
+        if (rc == 0 && !quiet)
+          fprintf(stderr, "gma-replay: %s under %s: PyTorch-format snapshot written to %s\n",
+                  name, cfg[c].name, torch_snap);
       }
       if (rc != 0) {
         fprintf(stderr, "gma-replay: %s under %s: %s\n", name, cfg[c].name, err);

@@ -781,6 +781,16 @@ int replay_run(const replay_trace_t *t, const char *conf, const replay_options_t
   run_t x = {.t = t, .o = o, .r = r};
   if (gma_create(&c, &x.g) != GMA_OK)
     return fail(err, errlen, "gma_create(%s): %s", conf ? conf : "", gma_last_error());
+  char torch_trace[1100] = "";
+  if (o->torch_snapshot_path) {
+    snprintf(torch_trace, sizeof torch_trace, "%.1000s.trace.tmp", o->torch_snapshot_path);
+    if (gma_trace_start(x.g, torch_trace) != GMA_OK) {
+      fail(err, errlen, "recording the replay's events for --torch-snapshot: %s",
+           gma_last_error());
+      gma_destroy(x.g);
+      return -1;
+    }
+  }
   x.alat = malloc((total + 1) * sizeof *x.alat);
   x.flat = malloc((total + 1) * sizeof *x.flat);
   if (!x.alat || !x.flat || !map_init(&x.ptrs, 4096) || !map_init(&x.futures, 64)) {
@@ -788,6 +798,7 @@ int replay_run(const replay_trace_t *t, const char *conf, const replay_options_t
     free(x.flat);
     free(x.ptrs.s);
     gma_destroy(x.g);
+    if (*torch_trace) remove(torch_trace);
     return fail(err, errlen, "out of host memory");
   }
   uint64_t every = o->samples ? total / o->samples : total / 2000;
@@ -963,6 +974,13 @@ int replay_run(const replay_trace_t *t, const char *conf, const replay_options_t
   r->plan_iterations = s.plan_iterations;
   if (r->reps_completed) r->device_allocs_after_first_rep = s.num_device_allocs - dev_at_first;
   if (r->plan_active_rep) r->device_allocs_after_plan_active = s.num_device_allocs - dev_at_active;
+  int torch_rc = 0;
+  if (o->torch_snapshot_path) { /* the end state, before what is left live goes back */
+    if (gma_snapshot_write(x.g, o->torch_snapshot_path, GMA_SNAPSHOT_TORCH) != GMA_OK)
+      torch_rc = fail(err, errlen, "%s", gma_last_error());
+    gma_trace_stop(x.g);
+    remove(torch_trace);
+  }
   /* What the trace left live (pre-live memory never freed) goes back now. */
   uint64_t nptrs = 0, nfut = 0;
   release_held(&x, &nptrs, &nfut);
@@ -975,7 +993,7 @@ int replay_run(const replay_trace_t *t, const char *conf, const replay_options_t
   free(x.flat);
   if (x.stream_error) fprintf(stderr, "gma-replay: some streams could not be created; their "
                                       "events ran on the default stream\n");
-  return 0;
+  return torch_rc;
 }
 
 /* s as a JSON string, quoted and escaped. */

@@ -74,6 +74,10 @@ typedef struct replay_options {
                                empty when the trace has none (has_time) */
   size_t samples;           /* timeline points (default 2000) */
   const char *snapshot_path; /* if set: gma_snapshot_json at the sampled peak reserved */
+  const char *torch_snapshot_path; /* if set: the replay runs with a gma trace recording (to
+                               PATH.trace.tmp, removed after) and at its end, before what the
+                               trace left live is freed, writes gma_snapshot_write(...,
+                               GMA_SNAPSHOT_TORCH) to PATH: the end state and every event */
   int progress;             /* draw a progress bar on stderr */
   const char *label;        /* for the progress bar */
   double max_idle_s;        /* cap on one idle row's sleep (default 1 s) */
