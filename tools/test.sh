@@ -10,6 +10,19 @@ bash tools/bootstrap.sh
 jobs=$(nproc 2>/dev/null || echo 2)
 builds=${GMA_TEST_BUILDS:-"debug asan tsan"}
 failed=()
+summary=()
+t_all=$SECONDS
+logdir=build/test-logs
+mkdir -p "$logdir"
+
+# counts LOG: "N passed, N failed, N skipped of N" from a ctest log.
+counts() {
+  local total passed skipped
+  total=$(sed -n -e 's/.* tests* failed out of \([0-9]*\).*/\1/p' "$1" | tail -n 1)
+  skipped=$(grep -cE 'Test +#[0-9]+: .*\*\*\*(Skipped|Not Run \(Disabled\))' "$1" || true)
+  passed=$(grep -cE 'Test +#[0-9]+: .* Passed' "$1" || true)
+  echo "$passed passed, $(( ${total:-0} - passed - skipped )) failed, $skipped skipped of ${total:-0}"
+}
 
 for b in $builds; do
   case "$b" in
@@ -18,13 +31,26 @@ for b in $builds; do
     tsan)  opts=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DGMA_DEBUG=1 -DGMA_SANITIZE=thread) ;;
     *) echo "unknown build '$b' (debug, asan, tsan)"; exit 2 ;;
   esac
-  echo "=== build/$b: ${opts[*]}"
-  cmake -S . -B "build/$b" -DGMA_BUILD_BENCH=OFF "${opts[@]}" >/dev/null
-  cmake --build "build/$b" -j "$jobs" >/dev/null
-  echo "=== build/$b: tests"
-  if ! ctest --test-dir "build/$b" -j "$jobs" --output-on-failure -LE '^stress$' "$@"; then
-    failed+=("$b")
+  t0=$SECONDS
+  echo "=== build/$b: ${opts[*]} (building; log: $logdir/$b-build.log)"
+  cmake -S . -B "build/$b" -DGMA_BUILD_BENCH=OFF "${opts[@]}" >"$logdir/$b-build.log"
+  if ! cmake --build "build/$b" -j "$jobs" >>"$logdir/$b-build.log" 2>&1; then
+    tail -n 30 "$logdir/$b-build.log"
+    failed+=("$b (build)")
+    summary+=("$(printf '%-6s build failed after %ds' "$b" $((SECONDS - t0)))")
+    continue
   fi
+  t1=$SECONDS
+  echo "=== build/$b: built in $((t1 - t0))s; tests"
+  set +e
+  ctest --test-dir "build/$b" -j "$jobs" --output-on-failure -LE '^stress$' "$@" 2>&1 |
+    tee "$logdir/$b-ctest.log"
+  rc=${PIPESTATUS[0]}
+  set -e
+  [ "$rc" -eq 0 ] || failed+=("$b")
+  line="$(counts "$logdir/$b-ctest.log"); build $((t1 - t0))s, tests $((SECONDS - t1))s"
+  summary+=("$(printf '%-6s %s' "$b" "$line")")
+  echo "=== build/$b: $line"
 done
 
 # ---- fuzz: begin (tests/fuzz; separate from the three builds above) -------------
@@ -54,6 +80,7 @@ else
 fi
 if [ -n "$fuzz_skip" ]; then
   echo "=== build/fuzz: short fuzz run skipped: $fuzz_skip"
+  summary+=("fuzz   skipped: $fuzz_skip")
 else
   echo "=== build/fuzz: CC=clang, libFuzzer targets fuzz_gma and fuzz_trace"
   if CC=clang cmake -S . -B build/fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGMA_DEBUG=2 \
@@ -63,15 +90,23 @@ else
     echo "=== build/fuzz: ctest -L fuzz"
     # The reproducers (fuzz_repro_*) run in the three builds above; this
     # build makes only the fuzzer and the corpus replay.
-    if ! ctest --test-dir build/fuzz --output-on-failure -L fuzz -E '^fuzz_repro_'; then
-      failed+=("fuzz")
-    fi
+    t1=$SECONDS
+    set +e
+    ctest --test-dir build/fuzz --output-on-failure -L fuzz -E '^fuzz_repro_' 2>&1 |
+      tee "$logdir/fuzz-ctest.log"
+    rc=${PIPESTATUS[0]}
+    set -e
+    [ "$rc" -eq 0 ] || failed+=("fuzz")
+    summary+=("$(printf '%-6s %s; tests %ds' fuzz "$(counts "$logdir/fuzz-ctest.log")" $((SECONDS - t1)))")
   else
     failed+=("fuzz (build)")
   fi
 fi
 # ---- fuzz: end --------------------------------------------------------------------
 
+echo
+echo "=== summary ($((SECONDS - t_all))s in all; logs in $logdir)"
+for line in "${summary[@]}"; do echo "  $line"; done
 if [ ${#failed[@]} -ne 0 ]; then
   echo "FAILED builds: ${failed[*]}"
   exit 1
