@@ -188,7 +188,7 @@ static gma_status_t grow_region(gma__pool_t *p, int kind, uint64_t size, uint64_
                                 gma__block_t **out) {
   gma_status_t st = gma__segs_grow(p, kind, size, home);
   if (st == GMA_ERR_OOM) {
-    gma__oom_release(p);
+    gma__oom_release(p, size, size);
     if ((*out = gma__treap_best_fit(p->free_tree[kind], size))) return GMA_OK;
     st = gma__segs_grow(p, kind, size, home);
   }
@@ -208,11 +208,11 @@ static gma_status_t grow(gma__pool_t *p, int kind, uint64_t size, uint64_t home,
   uint64_t seg_size = segment_size_for(p, kind, size);
   gma_status_t st = gma__seg_create(p, kind, seg_size, home, out);
   if (st != GMA_ERR_OOM) return st;
-  gma__oom_release(p);
+  uint64_t least = kind == GMA__LARGE ? gma__round_up(size, GMA__SEGMENT_ROUND) : seg_size;
+  gma__oom_release(p, least, size);
   *out = gma__treap_best_fit(p->free_tree[kind], size); /* polling may have freed a fit */
   if (*out) return GMA_OK;
   st = gma__seg_create(p, kind, seg_size, home, out);
-  uint64_t least = kind == GMA__LARGE ? gma__round_up(size, GMA__SEGMENT_ROUND) : seg_size;
   if (st == GMA_ERR_OOM && least < seg_size) st = gma__seg_create(p, kind, least, home, out);
   /* Right below memory_limit: only what the request needs, or what is left
    * of the limit for a small segment (a 512-byte request must not fail with
@@ -285,28 +285,29 @@ static bool splits_whole_oversize(const gma__pool_t *p, gma__stream_t *s, gma__b
  * 1132, 40 x 1812 and 96 x 754 MiB in 78.7 GiB failed 58 of them on an
  * H100, as PyTorch's allocator did, while cuMemAlloc and cudaMallocAsync
  * failed none. So a segment of the request's own size is made while the
- * device has room, and *b stays whole: it serves a request its size later,
- * or goes back to the device at an OOM retry. Without room, a FREE *b's
- * segment goes back to the device and the new one is made from it (a swap:
- * the pool holds less than before); a cached *b may still be in use, so
- * then the OOM retry's release comes first (completed work polled, every
- * whole FREE segment given back). Returns the new segment's block, or NULL:
- * split *b as before, or grow as before when *b is NULL (it went back). */
+ * device has room, and *b stays whole: it serves a request its size later.
+ * Without room, the OOM retry's release makes room from free segments too
+ * small for the request; only when they do not, a FREE *b's segment goes
+ * back and the new one is made from it (a swap: the pool holds less, and
+ * the rest of *b serves other sizes instead of lying unused beside the
+ * block). A cached *b may still be in use: it is split. Returns the new
+ * segment's block, or NULL: split *b, or search again when *b is NULL (the
+ * lock was dropped, so what the caller found may have changed). */
 static gma__block_t *fresh_for_oversize(gma__pool_t *p, int kind, uint64_t size,
                                         uint64_t home, gma__block_t **b) {
   uint64_t own = gma__round_up(size, GMA__SEGMENT_ROUND);
   gma__block_t *f = NULL;
   if (gma__seg_create(p, kind, own, home, &f) == GMA_OK) return f;
-  if (gma__state_of(*b) == GMA__FREE) {
-    size_t i = gma__seg_index_at_or_before(p, (*b)->seg->base) - 1;
-    GMA__ASSERT(p->segs[i] == (*b)->seg);
-    p->c.oom_retries++;
-    gma__stats_sample(p); /* cached's peak, before the cache goes */
-    gma__release_segment(p, i);
-  } else {
-    gma__oom_release(p);
+  bool dropped = gma__oom_release(p, own, size);
+  if (gma__seg_create(p, kind, own, home, &f) == GMA_OK) return f;
+  if (dropped) {
+    *b = NULL; /* the lock was dropped: search again */
+    return NULL;
   }
-  *b = NULL; /* released, or perhaps merged by the poll */
+  if (gma__state_of(*b) != GMA__FREE || (*b)->size != (*b)->seg->size || (*b)->seg->range)
+    return NULL; /* split it */
+  gma__release_whole(p, (*b)->seg);
+  *b = NULL;
   return gma__seg_create(p, kind, own, home, &f) == GMA_OK ? f : NULL;
 }
 
@@ -516,6 +517,7 @@ gma_status_t gma__find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uint6
       *out = f;
       return GMA_OK;
     }
+    b = find_fit_in(p, s, kind, size, capture); /* split what fits, found again */
   }
   if (b) {
     *level = !waited && gma__state_of(b) == GMA__CACHED && b->stream == s ? &p->c.hits_stream

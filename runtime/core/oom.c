@@ -12,12 +12,15 @@
 #include "core/internal.h"
 
 /* The OOM retry's release, counted: completed work polled (its blocks FREE),
- * then every whole FREE segment given back. Never waits for the device. */
-void gma__oom_release(gma__pool_t *p) {
+ * then what growth of need bytes lacks given back, never a segment of fit
+ * bytes or more (gma__release_free_segments). Never waits for device work;
+ * drops the lock while the device frees, and then returns true: blocks the
+ * caller found before may have changed. */
+bool gma__oom_release(gma__pool_t *p, uint64_t need, uint64_t fit) {
   p->c.oom_retries++;
   gma__streams_poll(p, true);
   gma__stats_sample(p); /* cached's peak, before the cache goes */
-  gma__release_free_segments(p);
+  return gma__release_free_segments(p, need, fit);
 }
 
 /* What the OOM message cites: the last device failure, if one happened
@@ -172,7 +175,7 @@ bool gma__oom_wait(gma__pool_t *p, gma__oom_waiting_t *w, uint64_t need) {
   pthread_mutex_lock(&p->lock);
   if (got < 0) gma__pool_device_error(p, why);
   gma__streams_wait_end(p);
-  gma__release_free_segments(p);
+  (void)gma__release_free_segments(p, need, need);
   w->errors = got < 0 ? w->errors + 1 : 0;
   return true; /* search once more: work may have completed even at the deadline */
 }

@@ -33,24 +33,95 @@ static bool seg_is_free(gma__segment_t *seg) {
   return !seg->range && gma__state_of(seg->first) == GMA__FREE && seg->first->size == seg->size;
 }
 
-/* Returns p->segs[i], one FREE block, to the device. */
-void gma__release_segment(gma__pool_t *p, size_t i) {
-  gma__span_t x;
-  seg_detach(p, i, &x);
-  p->src->ops->give_back(p->src, &x);
-  p->src->ops->settle(p->src, &x);
-  p->c.device_frees += x.calls;
-  p->c.bytes_trimmed += x.done; /* as growable chunks given back here count */
-  if (x.done < x.size) /* keep what the device would not take back */
-    gma__seg_adopt(p, x.kind, x.addr, x.size, 0, NULL);
+/* Gives detached ordinary segments back to the device with the lock dropped
+ * (cuMemFree waits for the whole device: no other caller waits behind it),
+ * then settles them: what the device would not take goes back to the pool.
+ * Meanwhile their bytes are p->leaving, so growth counts them against the
+ * limit and an allocation that finds no room waits for them (gma__oom_wait).
+ * Returns the bytes the device took. */
+static uint64_t give_back_unlocked(gma__pool_t *p, gma__span_t *out, size_t n) {
+  uint64_t leaving = 0, freed = 0;
+  for (size_t i = 0; i < n; i++) leaving += out[i].size;
+  if (!n) return 0;
+  p->leaving += leaving;
+  GMA__VALIDATE(p);
+  pthread_mutex_unlock(&p->lock);
+  for (size_t i = 0; i < n; i++) p->src->ops->give_back(p->src, &out[i]);
+  pthread_mutex_lock(&p->lock);
+  for (size_t i = 0; i < n; i++) {
+    p->src->ops->settle(p->src, &out[i]);
+    p->c.device_frees += out[i].calls;
+    if (out[i].done == out[i].size) freed += out[i].size;
+    else gma__seg_adopt(p, out[i].kind, out[i].addr, out[i].size, 0, NULL);
+  }
+  p->c.bytes_trimmed += freed;
+  p->leaving -= leaving;
+  pthread_cond_broadcast(&p->settled);
+  return freed;
 }
 
-/* Returns every segment that is one FREE block to the device (the OOM
- * retry: the caller is waiting for this memory anyway, so under the lock). */
-void gma__release_free_segments(gma__pool_t *p) {
+/* Lock held: what growth can get now, the device's free memory or the room
+ * below memory_limit, whichever is less (0 when the device cannot say). */
+static uint64_t available(gma__pool_t *p) {
+  uint64_t dev_free = 0, dev_total = 0;
+  if (p->dev->ops->mem_info(p->dev, &dev_free, &dev_total) != GMA_OK) return 0;
+  uint64_t room = gma__pool_room(p);
+  return dev_free < room ? dev_free : room;
+}
+
+static int by_size_desc(const void *a, const void *b) {
+  uint64_t x = (*(gma__segment_t *const *)a)->size, y = (*(gma__segment_t *const *)b)->size;
+  return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* Lock held (dropped while the device frees): the OOM retry's release of
+ * ordinary segments, only what growth of need bytes lacks. Candidates are
+ * the whole FREE segments smaller than fit (one that holds the request
+ * stays: the caller's search finds it); the largest go first, so that the
+ * fewest device frees (each waits for the whole device) cover the
+ * shortfall. When the device says it has room and still refused, need
+ * bytes are released as if it had none; when the candidates cannot cover
+ * the shortfall, all of them go. Returns how many went (0: the lock was
+ * never dropped). */
+static size_t release_for(gma__pool_t *p, uint64_t need, uint64_t fit) {
+  size_t n = 0;
+  gma__segment_t **cand = malloc((p->nsegs ? p->nsegs : 1) * sizeof *cand);
+  if (!cand) return 0;
+  for (size_t i = 0; i < p->nsegs; i++)
+    if (seg_is_free(p->segs[i]) && p->segs[i]->size < fit) cand[n++] = p->segs[i];
+  qsort(cand, n, sizeof *cand, by_size_desc);
+  uint64_t avail = available(p), shortfall = need > avail ? need - avail : need, sum = 0;
+  size_t take = 0;
+  while (take < n && sum < shortfall) sum += cand[take++]->size;
+  gma__span_t *out = take ? malloc(take * sizeof *out) : NULL;
+  size_t k = 0;
+  for (size_t t = 0; out && t < take; t++) {
+    size_t i = gma__seg_index_at_or_before(p, cand[t]->base) - 1;
+    GMA__ASSERT(p->segs[i] == cand[t]);
+    seg_detach(p, i, &out[k++]);
+  }
+  free(cand);
+  give_back_unlocked(p, out, k);
+  free(out);
+  return k;
+}
+
+/* Lock held (dropped while the device frees): gives ordinary segment seg,
+ * one FREE block, back to the device. */
+void gma__release_whole(gma__pool_t *p, gma__segment_t *seg) {
+  size_t i = gma__seg_index_at_or_before(p, seg->base) - 1;
+  GMA__ASSERT(p->segs[i] == seg && seg_is_free(seg));
+  gma__span_t x;
+  seg_detach(p, i, &x);
+  give_back_unlocked(p, &x, 1);
+}
+
+/* The OOM retry's release for a request of fit bytes whose growth needs
+ * need bytes: growable ranges give back their free chunks; ordinary
+ * segments only what is missing (release_for). */
+bool gma__release_free_segments(gma__pool_t *p, uint64_t need, uint64_t fit) {
   if (p->growable) gma__segs_release_free(p);
-  for (size_t i = p->nsegs; i-- > 0;)
-    if (seg_is_free(p->segs[i])) gma__release_segment(p, i);
+  return release_for(p, need, fit) > 0;
 }
 
 /* Lock held: segment i is free; has it been unused at least idle_ns (0:
