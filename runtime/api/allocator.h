@@ -8,7 +8,6 @@
 #include "graph/graph.h"
 #include "host/host.h"
 #include "plan/plan.h"
-#include "api/tags.h"
 #include "cache/cache.h"
 #include "core/internal.h"
 #include "worker/worker.h"

@@ -8,8 +8,6 @@
 
 #include "base/round.h"
 #include "base/sizeclass.h"
-#include "cache/cache.h"
-#include "api/tags.h"
 #include "core/internal.h"
 
 /* ---- Allocation ----------------------------------------------------------------*/
@@ -103,7 +101,7 @@ gma_status_t gma__pool_fini(gma__pool_t *p) {
   while (*tail) tail = &(*tail)->next_all;
   *tail = p->graveyard;
   p->graveyard = NULL;
-  gma__stream_cache_fini(p);
+  gma__table_fini(p);
   gma__streams_fini(p);
   gma__pagemap_free(&p->pagemap);
   pthread_mutex_destroy(&p->count_lock);

@@ -9,7 +9,6 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "cache/cache.h"
 #include "core/internal.h"
 #include "base/tsan.h"
 
@@ -465,4 +464,11 @@ void gma__streams_fini(gma__pool_t *p) {
   free(p->spare_events);
   p->spare_events = NULL;
   p->nspare = p->spare_cap = 0;
+}
+
+void gma__pool_stream_rescue(gma__pool_t *p, gma__stream_t *s) {
+  pthread_mutex_lock(&p->lock);
+  gma__stream_rescue(p, s);
+  GMA__VALIDATE(p);
+  pthread_mutex_unlock(&p->lock);
 }

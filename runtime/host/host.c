@@ -3,7 +3,6 @@
  * from the device hot path. Device calls (allocating pinned memory can take
  * milliseconds) are made outside the mutex. */
 #include "host/host.h"
-#include "api/tags.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
