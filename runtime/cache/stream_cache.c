@@ -26,7 +26,7 @@
 /* ---- Per-thread stream cache -------------------------------------------------
  * Telling a recycled handle value from the stream it used to name takes a
  * device call (cuStreamGetId, plus a context push and pop for the default
- * handles on CUDA). Issue 16: a bin hit must make none. So each thread keeps
+ * handles on CUDA), and a bin hit must make none. So each thread keeps
  * a few (pool, stream key) -> record entries, filled after a lookup that did
  * ask the device (gma__bin_alloc), and a bin hit through an entry asks
  * nothing. What that relies on is the documented rule: a stream is retired

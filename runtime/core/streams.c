@@ -373,7 +373,7 @@ gma_status_t gma__stream_retire(gma__pool_t *p, gma__stream_t *s, bool orphan) {
   /* Sequentially consistent, then drain again: the other half of a Dekker
    * pair with gma__bin_free (push, fence, load retired). Either that free
    * sees retired and drains the bin itself (gma__stream_rescue), or this
-   * drain sees its block. (Issue 13: a free pushing between the first drain
+   * drain sees its block. (A free pushing between the first drain
    * and this store used to strand its block in a bin nobody drained.) */
   atomic_store(&s->retired, true);
   atomic_thread_fence(memory_order_seq_cst); /* before the drain's loads of the stacks */

@@ -81,7 +81,7 @@ void gma__stable_remove(gma__pool_t *p, gma__stream_t *s) {
  * (GMA_STREAM_PER_THREAD means "mine"), so only that thread can close the
  * stream's epochs. Once it exits, what it freed in the open epoch would stay
  * cached until gma_destroy, beyond the reach of any poll or gma_empty_cache
- * (issue 13: 8 exited threads left 350-436 MB reserved). So a thread that
+ * (8 exited threads left 350-436 MB reserved). So a thread that
  * gets a per-thread stream record arms a thread-exit hook, and the hook
  * retires that thread's per-thread stream in every pool, from the exiting
  * thread itself, which can still name it: the closing event then covers all
