@@ -14,8 +14,9 @@ defined in another file than its caller; it is upward when the callee's
 folder is above the caller's in the layer order (tools/layers.py).
 
 Usage: tools/crossings.py [--root DIR] [--conf GMA_CONF] [--verbose]
-Prints the crossings and the upward ones; exits 1 when there are more than
---max (default 10) or any upward one.
+Prints the crossings (all, and those between folders) and the upward ones;
+exits 1 when more than --max (default 10) cross between folders or any goes
+upward.
 """
 import argparse
 import os
@@ -59,7 +60,7 @@ def main():
         path = loc.split(":")[0]
         k = path.find("/runtime/")
         where[a] = (fn, path[k + len("/runtime/"):] if k >= 0 else os.path.basename(path))
-    stack, crossings, upward, visits = [], [], [], {}
+    stack, crossings, upward, visits, layer = [], [], [], {}, []
     for kind, a in events:
         fn, f = where[a]
         if kind == "X":
@@ -72,15 +73,19 @@ def main():
             ca, cb = caller_f.split("/")[0], f.split("/")[0]
             if ca in RANK and cb in RANK and RANK[cb] < RANK[ca]:
                 upward.append(crossings[-1])
+            if ca != cb:
+                layer.append(crossings[-1])
             visits[f] = visits.get(f, 0) + 1
         stack.append((fn, f))
     for c in crossings if args.verbose else []:
         print("  %s %s() -> %s %s()%s" % (c[0], c[1], c[2], c[3], "  UP" if c in upward else ""))
     print("crossings: one slow-path gma_alloc (%s) crosses files %d times, %d upward"
           % (args.conf, len(crossings), len(upward)))
+    print("crossings: of them, %d between folders (layers), %d inside one folder"
+          % (len(layer), len(crossings) - len(layer)))
     print("crossings: entries per file: " + ", ".join(
         "%s %d" % (f, n) for f, n in sorted(visits.items(), key=lambda x: -x[1])))
-    return 0 if len(crossings) <= args.max and not upward else 1
+    return 0 if len(layer) <= args.max and not upward else 1
 
 
 if __name__ == "__main__":
