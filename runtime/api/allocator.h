@@ -8,7 +8,6 @@
 #include "graph/graph.h"
 #include "host/host.h"
 #include "plan/plan.h"
-#include "api/tags.h"
 #include "cache/cache.h"
 #include "core/internal.h"
 #include "worker/worker.h"
@@ -74,7 +73,7 @@ static inline gma_stream_t gma__stream_arg(const gma_t *g, gma_stream_t stream) 
  * size is 0 or above limit or the total would pass limit. Each size is
  * checked before rounding and the sum without wrapping: a size near
  * SIZE_MAX must not round to a small block (a fuzzer finding), nor counts
- * wrap (issue 13). gma_alloc_batch, its async form and gma_reserve. */
+ * wrap. gma_alloc_batch, its async form and gma_reserve. */
 static inline bool gma__blocks_fit(uint64_t *total, size_t size, size_t count, uint64_t limit) {
   if (size == 0 || size > limit) return false;
   uint64_t rounded = ((uint64_t)size + 511) / 512 * 512;

@@ -73,6 +73,19 @@ gma_status_t gma_select_device(size_t size, int *device) {
   return GMA_OK;
 }
 
+/* The worker's tick hooks (worker.h): an idle plan's arena is cache, unused
+ * for idle_ms or outside the working set under pressure, and goes back to
+ * the pool before the pool's release; the host pool trims after it. */
+static void worker_reclaim(void *arg, uint64_t unused_ns) {
+  gma_t *g = arg;
+  if (g->cfg.plan) gma__plan_reclaim_timed(&g->plan, unused_ns);
+}
+
+static void worker_after(void *arg, int level) {
+  gma_t *g = arg;
+  gma__host_trim(&g->host, level == GMA_PRESSURE_CRITICAL ? 0 : g->cfg.host_release_threshold);
+}
+
 gma_status_t gma_create(const gma_config_t *config, gma_t **out) {
   CHECK_ARG(out, "gma_create: out is NULL");
   *out = NULL;
@@ -100,7 +113,8 @@ gma_status_t gma_create(const gma_config_t *config, gma_t **out) {
   bool started = st == GMA_OK; /* pool, host pool and planner exist */
   if (started) gma__graphs_init(&g->graphs, &g->pool, g->dev);
   if (st == GMA_OK && g->cfg.trace_path[0]) st = gma_trace_start(g, g->cfg.trace_path);
-  if (st == GMA_OK) st = gma__worker_start(&g->worker, g, &g->pool, &g->cfg);
+  gma__worker_hooks_t hooks = {worker_reclaim, worker_after, g};
+  if (st == GMA_OK) st = gma__worker_start(&g->worker, g, &g->pool, &hooks, &g->cfg);
   if (st != GMA_OK && started) {
     uint64_t n, bytes;
     gma__trace_t *traces = g->pool.traces;
@@ -372,7 +386,7 @@ gma_status_t gma_free(gma_t *g, void *ptr) {
 }
 
 /* Says what a pointer that is not device memory of g is, when it is host
- * memory of g: gma_free was given pinned host memory (issue 17: the message
+ * memory of g: gma_free was given pinned host memory (the message
  * said it was not gma's at all), or a pointer inside a CPU fallback's
  * allocation. Keeps the pool's message otherwise. */
 static gma_status_t not_device_memory(gma_t *g, void *ptr, gma_status_t st) {
@@ -576,7 +590,7 @@ gma_status_t gma_reserve(gma_t *g, gma_stream_t stream, size_t n, const size_t *
   stream = gma__stream_arg(g, stream);
   CHECK_ARG(n == 0 || (sizes && counts), "gma_reserve: sizes or counts is NULL");
   /* Every size and the sums checked without wrapping before anything is
-   * allocated (issue 13: counts {SIZE_MAX, 2} summed to 1 and the blocks
+   * allocated (counts {SIZE_MAX, 2} summed to 1 and the blocks
    * were written past a one-entry array). The bytes bound the count: each
    * block takes at least 512 bytes, so no more than memory_limit / 512 of
    * them can ever be held. */

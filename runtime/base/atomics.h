@@ -50,7 +50,7 @@
  * A pure spin holds the CPU the other thread may need: when the scheduler
  * put both on one CPU (it did in 1 run of 4 on the 2-core VM), each spin ran
  * out its whole budget (20 and 50 us) before the other could run, and the
- * worker's answer took 27 us instead of 0.7 (issue 15). The yield hands the
+ * worker's answer took 27 us instead of 0.7. The yield hands the
  * CPU over at once when the other thread is runnable there, and returns at
  * once otherwise; but each costs about 0.5 us, so the first microsecond
  * (about what an answer from another CPU takes) spins without it. Measured

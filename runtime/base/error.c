@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "device/device.h"
+#include "base/error.h"
 #include "gma.h"
 
 /* Written only by the owning thread, read only by it: no synchronization.

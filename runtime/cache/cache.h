@@ -1,10 +1,9 @@
-/* The lock-free hot path's functions (cache/stream_cache.c): bins, the stream
- * table, the per-thread stream cache and counters, and the process-wide list
- * of pools that a thread's exit walks. */
+/* The lock-free hot path (cache/stream_cache.c): the bins and the per-thread
+ * cache in front of the stream table. */
 #ifndef GMA_CACHE_CACHE_H
 #define GMA_CACHE_CACHE_H
 
-#include "core/types.h"
+#include "core/table.h"
 
 /* Serves size from the stream's bin without a lock; GMA_OK with *out set, or
  * GMA_ERR_OOM meaning "miss: take the slow path" (never reported as such).
@@ -30,21 +29,5 @@ gma_status_t gma__bin_alloc_cached(gma__pool_t *p, size_t size, gma_stream_t str
  * pop from, without popping). */
 gma__stream_t *gma__stream_cached(gma__pool_t *p, gma_stream_t handle);
 gma_status_t gma__bin_free(gma__pool_t *p, void *ptr);
-uintptr_t gma__stream_key(gma_stream_t handle, uint64_t *owner_tid);
-gma__stream_t *gma__stable_lookup(gma__pool_t *p, uintptr_t key);
-/* Lock held: the live record for handle whose device id is id, made (and a
- * stale record with a recycled handle orphaned) as needed; NULL without host
- * memory. */
-gma__stream_t *gma__stream_resolve(gma__pool_t *p, gma_stream_t handle, uint64_t id);
-gma__stream_t *gma__stream_find(gma__pool_t *p, gma_stream_t handle);
-void gma__stable_remove(gma__pool_t *p, gma__stream_t *s);
-/* Puts p on / takes it off the process-wide list of pools that a thread's
- * exit walks to retire its per-thread default streams. */
-void gma__pools_add(gma__pool_t *p);
-void gma__pools_remove(gma__pool_t *p);
-/* The calling thread's counters for stream s (made on first use). */
-gma__tcount_t *gma__tcount(gma__pool_t *p, gma__stream_t *s);
-uint64_t gma__thread_id(void);
-void gma__stream_cache_fini(gma__pool_t *p);
 
 #endif /* GMA_CACHE_CACHE_H */

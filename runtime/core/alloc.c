@@ -9,7 +9,6 @@
 
 #include "base/round.h"
 #include "base/sizeclass.h"
-#include "cache/cache.h"
 #include "core/internal.h"
 
 /* Takes b (FREE, or CACHED on s) for a LIVE allocation of size bytes on s,

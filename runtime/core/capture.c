@@ -9,7 +9,6 @@
 
 #include "base/round.h"
 #include "base/sizeclass.h"
-#include "cache/cache.h"
 #include "core/internal.h"
 
 gma_status_t gma__pool_refuse_capture(gma__pool_t *p, gma_stream_t stream, const char *fn) {

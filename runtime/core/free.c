@@ -9,7 +9,6 @@
 
 #include "base/round.h"
 #include "base/sizeclass.h"
-#include "cache/cache.h"
 #include "core/internal.h"
 
 /* ---- Free and record_stream -----------------------------------------------------*/

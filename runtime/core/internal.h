@@ -6,6 +6,7 @@
 #define GMA_CORE_INTERNAL_H
 
 #include "base/assert.h"
+#include "core/table.h"
 #include "core/types.h"
 
 /* Records a pool event when a trace runs (one load and branch when not). */
@@ -228,6 +229,17 @@ void gma__stats_sum(const gma__stream_t *s, gma__tcount_t *into);
 void gma__stats_bury(gma__stream_t *s, gma__tcount_t *into);
 
 
+/* ---- tags.c: tag names --------------------------------------------------------- */
+/* The id of tag (added if new; lock-free when known), or -1 with the
+ * error set (bad name, table full). The name of an id. */
+int gma__tag_intern(gma__pool_t *p, const char *tag);
+const char *gma__tag_name(gma__pool_t *p, unsigned id);
+/* A tag's name (at most 31 characters) escaped for a JSON string ('"' and
+ * '\\'), written to out and returned. */
+#define GMA__TAG_JSON 64
+const char *gma__tag_json(const char *name, char out[GMA__TAG_JSON]);
+
+
 /* ---- validate.c ------------------------------------------------------------------ */
 /* Full structural and accounting check; returns false and sets the last error
  * on the first violation. Caller holds the lock. */
@@ -335,6 +347,8 @@ void gma__streams_fini(gma__pool_t *p);
 /* A lock-free free pushed into a bin of s and then saw s retired: the
  * retire may have drained before the push, so drain again (lock held). */
 void gma__stream_rescue(gma__pool_t *p, gma__stream_t *s);
+/* The same for the lock-free free: takes the pool lock itself. */
+void gma__pool_stream_rescue(gma__pool_t *p, gma__stream_t *s);
 /* Whether the stream handle names, with device id id, was retired through
  * gma and has had no new record since (gma_stream_wait_stream refuses it).
  * Never true for the default streams. Takes the pool lock; walks the retired

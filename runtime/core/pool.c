@@ -8,8 +8,6 @@
 
 #include "base/round.h"
 #include "base/sizeclass.h"
-#include "cache/cache.h"
-#include "api/tags.h"
 #include "core/internal.h"
 
 /* ---- Allocation ----------------------------------------------------------------*/
@@ -32,7 +30,7 @@ gma_status_t gma__pool_init(gma__pool_t *p, gma__device_t *dev, const gma_config
   p->limit = cfg->memory_limit;
   /* Segments no larger than the limit (here the device's capacity too): a
    * 2 MiB small segment under memory_limit:1M could never be made, so no
-   * allocation could ever succeed (issue 13). The parser rejects a segment
+   * allocation could ever succeed. The parser rejects a segment
    * size set explicitly above an explicit memory_limit. */
   uint64_t room = p->limit / GMA__ROUND * GMA__ROUND;
   for (int k = 0; k < GMA__NKINDS; k++)
@@ -103,7 +101,7 @@ gma_status_t gma__pool_fini(gma__pool_t *p) {
   while (*tail) tail = &(*tail)->next_all;
   *tail = p->graveyard;
   p->graveyard = NULL;
-  gma__stream_cache_fini(p);
+  gma__table_fini(p);
   gma__streams_fini(p);
   gma__pagemap_free(&p->pagemap);
   pthread_mutex_destroy(&p->count_lock);

@@ -3,7 +3,6 @@
  * snapshots handed to callers by gma_stats and gma_stream_stats. */
 #include <string.h>
 
-#include "cache/cache.h"
 #include "core/internal.h"
 
 void gma__stat_add(gma_stat_t *s, uint64_t bytes) {

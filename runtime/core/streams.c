@@ -9,7 +9,6 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "cache/cache.h"
 #include "core/internal.h"
 #include "base/tsan.h"
 
@@ -374,7 +373,7 @@ gma_status_t gma__stream_retire(gma__pool_t *p, gma__stream_t *s, bool orphan) {
   /* Sequentially consistent, then drain again: the other half of a Dekker
    * pair with gma__bin_free (push, fence, load retired). Either that free
    * sees retired and drains the bin itself (gma__stream_rescue), or this
-   * drain sees its block. (Issue 13: a free pushing between the first drain
+   * drain sees its block. (A free pushing between the first drain
    * and this store used to strand its block in a bin nobody drained.) */
   atomic_store(&s->retired, true);
   atomic_thread_fence(memory_order_seq_cst); /* before the drain's loads of the stacks */
@@ -465,4 +464,11 @@ void gma__streams_fini(gma__pool_t *p) {
   free(p->spare_events);
   p->spare_events = NULL;
   p->nspare = p->spare_cap = 0;
+}
+
+void gma__pool_stream_rescue(gma__pool_t *p, gma__stream_t *s) {
+  pthread_mutex_lock(&p->lock);
+  gma__stream_rescue(p, s);
+  GMA__VALIDATE(p);
+  pthread_mutex_unlock(&p->lock);
 }

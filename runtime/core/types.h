@@ -30,7 +30,7 @@
 #include "core/pagemap.h"
 #include "device/device.h"
 #include "gma.h"
-#include "observe/trace.h"
+#include "base/trace.h"
 #include "source/source.h"
 
 #define GMA__MIN_SPLIT 512u   /* a split leaves a remainder at least this large */

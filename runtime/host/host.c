@@ -3,7 +3,6 @@
  * from the device hot path. Device calls (allocating pinned memory can take
  * milliseconds) are made outside the mutex. */
 #include "host/host.h"
-#include "api/tags.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -197,7 +196,7 @@ gma_status_t gma__host_alloc(gma__host_t *h, size_t size, gma_stream_t stream, b
                              void **out) {
   if (size == 0) return gma__set_error(GMA_ERR_INVALID_SIZE, "gma_host_alloc: size is 0");
   /* Sizes above the largest class round up to 4 KiB pages: one that close
-   * to SIZE_MAX would wrap to a tiny block (issue 13: SIZE_MAX became 0). No
+   * to SIZE_MAX would wrap to a tiny block (SIZE_MAX became 0). No
    * machine has that much host memory anyway. */
   if (size > (SIZE_MAX >> 1))
     return gma__set_error(GMA_ERR_INVALID_SIZE,

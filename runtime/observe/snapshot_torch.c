@@ -12,7 +12,7 @@
 
 #include "api/allocator.h"
 #include "observe/pickle.h"
-#include "observe/trace.h"
+#include "base/trace.h"
 
 /* ---- Segments ------------------------------------------------------------------ */
 

@@ -20,7 +20,6 @@
  * stream, which was then synchronized. */
 #include "plan/plan.h"
 #include "cache/cache.h"
-#include "api/tags.h"
 
 #include <inttypes.h>
 #include <stdio.h>

@@ -31,7 +31,7 @@
 
 #include "device/device.h"
 #include "gma.h"
-#include "observe/trace.h"
+#include "base/trace.h"
 
 /* Shared with pool.h: every block size is a multiple of GMA__ROUND, and the
  * pool has two kinds of memory, each grown by the source separately. */

@@ -219,7 +219,7 @@ gma_status_t gma__vm_source_new(gma__device_t *dev, gma__trace_t *_Atomic const 
     return gma__set_error(GMA_ERR_DEVICE, "device granularity %" PRIu64 " is not a multiple of %u",
                           gran, GMA__ROUND);
   /* Growable segments map whole chunks: a limit below one chunk could never
-   * map any (issue 13), so say so now rather than fail every allocation. */
+   * map any, so say so now rather than fail every allocation. */
   if (limit < gran)
     return gma__set_error(GMA_ERR_CONFIG,
                           "expandable_segments:true maps memory in chunks of %" PRIu64 " bytes "

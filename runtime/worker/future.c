@@ -477,7 +477,7 @@ static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t 
   f->submit_ns = now_ns();
   /* Saturating: a timeout past the end of the clock (UINT64_MAX, as for
    * gma_future_wait) means no limit; the sum used to wrap into the past
-   * and time the request out at once (issue 13). */
+   * and time the request out at once. */
   uint64_t timeout = o->timeout_ns ? o->timeout_ns : w->timeout_ns;
   f->deadline_ns = timeout > UINT64_MAX - f->submit_ns ? UINT64_MAX : f->submit_ns + timeout;
   atomic_fetch_add_explicit(&w->submitted, 1, memory_order_relaxed);
@@ -664,7 +664,7 @@ static gma_status_t wait_collect(gma_future_t *f, uint64_t timeout_ns, void **pt
      * gma_destroy waits for us before its leak report and teardown. */
     gma_t *g = gma__anchor_enter(f->anchor);
     if (!g) return gone(fn);
-    /* One wait collects; the exchange decides which (issue 13: several
+    /* One wait collects; the exchange decides which (several
      * waiters each got GMA_OK and the same pointer, and each "owned" it). */
     bool collect = ptr || f->user_ptrs;
     if (collect && atomic_exchange(&f->collected, true)) {

@@ -109,12 +109,12 @@ static void tick(gma__worker_t *w) {
     pthread_mutex_unlock(&w->mu);
   }
   gma__release_t r = trim_policy(w, &l);
-  /* An idle plan's arena is cache: unused for idle_ms, or outside the
-   * working set under pressure, it goes back to the pool first. */
-  if (w->g->cfg.plan)
-    gma__plan_reclaim_timed(&w->g->plan, r.pressured && r.unused_ns ? r.unused_ns : r.idle_ns);
+  /* The layers above give back what they hold first (an idle plan's arena),
+   * then the pool releases, then they trim their own (the host pool). */
+  if (w->hooks.reclaim)
+    w->hooks.reclaim(w->hooks.arg, r.pressured && r.unused_ns ? r.unused_ns : r.idle_ns);
   gma__pool_release(p, &r); /* a failed device free keeps the segment: retried next tick */
-  gma__host_trim(&w->g->host, level == GMA_PRESSURE_CRITICAL ? 0 : w->g->cfg.host_release_threshold);
+  if (w->hooks.after) w->hooks.after(w->hooks.arg, (int)level);
   if (w->grow_ahead && level < GMA_PRESSURE_HIGH) gma__pool_grow_ahead(p, w->grow_ahead);
 }
 
@@ -357,9 +357,10 @@ void gma__worker_stats(gma__worker_t *w, gma_stats_t *st) {
 }
 
 gma_status_t gma__worker_start(gma__worker_t *w, gma_t *g, gma__pool_t *p,
-                               const gma_config_t *cfg) {
+                               const gma__worker_hooks_t *hooks, const gma_config_t *cfg) {
   memset(w, 0, sizeof *w);
   w->g = g;
+  if (hooks) w->hooks = *hooks;
   w->p = p;
   w->interval_ns = cfg->trim_interval_ms * 1000000u;
   w->release_threshold = cfg->release_threshold;
@@ -410,7 +411,7 @@ gma_status_t gma__worker_set_callback(gma__worker_t *w, gma_pressure_callback_t 
                                                "(worker:off), so pressure is never observed");
   pthread_mutex_lock(&w->mu);
   /* The caller may free the old callback's user data once this returns
-   * (issue 13: it did, while the callback still ran on the worker). So wait
+   * (it did, while the callback still ran on the worker). So wait
    * for a running callback to return, unless this is that callback
    * changing itself: the worker would wait for itself. */
   if (!pthread_equal(pthread_self(), w->thread))

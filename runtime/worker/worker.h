@@ -13,12 +13,23 @@
 
 #define GMA__LATENCY_BUCKETS 512 /* size-class buckets (sizeclass.h): up to ~4 s, 1/32 above 1 ms */
 
+/* What the layers above have the worker do on each timed tick, around the
+ * pool's release (the worker names none of them): reclaim runs before it,
+ * with the age past which idle memory goes (ns); after runs after it, with
+ * the pressure level. Either may be NULL. */
+typedef struct gma__worker_hooks {
+  void (*reclaim)(void *arg, uint64_t unused_ns);
+  void (*after)(void *arg, int level);
+  void *arg;
+} gma__worker_hooks_t;
+
 typedef struct gma__worker {
   pthread_t thread;
   bool started;                /* immutable after start */
   pthread_mutex_t mu;          /* guards stop, cb, cb_user, cb_running; cv's mutex */
   pthread_cond_t cv;           /* on CLOCK_MONOTONIC */
   bool stop;
+  gma__worker_hooks_t hooks;   /* immutable after start */
   gma_pressure_callback_t cb;
   void *cb_user;
   bool cb_running;             /* mu: the worker is inside a pressure callback */
@@ -61,6 +72,7 @@ typedef struct gma__worker {
 
 /* Starts the thread (unless cfg->worker_off). One thread, at gma_create. */
 gma_status_t gma__worker_start(gma__worker_t *w, gma_t *g, gma__pool_t *p,
+                               const gma__worker_hooks_t *hooks,
                                const gma_config_t *cfg);
 /* Wakes the thread, joins it, frees its resources. Idempotent. */
 void gma__worker_stop(gma__worker_t *w);

@@ -71,3 +71,13 @@ add_test(NAME tools_main_summary
          COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_main_summary.py
                  ${PROJECT_SOURCE_DIR})
 set_tests_properties(tools_main_summary PROPERTIES LABELS tools TIMEOUT 60)
+
+# The layer check (tools/layers.py: calls go down, no loop spans folders,
+# functions <= 80 lines, .c files <= 800) on runtime/, and a copy of runtime/
+# with planted violations on which it must fail.
+add_test(NAME tools_layers
+         COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools/layers.py --root ${PROJECT_SOURCE_DIR})
+set_tests_properties(tools_layers PROPERTIES LABELS tools TIMEOUT 60)
+add_test(NAME tools_layers_planted
+         COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_layers_planted.py ${PROJECT_SOURCE_DIR})
+set_tests_properties(tools_layers_planted PROPERTIES LABELS tools TIMEOUT 120)
