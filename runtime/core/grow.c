@@ -188,7 +188,7 @@ static gma_status_t grow_region(gma__pool_t *p, int kind, uint64_t size, uint64_
                                 gma__block_t **out) {
   gma_status_t st = gma__segs_grow(p, kind, size, home);
   if (st == GMA_ERR_OOM) {
-    gma__oom_release(p, size, size);
+    gma__oom_release(p, size);
     if ((*out = gma__treap_best_fit(p->free_tree[kind], size))) return GMA_OK;
     st = gma__segs_grow(p, kind, size, home);
   }
@@ -209,7 +209,7 @@ static gma_status_t grow(gma__pool_t *p, int kind, uint64_t size, uint64_t home,
   gma_status_t st = gma__seg_create(p, kind, seg_size, home, out);
   if (st != GMA_ERR_OOM) return st;
   uint64_t least = kind == GMA__LARGE ? gma__round_up(size, GMA__SEGMENT_ROUND) : seg_size;
-  gma__oom_release(p, least, size);
+  gma__oom_release(p, least);
   *out = gma__treap_best_fit(p->free_tree[kind], size); /* polling may have freed a fit */
   if (*out) return GMA_OK;
   st = gma__seg_create(p, kind, seg_size, home, out);
@@ -281,33 +281,28 @@ static bool splits_whole_oversize(const gma__pool_t *p, gma__stream_t *s, gma__b
 /* Lock held. Instead of that split (splits_whole_oversize): a segment with
  * a live block in it cannot go back to the device, so the unused part of a
  * split oversize segment is lost to every other size until the block is
- * freed. Under a device limit that loses allocations: three rounds of 64 x
- * 1132, 40 x 1812 and 96 x 754 MiB in 78.7 GiB failed 58 of them on an
- * H100, as PyTorch's allocator did, while cuMemAlloc and cudaMallocAsync
- * failed none. So a segment of the request's own size is made while the
+ * freed, and under a device limit rounds of changing large sizes then fail
+ * where direct device allocation serves them all (docs/near-the-limit.md).
+ * So a segment of the request's own size is made while the
  * device has room, and *b stays whole: it serves a request its size later.
- * Without room, the OOM retry's release makes room from free segments too
- * small for the request; only when they do not, a FREE *b's segment goes
- * back and the new one is made from it (a swap: the pool holds less, and
- * the rest of *b serves other sizes instead of lying unused beside the
- * block). A cached *b may still be in use: it is split. Returns the new
- * segment's block, or NULL: split *b, or search again when *b is NULL (the
- * lock was dropped, so what the caller found may have changed). */
+ * Without room, a FREE *b's segment goes back to the device and the new one
+ * is made from it (a swap: the pool holds less, and *b's rest is not left
+ * unused beside the block); a cached *b may still be in use, so then the
+ * OOM retry's release makes room from other free segments. Returns the new segment's block, or NULL: split *b when it is
+ * still set, else search again (the lock was dropped meanwhile). */
 static gma__block_t *fresh_for_oversize(gma__pool_t *p, int kind, uint64_t size,
                                         uint64_t home, gma__block_t **b) {
   uint64_t own = gma__round_up(size, GMA__SEGMENT_ROUND);
   gma__block_t *f = NULL;
   if (gma__seg_create(p, kind, own, home, &f) == GMA_OK) return f;
-  bool dropped = gma__oom_release(p, own, size);
-  if (gma__seg_create(p, kind, own, home, &f) == GMA_OK) return f;
-  if (dropped) {
-    *b = NULL; /* the lock was dropped: search again */
-    return NULL;
+  if (gma__state_of(*b) == GMA__FREE && (*b)->size == (*b)->seg->size && !(*b)->seg->range) {
+    p->c.oom_retries++;
+    gma__stats_sample(p); /* cached's peak, before the cache goes */
+    gma__release_whole(p, (*b)->seg); /* a swap: one device free, one allocation */
+  } else if (!gma__oom_release(p, own)) {
+    return NULL; /* nothing went back and the lock was held: split *b */
   }
-  if (gma__state_of(*b) != GMA__FREE || (*b)->size != (*b)->seg->size || (*b)->seg->range)
-    return NULL; /* split it */
-  gma__release_whole(p, (*b)->seg);
-  *b = NULL;
+  *b = NULL; /* the lock was dropped: search again if this fails */
   return gma__seg_create(p, kind, own, home, &f) == GMA_OK ? f : NULL;
 }
 
@@ -517,7 +512,7 @@ gma_status_t gma__find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uint6
       *out = f;
       return GMA_OK;
     }
-    b = find_fit_in(p, s, kind, size, capture); /* split what fits, found again */
+    if (!b) b = find_fit_in(p, s, kind, size, capture); /* the lock was dropped: again */
   }
   if (b) {
     *level = !waited && gma__state_of(b) == GMA__CACHED && b->stream == s ? &p->c.hits_stream

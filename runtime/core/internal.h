@@ -136,7 +136,7 @@ gma_status_t gma__pool_oom_report(gma__pool_t *p, uint64_t bytes, gma_stream_t s
  * and keeps its message (said, or this thread's last error when NULL),
  * which an OOM of the same call then cites. */
 void gma__pool_device_error(gma__pool_t *p, const char *said);
-bool gma__oom_release(gma__pool_t *p, uint64_t need, uint64_t fit);
+bool gma__oom_release(gma__pool_t *p, uint64_t need);
 gma_status_t gma__oom_error(gma__pool_t *p, uint64_t size, size_t requested,
                               gma_stream_t stream, unsigned flags, const gma__oom_waiting_t *w);
 bool gma__oom_wait(gma__pool_t *p, gma__oom_waiting_t *w, uint64_t need);
@@ -192,7 +192,7 @@ gma_status_t gma__pool_trim(gma__pool_t *p, uint64_t keep_bytes);
 /* Grows the large pool until at least want_free bytes are free (one segment). */
 gma_status_t gma__pool_grow_ahead(gma__pool_t *p, uint64_t want_free);
 uint64_t gma__pool_largest_idle(const gma__pool_t *p);
-bool gma__release_free_segments(gma__pool_t *p, uint64_t need, uint64_t fit);
+bool gma__release_free_segments(gma__pool_t *p, uint64_t need);
 void gma__release_whole(gma__pool_t *p, gma__segment_t *seg);
 
 /* ---- capture.c: stream operations (each takes the lock itself) -------------------- */

@@ -12,15 +12,15 @@
 #include "core/internal.h"
 
 /* The OOM retry's release, counted: completed work polled (its blocks FREE),
- * then what growth of need bytes lacks given back, never a segment of fit
- * bytes or more (gma__release_free_segments). Never waits for device work;
+ * then what growth of need bytes lacks given back (gma__release_free_segments).
+ * Never waits for device work;
  * drops the lock while the device frees, and then returns true: blocks the
  * caller found before may have changed. */
-bool gma__oom_release(gma__pool_t *p, uint64_t need, uint64_t fit) {
+bool gma__oom_release(gma__pool_t *p, uint64_t need) {
   p->c.oom_retries++;
   gma__streams_poll(p, true);
   gma__stats_sample(p); /* cached's peak, before the cache goes */
-  return gma__release_free_segments(p, need, fit);
+  return gma__release_free_segments(p, need);
 }
 
 /* What the OOM message cites: the last device failure, if one happened
@@ -45,6 +45,30 @@ static void count_oom(gma__pool_t *p, size_t requested, gma_stream_t stream, uin
   GMA__TRACE(p, GMA__TR_OOM, 0, requested, stream, size, 0, 0, 0);
 }
 
+/* The cause of an OOM that the wait decided was a shortage (not what is
+ * gated now: another thread's free since is not why); false for others. */
+static bool shortage_cause(const gma__pool_t *p, const gma__oom_waiting_t *w, uint64_t size,
+                           char *cause, size_t n) {
+  if (w && w->stop == GMA__OOM_SHORT)
+    snprintf(cause, n,
+             "a real shortage: live allocations held %" PRIu64 " bytes of memory_limit / device "
+             "capacity %" PRIu64 " when this call looked, so %" PRIu64 " more could not fit "
+             "even once all device work finished; free memory, ask for less, or raise "
+             "memory_limit",
+             w->live, p->limit, size);
+  else if (w && w->stop == GMA__OOM_OUTSIDE)
+    snprintf(cause, n,
+             "not enough device memory, even once gma's device work finishes: the device had "
+             "%" PRIu64 " bytes free and gma held %" PRIu64 " beyond its %" PRIu64 " live "
+             "bytes, so the rest is in use outside this allocator (another process or "
+             "allocator); free memory there, or ask for less",
+             w->dev_free, p->c.reserved.current > w->live ? p->c.reserved.current - w->live : 0,
+             w->live);
+  else
+    return false;
+  return true;
+}
+
 gma_status_t gma__oom_error(gma__pool_t *p, uint64_t size, size_t requested,
                             gma_stream_t stream, unsigned flags, const gma__oom_waiting_t *w) {
   uint64_t waited_ns = w ? oom_waited_ns(w) : 0;
@@ -61,16 +85,9 @@ gma_status_t gma__oom_error(gma__pool_t *p, uint64_t size, size_t requested,
   uint64_t room = gma__pool_room(p);
   if (room > dev_free) room = dev_free;
   char cause[400];
-  if (stop == GMA__OOM_SHORT)
-    /* Decided when the wait stopped: what is gated now (another thread's
-     * free since) is not why. */
-    snprintf(cause, sizeof cause,
-             "a real shortage: live allocations held %" PRIu64 " bytes of memory_limit / device "
-             "capacity %" PRIu64 " when this call looked, so %" PRIu64 " more could not fit "
-             "even once all device work finished; free memory, ask for less, or raise "
-             "memory_limit",
-             w->live, p->limit, size);
-  else if (gated >= size && (flags & GMA__ALLOC_FUTURE))
+  if (shortage_cause(p, w, size, cause, sizeof cause)) {
+    /* the wait decided it */
+  } else if (gated >= size && (flags & GMA__ALLOC_FUTURE))
     snprintf(cause, sizeof cause,
              "%" PRIu64 " bytes are freed but still in use by device work that has not finished "
              "by the request's deadline (its timeout_ns, or future_timeout_ms); synchronize "
@@ -145,6 +162,17 @@ bool gma__oom_wait(gma__pool_t *p, gma__oom_waiting_t *w, uint64_t need) {
     w->live = live;
     return false;
   }
+  /* Memory used outside gma (another process, another allocator) does not
+   * come back when gma's device work completes: what gma can ever get is
+   * the device's free memory plus what it holds beyond the live bytes. */
+  uint64_t dev_free = 0, dev_total = 0, held = p->c.reserved.current + p->leaving;
+  if (p->dev->ops->mem_info(p->dev, &dev_free, &dev_total) == GMA_OK &&
+      dev_free + (held > live ? held - live : 0) < need) {
+    w->stop = GMA__OOM_OUTSIDE;
+    w->live = live;
+    w->dev_free = dev_free;
+    return false;
+  }
   if (w->errors >= OOM_ERROR_ROUNDS) {
     w->stop = GMA__OOM_ERRORS;
     return false;
@@ -175,7 +203,7 @@ bool gma__oom_wait(gma__pool_t *p, gma__oom_waiting_t *w, uint64_t need) {
   pthread_mutex_lock(&p->lock);
   if (got < 0) gma__pool_device_error(p, why);
   gma__streams_wait_end(p);
-  (void)gma__release_free_segments(p, need, need);
+  (void)gma__release_free_segments(p, need);
   w->errors = got < 0 ? w->errors + 1 : 0;
   return true; /* search once more: work may have completed even at the deadline */
 }

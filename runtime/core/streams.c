@@ -127,9 +127,15 @@ static bool capturing(gma__pool_t *p, const gma__stream_t *s) {
   return p->dev->ops->stream_capture(p->dev, s->handle, &on, &id) != GMA_OK || on;
 }
 
+/* The legacy default stream (NULL, CU_STREAM_LEGACY): an event recorded there
+ * waits for every blocking stream, and a blocking stream's later work waits
+ * for it, so a record the program did not make could hold its streams up. */
+static bool is_legacy(gma_stream_t h) { return h == NULL || h == (gma_stream_t)(uintptr_t)0x1; }
+
 static bool close_epoch(gma__pool_t *p, gma__stream_t *s) {
   if (!gma__load_relaxed(&s->dirty)) return false;
   if (s->owner_tid && s->owner_tid != gma__thread_id()) return false;
+  if (gma__tl_background && is_legacy(s->handle)) return false; /* the program's own calls close it */
   if (capturing(p, s)) return false; /* closed by the first poll after the capture */
   if (s->ev_count == GMA__EPOCH_EVENTS) observe_epochs(p, s);
   bool reuse_newest = s->ev_count == GMA__EPOCH_EVENTS;

@@ -13,6 +13,7 @@
 
 static _Atomic uint64_t next_thread_id = 1;
 GMA__TLS uint64_t gma__tl_thread_id;
+GMA__TLS bool gma__tl_background;
 
 uint64_t gma__thread_id_new(void) {
   gma__tl_thread_id = gma__faa_relaxed(&next_thread_id, 1);

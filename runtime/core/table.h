@@ -23,6 +23,10 @@
 extern GMA__TLS uint64_t gma__tl_thread_id __attribute__((visibility("hidden")));
 /* Gives the calling thread its id (first use). */
 uint64_t gma__thread_id_new(void);
+/* True on gma's own background thread (the worker sets it when it starts):
+ * work it queues on an application stream is work the program never asked
+ * for, so it stays off streams where that could hurt (core/streams.c). */
+extern GMA__TLS bool gma__tl_background __attribute__((visibility("hidden")));
 
 static inline uint64_t gma__thread_id(void) {
   uint64_t id = gma__tl_thread_id;

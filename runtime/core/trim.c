@@ -76,19 +76,18 @@ static int by_size_desc(const void *a, const void *b) {
 
 /* Lock held (dropped while the device frees): the OOM retry's release of
  * ordinary segments, only what growth of need bytes lacks. Candidates are
- * the whole FREE segments smaller than fit (one that holds the request
- * stays: the caller's search finds it); the largest go first, so that the
- * fewest device frees (each waits for the whole device) cover the
- * shortfall. When the device says it has room and still refused, need
+ * the whole FREE segments (one that could hold the request was not found
+ * for it: another kind's); the largest go first, so that the fewest device
+ * frees (each waits for the whole device) cover the shortfall. When the device says it has room and still refused, need
  * bytes are released as if it had none; when the candidates cannot cover
  * the shortfall, all of them go. Returns how many went (0: the lock was
  * never dropped). */
-static size_t release_for(gma__pool_t *p, uint64_t need, uint64_t fit) {
+static size_t release_for(gma__pool_t *p, uint64_t need) {
   size_t n = 0;
   gma__segment_t **cand = malloc((p->nsegs ? p->nsegs : 1) * sizeof *cand);
   if (!cand) return 0;
   for (size_t i = 0; i < p->nsegs; i++)
-    if (seg_is_free(p->segs[i]) && p->segs[i]->size < fit) cand[n++] = p->segs[i];
+    if (seg_is_free(p->segs[i])) cand[n++] = p->segs[i];
   qsort(cand, n, sizeof *cand, by_size_desc);
   uint64_t avail = available(p), shortfall = need > avail ? need - avail : need, sum = 0;
   size_t take = 0;
@@ -116,12 +115,12 @@ void gma__release_whole(gma__pool_t *p, gma__segment_t *seg) {
   give_back_unlocked(p, &x, 1);
 }
 
-/* The OOM retry's release for a request of fit bytes whose growth needs
- * need bytes: growable ranges give back their free chunks; ordinary
- * segments only what is missing (release_for). */
-bool gma__release_free_segments(gma__pool_t *p, uint64_t need, uint64_t fit) {
+/* The OOM retry's release for growth of need bytes: growable ranges give
+ * back their free chunks; ordinary segments only what is missing
+ * (release_for). True when the lock was dropped meanwhile. */
+bool gma__release_free_segments(gma__pool_t *p, uint64_t need) {
   if (p->growable) gma__segs_release_free(p);
-  return release_for(p, need, fit) > 0;
+  return release_for(p, need) > 0;
 }
 
 /* Lock held: segment i is free; has it been unused at least idle_ns (0:

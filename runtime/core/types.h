@@ -338,14 +338,16 @@ typedef struct gma__trim_budget {
  * wait state, kept across its rounds. */
 /* Why gma__oom_wait stopped: what the OOM message then says. */
 enum { GMA__OOM_GOING = 0, GMA__OOM_SHORT /* live + need above the limit */, GMA__OOM_DEADLINE /* oom_wait_ms */,
-       GMA__OOM_NOTHING /* no event to wait on */, GMA__OOM_ERRORS /* OOM_ERROR_ROUNDS failed queries */ };
+       GMA__OOM_NOTHING /* no event to wait on */, GMA__OOM_ERRORS /* OOM_ERROR_ROUNDS failed queries */,
+       GMA__OOM_OUTSIDE /* the device's free memory plus what gma could free is short */ };
 typedef struct gma__oom_waiting {
   uint64_t start_ns; /* when the first round began (0: none yet) */
   uint64_t rounds;
   unsigned errors;   /* rounds in a row that ended on a failed event query */
   uint64_t device_errors; /* p->c.device_errors when the call began */
   int stop;          /* OOM_*: why the last gma__oom_wait returned false */
-  uint64_t live;     /* GMA__OOM_SHORT: the bytes that stayed in use then (arenas whole) */
+  uint64_t live;     /* GMA__OOM_SHORT, _OUTSIDE: the bytes that stayed in use then (arenas whole) */
+  uint64_t dev_free; /* GMA__OOM_OUTSIDE: the device's free memory then */
 } gma__oom_waiting_t;
 
 #endif /* GMA_CORE_TYPES_H */

@@ -210,6 +210,7 @@ static void cancel_all(gma__worker_t *w) {
 static void *worker_main(void *arg) {
   gma__worker_t *w = arg;
   self = w;
+  gma__tl_background = true;
   uint64_t next_tick = gma__now_ns() + w->interval_ns, next_poll = UINT64_MAX;
   uint64_t poll_ns = w->interval_ns < POLL_NS ? w->interval_ns : POLL_NS;
   pthread_mutex_lock(&w->mu);

@@ -23,6 +23,20 @@ static uint64_t now_ms(void) {
   return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+/* Each test's allocator and one stream of its own: the worker closes the
+ * epochs of the streams that hold freed memory by recording events there,
+ * which it never does on the legacy default stream (test_worker_streams). */
+static gma_stream_t S;
+static gma_t *worker_g(const char *conf) {
+  gma_t *g = sim_allocator(conf);
+  CHECK_OK(gma_stream_create(g, &S));
+  return g;
+}
+static void done_g(gma_t *g) {
+  CHECK_OK(gma_stream_destroy(g, S));
+  CHECK_OK(gma_destroy(g));
+}
+
 /* Waits (at most limit_ms) until reserved <= bytes; returns the time taken.
  * Segments leave reserved when the worker detaches them; the trim counters
  * follow once the device frees are done, so wait for a trim to be counted
@@ -42,9 +56,9 @@ static uint64_t wait_reserved_at_most(gma_t *g, uint64_t bytes, uint64_t limit_m
 }
 
 static void timed_trim_to_threshold(void) {
-  gma_t *g = sim_allocator("trim_interval_ms:200,release_threshold:8M,idle_ms:3600000");
+  gma_t *g = worker_g("trim_interval_ms:200,release_threshold:8M,idle_ms:3600000");
   void *p[10];
-  for (int i = 0; i < 10; i++) CHECK_OK(gma_alloc(g, 30 * MiB, NULL, &p[i])); /* a burst */
+  for (int i = 0; i < 10; i++) CHECK_OK(gma_alloc(g, 30 * MiB, S, &p[i])); /* a burst */
   for (int i = 0; i < 10; i++) CHECK_OK(gma_free(g, p[i]));
   CHECK(stats_of(g).reserved.current == 300 * MiB);
   uint64_t took = wait_reserved_at_most(g, 8 * MiB, 5000);
@@ -55,20 +69,20 @@ static void timed_trim_to_threshold(void) {
   CHECK(took <= 2 * 200 + 250); /* two intervals, plus scheduling slack on a busy machine */
   CHECK(s.trims_timed >= 1 && s.bytes_trimmed >= 292 * MiB && s.worker_wakeups >= 1);
   CHECK(s.trims_explicit == 0);
-  CHECK_OK(gma_destroy(g));
+  done_g(g);
 }
 
 static void idle_segments_released(void) {
-  gma_t *g = sim_allocator("trim_interval_ms:50,release_threshold:1G,idle_ms:150");
+  gma_t *g = worker_g("trim_interval_ms:50,release_threshold:1G,idle_ms:150");
   void *p;
-  CHECK_OK(gma_alloc(g, 30 * MiB, NULL, &p));
+  CHECK_OK(gma_alloc(g, 30 * MiB, S, &p));
   CHECK_OK(gma_free(g, p));
   sleep_us(100 * 1000);
   CHECK(stats_of(g).reserved.current == 30 * MiB); /* not idle long enough yet */
   wait_reserved_at_most(g, 0, 5000);
   gma_stats_t s = stats_of(g);
   CHECK(s.reserved.current == 0 && s.trims_idle >= 1);
-  CHECK_OK(gma_destroy(g));
+  done_g(g);
 }
 
 typedef struct seen {
@@ -90,14 +104,14 @@ static void wait_level(seen_t *seen, int level) {
 }
 
 static void pressure_levels(void) {
-  gma_t *g = sim_allocator("memory_limit:100M,trim_interval_ms:20,release_threshold:64M,"
+  gma_t *g = worker_g("memory_limit:100M,trim_interval_ms:20,release_threshold:64M,"
                            "idle_ms:3600000");
   seen_t seen = {0, -1};
   CHECK_OK(gma_set_pressure_callback(g, on_pressure, &seen));
   wait_level(&seen, GMA_PRESSURE_LOW);
   void *live, *cached;
-  CHECK_OK(gma_alloc(g, 60 * MiB, NULL, &live));
-  CHECK_OK(gma_alloc(g, 24 * MiB, NULL, &cached)); /* 84 MiB reserved: above 80% */
+  CHECK_OK(gma_alloc(g, 60 * MiB, S, &live));
+  CHECK_OK(gma_alloc(g, 24 * MiB, S, &cached)); /* 84 MiB reserved: above 80% */
   CHECK_OK(gma_free(g, cached));
   /* High pressure keeps a quarter of the 64 MiB threshold: the 24 MiB cached
    * segment goes, and pressure falls to medium (60%). */
@@ -110,34 +124,34 @@ static void pressure_levels(void) {
   wait_level(&seen, GMA_PRESSURE_LOW);
   CHECK(atomic_load(&seen.calls) >= 3 && stats_of(g).pressure_level == GMA_PRESSURE_LOW);
   CHECK_OK(gma_set_pressure_callback(g, NULL, NULL));
-  CHECK_OK(gma_destroy(g));
+  done_g(g);
 }
 
 static void grow_ahead_serves_callers(void) {
-  gma_t *g = sim_allocator("grow_ahead:64M,trim_interval_ms:20,release_threshold:1G,"
+  gma_t *g = worker_g("grow_ahead:64M,trim_interval_ms:20,release_threshold:1G,"
                            "idle_ms:3600000");
   for (int i = 0; i < 2500 && stats_of(g).free_bytes < 64 * MiB; i++) sleep_us(2000);
   gma_stats_t s = stats_of(g);
   CHECK(s.free_bytes >= 64 * MiB && s.grows_worker >= 1);
   void *p[3];
-  for (int i = 0; i < 3; i++) CHECK_OK(gma_alloc(g, 12 * MiB, NULL, &p[i]));
+  for (int i = 0; i < 3; i++) CHECK_OK(gma_alloc(g, 12 * MiB, S, &p[i]));
   s = stats_of(g);
   CHECK(s.grows_inline == 0 && s.hits_pool == 3); /* the callers never grew the pool */
   for (int i = 0; i < 3; i++) CHECK_OK(gma_free(g, p[i]));
-  CHECK_OK(gma_destroy(g));
+  done_g(g);
 }
 
 /* A loop whose working set (300 MiB, above what the old fixed threshold of
  * 256 MiB kept) is freed between iterations: the default trim policy must
  * never give it back, so no iteration after the first allocates. */
 static void working_set_kept(void) {
-  gma_t *g = sim_allocator("trim_interval_ms:10");
+  gma_t *g = worker_g("trim_interval_ms:10");
   size_t sizes[] = {100 * MiB, 96 * MiB, 64 * MiB, 40 * MiB, 64 << 10, 4096};
   enum { N = sizeof sizes / sizeof sizes[0] };
   uint64_t after_first = 0;
   for (int it = 0; it < 40; it++) {
     void *p[N];
-    for (int i = 0; i < N; i++) CHECK_OK(gma_alloc(g, sizes[i], NULL, &p[i]));
+    for (int i = 0; i < N; i++) CHECK_OK(gma_alloc(g, sizes[i], S, &p[i]));
     for (int i = 0; i < N; i++) CHECK_OK(gma_free(g, p[i]));
     if (it == 0) after_first = stats_of(g).num_device_allocs;
     sleep_us(5000); /* ticks find the whole working set free */
@@ -148,17 +162,17 @@ static void working_set_kept(void) {
          (unsigned long long)s.bytes_trimmed, (unsigned long long)s.worker_wakeups);
   CHECK(s.num_device_allocs == after_first && s.bytes_trimmed == 0);
   CHECK(s.worker_wakeups >= 10); /* the ticks did run */
-  CHECK_OK(gma_destroy(g));
+  done_g(g);
 }
 
 /* A segment handed out every 5 ms is never idle, even when every tick finds
  * it free (its clock used to start at the first tick that saw it free and
  * never restart, so idle_ms later the working set went back). */
 static void idle_clock_restarts_on_use(void) {
-  gma_t *g = sim_allocator("trim_interval_ms:10,idle_ms:60,release_threshold:1G");
+  gma_t *g = worker_g("trim_interval_ms:10,idle_ms:60,release_threshold:1G");
   for (int it = 0; it < 60; it++) {
     void *p;
-    CHECK_OK(gma_alloc(g, 16 * MiB, NULL, &p));
+    CHECK_OK(gma_alloc(g, 16 * MiB, S, &p));
     CHECK_OK(gma_free(g, p));
     sleep_us(5000);
   }
@@ -167,7 +181,7 @@ static void idle_clock_restarts_on_use(void) {
   wait_reserved_at_most(g, 0, 5000); /* once unused, it does go after idle_ms */
   s = stats_of(g);
   CHECK(s.reserved.current == 0 && s.trims_idle >= 1);
-  CHECK_OK(gma_destroy(g));
+  done_g(g);
 }
 
 /* release_threshold:0 keeps nothing; "auto" is the default; both parse. */
@@ -182,14 +196,14 @@ static void release_threshold_zero_keeps_nothing(void) {
   CHECK_ST(gma_config_parse(&c, "release_threshold:some"), GMA_ERR_CONFIG);
   CHECK(strstr(gma_last_error(), "auto, 0 (keep nothing)") != NULL);
   CHECK_ST(gma_config_parse(&c, "release_threshold:100"), GMA_ERR_CONFIG); /* below 512 */
-  gma_t *g = sim_allocator("trim_interval_ms:20,release_threshold:0,idle_ms:3600000");
+  gma_t *g = worker_g("trim_interval_ms:20,release_threshold:0,idle_ms:3600000");
   void *p[3];
-  for (int i = 0; i < 3; i++) CHECK_OK(gma_alloc(g, (size_t)(i + 1) * 12 * MiB, NULL, &p[i]));
+  for (int i = 0; i < 3; i++) CHECK_OK(gma_alloc(g, (size_t)(i + 1) * 12 * MiB, S, &p[i]));
   for (int i = 0; i < 3; i++) CHECK_OK(gma_free(g, p[i]));
   wait_reserved_at_most(g, 0, 5000);
   gma_stats_t s = stats_of(g);
   CHECK(s.reserved.current == 0 && s.trims_timed >= 1 && s.bytes_trimmed == 72 * MiB);
-  CHECK_OK(gma_destroy(g));
+  done_g(g);
 }
 
 /* The device's free memory is short (above 80% in use): by default the
@@ -197,22 +211,22 @@ static void release_threshold_zero_keeps_nothing(void) {
  * and never the working set. 96 MiB device: 40 MiB live, a 24 MiB buffer
  * used every iteration, 16 MiB cached and never used again: 83% in use. */
 static void outside_pressure_takes_only_unused(void) {
-  gma_t *g = sim_allocator("sim_capacity:96M,trim_interval_ms:10,idle_ms:3600000");
+  gma_t *g = worker_g("sim_capacity:96M,trim_interval_ms:10,idle_ms:3600000");
   void *live, *old, *ws;
-  CHECK_OK(gma_alloc(g, 40 * MiB, NULL, &live));
-  CHECK_OK(gma_alloc(g, 16 * MiB, NULL, &old));
-  CHECK_OK(gma_alloc(g, 24 * MiB, NULL, &ws));
+  CHECK_OK(gma_alloc(g, 40 * MiB, S, &live));
+  CHECK_OK(gma_alloc(g, 16 * MiB, S, &old));
+  CHECK_OK(gma_alloc(g, 24 * MiB, S, &ws));
   CHECK_OK(gma_free(g, ws));
   CHECK_OK(gma_free(g, old));
   CHECK(stats_of(g).reserved.current == 80 * MiB);
   uint64_t t0 = now_ms();
   while (stats_of(g).reserved.current > 64 * MiB && now_ms() - t0 < 5000) {
-    CHECK_OK(gma_alloc(g, 24 * MiB, NULL, &ws)); /* the working set, in use every 2 ms */
+    CHECK_OK(gma_alloc(g, 24 * MiB, S, &ws)); /* the working set, in use every 2 ms */
     CHECK_OK(gma_free(g, ws));
     sleep_us(2000);
   }
   for (int it = 0; it < 20; it++) { /* and it stays: pressure is medium now */
-    CHECK_OK(gma_alloc(g, 24 * MiB, NULL, &ws));
+    CHECK_OK(gma_alloc(g, 24 * MiB, S, &ws));
     CHECK_OK(gma_free(g, ws));
     sleep_us(2000);
   }
@@ -222,7 +236,7 @@ static void outside_pressure_takes_only_unused(void) {
   CHECK(s.reserved.current == 64 * MiB && s.bytes_trimmed == 16 * MiB);
   CHECK(s.num_device_allocs == 3 && s.trims_pressure >= 1 && s.trims_timed >= 1);
   CHECK_OK(gma_free(g, live));
-  CHECK_OK(gma_destroy(g));
+  done_g(g);
 }
 
 static void kernel_sleep(void *arg) { sleep_us((long)(intptr_t)arg); }
@@ -232,7 +246,7 @@ static void kernel_sleep(void *arg) { sleep_us((long)(intptr_t)arg); }
  * between: the worker looks while freed memory waits, from the free on,
  * not from its next tick (the default 1 s here: it used to wait for it). */
 static void pending_settles_without_a_call(void) {
-  gma_t *g = sim_allocator(NULL);
+  gma_t *g = worker_g(NULL);
   gma_stream_t a, b;
   CHECK_OK(gma_stream_create(g, &a));
   CHECK_OK(gma_stream_create(g, &b));
@@ -255,15 +269,15 @@ static void pending_settles_without_a_call(void) {
   CHECK_OK(gma_free(g, q));
   CHECK_OK(gma_stream_destroy(g, a));
   CHECK_OK(gma_stream_destroy(g, b));
-  CHECK_OK(gma_destroy(g));
+  done_g(g);
 }
 
 static void worker_off(void) {
-  gma_t *g = sim_allocator("worker:off,trim_interval_ms:10");
+  gma_t *g = worker_g("worker:off,trim_interval_ms:10");
   CHECK_ST(gma_set_pressure_callback(g, on_pressure, NULL), GMA_ERR_UNSUPPORTED);
   sleep_us(50 * 1000);
   CHECK(stats_of(g).worker_wakeups == 0);
-  CHECK_OK(gma_destroy(g));
+  done_g(g);
 }
 
 int main(void) {

@@ -60,7 +60,7 @@ if(TARGET gma_fakecuda)
   target_include_directories(fakecuda_backend_errors PRIVATE ${gma_gpu_dir}
     ${PROJECT_SOURCE_DIR}/tests/fakecuda ${CUDAToolkit_INCLUDE_DIRS})
   add_dependencies(fakecuda_backend_errors gma_fakecuda)
-  foreach(scenario events growable reuse retired hotpath waitstream contexts)
+  foreach(scenario events growable reuse retired hotpath waitstream contexts outside)
     gma_test(NAME fakecuda_backend_${scenario} EXE fakecuda_backend_errors LABELS fakecuda
       ARGS ${scenario} ENV ${gma_fake_env})
   endforeach()

@@ -448,6 +448,53 @@ static void scenario_reuse(void) {
   CHECK_OK(gma_destroy(g));
 }
 
+/* ---- outside ----------------------------------------------------------- */
+/* Memory another allocator holds is not waited for as if gma's device work
+ * could give it back: with 6 GiB of the 8 GiB device held outside, 1 GiB
+ * free and 1 GiB of gma's own freed behind a held kernel, 2.5 GiB fails at
+ * once, saying the rest is used outside; a watchdog opens the kernel's gate
+ * after 3 s, so a call that waited shows as a 3 s call, not a hang. */
+static atomic_int outside_gate;
+static void *open_gate_later(void *arg) {
+  (void)arg;
+  for (int i = 0; i < 1500 && !atomic_load(&outside_gate); i++) sleep_ms(2);
+  atomic_store(&outside_gate, 1);
+  return NULL;
+}
+
+static void scenario_outside(void) {
+  gma_t *other = bound_allocator("worker:off");
+  gma_t *g = drv_cuda_allocator("worker:off,reuse:query");
+  void *held, *p, *q;
+  CHECK_OK(gma_alloc(other, 6ull << 30, NULL, &held));
+  gma_stream_t s, t;
+  CHECK_OK(gma_stream_create(g, &s));
+  CHECK_OK(gma_stream_create(g, &t));
+  CHECK_OK(gma_alloc(g, 1ull << 30, s, &p));
+  atomic_store(&outside_gate, 0);
+  CHECK(fc_launch(s, gate_kernel, &outside_gate) == CUDA_SUCCESS);
+  CHECK_OK(gma_free(g, p));
+  pthread_t dog;
+  CHECK(pthread_create(&dog, NULL, open_gate_later, NULL) == 0);
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  CHECK_ST(gma_alloc(g, (5ull << 30) / 2, t, &q), GMA_ERR_OOM);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+  CHECK(!atomic_load(&outside_gate) && ms < 2000); /* did not wait for the kernel */
+  CHECK(has("in use outside this allocator"));
+  CHECK(stats_of(g).num_oom_waits == 0);
+  atomic_store(&outside_gate, 1);
+  pthread_join(dog, NULL);
+  drv_sync(s);
+  drain(g);
+  CHECK_OK(gma_free(other, held));
+  CHECK_OK(gma_stream_destroy(g, s));
+  CHECK_OK(gma_stream_destroy(g, t));
+  CHECK_OK(gma_destroy(g));
+  CHECK_OK(gma_destroy(other));
+}
+
 /* ---- waitstream -------------------------------------------------------- */
 typedef struct tagged {
   atomic_int *log, *n;
@@ -900,9 +947,11 @@ int main(int argc, char **argv) {
     scenario_waitstream();
   } else if (strcmp(scenario, "contexts") == 0) {
     scenario_contexts();
+  } else if (strcmp(scenario, "outside") == 0) {
+    scenario_outside();
   } else {
     fprintf(stderr, "usage: %s errors|events|growable|reuse|retired|devices|context|hotpath|"
-            "waitstream|contexts\n",
+            "waitstream|contexts|outside\n",
             argv[0]);
     return 2;
   }
