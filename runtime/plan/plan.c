@@ -120,6 +120,77 @@ static bool iteration_missed(gma__memplan_t *P) {
   return m > 4 && m * 8 > h + m;
 }
 
+/* mu held: the iteration just recorded becomes the one to compare the next
+ * with, and recording starts again. */
+static void learn_next(gma__planner_t *pl) {
+  gma__plan_iter_t t = pl->prev;
+  pl->prev = pl->learn;
+  pl->learn = t;
+  gma__plan_learn_reset(pl);
+}
+
+/* The mark of a VERIFYING planner (mu held): a plan once the last iterations
+ * repeated often enough, handed to the worker to place; else compare the
+ * next iteration, or back off after 3 failures. */
+static void mark_verifying(gma__planner_t *pl) {
+  gma__memplan_t *P = gma__memplan_from(&pl->prev, &pl->learn);
+  if (P && ++pl->matches < MATCHES) { /* repeated, but not yet often enough */
+    gma__memplan_free(P);
+    P = NULL;
+  } else if (!P) {
+    pl->matches = 0;
+    if (++pl->failures >= 3) {
+      gma__plan_back_off(pl);
+      return;
+    }
+  }
+  if (!P) { /* compare the next iteration with this one */
+    learn_next(pl);
+    return;
+  }
+  pl->matches = 0;
+  gma__plan_learn_free(pl);
+  pl->failures = 0;
+  P->next = pl->all;
+  pl->all = P;
+  pl->placing = P;
+  gma__store_relaxed(&pl->state, GMA__PLAN_PLACING);
+  if (!pl->w || !gma__worker_run_job(pl->w, gma__memplan_place_job, P)) gma__memplan_place_job(P);
+}
+
+/* The mark of a PLACING planner (mu held): activates the plan once placed
+ * and no other arena is still retiring. */
+static void mark_placing(gma__planner_t *pl) {
+  gma__memplan_t *P = pl->placing;
+  if (!gma__load_acquire(&P->placed)) return; /* pairs with gma__memplan_place_job's release */
+  if (gma__load_relaxed(&pl->retiring)) return; /* one arena at a time */
+  pl->placing = NULL;
+  if (P->ok && activate(pl, P)) {
+    gma__store_relaxed(&pl->state, GMA__PLAN_ACTIVE);
+  } else {
+    gma__plan_back_off(pl);
+  }
+}
+
+/* The mark of an ACTIVE planner (mu held): drops a plan the iteration
+ * missed, else folds its counts and rewinds its streams. */
+static void mark_active(gma__planner_t *pl) {
+  gma__memplan_t *P = gma__load_relaxed(&pl->active);
+  if (iteration_missed(P)) {
+    drop(pl, P);
+    if (P->served < SERVED_OK) { /* a plan that did not last: as a failed attempt */
+      gma__plan_back_off(pl);
+    } else {
+      gma__plan_learn_reset(pl); /* learn this workload again from now */
+      gma__store_relaxed(&pl->state, GMA__PLAN_LEARNING);
+    }
+    return;
+  }
+  if (++P->served == SERVED_OK) pl->backoff = 1; /* plans pay off here again */
+  fold_counts(pl, P);
+  for (uint32_t i = 0; i < P->nstreams; i++) gma__store_relaxed(&P->streams[i].cursor, 0);
+}
+
 gma_status_t gma__plan_mark(gma__planner_t *pl) {
   if (!pl->on) return GMA_OK;
   pthread_mutex_lock(&pl->mu);
@@ -135,72 +206,13 @@ gma_status_t gma__plan_mark(gma__planner_t *pl) {
       gma__plan_learn_reset(pl);
       gma__store_relaxed(&pl->state, GMA__PLAN_LEARNING);
       break;
-    case GMA__PLAN_LEARNING: { /* one iteration learned: learn the next to compare */
-      gma__plan_iter_t t = pl->prev;
-      pl->prev = pl->learn;
-      pl->learn = t;
-      gma__plan_learn_reset(pl);
+    case GMA__PLAN_LEARNING: /* one iteration learned: learn the next to compare */
+      learn_next(pl);
       gma__store_relaxed(&pl->state, GMA__PLAN_VERIFYING);
       break;
-    }
-    case GMA__PLAN_VERIFYING: {
-      gma__memplan_t *P = gma__memplan_from(&pl->prev, &pl->learn);
-      if (P && ++pl->matches < MATCHES) { /* repeated, but not yet often enough */
-        gma__memplan_free(P);
-        P = NULL;
-      } else if (!P) {
-        pl->matches = 0;
-        if (++pl->failures >= 3) {
-          gma__plan_back_off(pl);
-          break;
-        }
-      }
-      if (!P) { /* compare the next iteration with this one */
-        gma__plan_iter_t t = pl->prev;
-        pl->prev = pl->learn;
-        pl->learn = t;
-        gma__plan_learn_reset(pl);
-        break;
-      }
-      pl->matches = 0;
-      gma__plan_learn_free(pl);
-      pl->failures = 0;
-      P->next = pl->all;
-      pl->all = P;
-      pl->placing = P;
-      gma__store_relaxed(&pl->state, GMA__PLAN_PLACING);
-      if (!pl->w || !gma__worker_run_job(pl->w, gma__memplan_place_job, P)) gma__memplan_place_job(P);
-      break;
-    }
-    case GMA__PLAN_PLACING: {
-      gma__memplan_t *P = pl->placing;
-      if (!gma__load_acquire(&P->placed)) break; /* pairs with gma__memplan_place_job's release */
-      if (gma__load_relaxed(&pl->retiring)) break; /* one arena at a time */
-      pl->placing = NULL;
-      if (P->ok && activate(pl, P)) {
-        gma__store_relaxed(&pl->state, GMA__PLAN_ACTIVE);
-      } else {
-        gma__plan_back_off(pl);
-      }
-      break;
-    }
-    case GMA__PLAN_ACTIVE: {
-      gma__memplan_t *P = gma__load_relaxed(&pl->active);
-      if (iteration_missed(P)) {
-        drop(pl, P);
-        if (P->served < SERVED_OK) { /* a plan that did not last: as a failed attempt */
-          gma__plan_back_off(pl);
-        } else {
-          gma__plan_learn_reset(pl); /* learn this workload again from now */
-          gma__store_relaxed(&pl->state, GMA__PLAN_LEARNING);
-        }
-        break;
-      }
-      if (++P->served == SERVED_OK) pl->backoff = 1; /* plans pay off here again */
-      fold_counts(pl, P);
-      for (uint32_t i = 0; i < P->nstreams; i++) gma__store_relaxed(&P->streams[i].cursor, 0);
-      break;
-    }
+    case GMA__PLAN_VERIFYING: mark_verifying(pl); break;
+    case GMA__PLAN_PLACING: mark_placing(pl); break;
+    case GMA__PLAN_ACTIVE: mark_active(pl); break;
   }
   pthread_mutex_unlock(&pl->mu);
   return GMA_OK;

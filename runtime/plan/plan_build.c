@@ -182,6 +182,102 @@ static uintptr_t *stream_keys(const gma__plan_iter_t *it, uint32_t *n_out) {
   return keys;
 }
 
+/* The index of key in keys (it is there). */
+static uint32_t key_index(const uintptr_t *keys, uintptr_t key) {
+  uint32_t s = 0;
+  while (keys[s] != key) s++;
+  return s;
+}
+
+/* True when ka and kb hold the same keys (in any order). */
+static bool same_keys(const uintptr_t *ka, uint32_t na, const uintptr_t *kb, uint32_t nb) {
+  bool same = ka && kb && na == nb;
+  for (uint32_t i = 0; same && i < na; i++) {
+    uint32_t j = 0;
+    while (j < nb && kb[j] != ka[i]) j++;
+    same = j < nb;
+  }
+  return same;
+}
+
+/* Makes P's streams, one per key of kb, from iteration b: each stream's
+ * request sizes by seq, and in pos[s] each request's index in b. False
+ * without host memory. */
+static bool streams_from(gma__memplan_t *P, const gma__plan_iter_t *b, const uintptr_t *kb,
+                         uint32_t nb, uint32_t **pos) {
+  if (!(P->streams = calloc(nb, sizeof *P->streams))) return false;
+  P->nstreams = nb;
+  for (size_t i = 0; i < b->n; i++) P->streams[key_index(kb, b->v[i].key)].n++;
+  for (uint32_t s = 0; s < nb; s++) {
+    pstream_t *ps = &P->streams[s];
+    ps->key = kb[s];
+    ps->size = malloc((ps->n ? ps->n : 1) * sizeof *ps->size);
+    ps->slot = malloc((ps->n ? ps->n : 1) * sizeof *ps->slot);
+    pos[s] = malloc((ps->n ? ps->n : 1) * sizeof *pos[s]);
+    if (!ps->size || !ps->slot || !pos[s]) return false;
+  }
+  for (size_t i = 0; i < b->n; i++) {
+    uint32_t s = key_index(kb, b->v[i].key);
+    pos[s][b->v[i].seq] = (uint32_t)i;
+    P->streams[s].size[b->v[i].seq] = b->v[i].size;
+  }
+  return true;
+}
+
+/* Checks that a's requests, stream by stream, match b's, and numbers the
+ * planned ones (freed before the mark in both) as slots. The number of
+ * planned requests; 0 when they differ or none is planned. */
+static uint32_t number_slots(gma__memplan_t *P, const gma__plan_iter_t *a,
+                             const gma__plan_iter_t *b, const uintptr_t *kb, uint32_t **pos) {
+  uint32_t planned = 0;
+  for (size_t i = 0; i < a->n; i++) {
+    const gma__plan_rec_t *r = &a->v[i];
+    uint32_t s = key_index(kb, r->key);
+    pstream_t *ps = &P->streams[s];
+    if (r->seq >= ps->n || ps->size[r->seq] != r->size) return 0;
+    const gma__plan_rec_t *q = &b->v[pos[s][r->seq]];
+    bool plan_it = r->end != UINT32_MAX && q->end != UINT32_MAX;
+    ps->slot[r->seq] = plan_it ? planned++ : NO_SLOT;
+  }
+  return planned;
+}
+
+/* Fills the placement items of P's slots (lifetimes covering both
+ * iterations) and their groups. Threads interleave differently every
+ * iteration: blocks of different threads get apart places (groups), only
+ * one thread's blocks share. False without host memory. */
+static bool items_from(gma__memplan_t *P, const gma__plan_iter_t *a, const gma__plan_iter_t *b,
+                       const uintptr_t *kb, uint32_t **pos) {
+  uint64_t *tids = NULL; /* the threads seen, by group number */
+  uint32_t ntids_cap = 0;
+  for (size_t i = 0; i < a->n; i++) {
+    const gma__plan_rec_t *r = &a->v[i];
+    uint32_t s = key_index(kb, r->key);
+    uint32_t j = P->streams[s].slot[r->seq];
+    if (j == NO_SLOT) continue;
+    const gma__plan_rec_t *q = &b->v[pos[s][r->seq]];
+    P->items[j] = (gma__plan_item_t){r->size, r->start < q->start ? r->start : q->start,
+                                     r->end > q->end ? r->end : q->end};
+    P->slots[j].ps = s;
+    uint32_t g = 0;
+    while (g < P->ngroups && tids[g] != q->tid) g++;
+    if (g == P->ngroups) {
+      if (g == ntids_cap) {
+        uint64_t *t = realloc(tids, (ntids_cap = ntids_cap ? 2 * ntids_cap : 4) * sizeof *t);
+        if (!t) {
+          free(tids);
+          return false;
+        }
+        tids = t;
+      }
+      tids[P->ngroups++] = q->tid;
+    }
+    P->group[j] = g;
+  }
+  free(tids);
+  return true;
+}
+
 /* A plan when iterations a and b asked for the same sizes in the same order
  * on every stream; NULL otherwise (or without host memory). An allocation
  * is planned when both iterations freed it before their marks; its lifetime
@@ -192,89 +288,25 @@ gma__memplan_t *gma__memplan_from(const gma__plan_iter_t *a, const gma__plan_ite
   uintptr_t *ka = stream_keys(a, &na), *kb = stream_keys(b, &nb);
   gma__memplan_t *P = NULL;
   uint32_t **pos = NULL; /* per stream of b: its requests' indices in b, by seq */
-  uint64_t *tids = NULL; /* the threads seen, by group number */
-  uint32_t ntids_cap = 0;
-  bool same = ka && kb && na == nb;
-  for (uint32_t i = 0; same && i < na; i++) {
-    uint32_t j = 0;
-    while (j < nb && kb[j] != ka[i]) j++;
-    same = j < nb;
-  }
-  if (!same) goto out;
+  if (!same_keys(ka, na, kb, nb)) goto out;
   P = calloc(1, sizeof *P);
   pos = calloc(nb, sizeof *pos);
-  if (!P || !pos || !(P->streams = calloc(nb, sizeof *P->streams))) goto fail;
-  P->nstreams = nb;
-  for (size_t i = 0; i < b->n; i++) { /* count each stream's requests */
-    uint32_t s = 0;
-    while (kb[s] != b->v[i].key) s++;
-    P->streams[s].n++;
-  }
-  for (uint32_t s = 0; s < nb; s++) {
-    pstream_t *ps = &P->streams[s];
-    ps->key = kb[s];
-    ps->size = malloc((ps->n ? ps->n : 1) * sizeof *ps->size);
-    ps->slot = malloc((ps->n ? ps->n : 1) * sizeof *ps->slot);
-    pos[s] = malloc((ps->n ? ps->n : 1) * sizeof *pos[s]);
-    if (!ps->size || !ps->slot || !pos[s]) goto fail;
-  }
-  for (size_t i = 0; i < b->n; i++) {
-    uint32_t s = 0;
-    while (kb[s] != b->v[i].key) s++;
-    pos[s][b->v[i].seq] = (uint32_t)i;
-    P->streams[s].size[b->v[i].seq] = b->v[i].size;
-  }
-  /* a's requests, stream by stream, must match b's; count planned ones. */
-  uint32_t planned = 0;
-  for (size_t i = 0; i < a->n; i++) {
-    const gma__plan_rec_t *r = &a->v[i];
-    uint32_t s = 0;
-    while (kb[s] != r->key) s++;
-    pstream_t *ps = &P->streams[s];
-    if (r->seq >= ps->n || ps->size[r->seq] != r->size) goto fail;
-    const gma__plan_rec_t *q = &b->v[pos[s][r->seq]];
-    bool plan_it = r->end != UINT32_MAX && q->end != UINT32_MAX;
-    ps->slot[r->seq] = plan_it ? planned++ : NO_SLOT;
-  }
-  if (!planned) goto fail; /* nothing the iteration frees itself */
+  if (!P || !pos || !streams_from(P, b, kb, nb, pos)) goto fail;
+  uint32_t planned = number_slots(P, a, b, kb, pos);
+  if (!planned) goto fail; /* they differ, or nothing the iteration frees itself */
   P->nslots = planned;
   P->slots = calloc(planned, sizeof *P->slots);
   P->items = malloc(planned * sizeof *P->items);
   P->offsets = malloc(planned * sizeof *P->offsets);
   P->group = malloc(planned * sizeof *P->group);
   if (!P->slots || !P->items || !P->offsets || !P->group) goto fail;
-  for (size_t i = 0; i < a->n; i++) {
-    const gma__plan_rec_t *r = &a->v[i];
-    uint32_t s = 0;
-    while (kb[s] != r->key) s++;
-    uint32_t j = P->streams[s].slot[r->seq];
-    if (j == NO_SLOT) continue;
-    const gma__plan_rec_t *q = &b->v[pos[s][r->seq]];
-    P->items[j] = (gma__plan_item_t){r->size, r->start < q->start ? r->start : q->start,
-                                     r->end > q->end ? r->end : q->end};
-    P->slots[j].ps = s;
-    /* Threads interleave differently every iteration: blocks of different
-     * threads get apart places (groups), only one thread's blocks share. */
-    uint32_t g = 0;
-    while (g < P->ngroups && tids[g] != q->tid) g++;
-    if (g == P->ngroups) {
-      if (g == ntids_cap) {
-        uint64_t *t = realloc(tids, (ntids_cap = ntids_cap ? 2 * ntids_cap : 4) * sizeof *t);
-        if (!t) goto fail;
-        tids = t;
-      }
-      tids[P->ngroups++] = q->tid;
-    }
-    P->group[j] = g;
-  }
-  goto out;
+  if (items_from(P, a, b, kb, pos)) goto out;
 fail:
   gma__memplan_free(P);
   P = NULL;
 out:
   for (uint32_t s = 0; pos && s < nb; s++) free(pos[s]);
   free(pos);
-  free(tids);
   free(ka);
   free(kb);
   return P;

@@ -409,10 +409,8 @@ static bool known(gma_t *g, gma_stream_t stream, uint64_t id) {
   return s && s->id == id;
 }
 
-/* o: the caller's options as this library's struct (see check_async). */
-static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t *o,
-                           gma_future_t **out) {
-  gma__worker_t *w = &g->worker;
+/* Fills the future's fields for a submission and records it in the trace. */
+static void submit_init(gma_t *g, gma_future_t *f, const gma_async_options_t *o) {
   f->g = g;
   f->state = GMA_PENDING;
   f->refs = 1;
@@ -428,14 +426,21 @@ static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t 
     gma__trace_emit(t, gma__trace_now(), GMA__TR_ASYNC_SUBMIT, 0, total, (uintptr_t)f->stream, 0,
                     f->trace_id, f->sizes ? f->n : 0, 0);
   }
+}
+
+/* Serves the request here and now when it can without the worker and
+ * completes the future: true then. Else *st is the stream id lookup's status
+ * (a clear error now) and *id the stream's device id. */
+static bool submit_at_once(gma_t *g, gma_future_t *f, const gma_async_options_t *o,
+                           gma_status_t *st, uint64_t *id) {
+  gma__worker_t *w = &g->worker;
   /* A capture gma was told of: served from its graph pool now, like
    * gma_alloc (graph.c); the future is complete at once. */
   if (gma__load_relaxed(&g->graphs.capturing)) {
     gma_status_t gst = gma__graph_alloc(&g->graphs, f->n, f->sizes, f->size, f->stream, f->ptrs);
     if (gst != GMA_PENDING) {
       complete(w, f, gst);
-      *out = f;
-      return GMA_OK;
+      return true;
     }
   }
   /* A bin hit needs no worker: the future is complete at once (and needs no
@@ -444,16 +449,13 @@ static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t 
   bool binnable = !o->worker_only && !f->sizes && f->size <= g->pool.bin_max;
   if (binnable && gma__bin_alloc_cached(&g->pool, f->size, f->stream, &f->ptr) == GMA_OK) {
     complete(w, f, GMA_OK);
-    *out = f;
-    return GMA_OK;
+    return true;
   }
-  uint64_t id;
-  gma_status_t st = g->dev->ops->stream_id(g->dev, f->stream, &id); /* a clear error now */
-  if (st == GMA_OK && binnable &&
-      gma__bin_alloc(&g->pool, f->size, f->stream, id, &f->ptr) == GMA_OK) {
+  *st = g->dev->ops->stream_id(g->dev, f->stream, id);
+  if (*st == GMA_OK && binnable &&
+      gma__bin_alloc(&g->pool, f->size, f->stream, *id, &f->ptr) == GMA_OK) {
     complete(w, f, GMA_OK);
-    *out = f;
-    return GMA_OK;
+    return true;
   }
   /* Not a bin hit: the pool may still serve it here and now, if it can
    * without waiting (GMA__ALLOC_INLINE: the lock only if free, memory it
@@ -461,23 +463,35 @@ static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t 
    * memory are served first, in order, by the worker (memory_wanted), so
    * none is overtaken by a later one while it waits. Any failure, even a
    * real error, goes to the worker, which reports it as it always did. */
-  if (st == GMA_OK && !o->worker_only &&
-      !atomic_load_explicit(&w->memory_wanted, memory_order_relaxed) && known(g, f->stream, id)) {
+  if (*st == GMA_OK && !o->worker_only &&
+      !atomic_load_explicit(&w->memory_wanted, memory_order_relaxed) && known(g, f->stream, *id)) {
     gma_status_t ist =
         f->n == 1 && !f->sizes
-            ? gma__pool_alloc_slow(&g->pool, f->size, f->stream, id, GMA__ALLOC_INLINE, &f->ptr)
-            : gma__pool_alloc_batch(&g->pool, f->n, f->sizes, f->stream, id, GMA__ALLOC_INLINE,
+            ? gma__pool_alloc_slow(&g->pool, f->size, f->stream, *id, GMA__ALLOC_INLINE, &f->ptr)
+            : gma__pool_alloc_batch(&g->pool, f->n, f->sizes, f->stream, *id, GMA__ALLOC_INLINE,
                                     f->ptrs);
     if (ist == GMA_OK) {
       complete(w, f, GMA_OK);
-      *out = f;
-      return GMA_OK;
+      return true;
     }
+  }
+  return false;
+}
+
+/* o: the caller's options as this library's struct (see check_async). */
+static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t *o,
+                           gma_future_t **out) {
+  gma__worker_t *w = &g->worker;
+  submit_init(g, f, o);
+  uint64_t id;
+  gma_status_t st = GMA_OK;
+  if (submit_at_once(g, f, o, &st, &id)) {
+    *out = f;
+    return GMA_OK;
   }
   f->submit_ns = now_ns();
   /* Saturating: a timeout past the end of the clock (UINT64_MAX, as for
-   * gma_future_wait) means no limit; the sum used to wrap into the past
-   * and time the request out at once. */
+   * gma_future_wait) means no limit. */
   uint64_t timeout = o->timeout_ns ? o->timeout_ns : w->timeout_ns;
   f->deadline_ns = timeout > UINT64_MAX - f->submit_ns ? UINT64_MAX : f->submit_ns + timeout;
   atomic_fetch_add_explicit(&w->submitted, 1, memory_order_relaxed);
