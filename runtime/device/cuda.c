@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "device/device.h"
+#include "base/atomics.h"
 
 #ifndef GMA_HAVE_CUDA
 
@@ -346,7 +347,7 @@ static id_entry_t *ids_entry(uintptr_t h) {
  * stream captures. */
 static uint64_t ids_resolve(id_entry_t *e, uint64_t r) {
   if (r == 0) {
-    if (!e->gma) *e = (id_entry_t){0, (1ull << 63) | (atomic_fetch_add(&ids_synthetic, 1) + 1)};
+    if (!e->gma) *e = (id_entry_t){0, (1ull << 63) | (gma__faa_seq_cst(&ids_synthetic, 1) + 1)};
   } else if (e->gma && e->drv == 0) {
     e->drv = r; /* met first during a capture; the same stream now */
   } else if (!e->gma || e->drv != r) {

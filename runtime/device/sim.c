@@ -125,7 +125,7 @@ void gma__sim_sleep(uint64_t ns) {
 /* True for exactly one call: the one whose ticket is the configured N.
  * Any thread; wait-free. */
 bool gma__sim_fault_fires(_Atomic uint64_t *calls, uint64_t n, uint64_t *ticket) {
-  *ticket = atomic_fetch_add_explicit(calls, 1, memory_order_relaxed) + 1;
+  *ticket = gma__faa_relaxed(calls, 1) + 1;
   return n != 0 && *ticket == n;
 }
 
@@ -148,13 +148,12 @@ static const char *const site_names[GMA__SIM_NSITES] = {
  * thread; wait-free (one load of a flag while counting is off). */
 gma_status_t gma__sim_site_fault(sim_device_t *dev, gma__sim_site_t site) {
   /* Acquire pairs with the release stores of counting. */
-  if (!atomic_load_explicit(&dev->counting, memory_order_acquire)) return GMA_OK;
-  uint64_t n = atomic_load_explicit(&dev->site_nth[site], memory_order_relaxed), t;
+  if (!gma__load_acquire(&dev->counting)) return GMA_OK;
+  uint64_t n = gma__load_relaxed(&dev->site_nth[site]), t;
   bool sticky = n & GMA__SIM_STICKY;
   n &= ~GMA__SIM_STICKY;
   if (!gma__sim_fault_fires(&dev->site_calls[site], n, &t) && !(sticky && n && t >= n)) return GMA_OK;
-  gma_status_t st = (gma_status_t)atomic_load_explicit(&dev->site_status[site],
-                                                        memory_order_relaxed);
+  gma_status_t st = (gma_status_t)gma__load_relaxed(&dev->site_status[site]);
   return gma__set_error(st, "injected failure of %s call #%llu on the simulated device (%s)", site_names[site],
                         (unsigned long long)t,
                         st == GMA_ERR_OOM ? "out of device memory" : "device error");
@@ -187,7 +186,7 @@ static void sim_destroy(gma__device_t *d) {
   pthread_mutex_lock(&plan_mu);
   last_leftovers = left;
   for (int i = 0; i < GMA__SIM_NSITES; i++)
-    last_calls[i] = atomic_load_explicit(&dev->site_calls[i], memory_order_relaxed);
+    last_calls[i] = gma__load_relaxed(&dev->site_calls[i]);
   pthread_mutex_unlock(&plan_mu);
   pthread_mutex_lock(&dev->streams_mu);
   /* The per-thread streams are dropped from the table while still alive; the
@@ -198,7 +197,7 @@ static void sim_destroy(gma__device_t *d) {
   while (dev->threads > 0) pthread_cond_wait(&dev->streams_cv, &dev->streams_mu);
   SIM_ASSERT(dev->all == NULL);
   pthread_mutex_unlock(&dev->streams_mu);
-  for (sim_chunk_t *c = atomic_load_explicit(&dev->chunks, memory_order_relaxed), *next; c;
+  for (sim_chunk_t *c = gma__load_relaxed(&dev->chunks), *next; c;
        c = next) {
     next = c->next;
     free(c);
@@ -251,7 +250,7 @@ static void sim_forget(gma__device_t *d) {
       pthread_mutex_unlock(&s->mu);
       free(s);
     }
-    for (sim_chunk_t *c = atomic_load_explicit(&dev->chunks, memory_order_relaxed), *next; c;
+    for (sim_chunk_t *c = gma__load_relaxed(&dev->chunks), *next; c;
          c = next) {
       next = c->next;
       free(c);
@@ -327,19 +326,19 @@ gma_status_t gma__sim_create(const gma_config_t *config, gma__device_t **out) {
   dev->event_ns = c->sim_event_latency_ns;
   dev->fail_alloc = c->sim_fail_alloc;
   dev->fail_event = c->sim_fail_event;
-  dev->serial = atomic_fetch_add_explicit(&sim_next_serial, 1, memory_order_relaxed);
-  atomic_init(&dev->alloc_calls, 0);
-  atomic_init(&dev->event_calls, 0);
+  dev->serial = gma__faa_relaxed(&sim_next_serial, 1);
+  gma__atomic_init(&dev->alloc_calls, 0);
+  gma__atomic_init(&dev->event_calls, 0);
   pthread_mutex_lock(&plan_mu); /* the plan for devices created from now on */
   for (int i = 0; i < GMA__SIM_NSITES; i++) {
-    atomic_init(&dev->site_calls[i], 0);
-    atomic_init(&dev->site_nth[i], plan_nth[i]);
-    atomic_init(&dev->site_status[i], (int)plan_status[i]);
+    gma__atomic_init(&dev->site_calls[i], 0);
+    gma__atomic_init(&dev->site_nth[i], plan_nth[i]);
+    gma__atomic_init(&dev->site_status[i], (int)plan_status[i]);
   }
   /* Release pairs with gma__sim_site_fault's acquire (the settings above before it). */
-  atomic_store_explicit(&dev->counting, plan_on, memory_order_release);
+  gma__store_release(&dev->counting, plan_on);
   pthread_mutex_unlock(&plan_mu);
-  atomic_init(&dev->chunks, NULL);
+  gma__atomic_init(&dev->chunks, NULL);
   pthread_mutex_init(&dev->mem_mu, NULL);
   pthread_mutex_init(&dev->streams_mu, NULL);
   pthread_cond_init(&dev->streams_cv, NULL);
@@ -383,11 +382,11 @@ void gma__sim_fault(gma__device_t *d, gma__sim_site_t site, uint64_t nth, gma_st
   }
   sim_device_t *dev = sim_of(d);
   for (int i = lo; i < hi; i++) {
-    atomic_store_explicit(&dev->site_status[i], (int)status, memory_order_relaxed);
-    atomic_store_explicit(&dev->site_nth[i], nth, memory_order_relaxed);
+    gma__store_relaxed(&dev->site_status[i], (int)status);
+    gma__store_relaxed(&dev->site_nth[i], nth);
   }
   /* Release pairs with gma__sim_site_fault's acquire. */
-  atomic_store_explicit(&dev->counting, true, memory_order_release);
+  gma__store_release(&dev->counting, true);
 }
 
 uint64_t gma__sim_calls(gma__device_t *d, gma__sim_site_t site) {
@@ -399,7 +398,7 @@ uint64_t gma__sim_calls(gma__device_t *d, gma__sim_site_t site) {
     return n;
   }
   if (!is_sim(d)) return 0;
-  return atomic_load_explicit(&sim_of(d)->site_calls[site], memory_order_relaxed);
+  return gma__load_relaxed(&sim_of(d)->site_calls[site]);
 }
 
 void gma__sim_live(gma__device_t *d, gma__sim_live_t *out) {

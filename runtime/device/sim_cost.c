@@ -1,6 +1,7 @@
 /* The presets of the simulated device's cost model and its clock (see
  * sim_cost.h; the figures' sources are in docs/gpu/cost-model.md). */
 #include "device/sim_cost.h"
+#include "base/atomics.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -95,7 +96,7 @@ static _Atomic uint64_t totals[GMA__SIM_COST_NOPS];
 void gma__sim_cost_pay(const gma__sim_costs_t *c, gma__sim_cost_op_t op, uint64_t bytes) {
   if (!c) return;
   thread_calls++;
-  atomic_fetch_add_explicit(&totals[op], 1, memory_order_relaxed);
+  gma__faa_relaxed(&totals[op], 1);
   uint64_t ns = gma__sim_cost_ns(c, op, bytes);
   if (!c->one_lock) {
     gma__sim_spin_ns(ns);
@@ -109,5 +110,5 @@ void gma__sim_cost_pay(const gma__sim_costs_t *c, gma__sim_cost_op_t op, uint64_
 uint64_t gma__sim_cost_thread_calls(void) { return thread_calls; }
 
 uint64_t gma__sim_cost_total(gma__sim_cost_op_t op) {
-  return op < GMA__SIM_COST_NOPS ? atomic_load_explicit(&totals[op], memory_order_relaxed) : 0;
+  return op < GMA__SIM_COST_NOPS ? gma__load_relaxed(&totals[op]) : 0;
 }

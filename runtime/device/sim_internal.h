@@ -17,6 +17,7 @@
 
 #include "device/device.h"
 #include "device/sim_cost.h"
+#include "base/atomics.h"
 
 #if defined(GMA_DEBUG) && GMA_DEBUG >= 1
 #include <assert.h>

@@ -117,7 +117,7 @@ sim_stream_t *gma__sim_stream_new(sim_device_t *dev) {
   sim_stream_t *s = calloc(1, sizeof *s);
   if (!s) return NULL;
   s->dev = dev;
-  s->id = atomic_fetch_add_explicit(&sim_next_stream_id, 1, memory_order_relaxed);
+  s->id = gma__faa_relaxed(&sim_next_stream_id, 1);
   s->refs = 1; /* the thread's */
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->work_cv, NULL);
@@ -165,7 +165,7 @@ static void stream_wait_idle(sim_stream_t *s) {
  * grows, and each chunk is immutable once published). */
 static sim_slot_t *slot_find(sim_device_t *dev, gma_stream_t h) {
   /* Acquire pairs with the release store in slot_take. */
-  for (sim_chunk_t *c = atomic_load_explicit(&dev->chunks, memory_order_acquire); c; c = c->next) {
+  for (sim_chunk_t *c = gma__load_acquire(&dev->chunks); c; c = c->next) {
     uintptr_t off = (uintptr_t)h - (uintptr_t)c->slots;
     if (off < c->n * sizeof(sim_slot_t)) {
       return off & (sizeof(sim_slot_t) - 1) ? NULL : &c->slots[off / sizeof(sim_slot_t)];
@@ -180,14 +180,14 @@ static sim_slot_t *slot_find(sim_device_t *dev, gma_stream_t h) {
 static bool slots_are_valid(sim_device_t *dev) {
   size_t n_free = 0, n_unused = 0;
   for (sim_slot_t *f = dev->free_slots; f; f = f->next_free, n_free++) {
-    if (f->stream || atomic_load_explicit(&f->id, memory_order_relaxed) != 0) return false;
+    if (f->stream || gma__load_relaxed(&f->id) != 0) return false;
   }
-  sim_chunk_t *newest = atomic_load_explicit(&dev->chunks, memory_order_relaxed);
+  sim_chunk_t *newest = gma__load_relaxed(&dev->chunks);
   for (sim_chunk_t *c = newest; c; c = c->next) {
     size_t used = c == newest ? dev->chunk_used : c->n;
     for (size_t i = 0; i < c->n; i++) {
       const sim_slot_t *sl = &c->slots[i];
-      uint64_t id = atomic_load_explicit(&sl->id, memory_order_relaxed);
+      uint64_t id = gma__load_relaxed(&sl->id);
       if (i >= used && (sl->stream || id != 0)) return false;
       if (sl->stream ? id != sl->stream->id : id != 0) return false;
       n_unused += i < used && !sl->stream;
@@ -210,16 +210,16 @@ static sim_slot_t *slot_take(sim_device_t *dev) {
     dev->free_slots = slot->next_free;
     return slot;
   }
-  sim_chunk_t *c = atomic_load_explicit(&dev->chunks, memory_order_relaxed);
+  sim_chunk_t *c = gma__load_relaxed(&dev->chunks);
   if (!c || dev->chunk_used == c->n) {
     size_t n = c ? c->n * 2 : SIM_FIRST_CHUNK_SLOTS;
     sim_chunk_t *nc = calloc(1, sizeof *nc + n * sizeof(sim_slot_t));
     if (!nc) return NULL;
     nc->next = c;
     nc->n = n;
-    for (size_t i = 0; i < n; i++) atomic_init(&nc->slots[i].id, 0);
+    for (size_t i = 0; i < n; i++) gma__atomic_init(&nc->slots[i].id, 0);
     /* Release: a slot_find that sees nc also sees its next, n and zero ids. */
-    atomic_store_explicit(&dev->chunks, nc, memory_order_release);
+    gma__store_release(&dev->chunks, nc);
     dev->chunk_used = 0;
     c = nc;
   }
@@ -498,7 +498,7 @@ gma_status_t gma__sim_stream_create(gma__device_t *d, gma_stream_t *out) {
     dev->user_streams++;
     slot->stream = s;
     /* Release pairs with the acquire in gma__sim_stream_id. */
-    atomic_store_explicit(&slot->id, s->id, memory_order_release);
+    gma__store_release(&slot->id, s->id);
   }
   SIM_SLOTS_CHECK(dev);
   pthread_mutex_unlock(&dev->streams_mu);
@@ -530,7 +530,7 @@ gma_status_t gma__sim_stream_destroy(gma__device_t *d, gma_stream_t h) {
     dev->user_streams--;
     slot->stream = NULL;
     /* Release pairs with the acquire in gma__sim_stream_id (0: destroyed). */
-    atomic_store_explicit(&slot->id, 0, memory_order_release);
+    gma__store_release(&slot->id, 0);
     slot->next_free = dev->free_slots;
     dev->free_slots = slot;
   }
@@ -574,7 +574,7 @@ gma_status_t gma__sim_stream_id(gma__device_t *d, gma_stream_t h, uint64_t *id) 
   }
   sim_slot_t *slot = slot_find(dev, h);
   /* Acquire pairs with the release stores in stream_create/stream_destroy. */
-  uint64_t v = slot ? atomic_load_explicit(&slot->id, memory_order_acquire) : 0;
+  uint64_t v = slot ? gma__load_acquire(&slot->id) : 0;
   if (v == 0) {
     return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
                           "stream %p is not a live stream of the simulated device (never created "

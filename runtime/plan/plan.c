@@ -15,8 +15,8 @@
 
 static void fold_counts(gma__planner_t *pl, gma__memplan_t *P) {
   for (uint32_t i = 0; i < P->nstreams; i++) {
-    pl->hits += atomic_exchange_explicit(&P->streams[i].hits, 0, memory_order_relaxed);
-    pl->misses += atomic_exchange_explicit(&P->streams[i].misses, 0, memory_order_relaxed);
+    pl->hits += gma__exchange_relaxed(&P->streams[i].hits, 0);
+    pl->misses += gma__exchange_relaxed(&P->streams[i].misses, 0);
   }
 }
 
@@ -28,7 +28,7 @@ static void fold_counts(gma__planner_t *pl, gma__memplan_t *P) {
 static bool try_release(gma__planner_t *pl, gma__memplan_t *P) {
   if (!P->held) return true;
   for (uint32_t c = 0; c < P->ncells; c++)
-    if (atomic_load(&P->cells[c].owner)) return false;
+    if (gma__load_seq_cst(&P->cells[c].owner)) return false;
   size_t n = 0, cap = 8;
   gma__stream_t **users = malloc(cap * sizeof *users);
   if (!users) return false;
@@ -68,7 +68,7 @@ static bool try_release(gma__planner_t *pl, gma__memplan_t *P) {
 /* mu held: the active plan P stops serving; its arena goes back when its
  * blocks are free (now, or at a later mark). */
 static void drop(gma__planner_t *pl, gma__memplan_t *P) {
-  atomic_store(&P->dropped, true);
+  gma__store_seq_cst(&P->dropped, true);
   /* Published as retiring before it stops being active, so a free (or
    * gma_pointer_info) of a block claimed just before the drop always finds
    * it; try_release unpublishes it once the arena goes back. */
@@ -99,7 +99,7 @@ static bool activate(gma__planner_t *pl, gma__memplan_t *P) {
   /* The arena was FREE (safe for all), new, or cached on the legacy stream;
    * once that stream's work is done it is safe for every stream. */
   if (gma__pool_stream_synchronize(p, NULL) != GMA_OK) {
-    atomic_store(&P->dropped, true);
+    gma__store_seq_cst(&P->dropped, true);
     try_release(pl, P);
     return false;
   }
@@ -222,7 +222,7 @@ gma_status_t gma__plan_mark(gma__planner_t *pl) {
  * last unused_ns (0: whenever), by the pool's clock. */
 static bool plan_idle(gma__planner_t *pl, const gma__memplan_t *P, uint64_t unused_ns) {
   for (uint32_t c = 0; c < P->ncells; c++)
-    if (atomic_load(&P->cells[c].owner)) return false;
+    if (gma__load_seq_cst(&P->cells[c].owner)) return false;
   uint64_t now = gma__load_relaxed(&pl->p->clock_ns);
   for (uint32_t j = 0; unused_ns && j < P->nslots; j++) {
     uint64_t born = gma__load_relaxed(&P->slots[j].born_ns);
@@ -299,7 +299,7 @@ uint64_t gma__plan_release(gma__planner_t *pl, uint64_t *bytes) {
   pthread_mutex_lock(&pl->mu);
   gma__memplan_t *A = gma__load_relaxed(&pl->active);
   if (A) {
-    atomic_store(&A->dropped, true);
+    gma__store_seq_cst(&A->dropped, true);
     fold_counts(pl, A);
   }
   gma__store_release(&pl->active, NULL);

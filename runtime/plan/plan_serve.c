@@ -61,9 +61,9 @@ static gma_status_t claim(gma__planner_t *pl, gma__memplan_t *P, uint32_t j, gma
   uint32_t c = sl->c0;
   for (; c < sl->c1; c++) {
     uint32_t none = 0;
-    if (!atomic_compare_exchange_strong(&P->cells[c].owner, &none, j + 1)) break;
+    if (!gma__cas_seq_cst(&P->cells[c].owner, &none, j + 1)) break;
   }
-  if (c < sl->c1 || atomic_load(&P->dropped)) { /* overlap with a live block, or dropped */
+  if (c < sl->c1 || gma__load_seq_cst(&P->dropped)) { /* overlap with a live block, or dropped */
     unclaim(P, sl->c0, c);
     return MISS;
   }
@@ -111,8 +111,7 @@ gma_status_t gma__plan_alloc(gma__planner_t *pl, size_t size, gma_stream_t strea
     uint32_t lim = ps->n - c > LOOKAHEAD ? c + LOOKAHEAD : ps->n;
     while (k < lim && ps->size[k] != want) k++;
     if (k >= lim) break; /* another size, or past the iteration's end */
-    if (!atomic_compare_exchange_weak_explicit(&ps->cursor, &c, k + 1, memory_order_relaxed,
-                                               memory_order_relaxed))
+    if (!gma__cas_weak_relaxed(&ps->cursor, &c, k + 1))
       continue; /* another thread of this stream took an entry: look again */
     uint32_t j = ps->slot[k];
     if (j == NO_SLOT) return MISS; /* the plan leaves this one to the ordinary path */
@@ -122,12 +121,12 @@ gma_status_t gma__plan_alloc(gma__planner_t *pl, size_t size, gma_stream_t strea
     if (!s && p->dev->ops->stream_id(p->dev, stream, &id) == GMA_OK)
       s = gma__stream_live(p, stream, id);
     if (s && claim(pl, P, j, s, size, out) == GMA_OK) {
-      atomic_fetch_add_explicit(&ps->hits, 1, memory_order_relaxed);
+      gma__faa_relaxed(&ps->hits, 1);
       return GMA_OK;
     }
     break;
   }
-  atomic_fetch_add_explicit(&ps->misses, 1, memory_order_relaxed);
+  gma__faa_relaxed(&ps->misses, 1);
   return MISS;
 }
 
@@ -165,7 +164,7 @@ gma_status_t gma__plan_free(gma__planner_t *pl, void *ptr) {
   /* Two frees of one block may race: the compare-and-swap decides which one
    * is the free, and the other touches nothing. */
   uint8_t one = 1;
-  if (!atomic_compare_exchange_strong(&sl->live, &one, 0)) return double_free(ptr);
+  if (!gma__cas_seq_cst(&sl->live, &one, 0)) return double_free(ptr);
   stamp_t *t = &sl->stamp;
   uint32_t nusers = gma__load_relaxed(&sl->nusers);
   if (nusers > t->gates_cap) {
