@@ -3,6 +3,7 @@
  * records through it; starting and stopping a trace is observe/trace.c. */
 #include "base/trace.h"
 #include "base/error.h"
+#include "base/clock.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -32,11 +33,7 @@ static const char *const action_names[GMA__TR_NACTIONS] = {
 
 static _Atomic uint64_t next_serial = 1;
 
-uint64_t gma__trace_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
+uint64_t gma__trace_now(void) { return gma__now_ns(); }
 
 /* The calling thread's small number in t: assigned on its first event,
  * cached per thread for the last few traces it recorded into. */

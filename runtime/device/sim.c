@@ -103,25 +103,6 @@ sim_link_t *gma__sim_table_pop(sim_table_t *t) {
 /* Hands out device serial numbers; relaxed is enough, each only needs a unique ticket. */
 static _Atomic uint64_t sim_next_serial = 1;
 
-/* Takes ns nanoseconds, as a device call would; any thread. Waits shorter
- * than 200 us spin on the clock, because nanosleep overshoots them several
- * times over (timer slack and wake-up cost) and would distort benchmarks. */
-void gma__sim_sleep(uint64_t ns) {
-  if (ns == 0) return;
-  if (ns < 200000) {
-    struct timespec t0, t;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    do {
-      clock_gettime(CLOCK_MONOTONIC, &t);
-    } while ((uint64_t)(t.tv_sec - t0.tv_sec) * 1000000000u + (uint64_t)t.tv_nsec -
-                 (uint64_t)t0.tv_nsec < ns);
-    return;
-  }
-  struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-  }
-}
-
 /* True for exactly one call: the one whose ticket is the configured N.
  * Any thread; wait-free. */
 bool gma__sim_fault_fires(_Atomic uint64_t *calls, uint64_t n, uint64_t *ticket) {

@@ -2,6 +2,7 @@
  * sim_cost.h; the figures' sources are in docs/gpu/cost-model.md). */
 #include "device/sim_cost.h"
 #include "base/atomics.h"
+#include "base/clock.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -69,17 +70,11 @@ uint64_t gma__sim_cost_ns(const gma__sim_costs_t *c, gma__sim_cost_op_t op, uint
   return l->base_ns + (uint64_t)(l->ns_per_mib * ((double)bytes / (1024.0 * 1024.0)));
 }
 
-static uint64_t clock_now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
-}
-
 void gma__sim_spin_ns(uint64_t ns) {
   if (ns == 0) return;
   if (ns < 200000) {
-    uint64_t t0 = clock_now();
-    while (clock_now() - t0 < ns) {
+    uint64_t t0 = gma__now_ns();
+    while (gma__now_ns() - t0 < ns) {
     }
     return;
   }

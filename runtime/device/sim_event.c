@@ -74,7 +74,7 @@ gma_status_t gma__sim_event_query(gma__device_t *d, gma__event_t h, bool *done) 
   if (st == GMA_OK) st = gma__sim_site_fault(dev, GMA__SIM_EVENT_QUERY);
   if (st != GMA_OK) return st;
   if (!done) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "the simulated device was asked to query an event without a place for the answer");
-  gma__sim_sleep(dev->event_ns);
+  gma__sim_spin_ns(dev->event_ns);
   pthread_mutex_lock(&dev->ev_mu);
   sim_event_t *ev = gma__sim_event_find(dev, h);
   if (ev) *done = !ev->last || ev->last->done;

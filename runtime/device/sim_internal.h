@@ -225,7 +225,6 @@ struct sim_device {
 static inline sim_device_t *sim_of(gma__device_t *d) { return (sim_device_t *)d; }
 
 /* sim.c */
-void gma__sim_sleep(uint64_t ns);
 bool gma__sim_fault_fires(_Atomic uint64_t *calls, uint64_t n, uint64_t *ticket);
 gma_status_t gma__sim_event_fault(sim_device_t *dev, const char *what);
 gma_status_t gma__sim_site_fault(sim_device_t *dev, gma__sim_site_t site);

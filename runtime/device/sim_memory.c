@@ -34,7 +34,7 @@ static bool mem_is_valid(const sim_device_t *dev) {
 /* Any thread. Blocks for the configured allocation latency. */
 gma_status_t gma__sim_mem_alloc(gma__device_t *d, uint64_t size, uintptr_t *out) {
   sim_device_t *dev = sim_of(d);
-  gma__sim_sleep(dev->alloc_ns);
+  gma__sim_spin_ns(dev->alloc_ns);
   uint64_t t;
   if (gma__sim_fault_fires(&dev->alloc_calls, dev->fail_alloc, &t)) {
     return gma__set_error(GMA_ERR_DEVICE, "injected failure of device allocation #%llu on the simulated device",
@@ -96,7 +96,7 @@ gma_status_t gma__sim_mem_alloc(gma__device_t *d, uint64_t size, uintptr_t *out)
  * as a real driver would refuse it. */
 gma_status_t gma__sim_mem_free(gma__device_t *d, uintptr_t addr, uint64_t size) {
   sim_device_t *dev = sim_of(d);
-  gma__sim_sleep(dev->free_ns);
+  gma__sim_spin_ns(dev->free_ns);
   sim_wait_device(dev);
   sim_pay(dev, GMA__SIM_COST_MEM_FREE, size);
   gma_status_t fst = gma__sim_site_fault(dev, GMA__SIM_MEM_FREE);
@@ -243,7 +243,7 @@ gma_status_t gma__sim_vm_release(gma__device_t *d, uintptr_t addr, uint64_t size
  * device allocation for fault injection. */
 gma_status_t gma__sim_vm_map(gma__device_t *d, uintptr_t addr, uint64_t size, uint64_t *handle) {
   sim_device_t *dev = sim_of(d);
-  gma__sim_sleep(dev->alloc_ns);
+  gma__sim_spin_ns(dev->alloc_ns);
   uint64_t t;
   if (gma__sim_fault_fires(&dev->alloc_calls, dev->fail_alloc, &t))
     return gma__set_error(GMA_ERR_DEVICE, "injected failure of device allocation #%llu "
@@ -307,7 +307,7 @@ gma_status_t gma__sim_vm_map(gma__device_t *d, uintptr_t addr, uint64_t size, ui
 /* Any thread. Blocks for the configured free latency. */
 gma_status_t gma__sim_vm_unmap(gma__device_t *d, uintptr_t addr, uint64_t size, uint64_t handle) {
   sim_device_t *dev = sim_of(d);
-  gma__sim_sleep(dev->free_ns);
+  gma__sim_spin_ns(dev->free_ns);
   sim_pay(dev, GMA__SIM_COST_VM_UNMAP, size);
   gma_status_t fst = gma__sim_site_fault(dev, GMA__SIM_VM_UNMAP);
   if (fst != GMA_OK) return fst;

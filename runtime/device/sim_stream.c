@@ -370,7 +370,7 @@ gma_status_t gma__sim_event_record(gma__device_t *d, gma__event_t ev, gma_stream
   sim_pay(dev, GMA__SIM_COST_EVENT_RECORD, 0);
   if (st == GMA_OK) st = gma__sim_site_fault(dev, GMA__SIM_EVENT_RECORD);
   if (st != GMA_OK) return st;
-  gma__sim_sleep(dev->event_ns);
+  gma__sim_spin_ns(dev->event_ns);
   sim_op_t *op = op_new(SIM_OP_RECORD);
   return op ? stream_push(dev, stream, op, ev) : GMA_ERR_DEVICE;
 }
@@ -399,7 +399,7 @@ gma_status_t gma__sim_stream_wait_stream(gma__device_t *d, gma_stream_t waiter,
   sim_pay(dev, GMA__SIM_COST_STREAM_WAIT_EVENT, 0);
   if (st == GMA_OK) st = gma__sim_site_fault(dev, GMA__SIM_STREAM_WAIT_STREAM);
   if (st != GMA_OK) return st;
-  gma__sim_sleep(dev->event_ns);
+  gma__sim_spin_ns(dev->event_ns);
   sim_stream_t *w, *e;
   if ((st = stream_get(dev, waiter, &w)) != GMA_OK) return st;
   if ((st = stream_get(dev, waitee, &e)) != GMA_OK) {

@@ -12,12 +12,6 @@
 #include "core/internal.h"
 #include "base/sizeclass.h"
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* The address a block is known by: what its caller got. */
 static uintptr_t key_of(const gma__hblock_t *b) {
   return b->fallback ? b->dptr : (uintptr_t)b->ptr;
@@ -179,7 +173,7 @@ static void poll_pending(gma__host_t *h) {
     if (!h->pending_head) h->pending_tail = NULL;
     h->pending_bytes -= b->size;
     b->state = GMA__HOST_FREE;
-    b->free_since_ns = now_ns();
+    b->free_since_ns = gma__now_ns();
     unsigned c = gma__class_of(b->size);
     b->next = h->free_list[c];
     h->free_list[c] = b;
@@ -338,7 +332,7 @@ static void free_retire(gma__host_t *h, gma__hblock_t *b) {
     h->pending_bytes += b->size;
   } else {
     b->state = GMA__HOST_FREE;
-    b->free_since_ns = now_ns();
+    b->free_since_ns = gma__now_ns();
     unsigned c = gma__class_of(b->size);
     b->next = h->free_list[c];
     h->free_list[c] = b;

@@ -86,12 +86,6 @@ static void futex_sleep(_Atomic uint32_t *word, const struct timespec *rel) {
   syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT_PRIVATE, FUT_SLEEPER, rel, NULL, 0);
 }
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 uint64_t gma__future_deadline(const gma_future_t *f) { return f->deadline_ns; }
 gma_future_t *gma__future_wnext(gma_future_t *f) { return f->wnext; }
 void gma__future_set_wnext(gma_future_t *f, gma_future_t *next) { f->wnext = next; }
@@ -267,7 +261,7 @@ static void complete(gma__worker_t *w, gma_future_t *f, gma_status_t st) {
   else gma__faa_relaxed(&w->failed, 1);
   if (f->served_by_worker) { /* before the state: a waiter then sees it off the queue */
     gma__fas_relaxed(&w->queued, 1);
-    uint64_t ns = now_ns() - f->submit_ns + 1;
+    uint64_t ns = gma__now_ns() - f->submit_ns + 1;
     unsigned b = gma__class_of(ns);
     if (b >= GMA__LATENCY_BUCKETS) b = GMA__LATENCY_BUCKETS - 1;
     gma__faa_relaxed(&w->latency[b], 1);
@@ -489,7 +483,7 @@ static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t 
     *out = f;
     return GMA_OK;
   }
-  f->submit_ns = now_ns();
+  f->submit_ns = gma__now_ns();
   /* Saturating: a timeout past the end of the clock (UINT64_MAX, as for
    * gma_future_wait) means no limit. */
   uint64_t timeout = o->timeout_ns ? o->timeout_ns : w->timeout_ns;
@@ -636,7 +630,7 @@ gma_status_t gma_future_status(gma_future_t *f) { return poll_as(f, "gma_future_
 /* Waits for f->done until timeout_ns (not 0) runs out: the slow part of a
  * wait, out of line, so that a wait on a complete future reads no clock. */
 static __attribute__((noinline)) void wait_done(gma_future_t *f, uint64_t timeout_ns) {
-  uint64_t start = now_ns();
+  uint64_t start = gma__now_ns();
   /* The worker usually answers within microseconds: spin briefly (at most
    * 20 us, or the timeout) before sleeping, to save a thread wake-up;
    * yielding, so a worker on this CPU runs at once (gma__spin_step). */
@@ -644,7 +638,7 @@ static __attribute__((noinline)) void wait_done(gma_future_t *f, uint64_t timeou
   for (unsigned i = 1; gma__load_acquire(&f->done) != FUT_DONE; i++) {
     gma__spin_step(i, yielding);
     if (i % 16) continue;
-    uint64_t spun = now_ns() - start;
+    uint64_t spun = gma__now_ns() - start;
     if (spun >= (timeout_ns < 20000 ? timeout_ns : 20000)) break;
     yielding = spun >= 1000;
   }
@@ -658,7 +652,7 @@ static __attribute__((noinline)) void wait_done(gma_future_t *f, uint64_t timeou
       futex_sleep(&f->done, NULL);
       continue;
     }
-    uint64_t now = now_ns();
+    uint64_t now = gma__now_ns();
     if (now >= due) break;
     struct timespec rel = {(time_t)((due - now) / 1000000000u), (long)((due - now) % 1000000000u)};
     futex_sleep(&f->done, &rel);
