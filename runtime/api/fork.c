@@ -53,7 +53,7 @@ static void on_child(void) {
   for (gma_t *g = live; g; g = g->fork_next) {
     g->magic = GMA__MAGIC_FORKED;
     if (g->worker.started)
-      atomic_store_explicit(&g->worker.anchor->forked, true, memory_order_relaxed);
+      gma__store_relaxed(&g->worker.anchor->forked, true);
   }
 }
 

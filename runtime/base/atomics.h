@@ -20,6 +20,32 @@
   atomic_compare_exchange_strong_explicit((p), (expected), (desired), memory_order_acq_rel, \
                                           memory_order_acquire)
 
+/* Sequentially consistent: where two threads each store one thing and load
+ * the other's (a Dekker pair), and where a weaker order has not been argued
+ * next to the data. */
+#define gma__load_seq_cst(p) atomic_load_explicit((p), memory_order_seq_cst)
+#define gma__store_seq_cst(p, v) atomic_store_explicit((p), (v), memory_order_seq_cst)
+#define gma__exchange_seq_cst(p, v) atomic_exchange_explicit((p), (v), memory_order_seq_cst)
+#define gma__faa_seq_cst(p, v) atomic_fetch_add_explicit((p), (v), memory_order_seq_cst)
+#define gma__fas_seq_cst(p, v) atomic_fetch_sub_explicit((p), (v), memory_order_seq_cst)
+#define gma__cas_seq_cst(p, expected, desired)                                            \
+  atomic_compare_exchange_strong_explicit((p), (expected), (desired), memory_order_seq_cst, \
+                                          memory_order_seq_cst)
+#define gma__cas_weak_seq_cst(p, expected, desired)                                     \
+  atomic_compare_exchange_weak_explicit((p), (expected), (desired), memory_order_seq_cst, \
+                                        memory_order_seq_cst)
+/* The rest of the read-modify-writes by order. */
+#define gma__exchange_relaxed(p, v) atomic_exchange_explicit((p), (v), memory_order_relaxed)
+#define gma__fas_release(p, v) atomic_fetch_sub_explicit((p), (v), memory_order_release)
+#define gma__cas_relaxed(p, expected, desired)                                            \
+  atomic_compare_exchange_strong_explicit((p), (expected), (desired), memory_order_relaxed, \
+                                          memory_order_relaxed)
+#define gma__cas_weak_relaxed(p, expected, desired)                                     \
+  atomic_compare_exchange_weak_explicit((p), (expected), (desired), memory_order_relaxed, \
+                                        memory_order_relaxed)
+/* Initializes an atomic object no other thread can see yet (no order). */
+#define gma__atomic_init(p, v) atomic_init((p), (v))
+
 /* Adds to a counter that only the calling thread writes (others only read it
  * with relaxed loads): a plain load and store, no locked instruction. */
 #define gma__counter_add_owner(p, v) gma__store_relaxed((p), gma__load_relaxed(p) + (v))

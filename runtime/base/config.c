@@ -341,6 +341,105 @@ static gma_status_t field_missing(const key_spec_t *k, size_t size) {
                         k->key, size, sizeof(gma_config_t));
 }
 
+/* Parses val as a value of k's kind into *v; false, with *expected set to
+ * the forms k takes, when it is none of them. */
+static bool parse_value(const key_spec_t *k, const char *val, size_t vlen, uint64_t *v,
+                        const char **expected) {
+  switch (k->kind) {
+    case KIND_DEVICE:
+      *expected = "auto, sim or cuda";
+      return parse_name(val, vlen, device_names, 3, v);
+    case KIND_REUSE:
+      *expected = "auto, query, wait or none";
+      return parse_name(val, vlen, reuse_names, 4, v);
+    case KIND_ONOFF:
+      *expected = "on or off";
+      return parse_name(val, vlen, onoff_names, 2, v);
+    case KIND_BOOL:
+      *expected = "true or false";
+      return parse_name(val, vlen, bool_names, 2, v);
+    case KIND_FALLBACK:
+      *expected = "none or host";
+      return parse_name(val, vlen, fallback_names, 2, v);
+    case KIND_DEFSTREAM:
+      *expected = "legacy or per_thread";
+      return parse_name(val, vlen, defstream_names, 2, v);
+    case KIND_PLAN:
+      *expected = "off or on";
+      return parse_name(val, vlen, plan_names, 2, v);
+    case KIND_SIMCOSTS:
+      *expected = "none, h100 or h200";
+      return parse_name(val, vlen, simcosts_names, 3, v);
+    case KIND_SIZE:
+      *expected = SIZE_FORMS;
+      return parse_number(val, vlen, true, v);
+    case KIND_THRESHOLD: {
+      /* "auto" is the default (0 in the struct); "0" keeps nothing. */
+      *expected = "auto, 0 (keep nothing) or " SIZE_FORMS;
+      if (vlen == 4 && strncasecmp(val, "auto", 4) == 0) {
+        *v = 0;
+        return true;
+      }
+      bool ok = parse_number(val, vlen, true, v);
+      if (ok && *v == 0) *v = GMA_RELEASE_ALL;
+      return ok;
+    }
+    default:
+      *expected = "a whole number in decimal digits, no suffix";
+      return parse_number(val, vlen, false, v);
+  }
+}
+
+/* The key named key[0, klen), or NULL with the error set. */
+static const key_spec_t *find_key(const char *key, size_t klen) {
+  for (size_t i = 0; i < NKEYS; i++)
+    if (strlen(keys[i].key) == klen && strncmp(keys[i].key, key, klen) == 0) return &keys[i];
+  char known[768];
+  list_keys(known, sizeof known);
+  gma__set_error(GMA_ERR_CONFIG, "unknown key '%.*s'; known keys: %s", (int)klen, key, known);
+  return NULL;
+}
+
+/* Applies one "key:value" entry (len > 0, trimmed) to work, whose caller's
+ * struct has size bytes; *seen holds the keys given so far in the string. */
+static gma_status_t parse_entry(gma_config_t *work, size_t size, const char *entry, size_t len,
+                                uint64_t *seen) {
+  const char *colon = memchr(entry, ':', len);
+  if (!colon)
+    return gma__set_error(GMA_ERR_CONFIG, "'%.*s' has no ':'; write key:value", (int)len, entry);
+  const char *key = entry, *val = colon + 1;
+  size_t klen = (size_t)(colon - entry), vlen = len - klen - 1;
+  trim(&key, &klen);
+  trim(&val, &vlen);
+  const key_spec_t *k = find_key(key, klen);
+  if (!k) return GMA_ERR_CONFIG;
+  /* A key given twice in one string is a mistake (which value was meant?),
+   * not an override: GMA_CONF and a later string may each set it once. */
+  uint64_t bit = 1ull << (k - keys);
+  if (*seen & bit)
+    return gma__set_error(GMA_ERR_CONFIG, "key '%s' appears twice; give each key once", k->key);
+  *seen |= bit;
+  if (k->offset + field_width(k) > size) return field_missing(k, size);
+  if (k->kind == KIND_PATH) {
+    if (vlen == 0 || vlen >= sizeof work->trace_path)
+      return gma__set_error(GMA_ERR_CONFIG, "key '%s': the path must have 1 to %zu characters",
+                            k->key, sizeof work->trace_path - 1);
+    char *at = (char *)work + k->offset;
+    memcpy(at, val, vlen);
+    at[vlen] = '\0';
+    return GMA_OK;
+  }
+  uint64_t v;
+  const char *expected;
+  if (!parse_value(k, val, vlen, &v, &expected))
+    return gma__set_error(GMA_ERR_CONFIG, "key '%s': bad value '%.*s'; expected %s", k->key,
+                          (int)vlen, val, expected);
+  /* For sizes, 0 asks for the default, as it does in gma_config_t. */
+  if (!in_range(k, v)) return range_error("", true, k, v);
+  set_field(work, k, v);
+  return GMA_OK;
+}
+
 gma_status_t gma_config_parse(gma_config_t *config, const char *text) {
   if (!config || !text)
     return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_config_parse: NULL %s",
@@ -365,99 +464,8 @@ gma_status_t gma_config_parse(gma_config_t *config, const char *text) {
     p += len + (comma ? 1 : 0);
     trim(&entry, &len);
     if (len == 0) continue; /* tolerate "a:1,,b:2" and a trailing comma */
-    const char *colon = memchr(entry, ':', len);
-    if (!colon)
-      return gma__set_error(GMA_ERR_CONFIG, "'%.*s' has no ':'; write key:value", (int)len, entry);
-    const char *key = entry, *val = colon + 1;
-    size_t klen = (size_t)(colon - entry), vlen = len - klen - 1;
-    trim(&key, &klen);
-    trim(&val, &vlen);
-    const key_spec_t *k = NULL;
-    for (size_t i = 0; i < NKEYS; i++)
-      if (strlen(keys[i].key) == klen && strncmp(keys[i].key, key, klen) == 0) k = &keys[i];
-    if (!k) {
-      char known[768];
-      list_keys(known, sizeof known);
-      return gma__set_error(GMA_ERR_CONFIG, "unknown key '%.*s'; known keys: %s", (int)klen, key,
-                            known);
-    }
-    /* A key given twice in one string is a mistake (which value was meant?),
-     * not an override: GMA_CONF and a later string may each set it once. */
-    uint64_t bit = 1ull << (k - keys);
-    if (seen & bit)
-      return gma__set_error(GMA_ERR_CONFIG, "key '%s' appears twice; give each key once", k->key);
-    seen |= bit;
-    if (k->offset + field_width(k) > size) return field_missing(k, size);
-    if (k->kind == KIND_PATH) {
-      if (vlen == 0 || vlen >= sizeof work.trace_path)
-        return gma__set_error(GMA_ERR_CONFIG, "key '%s': the path must have 1 to %zu characters",
-                              k->key, sizeof work.trace_path - 1);
-      char *at = (char *)&work + k->offset;
-      memcpy(at, val, vlen);
-      at[vlen] = '\0';
-      continue;
-    }
-    uint64_t v;
-    bool ok;
-    const char *expected;
-    switch (k->kind) {
-      case KIND_DEVICE:
-        ok = parse_name(val, vlen, device_names, 3, &v);
-        expected = "auto, sim or cuda";
-        break;
-      case KIND_REUSE:
-        ok = parse_name(val, vlen, reuse_names, 4, &v);
-        expected = "auto, query, wait or none";
-        break;
-      case KIND_ONOFF:
-        ok = parse_name(val, vlen, onoff_names, 2, &v);
-        expected = "on or off";
-        break;
-      case KIND_BOOL:
-        ok = parse_name(val, vlen, bool_names, 2, &v);
-        expected = "true or false";
-        break;
-      case KIND_FALLBACK:
-        ok = parse_name(val, vlen, fallback_names, 2, &v);
-        expected = "none or host";
-        break;
-      case KIND_DEFSTREAM:
-        ok = parse_name(val, vlen, defstream_names, 2, &v);
-        expected = "legacy or per_thread";
-        break;
-      case KIND_PLAN:
-        ok = parse_name(val, vlen, plan_names, 2, &v);
-        expected = "off or on";
-        break;
-      case KIND_SIMCOSTS:
-        ok = parse_name(val, vlen, simcosts_names, 3, &v);
-        expected = "none, h100 or h200";
-        break;
-      case KIND_SIZE:
-        ok = parse_number(val, vlen, true, &v);
-        expected = SIZE_FORMS;
-        break;
-      case KIND_THRESHOLD:
-        /* "auto" is the default (0 in the struct); "0" keeps nothing. */
-        if (vlen == 4 && strncasecmp(val, "auto", 4) == 0) {
-          ok = true, v = 0;
-        } else {
-          ok = parse_number(val, vlen, true, &v);
-          if (ok && v == 0) v = GMA_RELEASE_ALL;
-        }
-        expected = "auto, 0 (keep nothing) or " SIZE_FORMS;
-        break;
-      default:
-        ok = parse_number(val, vlen, false, &v);
-        expected = "a whole number in decimal digits, no suffix";
-        break;
-    }
-    if (!ok)
-      return gma__set_error(GMA_ERR_CONFIG, "key '%s': bad value '%.*s'; expected %s", k->key,
-                            (int)vlen, val, expected);
-    /* For sizes, 0 asks for the default, as it does in gma_config_t. */
-    if (!in_range(k, v)) return range_error("", true, k, v);
-    set_field(&work, k, v);
+    st = parse_entry(&work, size, entry, len, &seen);
+    if (st != GMA_OK) return st;
   }
   /* The whole config, as gma_create will see it: the string is refused now
    * rather than the allocator later. */

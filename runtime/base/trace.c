@@ -3,6 +3,7 @@
  * records through it; starting and stopping a trace is observe/trace.c. */
 #include "base/trace.h"
 #include "base/error.h"
+#include "base/clock.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -32,11 +33,7 @@ static const char *const action_names[GMA__TR_NACTIONS] = {
 
 static _Atomic uint64_t next_serial = 1;
 
-uint64_t gma__trace_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
+uint64_t gma__trace_now(void) { return gma__now_ns(); }
 
 /* The calling thread's small number in t: assigned on its first event,
  * cached per thread for the last few traces it recorded into. */
@@ -49,7 +46,7 @@ static _Thread_local struct {
 static uint32_t thread_index(gma__trace_t *t) {
   for (int i = 0; i < THREAD_SLOTS; i++)
     if (thread_slots[i].serial == t->serial) return thread_slots[i].index;
-  uint32_t idx = atomic_fetch_add_explicit(&t->next_thread, 1, memory_order_relaxed);
+  uint32_t idx = gma__faa_relaxed(&t->next_thread, 1);
   int victim = (int)(t->serial % THREAD_SLOTS);
   thread_slots[victim].serial = t->serial;
   thread_slots[victim].index = idx;
@@ -211,8 +208,8 @@ gma_status_t gma__trace_open(const char *path, gma__trace_t **out) {
   pthread_mutex_init(&t->rec_mu, NULL);
   pthread_mutex_init(&t->write_mu, NULL);
   t->t0_ns = gma__trace_now();
-  t->serial = atomic_fetch_add_explicit(&next_serial, 1, memory_order_relaxed);
-  atomic_init(&t->next_thread, 0);
+  t->serial = gma__faa_relaxed(&next_serial, 1);
+  gma__atomic_init(&t->next_thread, 0);
   *out = t;
   return GMA_OK;
 }

@@ -219,7 +219,7 @@ gma_status_t gma__bin_free(gma__pool_t *p, void *ptr) {
    * full fence, so either the retire's second drain sees the block, or this
    * load sees retired and the block is drained here (gma__stream_rescue). */
   gma__fence_after_locked_rmw();
-  if (__builtin_expect(atomic_load_explicit(&s->retired, memory_order_relaxed), 0)) {
+  if (__builtin_expect(gma__load_relaxed(&s->retired), 0)) {
     gma__pool_stream_rescue(p, s);
   }
   return GMA_OK;

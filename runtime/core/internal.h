@@ -5,6 +5,7 @@
 #ifndef GMA_CORE_INTERNAL_H
 #define GMA_CORE_INTERNAL_H
 
+#include "base/clock.h"
 #include "base/assert.h"
 #include "core/table.h"
 #include "core/types.h"
@@ -24,8 +25,6 @@
 /* Init and fini; any thread. */
 gma_status_t gma__pool_init(gma__pool_t *p, gma__device_t *dev, const gma_config_t *cfg);
 gma_status_t gma__pool_fini(gma__pool_t *p);
-/* CLOCK_MONOTONIC in ns; any thread. */
-uint64_t gma__now_ns(void);
 /* Sets the pool's coarse clock to now; any thread. */
 void gma__pool_tick_clock(gma__pool_t *p);
 /* Lock held: bytes that may still be reserved below memory_limit (what a

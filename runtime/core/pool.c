@@ -56,12 +56,6 @@ gma_status_t gma__pool_init(gma__pool_t *p, gma__device_t *dev, const gma_config
   return st;
 }
 
-uint64_t gma__now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 void gma__pool_tick_clock(gma__pool_t *p) { gma__store_relaxed(&p->clock_ns, gma__now_ns()); }
 
 uint64_t gma__pool_room(const gma__pool_t *p) {

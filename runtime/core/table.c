@@ -173,7 +173,7 @@ static gma__stream_t *stream_new(gma__pool_t *p, gma_stream_t handle, uintptr_t 
     }
     for (unsigned c = 0; c < p->nbins; c++) {
       ck_stack_init(&s->bins[c].stack);
-      atomic_init(&s->bins[c].count, 0);
+      gma__atomic_init(&s->bins[c].count, 0);
     }
   }
   s->handle = handle;
@@ -186,7 +186,7 @@ static gma__stream_t *stream_new(gma__pool_t *p, gma_stream_t handle, uintptr_t 
     s->foreign = true;
   s->id = id;
   s->serial = gma__faa_relaxed(&next_serial, 1);
-  atomic_init(&s->epoch, 1); /* epochs start at 1: safe_epoch 0 means "none yet" */
+  gma__atomic_init(&s->epoch, 1); /* epochs start at 1: safe_epoch 0 means "none yet" */
   s->next_all = p->stream_list;
   p->stream_list = s;
   stable_insert(gma__load_relaxed(&p->stable), key, s);

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "device/device.h"
+#include "base/atomics.h"
 
 #ifndef GMA_HAVE_CUDA
 
@@ -46,134 +47,7 @@ gma_status_t gma__cuda_device_mem(int ordinal, uint64_t *free_bytes, uint64_t *t
 
 #else
 
-#include <cuda.h>
-
-#include "device/cuda_entries.h"
-
-/* The driver's entry points; filled once (driver_load), then read-only. The
- * X-macro names expand through cuda.h's versioning macros (cuMemAlloc is
- * cuMemAlloc_v2), so each field has the type of the version we ask for. */
-typedef struct cuda_driver {
-#define X(name) __typeof__(name) *name;
-  GMA_CUDA_ENTRIES(X)
-#undef X
-} cuda_driver_t;
-
-static cuda_driver_t drv;
-/* cuStreamGetCaptureInfo as of CUDA 12.0 (status, id, graph, dependencies,
- * their count); loaded with the table, then read-only. */
-typedef CUresult (*capture_info_v2_t)(CUstream, CUstreamCaptureStatus *, cuuint64_t *, CUgraph *,
-                                      const CUgraphNode **, size_t *);
-static capture_info_v2_t drv_capture_info;
-static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
-static bool drv_loaded;       /* written once inside pthread_once */
-static char drv_problem[512]; /* why it did not load; written once likewise */
-
-/* The oldest driver API gma asks entry points for: cuStreamGetId is 12.0. */
-#define GMA_CUDA_API_VERSION 12000
-
-typedef CUresult (*get_proc_v2_t)(const char *, void **, int, cuuint64_t,
-                                  CUdriverProcAddressQueryResult *);
-typedef CUresult (*get_proc_v1_t)(const char *, void **, int, cuuint64_t);
-
-static void driver_load(void) {
-  const char *path = getenv("GMA_CUDA_DRIVER");
-  if (!path || !*path) path = "libcuda.so.1";
-  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (!h) {
-    snprintf(drv_problem, sizeof drv_problem, "no CUDA driver: dlopen(\"%s\") failed: %s", path,
-             dlerror());
-    return;
-  }
-  get_proc_v2_t v2 = (get_proc_v2_t)dlsym(h, "cuGetProcAddress_v2");
-  get_proc_v1_t v1 = v2 ? NULL : (get_proc_v1_t)dlsym(h, "cuGetProcAddress");
-  if (!v2 && !v1) {
-    snprintf(drv_problem, sizeof drv_problem,
-             "the CUDA driver %s has no cuGetProcAddress (it predates CUDA 11.3); update the "
-             "driver",
-             path);
-    dlclose(h);
-    return;
-  }
-  struct {
-    const char *name;
-    void **slot;
-  } entries[] = {
-#define X(name) {#name, (void **)&drv.name},
-      GMA_CUDA_ENTRIES(X)
-#undef X
-  };
-  for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++) {
-    void *fn = NULL;
-    CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SUCCESS;
-    CUresult r = v2 ? v2(entries[i].name, &fn, GMA_CUDA_API_VERSION, CU_GET_PROC_ADDRESS_DEFAULT,
-                         &found)
-                    : v1(entries[i].name, &fn, GMA_CUDA_API_VERSION, CU_GET_PROC_ADDRESS_DEFAULT);
-    if (r != CUDA_SUCCESS || !fn || found != CU_GET_PROC_ADDRESS_SUCCESS) {
-      snprintf(drv_problem, sizeof drv_problem,
-               "the CUDA driver %s lacks %s (error %d); gma needs a driver for CUDA 12.0 or "
-               "newer",
-               path, entries[i].name, (int)r);
-      memset(&drv, 0, sizeof drv);
-      dlclose(h);
-      return;
-    }
-    *entries[i].slot = fn;
-  }
-  /* cuStreamGetCaptureInfo with the ABI of 12.0 (the _v2 signature): cuda.h
-   * of 12.3 and newer declares a later one, with edge data, under that name. */
-  void *fn = NULL;
-  CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SUCCESS;
-  CUresult r = v2 ? v2("cuStreamGetCaptureInfo", &fn, GMA_CUDA_API_VERSION,
-                       CU_GET_PROC_ADDRESS_DEFAULT, &found)
-                  : v1("cuStreamGetCaptureInfo", &fn, GMA_CUDA_API_VERSION,
-                       CU_GET_PROC_ADDRESS_DEFAULT);
-  if (r != CUDA_SUCCESS || !fn || found != CU_GET_PROC_ADDRESS_SUCCESS) {
-    snprintf(drv_problem, sizeof drv_problem,
-             "the CUDA driver %s lacks cuStreamGetCaptureInfo (error %d); gma needs a driver "
-             "for CUDA 12.0 or newer",
-             path, (int)r);
-    memset(&drv, 0, sizeof drv);
-    dlclose(h);
-    return;
-  }
-  drv_capture_info = (capture_info_v2_t)fn;
-  drv_loaded = true; /* the handle stays open for the life of the process */
-}
-
-/* GMA_OK once the driver is loaded; GMA_ERR_NO_DEVICE with the reason. */
-static gma_status_t driver(void) {
-  pthread_once(&drv_once, driver_load);
-  if (drv_loaded) return GMA_OK;
-  return gma__set_error(GMA_ERR_NO_DEVICE, "%s", drv_problem);
-}
-
-/* The gma status for a driver result. Errors that say there is no usable
- * device are NO_DEVICE; out of memory is OOM; the rest are device errors. */
-static gma_status_t status_of(CUresult r) {
-  switch (r) {
-    case CUDA_SUCCESS: return GMA_OK;
-    case CUDA_ERROR_OUT_OF_MEMORY: return GMA_ERR_OOM;
-    case CUDA_ERROR_NOT_INITIALIZED:
-    case CUDA_ERROR_DEINITIALIZED:
-    case CUDA_ERROR_NO_DEVICE:
-    case CUDA_ERROR_INVALID_DEVICE:
-    case CUDA_ERROR_SYSTEM_DRIVER_MISMATCH:
-    case CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE:
-    case CUDA_ERROR_DEVICE_UNAVAILABLE: return GMA_ERR_NO_DEVICE;
-    case CUDA_ERROR_NOT_SUPPORTED: return GMA_ERR_UNSUPPORTED;
-    default: return GMA_ERR_DEVICE;
-  }
-}
-
-/* Sets the last error for a failed driver call and returns its status. */
-static gma_status_t cu_fail(CUresult r, const char *call) {
-  const char *name = NULL, *text = NULL;
-  if (drv.cuGetErrorName) drv.cuGetErrorName(r, &name);
-  if (drv.cuGetErrorString) drv.cuGetErrorString(r, &text);
-  return gma__set_error(status_of(r), "the CUDA driver call %s failed: %s (%s, code %d)", call,
-                        text ? text : "unknown error", name ? name : "CUDA_ERROR_?", (int)r);
-}
+#include "device/cuda_internal.h"
 
 /* One stream's entry in the table of stream ids ("Stream ids, also during a
  * capture"). */
@@ -202,16 +76,16 @@ static cuda_device_t *cuda_of(gma__device_t *d) { return (cuda_device_t *)d; }
 static CUresult ctx_enter(const cuda_device_t *dev, bool *pushed) {
   CUcontext cur = NULL;
   *pushed = false;
-  CUresult r = drv.cuCtxGetCurrent(&cur);
+  CUresult r = gma__cuda_drv.cuCtxGetCurrent(&cur);
   if (r != CUDA_SUCCESS || cur == dev->ctx) return r;
-  r = drv.cuCtxPushCurrent(dev->ctx);
+  r = gma__cuda_drv.cuCtxPushCurrent(dev->ctx);
   *pushed = r == CUDA_SUCCESS;
   return r;
 }
 
 static void ctx_leave(bool pushed) {
   CUcontext popped;
-  if (pushed) drv.cuCtxPopCurrent(&popped);
+  if (pushed) gma__cuda_drv.cuCtxPopCurrent(&popped);
 }
 
 /* Runs one driver call in the device's context; returns from the calling
@@ -221,10 +95,10 @@ static void ctx_leave(bool pushed) {
   do {                                                                   \
     bool pushed_;                                                        \
     CUresult r_ = ctx_enter((dev), &pushed_);                            \
-    if (r_ != CUDA_SUCCESS) return cu_fail(r_, "cuCtxPushCurrent");      \
+    if (r_ != CUDA_SUCCESS) return gma__cuda_fail(r_, "cuCtxPushCurrent");      \
     r_ = (call);                                                         \
     ctx_leave(pushed_);                                                  \
-    if (r_ != CUDA_SUCCESS) return cu_fail(r_, (what));                  \
+    if (r_ != CUDA_SUCCESS) return gma__cuda_fail(r_, (what));                  \
   } while (0)
 
 /* The same for a call on a stream: a created stream knows its context, so
@@ -234,7 +108,7 @@ static void ctx_leave(bool pushed) {
   do {                                                                   \
     if ((uintptr_t)(stream) > 2) {                                       \
       CUresult r_ = (call);                                              \
-      if (r_ != CUDA_SUCCESS) return cu_fail(r_, (what));                \
+      if (r_ != CUDA_SUCCESS) return gma__cuda_fail(r_, (what));                \
     } else {                                                             \
       CU_CALL(dev, what, call);                                          \
     }                                                                    \
@@ -244,9 +118,9 @@ static void ctx_leave(bool pushed) {
 
 static gma_status_t cuda_mem_alloc_now(gma__device_t *d, uint64_t size, uintptr_t *out) {
   CUdeviceptr p = 0;
-  CU_CALL(cuda_of(d), "cuMemAlloc", drv.cuMemAlloc(&p, (size_t)size));
+  CU_CALL(cuda_of(d), "cuMemAlloc", gma__cuda_drv.cuMemAlloc(&p, (size_t)size));
   if (p % 512) { /* the boundary promises 512; the driver documents "suitably aligned" */
-    CU_CALL(cuda_of(d), "cuMemFree", drv.cuMemFree(p));
+    CU_CALL(cuda_of(d), "cuMemFree", gma__cuda_drv.cuMemFree(p));
     return gma__set_error(GMA_ERR_DEVICE, "the CUDA driver's cuMemAlloc returned 0x%llx, not "
                           "512-byte aligned", (unsigned long long)p);
   }
@@ -256,13 +130,13 @@ static gma_status_t cuda_mem_alloc_now(gma__device_t *d, uint64_t size, uintptr_
 
 static gma_status_t cuda_mem_free_now(gma__device_t *d, uintptr_t addr, uint64_t size) {
   (void)size;
-  CU_CALL(cuda_of(d), "cuMemFree", drv.cuMemFree((CUdeviceptr)addr));
+  CU_CALL(cuda_of(d), "cuMemFree", gma__cuda_drv.cuMemFree((CUdeviceptr)addr));
   return GMA_OK;
 }
 
 static gma_status_t cuda_mem_info(gma__device_t *d, uint64_t *free_bytes, uint64_t *total_bytes) {
   size_t f = 0, t = 0;
-  CU_CALL(cuda_of(d), "cuMemGetInfo", drv.cuMemGetInfo(&f, &t));
+  CU_CALL(cuda_of(d), "cuMemGetInfo", gma__cuda_drv.cuMemGetInfo(&f, &t));
   if (free_bytes) *free_bytes = f;
   if (total_bytes) *total_bytes = t;
   return GMA_OK;
@@ -275,7 +149,7 @@ static gma_status_t cuda_mem_info(gma__device_t *d, uint64_t *free_bytes, uint64
  * steady workload creates none. */
 static gma_status_t cuda_event_create(gma__device_t *d, gma__event_t *out) {
   CUevent e = NULL;
-  CU_CALL(cuda_of(d), "cuEventCreate", drv.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  CU_CALL(cuda_of(d), "cuEventCreate", gma__cuda_drv.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
   *out = e;
   return GMA_OK;
 }
@@ -287,13 +161,13 @@ static CUresult stream_ctx(const cuda_device_t *dev, gma_stream_t stream, CUcont
     *ctx = dev->ctx;
     return CUDA_SUCCESS;
   }
-  return drv.cuStreamGetCtx((CUstream)stream, ctx);
+  return gma__cuda_drv.cuStreamGetCtx((CUstream)stream, ctx);
 }
 
 static gma_status_t cuda_stream_foreign(gma__device_t *d, gma_stream_t stream, bool *foreign) {
   CUcontext c = NULL;
   CUresult r = stream_ctx(cuda_of(d), stream, &c);
-  if (r != CUDA_SUCCESS) return cu_fail(r, "cuStreamGetCtx");
+  if (r != CUDA_SUCCESS) return gma__cuda_fail(r, "cuStreamGetCtx");
   *foreign = c != cuda_of(d)->ctx;
   return GMA_OK;
 }
@@ -305,50 +179,50 @@ static gma_status_t cuda_event_create_for(gma__device_t *d, gma_stream_t stream,
   cuda_device_t *dev = cuda_of(d);
   CUcontext c = NULL;
   CUresult r = stream_ctx(dev, stream, &c);
-  if (r != CUDA_SUCCESS) return cu_fail(r, "cuStreamGetCtx");
+  if (r != CUDA_SUCCESS) return gma__cuda_fail(r, "cuStreamGetCtx");
   if (c == dev->ctx) return cuda_event_create(d, out);
-  r = drv.cuCtxPushCurrent(c);
-  if (r != CUDA_SUCCESS) return cu_fail(r, "cuCtxPushCurrent");
+  r = gma__cuda_drv.cuCtxPushCurrent(c);
+  if (r != CUDA_SUCCESS) return gma__cuda_fail(r, "cuCtxPushCurrent");
   CUevent e = NULL;
-  r = drv.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING);
+  r = gma__cuda_drv.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING);
   CUcontext popped;
-  drv.cuCtxPopCurrent(&popped);
-  if (r != CUDA_SUCCESS) return cu_fail(r, "cuEventCreate");
+  gma__cuda_drv.cuCtxPopCurrent(&popped);
+  if (r != CUDA_SUCCESS) return gma__cuda_fail(r, "cuEventCreate");
   *out = e;
   return GMA_OK;
 }
 
 static gma_status_t cuda_event_destroy(gma__device_t *d, gma__event_t ev) {
   (void)d; /* an event knows its context */
-  CUresult r = drv.cuEventDestroy((CUevent)ev);
-  return r == CUDA_SUCCESS ? GMA_OK : cu_fail(r, "cuEventDestroy");
+  CUresult r = gma__cuda_drv.cuEventDestroy((CUevent)ev);
+  return r == CUDA_SUCCESS ? GMA_OK : gma__cuda_fail(r, "cuEventDestroy");
 }
 
 static gma_status_t cuda_event_record(gma__device_t *d, gma__event_t ev, gma_stream_t stream) {
   CU_STREAM_CALL(cuda_of(d), stream, "cuEventRecord",
-                 drv.cuEventRecord((CUevent)ev, (CUstream)stream));
+                 gma__cuda_drv.cuEventRecord((CUevent)ev, (CUstream)stream));
   return GMA_OK;
 }
 
 static gma_status_t cuda_event_query_now(gma__device_t *d, gma__event_t ev, bool *done) {
   (void)d;
   /* An event belongs to its context: no switch needed to query it. */
-  CUresult r = drv.cuEventQuery((CUevent)ev);
+  CUresult r = gma__cuda_drv.cuEventQuery((CUevent)ev);
   *done = r == CUDA_SUCCESS;
   if (r == CUDA_SUCCESS || r == CUDA_ERROR_NOT_READY) return GMA_OK;
-  return cu_fail(r, "cuEventQuery");
+  return gma__cuda_fail(r, "cuEventQuery");
 }
 
 static gma_status_t cuda_event_synchronize_now(gma__device_t *d, gma__event_t ev) {
   (void)d;
-  CUresult r = drv.cuEventSynchronize((CUevent)ev);
-  return r == CUDA_SUCCESS ? GMA_OK : cu_fail(r, "cuEventSynchronize");
+  CUresult r = gma__cuda_drv.cuEventSynchronize((CUevent)ev);
+  return r == CUDA_SUCCESS ? GMA_OK : gma__cuda_fail(r, "cuEventSynchronize");
 }
 
 static gma_status_t cuda_stream_wait_event(gma__device_t *d, gma_stream_t stream,
                                            gma__event_t ev) {
   CU_STREAM_CALL(cuda_of(d), stream, "cuStreamWaitEvent",
-                 drv.cuStreamWaitEvent((CUstream)stream, (CUevent)ev, 0));
+                 gma__cuda_drv.cuStreamWaitEvent((CUstream)stream, (CUevent)ev, 0));
   return GMA_OK;
 }
 
@@ -368,16 +242,16 @@ static gma_status_t cuda_stream_wait_stream(gma__device_t *d, gma_stream_t waite
   CUresult r = ctx_enter(dev, &pushed); /* for the default-stream handles */
   if (r == CUDA_SUCCESS) {
     what = "cuEventRecord";
-    r = drv.cuEventRecord(e, (CUstream)waitee);
+    r = gma__cuda_drv.cuEventRecord(e, (CUstream)waitee);
   }
   if (r == CUDA_SUCCESS) {
     what = "cuStreamWaitEvent";
-    r = drv.cuStreamWaitEvent((CUstream)waiter, e, 0);
+    r = gma__cuda_drv.cuStreamWaitEvent((CUstream)waiter, e, 0);
   }
   ctx_leave(pushed);
-  CUresult dr = drv.cuEventDestroy(e);
-  if (r != CUDA_SUCCESS) return cu_fail(r, what);
-  if (dr != CUDA_SUCCESS) return cu_fail(dr, "cuEventDestroy");
+  CUresult dr = gma__cuda_drv.cuEventDestroy(e);
+  if (r != CUDA_SUCCESS) return gma__cuda_fail(r, what);
+  if (dr != CUDA_SUCCESS) return gma__cuda_fail(dr, "cuEventDestroy");
   return GMA_OK;
 }
 
@@ -385,7 +259,7 @@ static gma_status_t cuda_stream_wait_stream(gma__device_t *d, gma_stream_t waite
  * not synchronize with the legacy default stream. */
 static gma_status_t cuda_stream_create(gma__device_t *d, gma_stream_t *out) {
   CUstream s = NULL;
-  CU_CALL(cuda_of(d), "cuStreamCreate", drv.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CU_CALL(cuda_of(d), "cuStreamCreate", gma__cuda_drv.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
   *out = s;
   return GMA_OK;
 }
@@ -399,7 +273,7 @@ static gma_status_t cuda_stream_create(gma__device_t *d, gma_stream_t *out) {
 static CUresult capture_query(CUstream stream, bool *capturing, uint64_t *id) {
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
   cuuint64_t cid = 0;
-  CUresult r = drv_capture_info(stream, &status, &cid, NULL, NULL, NULL);
+  CUresult r = gma__cuda_capture_info(stream, &status, &cid, NULL, NULL, NULL);
   *capturing = r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT ||
                (r == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE);
   *id = r == CUDA_SUCCESS && *capturing ? (uint64_t)cid : 0;
@@ -473,7 +347,7 @@ static id_entry_t *ids_entry(uintptr_t h) {
  * stream captures. */
 static uint64_t ids_resolve(id_entry_t *e, uint64_t r) {
   if (r == 0) {
-    if (!e->gma) *e = (id_entry_t){0, (1ull << 63) | (atomic_fetch_add(&ids_synthetic, 1) + 1)};
+    if (!e->gma) *e = (id_entry_t){0, (1ull << 63) | (gma__faa_seq_cst(&ids_synthetic, 1) + 1)};
   } else if (e->gma && e->drv == 0) {
     e->drv = r; /* met first during a capture; the same stream now */
   } else if (!e->gma || e->drv != r) {
@@ -500,7 +374,7 @@ static uint64_t ids_lookup(cuda_device_t *dev, gma_stream_t stream, uint64_t r) 
 }
 
 static gma_status_t cuda_stream_destroy(gma__device_t *d, gma_stream_t stream) {
-  CU_STREAM_CALL(cuda_of(d), stream, "cuStreamDestroy", drv.cuStreamDestroy((CUstream)stream));
+  CU_STREAM_CALL(cuda_of(d), stream, "cuStreamDestroy", gma__cuda_drv.cuStreamDestroy((CUstream)stream));
   if ((uintptr_t)stream > 2) {
     pthread_mutex_lock(&ids_lock);
     if (ids_cap) {
@@ -529,10 +403,10 @@ static gma_status_t cuda_stream_id(gma__device_t *d, gma_stream_t stream, uint64
   }
   if (r == CUDA_SUCCESS && !capturing) {
     what = "cuStreamGetId";
-    r = drv.cuStreamGetId((CUstream)stream, &v);
+    r = gma__cuda_drv.cuStreamGetId((CUstream)stream, &v);
   }
   ctx_leave(pushed);
-  if (r != CUDA_SUCCESS) return cu_fail(r, what);
+  if (r != CUDA_SUCCESS) return gma__cuda_fail(r, what);
   /* The driver's ids start at 1, but make sure a 0 could never alias. */
   uint64_t got = ids_lookup(dev, stream, capturing ? 0 : (uint64_t)v + 1);
   if (!got)
@@ -545,12 +419,12 @@ static gma_status_t cuda_stream_id(gma__device_t *d, gma_stream_t stream, uint64
 
 static gma_status_t cuda_stream_synchronize_now(gma__device_t *d, gma_stream_t stream) {
   CU_STREAM_CALL(cuda_of(d), stream, "cuStreamSynchronize",
-                 drv.cuStreamSynchronize((CUstream)stream));
+                 gma__cuda_drv.cuStreamSynchronize((CUstream)stream));
   return GMA_OK;
 }
 
 static gma_status_t cuda_device_synchronize_now(gma__device_t *d) {
-  CU_CALL(cuda_of(d), "cuCtxSynchronize", drv.cuCtxSynchronize());
+  CU_CALL(cuda_of(d), "cuCtxSynchronize", gma__cuda_drv.cuCtxSynchronize());
   return GMA_OK;
 }
 
@@ -581,21 +455,21 @@ static gma_status_t cuda_vm_granularity(gma__device_t *d, uint64_t *bytes) {
   CUmemAllocationProp prop = chunk_prop(dev);
   size_t g = 0;
   CU_CALL(dev, "cuMemGetAllocationGranularity",
-          drv.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+          gma__cuda_drv.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
   *bytes = g;
   return GMA_OK;
 }
 
 static gma_status_t cuda_vm_reserve_now(gma__device_t *d, uint64_t size, uintptr_t *out) {
   CUdeviceptr p = 0;
-  CU_CALL(cuda_of(d), "cuMemAddressReserve", drv.cuMemAddressReserve(&p, (size_t)size, 0, 0, 0));
+  CU_CALL(cuda_of(d), "cuMemAddressReserve", gma__cuda_drv.cuMemAddressReserve(&p, (size_t)size, 0, 0, 0));
   *out = (uintptr_t)p;
   return GMA_OK;
 }
 
 static gma_status_t cuda_vm_release_now(gma__device_t *d, uintptr_t addr, uint64_t size) {
   CU_CALL(cuda_of(d), "cuMemAddressFree",
-          drv.cuMemAddressFree((CUdeviceptr)addr, (size_t)size));
+          gma__cuda_drv.cuMemAddressFree((CUdeviceptr)addr, (size_t)size));
   return GMA_OK;
 }
 
@@ -607,8 +481,8 @@ static gma_status_t cuda_vm_map_now(gma__device_t *d, uintptr_t addr, uint64_t s
   CUmemGenericAllocationHandle h = 0;
   bool pushed_c;
   CUresult rc = ctx_enter(dev, &pushed_c);
-  if (rc != CUDA_SUCCESS) return cu_fail(rc, "cuCtxPushCurrent");
-  rc = drv.cuMemCreate(&h, (size_t)size, &prop, 0);
+  if (rc != CUDA_SUCCESS) return gma__cuda_fail(rc, "cuCtxPushCurrent");
+  rc = gma__cuda_drv.cuMemCreate(&h, (size_t)size, &prop, 0);
   /* A device may report a feature a container or driver setting then
    * refuses: a plain chunk serves gma as well (only export and RDMA need
    * the extras). Out of memory is no such refusal. */
@@ -616,14 +490,14 @@ static gma_status_t cuda_vm_map_now(gma__device_t *d, uintptr_t addr, uint64_t s
       (prop.allocFlags.gpuDirectRDMACapable || prop.requestedHandleTypes)) {
     prop.allocFlags.gpuDirectRDMACapable = 0;
     prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
-    rc = drv.cuMemCreate(&h, (size_t)size, &prop, 0);
+    rc = gma__cuda_drv.cuMemCreate(&h, (size_t)size, &prop, 0);
   }
   ctx_leave(pushed_c);
-  if (rc != CUDA_SUCCESS) return cu_fail(rc, "cuMemCreate");
+  if (rc != CUDA_SUCCESS) return gma__cuda_fail(rc, "cuMemCreate");
   bool pushed;
   const char *what = "cuMemMap";
   CUresult r = ctx_enter(dev, &pushed);
-  if (r == CUDA_SUCCESS) r = drv.cuMemMap((CUdeviceptr)addr, (size_t)size, 0, h, 0);
+  if (r == CUDA_SUCCESS) r = gma__cuda_drv.cuMemMap((CUdeviceptr)addr, (size_t)size, 0, h, 0);
   if (r == CUDA_SUCCESS) {
     CUmemAccessDesc access;
     memset(&access, 0, sizeof access);
@@ -631,12 +505,12 @@ static gma_status_t cuda_vm_map_now(gma__device_t *d, uintptr_t addr, uint64_t s
     access.location.id = dev->ordinal;
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     what = "cuMemSetAccess";
-    r = drv.cuMemSetAccess((CUdeviceptr)addr, (size_t)size, &access, 1);
-    if (r != CUDA_SUCCESS) drv.cuMemUnmap((CUdeviceptr)addr, (size_t)size);
+    r = gma__cuda_drv.cuMemSetAccess((CUdeviceptr)addr, (size_t)size, &access, 1);
+    if (r != CUDA_SUCCESS) gma__cuda_drv.cuMemUnmap((CUdeviceptr)addr, (size_t)size);
   }
-  if (r != CUDA_SUCCESS) drv.cuMemRelease(h);
+  if (r != CUDA_SUCCESS) gma__cuda_drv.cuMemRelease(h);
   ctx_leave(pushed);
-  if (r != CUDA_SUCCESS) return cu_fail(r, what);
+  if (r != CUDA_SUCCESS) return gma__cuda_fail(r, what);
   *handle = (uint64_t)h;
   return GMA_OK;
 }
@@ -646,14 +520,14 @@ static gma_status_t cuda_vm_map_now(gma__device_t *d, uintptr_t addr, uint64_t s
 static gma_status_t cuda_vm_unmap_now(gma__device_t *d, uintptr_t addr, uint64_t size,
                                   uint64_t handle) {
   cuda_device_t *dev = cuda_of(d);
-  CU_CALL(dev, "cuMemUnmap", drv.cuMemUnmap((CUdeviceptr)addr, (size_t)size));
+  CU_CALL(dev, "cuMemUnmap", gma__cuda_drv.cuMemUnmap((CUdeviceptr)addr, (size_t)size));
   /* Unmapped now: the range must count as given back whatever happens
    * next, or gma would hand out addresses that are no longer mapped. A
    * physical allocation the driver will not release is leaked (and said). */
   bool pushed;
   CUresult r = ctx_enter(dev, &pushed);
   if (r == CUDA_SUCCESS) {
-    r = drv.cuMemRelease((CUmemGenericAllocationHandle)handle);
+    r = gma__cuda_drv.cuMemRelease((CUmemGenericAllocationHandle)handle);
     ctx_leave(pushed);
   }
   if (r != CUDA_SUCCESS)
@@ -671,15 +545,15 @@ static gma_status_t cuda_host_alloc_now(gma__device_t *d, uint64_t size, void **
   cuda_device_t *dev = cuda_of(d);
   void *p = NULL;
   CU_CALL(dev, "cuMemHostAlloc",
-          drv.cuMemHostAlloc(&p, (size_t)size,
+          gma__cuda_drv.cuMemHostAlloc(&p, (size_t)size,
                              CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
   CUdeviceptr dp = 0;
   bool pushed;
   CUresult r = ctx_enter(dev, &pushed);
-  if (r == CUDA_SUCCESS) r = drv.cuMemHostGetDevicePointer(&dp, p, 0);
-  if (r != CUDA_SUCCESS) drv.cuMemFreeHost(p);
+  if (r == CUDA_SUCCESS) r = gma__cuda_drv.cuMemHostGetDevicePointer(&dp, p, 0);
+  if (r != CUDA_SUCCESS) gma__cuda_drv.cuMemFreeHost(p);
   ctx_leave(pushed);
-  if (r != CUDA_SUCCESS) return cu_fail(r, "cuMemHostGetDevicePointer");
+  if (r != CUDA_SUCCESS) return gma__cuda_fail(r, "cuMemHostGetDevicePointer");
   *host = p;
   *dev_addr = (uintptr_t)dp;
   return GMA_OK;
@@ -687,7 +561,7 @@ static gma_status_t cuda_host_alloc_now(gma__device_t *d, uint64_t size, void **
 
 static gma_status_t cuda_host_free_now(gma__device_t *d, void *host, uint64_t size) {
   (void)size;
-  CU_CALL(cuda_of(d), "cuMemFreeHost", drv.cuMemFreeHost(host));
+  CU_CALL(cuda_of(d), "cuMemFreeHost", gma__cuda_drv.cuMemFreeHost(host));
   return GMA_OK;
 }
 
@@ -707,12 +581,12 @@ static gma_status_t cuda_host_free_now(gma__device_t *d, void *host, uint64_t si
  * call; none on the hot path. */
 static CUstreamCaptureMode relax_begin(void) {
   CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
-  if (drv.cuThreadExchangeStreamCaptureMode(&m) != CUDA_SUCCESS) m = CU_STREAM_CAPTURE_MODE_RELAXED;
+  if (gma__cuda_drv.cuThreadExchangeStreamCaptureMode(&m) != CUDA_SUCCESS) m = CU_STREAM_CAPTURE_MODE_RELAXED;
   return m;
 }
 
 static void relax_end(CUstreamCaptureMode prev) {
-  if (prev != CU_STREAM_CAPTURE_MODE_RELAXED) drv.cuThreadExchangeStreamCaptureMode(&prev);
+  if (prev != CU_STREAM_CAPTURE_MODE_RELAXED) gma__cuda_drv.cuThreadExchangeStreamCaptureMode(&prev);
 }
 
 #define CUDA_RELAXED(name, params, args)            \
@@ -743,14 +617,14 @@ static gma_status_t cuda_stream_capture(gma__device_t *d, gma_stream_t stream, b
   CUresult r = (uintptr_t)stream > 2 ? CUDA_SUCCESS : ctx_enter(cuda_of(d), &pushed);
   if (r == CUDA_SUCCESS) r = capture_query((CUstream)stream, capturing, id);
   ctx_leave(pushed);
-  return r == CUDA_SUCCESS ? GMA_OK : cu_fail(r, "cuStreamGetCaptureInfo");
+  return r == CUDA_SUCCESS ? GMA_OK : gma__cuda_fail(r, "cuStreamGetCaptureInfo");
 }
 
 /* ---- Lifetime -------------------------------------------------------------------- */
 
 static void cuda_destroy(gma__device_t *d) {
   cuda_device_t *dev = cuda_of(d);
-  drv.cuDevicePrimaryCtxRelease(dev->cudev);
+  gma__cuda_drv.cuDevicePrimaryCtxRelease(dev->cudev);
   free(dev);
 }
 
@@ -793,17 +667,17 @@ static const gma__device_ops_t cuda_ops = {
 
 /* Loads the driver, initializes it, and checks the ordinal. */
 static gma_status_t open_ordinal(int ordinal, CUdevice *out) {
-  gma_status_t st = driver();
+  gma_status_t st = gma__cuda_driver();
   if (st != GMA_OK) return st;
-  CUresult r = drv.cuInit(0);
-  if (r != CUDA_SUCCESS) return cu_fail(r, "cuInit");
+  CUresult r = gma__cuda_drv.cuInit(0);
+  if (r != CUDA_SUCCESS) return gma__cuda_fail(r, "cuInit");
   int n = 0;
-  if ((r = drv.cuDeviceGetCount(&n)) != CUDA_SUCCESS) return cu_fail(r, "cuDeviceGetCount");
+  if ((r = gma__cuda_drv.cuDeviceGetCount(&n)) != CUDA_SUCCESS) return gma__cuda_fail(r, "cuDeviceGetCount");
   if (ordinal < 0 || ordinal >= n)
     return gma__set_error(GMA_ERR_NO_DEVICE,
                           "device_id %d does not exist: the CUDA driver reports %d device%s",
                           ordinal, n, n == 1 ? "" : "s");
-  if ((r = drv.cuDeviceGet(out, ordinal)) != CUDA_SUCCESS) return cu_fail(r, "cuDeviceGet");
+  if ((r = gma__cuda_drv.cuDeviceGet(out, ordinal)) != CUDA_SUCCESS) return gma__cuda_fail(r, "cuDeviceGet");
   return GMA_OK;
 }
 
@@ -817,20 +691,20 @@ gma_status_t gma__cuda_create(const gma_config_t *config, gma__device_t **out) {
   dev->base.name = "cuda";
   dev->ordinal = config->device_ordinal;
   dev->cudev = cudev;
-  CUresult r = drv.cuDevicePrimaryCtxRetain(&dev->ctx, cudev);
+  CUresult r = gma__cuda_drv.cuDevicePrimaryCtxRetain(&dev->ctx, cudev);
   if (r != CUDA_SUCCESS) {
     free(dev);
-    return cu_fail(r, "cuDevicePrimaryCtxRetain");
+    return gma__cuda_fail(r, "cuDevicePrimaryCtxRetain");
   }
   int vmm = 0;
-  r = drv.cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+  r = gma__cuda_drv.cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
                                cudev);
   dev->vmm = r == CUDA_SUCCESS && vmm;
   int rdma = 0, fd = 0;
-  r = drv.cuDeviceGetAttribute(&rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+  r = gma__cuda_drv.cuDeviceGetAttribute(&rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
                                cudev);
   dev->vmm_rdma = r == CUDA_SUCCESS && rdma;
-  r = drv.cuDeviceGetAttribute(&fd, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+  r = gma__cuda_drv.cuDeviceGetAttribute(&fd, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
                                cudev);
   dev->vmm_posix_fd = r == CUDA_SUCCESS && fd;
   *out = &dev->base;
@@ -839,13 +713,13 @@ gma_status_t gma__cuda_create(const gma_config_t *config, gma__device_t **out) {
 
 gma_status_t gma__cuda_device_count(int *count) {
   *count = 0;
-  gma_status_t st = driver();
+  gma_status_t st = gma__cuda_driver();
   if (st != GMA_OK) return st;
-  CUresult r = drv.cuInit(0);
-  if (r != CUDA_SUCCESS) return cu_fail(r, "cuInit");
-  if ((r = drv.cuDeviceGetCount(count)) != CUDA_SUCCESS) {
+  CUresult r = gma__cuda_drv.cuInit(0);
+  if (r != CUDA_SUCCESS) return gma__cuda_fail(r, "cuInit");
+  if ((r = gma__cuda_drv.cuDeviceGetCount(count)) != CUDA_SUCCESS) {
     *count = 0;
-    return cu_fail(r, "cuDeviceGetCount");
+    return gma__cuda_fail(r, "cuDeviceGetCount");
   }
   return GMA_OK;
 }
@@ -856,15 +730,15 @@ gma_status_t gma__cuda_device_mem(int ordinal, uint64_t *free_bytes, uint64_t *t
   cuda_device_t dev = {.ordinal = ordinal};
   gma_status_t st = open_ordinal(ordinal, &dev.cudev);
   if (st != GMA_OK) return st;
-  CUresult r = drv.cuDevicePrimaryCtxRetain(&dev.ctx, dev.cudev);
-  if (r != CUDA_SUCCESS) return cu_fail(r, "cuDevicePrimaryCtxRetain");
+  CUresult r = gma__cuda_drv.cuDevicePrimaryCtxRetain(&dev.ctx, dev.cudev);
+  if (r != CUDA_SUCCESS) return gma__cuda_fail(r, "cuDevicePrimaryCtxRetain");
   size_t f = 0, t = 0;
   bool pushed;
   r = ctx_enter(&dev, &pushed);
-  if (r == CUDA_SUCCESS) r = drv.cuMemGetInfo(&f, &t);
+  if (r == CUDA_SUCCESS) r = gma__cuda_drv.cuMemGetInfo(&f, &t);
   ctx_leave(pushed);
-  drv.cuDevicePrimaryCtxRelease(dev.cudev);
-  if (r != CUDA_SUCCESS) return cu_fail(r, "cuMemGetInfo");
+  gma__cuda_drv.cuDevicePrimaryCtxRelease(dev.cudev);
+  if (r != CUDA_SUCCESS) return gma__cuda_fail(r, "cuMemGetInfo");
   *free_bytes = f;
   *total_bytes = t;
   return GMA_OK;

@@ -1,6 +1,8 @@
 /* The presets of the simulated device's cost model and its clock (see
  * sim_cost.h; the figures' sources are in docs/gpu/cost-model.md). */
 #include "device/sim_cost.h"
+#include "base/atomics.h"
+#include "base/clock.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -68,17 +70,11 @@ uint64_t gma__sim_cost_ns(const gma__sim_costs_t *c, gma__sim_cost_op_t op, uint
   return l->base_ns + (uint64_t)(l->ns_per_mib * ((double)bytes / (1024.0 * 1024.0)));
 }
 
-static uint64_t clock_now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
-}
-
 void gma__sim_spin_ns(uint64_t ns) {
   if (ns == 0) return;
   if (ns < 200000) {
-    uint64_t t0 = clock_now();
-    while (clock_now() - t0 < ns) {
+    uint64_t t0 = gma__now_ns();
+    while (gma__now_ns() - t0 < ns) {
     }
     return;
   }
@@ -95,7 +91,7 @@ static _Atomic uint64_t totals[GMA__SIM_COST_NOPS];
 void gma__sim_cost_pay(const gma__sim_costs_t *c, gma__sim_cost_op_t op, uint64_t bytes) {
   if (!c) return;
   thread_calls++;
-  atomic_fetch_add_explicit(&totals[op], 1, memory_order_relaxed);
+  gma__faa_relaxed(&totals[op], 1);
   uint64_t ns = gma__sim_cost_ns(c, op, bytes);
   if (!c->one_lock) {
     gma__sim_spin_ns(ns);
@@ -109,5 +105,5 @@ void gma__sim_cost_pay(const gma__sim_costs_t *c, gma__sim_cost_op_t op, uint64_
 uint64_t gma__sim_cost_thread_calls(void) { return thread_calls; }
 
 uint64_t gma__sim_cost_total(gma__sim_cost_op_t op) {
-  return op < GMA__SIM_COST_NOPS ? atomic_load_explicit(&totals[op], memory_order_relaxed) : 0;
+  return op < GMA__SIM_COST_NOPS ? gma__load_relaxed(&totals[op]) : 0;
 }

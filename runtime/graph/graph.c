@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/round.h"
 #include "graph/graph.h"
 #include "cache/cache.h"
 
@@ -63,7 +64,6 @@ struct gma__capture {
   uint64_t serial;        /* gma's own, never reused */
 };
 
-static uint64_t round_up(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
 
 void gma__graphs_init(gma__graphs_t *gs, gma__pool_t *p, gma__device_t *dev) {
   memset(gs, 0, sizeof *gs);
@@ -158,7 +158,7 @@ static gma_status_t chunk_add(gma__graphs_t *gs, gma_graph_pool_t *pool, gma_str
     free(b);
     return gma__set_error(GMA_ERR_OOM, "host memory for a graph pool's chunk");
   }
-  uint64_t size = want <= CHUNK_SMALL ? CHUNK_ROUND : round_up(want, CHUNK_ROUND);
+  uint64_t size = want <= CHUNK_SMALL ? CHUNK_ROUND : gma__round_up(want, CHUNK_ROUND);
   unsigned flags = GMA__ALLOC_WAIT | GMA__ALLOC_ARENA | GMA__ALLOC_CAPTURE;
   void *ptr = NULL;
   /* The rounded size first, then exactly what is asked: only the last
@@ -291,7 +291,7 @@ static gma_status_t split(gblock_t *b, uint64_t size) {
 /* One request of the capture cap on stream record s (lock held). */
 static gma_status_t alloc_one(gma__graphs_t *gs, gma__capture_t *cap, gma__stream_t *s,
                               gma_stream_t stream, uint64_t sid, size_t requested, void **out) {
-  uint64_t size = round_up(requested ? requested : 1, ROUND);
+  uint64_t size = gma__round_up(requested ? requested : 1, ROUND);
   gma__gchunk_t *c = NULL;
   gblock_t *b = best_fit(gs, cap->pool, size, s, cap->serial, &c);
   if (!b) {

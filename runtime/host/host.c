@@ -12,12 +12,6 @@
 #include "core/internal.h"
 #include "base/sizeclass.h"
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* The address a block is known by: what its caller got. */
 static uintptr_t key_of(const gma__hblock_t *b) {
   return b->fallback ? b->dptr : (uintptr_t)b->ptr;
@@ -179,7 +173,7 @@ static void poll_pending(gma__host_t *h) {
     if (!h->pending_head) h->pending_tail = NULL;
     h->pending_bytes -= b->size;
     b->state = GMA__HOST_FREE;
-    b->free_since_ns = now_ns();
+    b->free_since_ns = gma__now_ns();
     unsigned c = gma__class_of(b->size);
     b->next = h->free_list[c];
     h->free_list[c] = b;
@@ -265,60 +259,60 @@ gma_status_t gma__host_alloc(gma__host_t *h, size_t size, gma_stream_t stream, b
   return GMA_OK;
 }
 
-gma_status_t gma__host_free(gma__host_t *h, void *ptr, bool fallback) {
-  pthread_mutex_lock(&h->mu);
-  gma__hblock_t *b = find(h, (uintptr_t)ptr);
-  gma_status_t st = GMA_OK;
-  if (b && b->fallback && !fallback) {
-    st = gma__set_error(GMA_ERR_INVALID_POINTER,
-                        "gma_host_free(%p): the pointer came from gma_alloc (device memory ran "
-                        "out and fallback:host served it from pinned host memory); free it "
-                        "with gma_free",
-                        ptr);
-  } else if (b && !b->fallback && fallback) {
-    st = gma__set_error(GMA_ERR_INVALID_POINTER,
-                        "gma_free(%p): the pointer is pinned host memory from gma_host_alloc; "
-                        "free it with gma_host_free",
-                        ptr);
-  } else if (!b) {
-    st = gma__set_error(GMA_ERR_INVALID_POINTER,
-                        "%s(%p): not memory gma_host_alloc returned; pass exactly its pointer",
-                        fallback ? "gma_free" : "gma_host_free", ptr);
-  } else if (b->state != GMA__HOST_LIVE) {
-    st = gma__set_error(GMA_ERR_DOUBLE_FREE, "%s(%p): already freed",
-                        fallback ? "gma_free" : "gma_host_free", ptr);
-  }
-  if (st != GMA_OK) {
-    pthread_mutex_unlock(&h->mu);
-    return st;
-  }
-  /* Ordered after the work queued so far on its own stream (a copy from or
-   * to the block) and on the streams gma_record_stream named: until those
-   * events complete the block is not handed out again. A failure leaves the
-   * block live (free it again). */
+/* mu held: GMA_OK when b (the block at ptr, or NULL) may be freed by
+ * gma_free (fallback) or gma_host_free; else the error, set. */
+static gma_status_t free_check(const gma__hblock_t *b, void *ptr, bool fallback) {
+  if (b && b->fallback && !fallback)
+    return gma__set_error(GMA_ERR_INVALID_POINTER,
+                          "gma_host_free(%p): the pointer came from gma_alloc (device memory ran "
+                          "out and fallback:host served it from pinned host memory); free it "
+                          "with gma_free",
+                          ptr);
+  if (b && !b->fallback && fallback)
+    return gma__set_error(GMA_ERR_INVALID_POINTER,
+                          "gma_free(%p): the pointer is pinned host memory from gma_host_alloc; "
+                          "free it with gma_host_free",
+                          ptr);
+  if (!b)
+    return gma__set_error(GMA_ERR_INVALID_POINTER,
+                          "%s(%p): not memory gma_host_alloc returned; pass exactly its pointer",
+                          fallback ? "gma_free" : "gma_host_free", ptr);
+  if (b->state != GMA__HOST_LIVE)
+    return gma__set_error(GMA_ERR_DOUBLE_FREE, "%s(%p): already freed",
+                          fallback ? "gma_free" : "gma_host_free", ptr);
+  return GMA_OK;
+}
+
+/* mu held: orders the free of b after the work queued so far on its own
+ * stream (a copy from or to the block) and on the streams gma_record_stream
+ * named: until those events complete the block is not handed out again. A
+ * failure leaves the block live (free it again). */
+static gma_status_t free_order(gma__host_t *h, gma__hblock_t *b, void *ptr, bool fallback) {
   gma__huse_t *captured = use_capturing(h, &b->own) ? &b->own : NULL;
   for (uint32_t i = 0; !captured && i < b->nxuse; i++)
     if (use_capturing(h, &b->xuse[i])) captured = &b->xuse[i];
-  if (captured) {
-    pthread_mutex_unlock(&h->mu);
+  if (captured)
     return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
                           "%s(%p): stream %p is capturing a CUDA graph (or is the legacy "
                           "stream while another stream captures), and the graph may use this "
                           "block at every launch; the block stays allocated: free it after "
                           "the capture ended and the graph's last launch completed",
                           fallback ? "gma_free" : "gma_host_free", ptr, captured->stream);
-  }
   gma__huse_t *failed = NULL;
   for (uint32_t i = 0; !failed && i < b->nxuse; i++)
     if (order_free(h, &b->xuse[i]) != GMA_OK) failed = &b->xuse[i];
   if (!failed && order_free(h, &b->own) != GMA_OK) failed = &b->own;
-  if (failed) {
-    pthread_mutex_unlock(&h->mu);
+  if (failed)
     return gma__set_error(GMA_ERR_DEVICE, "%s(%p): could not order the free after the work of "
                           "stream %p (%s); the block stays allocated, free it again",
                           fallback ? "gma_free" : "gma_host_free", ptr, failed->stream,
                           gma__error_detail(gma_last_error()));
-  }
+  return GMA_OK;
+}
+
+/* mu held: b, its free ordered, leaves the live figures and waits on the
+ * pending list for its events, or goes straight to its class's free list. */
+static void free_retire(gma__host_t *h, gma__hblock_t *b) {
   h->live_bytes -= b->size;
   gma__stat_sub(&h->allocated, b->size);
   if (b->fallback) {
@@ -338,14 +332,22 @@ gma_status_t gma__host_free(gma__host_t *h, void *ptr, bool fallback) {
     h->pending_bytes += b->size;
   } else {
     b->state = GMA__HOST_FREE;
-    b->free_since_ns = now_ns();
+    b->free_since_ns = gma__now_ns();
     unsigned c = gma__class_of(b->size);
     b->next = h->free_list[c];
     h->free_list[c] = b;
     h->free_bytes += b->size;
   }
+}
+
+gma_status_t gma__host_free(gma__host_t *h, void *ptr, bool fallback) {
+  pthread_mutex_lock(&h->mu);
+  gma__hblock_t *b = find(h, (uintptr_t)ptr);
+  gma_status_t st = free_check(b, ptr, fallback);
+  if (st == GMA_OK) st = free_order(h, b, ptr, fallback);
+  if (st == GMA_OK) free_retire(h, b);
   pthread_mutex_unlock(&h->mu);
-  return GMA_OK;
+  return st;
 }
 
 /* mu held: u's stream is about to be destroyed (it still exists): its work

@@ -164,6 +164,114 @@ static bool tally_planned(void *arg, const gma_allocation_info_t *info, uint64_t
   return true;
 }
 
+/* The summary's walk of the pool: live bytes by pool kind (planned blocks
+ * counted, not their arena), reserved bytes and segments by kind. */
+typedef struct pool_walk {
+  uint64_t live[GMA__NKINDS], reserved[GMA__NKINDS], segs[GMA__NKINDS];
+} pool_walk_t;
+
+/* Walks g's segments under the pool lock into w and lt. A plan's arena
+ * (plan:on) is one live block to the pool; the planned blocks live in it are
+ * what the program holds, and those are counted, as gma_live_report does. */
+static void walk_pool(gma_t *g, live_tally_t *lt, pool_walk_t *w) {
+  gma__pool_t *p = &g->pool;
+  pthread_mutex_lock(&p->lock);
+  for (size_t i = 0; i < p->nsegs; i++) {
+    gma__segment_t *seg = p->segs[i];
+    w->reserved[seg->kind] += seg->size;
+    w->segs[seg->kind]++;
+    for (gma__block_t *b = seg->first; b; b = b->next) {
+      if (gma__load_relaxed(&b->state) != GMA__LIVE) continue;
+      uint64_t before = lt->bytes;
+      if (!g->cfg.plan || !gma__plan_each_live(&g->plan, b->addr, tally_planned, lt))
+        tally(lt, gma__load_relaxed(&b->tag), b->size);
+      w->live[seg->kind] += lt->bytes - before;
+    }
+  }
+  pthread_mutex_unlock(&p->lock);
+}
+
+/* The summary's title and its byte figures. */
+static void summary_bytes(out_t *o, gma_t *g, const gma_stats_t *s, const pool_walk_t *w) {
+  char a[32], b[32], c[32], title[80];
+  put(o, "+=========================================================================+\n");
+  snprintf(title, sizeof title, "gma memory summary: device %s%s", g->dev->name,
+           g->cfg.expandable_segments ? ", growable segments" : "");
+  put(o, "| %-71s |\n", title);
+  put(o, RULE);
+  put(o, "| %-26s | %12s | %12s | %12s |\n", "metric", "current", "peak", "total");
+  put(o, RULE);
+  row3(o, "allocated", s->allocated.current, s->allocated.peak, s->allocated.total, true);
+  row1(o, "  from small pool", "%s now", human(a, sizeof a, w->live[GMA__SMALL]));
+  row1(o, "  from large pool", "%s now", human(a, sizeof a, w->live[GMA__LARGE]));
+  row3(o, "requested", s->requested.current, s->requested.peak, s->requested.total, true);
+  row3(o, "active (alloc + pending)", s->active.current, s->active.peak, s->active.total, true);
+  row3(o, "reserved", s->reserved.current, s->reserved.peak, s->reserved.total, true);
+  row1(o, "  small pool", "%s in %" PRIu64 " segments",
+       human(a, sizeof a, w->reserved[GMA__SMALL]), w->segs[GMA__SMALL]);
+  row1(o, "  large pool", "%s in %" PRIu64 " segments",
+       human(a, sizeof a, w->reserved[GMA__LARGE]), w->segs[GMA__LARGE]);
+  row3(o, "cached (reserved - alloc)", s->cached.current, s->cached.peak, s->cached.total, true);
+  row1(o, "  stream / pending / free", "%s / %s / %s",
+       human(a, sizeof a, s->stream_cached_bytes), human(b, sizeof b, s->pending_bytes),
+       human(c, sizeof c, s->free_bytes));
+  row1(o, "largest free block", "%s", human(a, sizeof a, s->largest_free_block));
+  /* docs/stats.md: idle bytes in free regions below the median live block size */
+  row1(o, "fragmentation", "%.1f%% of cache too small to reuse", 100.0 * s->fragmentation);
+  put(o, RULE);
+}
+
+/* The summary's counts of calls and events. */
+static void summary_counts(out_t *o, const gma_stats_t *s, uint64_t blocks_live) {
+  char a[32], b[32];
+  row1(o, "allocations / frees", "%" PRIu64 " / %" PRIu64 " (%" PRIu64 " live)", s->num_allocs,
+       s->num_frees, blocks_live);
+  row1(o, "hits: bin/stream/pool/dev", "%" PRIu64 " / %" PRIu64 " / %" PRIu64 " / %" PRIu64,
+       s->hits_bin, s->hits_stream, s->hits_pool, s->hits_device);
+  row1(o, "device allocs / frees", "%" PRIu64 " / %" PRIu64, s->num_device_allocs,
+       s->num_device_frees);
+  row1(o, "OOMs / OOM retries", "%" PRIu64 " / %" PRIu64, s->num_ooms, s->num_oom_retries);
+  row1(o, "batches (split)", "%" PRIu64 " (%" PRIu64 ")", s->num_batches, s->num_batches_split);
+  row1(o, "futures: submitted/at once", "%" PRIu64 " / %" PRIu64, s->futures_submitted,
+       s->futures_ready_at_once);
+  row1(o, "futures: ready/failed/t-o", "%" PRIu64 " / %" PRIu64 " / %" PRIu64 " (%" PRIu64
+       " queued)", s->futures_ready, s->futures_failed, s->futures_timed_out, s->queue_depth);
+  row1(o, "trims: explicit/timed", "%" PRIu64 " / %" PRIu64 " (%s given back)",
+       s->trims_explicit, s->trims_timed, human(a, sizeof a, s->bytes_trimmed));
+  row1(o, "trims: idle/pressure", "%" PRIu64 " / %" PRIu64 " (pressure level %d)",
+       s->trims_idle, s->trims_pressure, s->pressure_level);
+  row1(o, "streams / epoch events", "%" PRIu64 " / %" PRIu64, s->num_streams,
+       s->num_epoch_events);
+  row1(o, "host pinned: live/held", "%s / %s", human(a, sizeof a, s->host_allocated.current),
+       human(b, sizeof b, s->host_reserved.current));
+  row1(o, "CPU fallbacks", "%" PRIu64 " (%s live)", s->num_fallbacks,
+       human(a, sizeof a, s->fallback_bytes));
+}
+
+/* The summary's planned-memory rows (plan:on only) and its tags. */
+static void summary_plan_tags(out_t *o, gma_t *g, const gma_stats_t *s, const live_tally_t *lt) {
+  char a[32], b[32];
+  if (g->cfg.plan) {
+    static const char *const states[] = {"off", "learning", "verifying", "placing", "active"};
+    row1(o, "plan", "%s, %" PRIu64 " allocations per iteration",
+         states[s->plan_state < 0 || s->plan_state > 4 ? 0 : s->plan_state], s->plan_slots);
+    row1(o, "  arena / lower bound", "%s / %s (one live block of the large pool)",
+         human(a, sizeof a, s->plan_arena_bytes), human(b, sizeof b, s->plan_lower_bound));
+    row1(o, "  hits / misses / re-plans", "%" PRIu64 " / %" PRIu64 " / %" PRIu64, s->plan_hits,
+         s->plan_misses, s->plan_replans);
+  }
+  put(o, RULE);
+  put(o, "| %-26s | %-42s |\n", "live device memory by tag", "");
+  for (unsigned t = 0; t < GMA__MAX_TAGS; t++)
+    if (lt->tag_count[t]) {
+      char name[40];
+      snprintf(name, sizeof name, "  %s", gma__tag_name(&g->pool, t));
+      row1(o, name, "%s in %" PRIu64 " allocations", human(a, sizeof a, lt->tag_bytes[t]),
+           lt->tag_count[t]);
+    }
+  put(o, "+=========================================================================+\n");
+}
+
 gma_status_t gma_memory_summary(gma_t *g, char *buf, size_t len) {
   GMA__CHECK(g, "gma_memory_summary");
   if (!buf || !len)
@@ -171,100 +279,15 @@ gma_status_t gma_memory_summary(gma_t *g, char *buf, size_t len) {
   gma_stats_t s = GMA_STATS_INIT;
   gma_status_t st = gma_stats(g, &s);
   if (st != GMA_OK) return st;
-  /* By pool: current bytes from a walk; reserved per pool and segment counts. */
-  uint64_t live[GMA__NKINDS] = {0}, reserved[GMA__NKINDS] = {0}, segs[GMA__NKINDS] = {0};
-  gma__pool_t *p = &g->pool;
-  /* A plan's arena (plan:on) is one live block to the pool; the planned
-   * blocks live in it are what the program holds, and those are counted,
-   * as gma_live_report does. */
   live_tally_t *lt = calloc(1, sizeof *lt);
   if (!lt) return gma__set_error(GMA_ERR_OOM, "gma_memory_summary: out of host memory");
-  lt->p = p;
-  pthread_mutex_lock(&p->lock);
-  for (size_t i = 0; i < p->nsegs; i++) {
-    gma__segment_t *seg = p->segs[i];
-    reserved[seg->kind] += seg->size;
-    segs[seg->kind]++;
-    for (gma__block_t *b = seg->first; b; b = b->next) {
-      if (gma__load_relaxed(&b->state) != GMA__LIVE) continue;
-      uint64_t before = lt->bytes;
-      if (!g->cfg.plan || !gma__plan_each_live(&g->plan, b->addr, tally_planned, lt))
-        tally(lt, gma__load_relaxed(&b->tag), b->size);
-      live[seg->kind] += lt->bytes - before;
-    }
-  }
-  pthread_mutex_unlock(&p->lock);
-  uint64_t blocks_live = lt->count, *tag_bytes = lt->tag_bytes, *tag_count = lt->tag_count;
-
+  lt->p = &g->pool;
+  pool_walk_t w = {{0}, {0}, {0}};
+  walk_pool(g, lt, &w);
   out_t o = {buf, len, 0};
-  char a[32], b[32];
-  put(&o, "+=========================================================================+\n");
-  char title[80];
-  snprintf(title, sizeof title, "gma memory summary: device %s%s", g->dev->name,
-           g->cfg.expandable_segments ? ", growable segments" : "");
-  put(&o, "| %-71s |\n", title);
-  put(&o, RULE);
-  put(&o, "| %-26s | %12s | %12s | %12s |\n", "metric", "current", "peak", "total");
-  put(&o, RULE);
-  row3(&o, "allocated", s.allocated.current, s.allocated.peak, s.allocated.total, true);
-  row1(&o, "  from small pool", "%s now", human(a, sizeof a, live[GMA__SMALL]));
-  row1(&o, "  from large pool", "%s now", human(a, sizeof a, live[GMA__LARGE]));
-  row3(&o, "requested", s.requested.current, s.requested.peak, s.requested.total, true);
-  row3(&o, "active (alloc + pending)", s.active.current, s.active.peak, s.active.total, true);
-  row3(&o, "reserved", s.reserved.current, s.reserved.peak, s.reserved.total, true);
-  row1(&o, "  small pool", "%s in %" PRIu64 " segments", human(a, sizeof a, reserved[GMA__SMALL]),
-       segs[GMA__SMALL]);
-  row1(&o, "  large pool", "%s in %" PRIu64 " segments", human(a, sizeof a, reserved[GMA__LARGE]),
-       segs[GMA__LARGE]);
-  row3(&o, "cached (reserved - alloc)", s.cached.current, s.cached.peak, s.cached.total, true);
-  row1(&o, "  stream / pending / free", "%s / %s / %s",
-       human(a, sizeof a, s.stream_cached_bytes), human(b, sizeof b, s.pending_bytes),
-       human((char[32]){0}, 32, s.free_bytes));
-  row1(&o, "largest free block", "%s", human(a, sizeof a, s.largest_free_block));
-  /* docs/stats.md: idle bytes in free regions below the median live block size */
-  row1(&o, "fragmentation", "%.1f%% of cache too small to reuse", 100.0 * s.fragmentation);
-  put(&o, RULE);
-  row1(&o, "allocations / frees", "%" PRIu64 " / %" PRIu64 " (%" PRIu64 " live)", s.num_allocs,
-       s.num_frees, blocks_live);
-  row1(&o, "hits: bin/stream/pool/dev", "%" PRIu64 " / %" PRIu64 " / %" PRIu64 " / %" PRIu64,
-       s.hits_bin, s.hits_stream, s.hits_pool, s.hits_device);
-  row1(&o, "device allocs / frees", "%" PRIu64 " / %" PRIu64, s.num_device_allocs,
-       s.num_device_frees);
-  row1(&o, "OOMs / OOM retries", "%" PRIu64 " / %" PRIu64, s.num_ooms, s.num_oom_retries);
-  row1(&o, "batches (split)", "%" PRIu64 " (%" PRIu64 ")", s.num_batches, s.num_batches_split);
-  row1(&o, "futures: submitted/at once", "%" PRIu64 " / %" PRIu64, s.futures_submitted,
-       s.futures_ready_at_once);
-  row1(&o, "futures: ready/failed/t-o", "%" PRIu64 " / %" PRIu64 " / %" PRIu64 " (%" PRIu64
-       " queued)", s.futures_ready, s.futures_failed, s.futures_timed_out, s.queue_depth);
-  row1(&o, "trims: explicit/timed", "%" PRIu64 " / %" PRIu64 " (%s given back)",
-       s.trims_explicit, s.trims_timed, human(a, sizeof a, s.bytes_trimmed));
-  row1(&o, "trims: idle/pressure", "%" PRIu64 " / %" PRIu64 " (pressure level %d)",
-       s.trims_idle, s.trims_pressure, s.pressure_level);
-  row1(&o, "streams / epoch events", "%" PRIu64 " / %" PRIu64, s.num_streams,
-       s.num_epoch_events);
-  row1(&o, "host pinned: live/held", "%s / %s", human(a, sizeof a, s.host_allocated.current),
-       human(b, sizeof b, s.host_reserved.current));
-  row1(&o, "CPU fallbacks", "%" PRIu64 " (%s live)", s.num_fallbacks,
-       human(a, sizeof a, s.fallback_bytes));
-  if (g->cfg.plan) {
-    static const char *const states[] = {"off", "learning", "verifying", "placing", "active"};
-    row1(&o, "plan", "%s, %" PRIu64 " allocations per iteration",
-         states[s.plan_state < 0 || s.plan_state > 4 ? 0 : s.plan_state], s.plan_slots);
-    row1(&o, "  arena / lower bound", "%s / %s (one live block of the large pool)",
-         human(a, sizeof a, s.plan_arena_bytes), human(b, sizeof b, s.plan_lower_bound));
-    row1(&o, "  hits / misses / re-plans", "%" PRIu64 " / %" PRIu64 " / %" PRIu64, s.plan_hits,
-         s.plan_misses, s.plan_replans);
-  }
-  put(&o, RULE);
-  put(&o, "| %-26s | %-42s |\n", "live device memory by tag", "");
-  for (unsigned t = 0; t < GMA__MAX_TAGS; t++)
-    if (tag_count[t]) {
-      char name[40];
-      snprintf(name, sizeof name, "  %s", gma__tag_name(p, t));
-      row1(&o, name, "%s in %" PRIu64 " allocations", human(a, sizeof a, tag_bytes[t]),
-           tag_count[t]);
-    }
-  put(&o, "+=========================================================================+\n");
+  summary_bytes(&o, g, &s, &w);
+  summary_counts(&o, &s, lt->count);
+  summary_plan_tags(&o, g, &s, lt);
   free(lt);
   if (o.at >= len) {
     buf[len - 1] = '\0';

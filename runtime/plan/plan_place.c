@@ -321,147 +321,195 @@ static void order_keys(int order, const uint32_t *idx, size_t m, const gma__plan
 
 /* ---- the entry point -------------------------------------------------------------- */
 
-bool gma__plan_place(const gma__plan_item_t *items, size_t n, uint64_t *offsets,
-                     uint64_t *arena, uint64_t *lower_bound) {
-  *arena = 0, *lower_bound = 0;
-  if (n == 0) return true;
-  if (n >= UINT32_MAX) return false; /* indices are 32 bits; no plan is that large */
-  bool ok = false;
-  rec_t *rec = malloc(n * sizeof *rec), *tmp = malloc(n * sizeof *tmp);
-  uint32_t *lo = malloc(n * sizeof *lo), *hi = malloc(n * sizeof *hi);
-  uint32_t *idx = malloc(n * sizeof *idx), *size_rank = malloc(n * sizeof *size_rank);
-  uint32_t *leaf_of = malloc((n + 1) * sizeof *leaf_of), *leaf_min = NULL;
-  uint64_t *starts = malloc(n * sizeof *starts), *units = malloc(n * sizeof *units);
-  uint64_t *cur = malloc(n * sizeof *cur), *live = NULL;
-  rec_t *bestord = malloc(n * sizeof *bestord), *trial = malloc(n * sizeof *trial);
-  solver_t s = {0};
-  if (!rec || !tmp || !lo || !hi || !idx || !size_rank || !leaf_of || !starts || !units || !cur ||
-      !bestord || !trial)
-    goto out;
+/* One call of gma__plan_place: its input, its arrays (each n long unless
+ * said) and the figures its phases hand on. */
+typedef struct place {
+  const gma__plan_item_t *items;
+  size_t n;
+  size_t m;                 /* items live at some instant: idx[0, m) */
+  uint32_t nleaves;
+  rec_t *rec, *tmp;         /* sort buffers */
+  uint32_t *lo, *hi;        /* each item's range of leaves [lo, hi) */
+  uint32_t *idx, *size_rank;
+  uint32_t *leaf_of;        /* n + 1: each start's leaf */
+  uint32_t *leaf_min;       /* 2 x leaves: the min tree of leaf ranks by bytes live */
+  uint64_t *starts, *units, *cur;
+  uint64_t *live;           /* leaves + 1: bytes live at each leaf */
+  rec_t *bestord, *trial;   /* m: the best order so far, the one being tried */
+  solver_t s;
+  uint64_t lb, best, work;  /* the lower bound, the best arena so far, the work spent */
+} place_t;
 
+static bool place_alloc(place_t *P) {
+  size_t n = P->n;
+  P->rec = malloc(n * sizeof *P->rec), P->tmp = malloc(n * sizeof *P->tmp);
+  P->lo = malloc(n * sizeof *P->lo), P->hi = malloc(n * sizeof *P->hi);
+  P->idx = malloc(n * sizeof *P->idx), P->size_rank = malloc(n * sizeof *P->size_rank);
+  P->leaf_of = malloc((n + 1) * sizeof *P->leaf_of);
+  P->starts = malloc(n * sizeof *P->starts), P->units = malloc(n * sizeof *P->units);
+  P->cur = malloc(n * sizeof *P->cur);
+  P->bestord = malloc(n * sizeof *P->bestord), P->trial = malloc(n * sizeof *P->trial);
+  return P->rec && P->tmp && P->lo && P->hi && P->idx && P->size_rank && P->leaf_of &&
+         P->starts && P->units && P->cur && P->bestord && P->trial;
+}
+
+static void place_free(place_t *P) {
+  free(P->rec), free(P->tmp), free(P->lo), free(P->hi), free(P->idx), free(P->size_rank);
+  free(P->leaf_of), free(P->leaf_min), free(P->starts), free(P->units), free(P->cur);
+  free(P->live), free(P->s.node), free(P->s.pool), free(P->bestord), free(P->trial);
+}
+
+/* Each item's range of leaves [lo, hi), its size in units, the live items
+ * in idx[0, m), and the solver's tree shape. */
+static void place_leaves(place_t *P, uint64_t *offsets) {
+  const gma__plan_item_t *items = P->items;
+  size_t n = P->n;
   /* The distinct starts, ascending; lo[i] indexes item i's. */
-  for (size_t i = 0; i < n; i++) rec[i] = (rec_t){items[i].start, (uint32_t)i};
-  const rec_t *sorted = radix_sort(rec, tmp, n);
+  for (size_t i = 0; i < n; i++) P->rec[i] = (rec_t){items[i].start, (uint32_t)i};
+  const rec_t *sorted = radix_sort(P->rec, P->tmp, n);
   size_t t = 0;
   for (size_t k = 0; k < n; k++) {
-    if (t == 0 || starts[t - 1] != sorted[k].k) starts[t++] = sorted[k].k;
-    lo[sorted[k].i] = (uint32_t)(t - 1);
+    if (t == 0 || P->starts[t - 1] != sorted[k].k) P->starts[t++] = sorted[k].k;
+    P->lo[sorted[k].i] = (uint32_t)(t - 1);
   }
   /* hi[i]: the first start at or after item i's end. An item that is never
    * live (start >= end, outside the contract) gets hi = lo, covers nothing
    * and stays at offset 0, where it overlaps nothing live. */
-  memset(leaf_of, 0, (t + 1) * sizeof *leaf_of);
+  memset(P->leaf_of, 0, (t + 1) * sizeof *P->leaf_of);
   size_t m = 0;
   for (size_t i = 0; i < n; i++) {
-    size_t h = lower_bound_u64(starts, t, items[i].end);
-    hi[i] = h > lo[i] ? (uint32_t)h : lo[i];
-    units[i] = items[i].size / UNIT + (items[i].size % UNIT != 0);
-    offsets[i] = cur[i] = 0;
-    if (hi[i] > lo[i]) idx[m++] = (uint32_t)i, leaf_of[hi[i]] = 1;
+    size_t h = lower_bound_u64(P->starts, t, items[i].end);
+    P->hi[i] = h > P->lo[i] ? (uint32_t)h : P->lo[i];
+    P->units[i] = items[i].size / UNIT + (items[i].size % UNIT != 0);
+    offsets[i] = P->cur[i] = 0;
+    if (P->hi[i] > P->lo[i]) P->idx[m++] = (uint32_t)i, P->leaf_of[P->hi[i]] = 1;
   }
   /* Leaves: consecutive starts with no end between them are one instant as
    * far as conflicts go (whatever is live at the first is live at the
    * next), so a leaf is a run of starts that an end cuts. */
   uint32_t nleaves = 0;
   for (size_t j = 0; j < t; j++) {
-    if (j == 0 || leaf_of[j]) nleaves++;
-    leaf_of[j] = nleaves - 1;
+    if (j == 0 || P->leaf_of[j]) nleaves++;
+    P->leaf_of[j] = nleaves - 1;
   }
-  leaf_of[t] = nleaves;
+  P->leaf_of[t] = nleaves;
   for (size_t k = 0; k < m; k++) {
-    uint32_t i = idx[k];
-    lo[i] = leaf_of[lo[i]], hi[i] = leaf_of[hi[i]];
+    uint32_t i = P->idx[k];
+    P->lo[i] = P->leaf_of[P->lo[i]], P->hi[i] = P->leaf_of[P->hi[i]];
   }
-  s.leaves = 1, s.depth = 0;
-  while (s.leaves < nleaves) s.leaves *= 2, s.depth++;
+  P->m = m, P->nleaves = nleaves;
+  P->s.leaves = 1, P->s.depth = 0;
+  while (P->s.leaves < nleaves) P->s.leaves *= 2, P->s.depth++;
+}
 
-  /* Bytes live at each leaf (at its last start, where they peak), from the
-   * differences at each item's ends; the lower bound is their maximum. */
-  live = calloc(s.leaves + 1, sizeof *live);
-  leaf_min = malloc(2 * (size_t)s.leaves * sizeof *leaf_min);
-  s.node = malloc(2 * (size_t)s.leaves * sizeof *s.node);
-  if (!live || !leaf_min || !s.node) goto out;
-  for (size_t k = 0; k < m; k++) {
-    uint32_t i = idx[k];
-    live[lo[i]] += items[i].size;
-    live[hi[i]] -= items[i].size; /* wraps; the running sum unwraps it */
+/* Bytes live at each leaf (at its last start, where they peak), from the
+ * differences at each item's ends; the lower bound is their maximum. Then
+ * the ranks: of each item's size among the distinct sizes, upwards; of each
+ * leaf by bytes live, downwards (ties: the earlier leaf first), kept in a
+ * min tree for greedy by breadth. False without memory. */
+static bool place_ranks(place_t *P) {
+  const gma__plan_item_t *items = P->items;
+  uint32_t leaves = P->s.leaves;
+  P->live = calloc(leaves + 1, sizeof *P->live);
+  P->leaf_min = malloc(2 * (size_t)leaves * sizeof *P->leaf_min);
+  P->s.node = malloc(2 * (size_t)leaves * sizeof *P->s.node);
+  if (!P->live || !P->leaf_min || !P->s.node) return false;
+  for (size_t k = 0; k < P->m; k++) {
+    uint32_t i = P->idx[k];
+    P->live[P->lo[i]] += items[i].size;
+    P->live[P->hi[i]] -= items[i].size; /* wraps; the running sum unwraps it */
   }
-  uint64_t run = 0, lb = 0;
-  for (size_t j = 0; j < nleaves; j++) {
-    run += live[j];
-    live[j] = run;
-    if (run > lb) lb = run;
+  uint64_t run = 0;
+  P->lb = 0;
+  for (size_t j = 0; j < P->nleaves; j++) {
+    run += P->live[j];
+    P->live[j] = run;
+    if (run > P->lb) P->lb = run;
   }
-
-  /* Ranks: of each item's size among the distinct sizes, upwards; of each
-   * leaf by bytes live, downwards (ties: the earlier leaf first), kept in a
-   * min tree for greedy by breadth. */
-  for (size_t i = 0; i < n; i++) rec[i] = (rec_t){items[i].size, (uint32_t)i};
-  sorted = radix_sort(rec, tmp, n);
-  for (size_t k = 0, r = 0; k < n; k++) {
+  for (size_t i = 0; i < P->n; i++) P->rec[i] = (rec_t){items[i].size, (uint32_t)i};
+  const rec_t *sorted = radix_sort(P->rec, P->tmp, P->n);
+  for (size_t k = 0, r = 0; k < P->n; k++) {
     if (k && sorted[k].k != sorted[k - 1].k) r++;
-    size_rank[sorted[k].i] = (uint32_t)r;
+    P->size_rank[sorted[k].i] = (uint32_t)r;
   }
-  for (uint32_t j = 0; j < nleaves; j++) rec[j] = (rec_t){~live[j], j};
-  sorted = radix_sort(rec, tmp, nleaves);
-  for (uint32_t v = 0; v < s.leaves; v++) leaf_min[s.leaves + v] = UINT32_MAX;
-  for (uint32_t k = 0; k < nleaves; k++) leaf_min[s.leaves + sorted[k].i] = k;
-  for (uint32_t v = s.leaves - 1; v >= 1; v--) {
-    uint32_t a = leaf_min[2 * v], b = leaf_min[2 * v + 1];
-    leaf_min[v] = a < b ? a : b;
+  for (uint32_t j = 0; j < P->nleaves; j++) P->rec[j] = (rec_t){~P->live[j], j};
+  sorted = radix_sort(P->rec, P->tmp, P->nleaves);
+  for (uint32_t v = 0; v < leaves; v++) P->leaf_min[leaves + v] = UINT32_MAX;
+  for (uint32_t k = 0; k < P->nleaves; k++) P->leaf_min[leaves + sorted[k].i] = k;
+  for (uint32_t v = leaves - 1; v >= 1; v--) {
+    uint32_t a = P->leaf_min[2 * v], b = P->leaf_min[2 * v + 1];
+    P->leaf_min[v] = a < b ? a : b;
   }
+  return true;
+}
 
-  /* The passes: each order once, the best kept, until one reaches the
-   * lower bound or the work budget is spent (then the orders left would
-   * cost more than the plan is worth). */
-  uint64_t best = UINT64_MAX, work = 0;
-  for (int order = 0; order < ORDERS && best > lb; order++) {
-    if (order > 0 && work / (uint64_t)order + work > WORK_BUDGET) break;
-    order_keys(order, idx, m, items, units, size_rank, lo, hi, leaf_min, s.leaves, rec);
-    sorted = radix_sort(rec, tmp, m);
-    uint64_t got = place_pass(&s, units, lo, hi, sorted, m, cur, &work);
-    if (got == UINT64_MAX) goto out;
-    if (got < best) {
-      best = got;
-      memcpy(offsets, cur, n * sizeof *offsets);
-      memcpy(bestord, sorted, m * sizeof *bestord);
+/* The passes: each order once, the best kept in offsets, until one reaches
+ * the lower bound or the work budget is spent (then the orders left would
+ * cost more than the plan is worth). False without memory. */
+static bool place_orders(place_t *P, uint64_t *offsets) {
+  P->best = UINT64_MAX, P->work = 0;
+  for (int order = 0; order < ORDERS && P->best > P->lb; order++) {
+    if (order > 0 && P->work / (uint64_t)order + P->work > WORK_BUDGET) break;
+    order_keys(order, P->idx, P->m, P->items, P->units, P->size_rank, P->lo, P->hi, P->leaf_min,
+               P->s.leaves, P->rec);
+    const rec_t *sorted = radix_sort(P->rec, P->tmp, P->m);
+    uint64_t got = place_pass(&P->s, P->units, P->lo, P->hi, sorted, P->m, P->cur, &P->work);
+    if (got == UINT64_MAX) return false;
+    if (got < P->best) {
+      P->best = got;
+      memcpy(offsets, P->cur, P->n * sizeof *offsets);
+      memcpy(P->bestord, sorted, P->m * sizeof *P->bestord);
     }
   }
-  /* Still more than 0.5% above the bound with work to spare (small plans:
-   * a training step of a few dozen buffers): an iterated local search,
-   * seeded: every other pass tries the best order so far with one to three
-   * pairs swapped (kept if no worse), the others a whole random order. */
-  uint64_t pass_work = work / ORDERS + 1, rng = 0x9e3779b97f4a7c15ull;
-  uint64_t extra_end = work + EXTRA_WORK;
-  for (int pass = 0; pass < EXTRA_PASSES && m > 1 && best > lb + lb / 200 &&
-                     work + pass_work <= extra_end;
+  return true;
+}
+
+/* Still more than 0.5% above the bound with work to spare (small plans:
+ * a training step of a few dozen buffers): an iterated local search,
+ * seeded: every other pass tries the best order so far with one to three
+ * pairs swapped (kept if no worse), the others a whole random order.
+ * False without memory. */
+static bool place_search(place_t *P, uint64_t *offsets) {
+  size_t m = P->m;
+  uint64_t pass_work = P->work / ORDERS + 1, rng = 0x9e3779b97f4a7c15ull;
+  uint64_t extra_end = P->work + EXTRA_WORK;
+  for (int pass = 0; pass < EXTRA_PASSES && m > 1 && P->best > P->lb + P->lb / 200 &&
+                     P->work + pass_work <= extra_end;
        pass++) { /* (within 0.5% of the bound, more passes are not worth their time) */
-    memcpy(trial, bestord, m * sizeof *trial);
+    memcpy(P->trial, P->bestord, m * sizeof *P->trial);
     rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
     unsigned swaps = pass % 2 ? 1 + (unsigned)(rng % 3) : (unsigned)m;
     for (unsigned k = 0; k < swaps; k++) {
       rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
       size_t a = pass % 2 ? (size_t)(rng % m) : k, b = pass % 2 ? (size_t)((rng >> 32) % m)
                                                                 : k + (size_t)((rng >> 16) % (m - k));
-      rec_t x = trial[a];
-      trial[a] = trial[b], trial[b] = x;
+      rec_t x = P->trial[a];
+      P->trial[a] = P->trial[b], P->trial[b] = x;
     }
-    uint64_t before = work;
-    uint64_t got = place_pass(&s, units, lo, hi, trial, m, cur, &work);
-    if (got == UINT64_MAX) goto out;
-    pass_work = work - before + 1;
-    if (got <= best) {
-      if (got < best) memcpy(offsets, cur, n * sizeof *offsets);
-      best = got;
-      memcpy(bestord, trial, m * sizeof *bestord);
+    uint64_t before = P->work;
+    uint64_t got = place_pass(&P->s, P->units, P->lo, P->hi, P->trial, m, P->cur, &P->work);
+    if (got == UINT64_MAX) return false;
+    pass_work = P->work - before + 1;
+    if (got <= P->best) {
+      if (got < P->best) memcpy(offsets, P->cur, P->n * sizeof *offsets);
+      P->best = got;
+      memcpy(P->bestord, P->trial, m * sizeof *P->bestord);
     }
   }
-  *arena = best == UINT64_MAX ? 0 : best, *lower_bound = lb;
-  ok = true;
-out:
-  free(rec), free(tmp), free(lo), free(hi), free(idx), free(size_rank), free(leaf_of);
-  free(leaf_min), free(starts), free(units), free(cur), free(live);
-  free(s.node), free(s.pool), free(bestord), free(trial);
+  return true;
+}
+
+bool gma__plan_place(const gma__plan_item_t *items, size_t n, uint64_t *offsets,
+                     uint64_t *arena, uint64_t *lower_bound) {
+  *arena = 0, *lower_bound = 0;
+  if (n == 0) return true;
+  if (n >= UINT32_MAX) return false; /* indices are 32 bits; no plan is that large */
+  place_t P = {.items = items, .n = n};
+  bool ok = place_alloc(&P);
+  if (ok) place_leaves(&P, offsets);
+  ok = ok && place_ranks(&P) && place_orders(&P, offsets) && place_search(&P, offsets);
+  if (ok) *arena = P.best == UINT64_MAX ? 0 : P.best, *lower_bound = P.lb;
+  place_free(&P);
   return ok;
 }
 

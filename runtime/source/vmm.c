@@ -34,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/round.h"
 #include "source/vmm.h"
 
 /* The first range of a kind spans this many times the memory limit. */
@@ -62,7 +63,6 @@ gma__region_t *gma__vm_ranges(const gma__source_t *s, int kind) {
   return s && s->ops == &vm_ops ? ((const vm_source_t *)s)->region[kind] : NULL;
 }
 
-static uint64_t round_up(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
 
 #define VM_TRACE(s, action, addr, size)                                                      \
   do {                                                                                       \
@@ -160,7 +160,7 @@ static gma_status_t region_add(vm_source_t *v, int kind, uint64_t gran, uint64_t
   r->gran = gran;
   r->kind = kind;
   gma_status_t st;
-  for (uint64_t size = want;; size = round_up(size / 2, gran)) {
+  for (uint64_t size = want;; size = gma__round_up(size / 2, gran)) {
     if (size < least) size = least;
     st = dev->ops->vm_reserve(dev, size, &r->base);
     if (st == GMA_OK) {
@@ -181,7 +181,7 @@ static gma_status_t region_add(vm_source_t *v, int kind, uint64_t gran, uint64_t
 
 static uint64_t range_size(const vm_source_t *v, uint64_t gran) {
   uint64_t size = v->limit > RANGE_MAX / RANGE_MULT ? RANGE_MAX : v->limit * RANGE_MULT;
-  return round_up(size, gran);
+  return gma__round_up(size, gran);
 }
 
 static void vm_fini(gma__source_t *s) {
@@ -231,8 +231,8 @@ gma_status_t gma__vm_source_new(gma__device_t *dev, gma__trace_t *_Atomic const 
   if (!v) return gma__set_error(GMA_ERR_OOM, "host memory for a growable segment source");
   v->base = (gma__source_t){.ops = &vm_ops, .dev = dev, .trace = trace};
   v->limit = limit;
-  v->chunk[GMA__SMALL] = round_up(segment_size[GMA__SMALL] * SMALL_CHUNK_SEGMENTS, gran);
-  v->chunk[GMA__LARGE] = round_up(segment_size[GMA__LARGE], gran);
+  v->chunk[GMA__SMALL] = gma__round_up(segment_size[GMA__SMALL] * SMALL_CHUNK_SEGMENTS, gran);
+  v->chunk[GMA__LARGE] = gma__round_up(segment_size[GMA__LARGE], gran);
   /* Each kind may grow to the whole limit and its address space fragments
    * as chunks come and go, so each reserves several times the limit
    * (address space is cheap; memory is mapped on demand), and more later
@@ -241,7 +241,7 @@ gma_status_t gma__vm_source_new(gma__device_t *dev, gma__trace_t *_Atomic const 
     gma__region_t *r;
     /* At least as large as the limit, where the address space allows (a
      * later growth reserves another range when this one is full). */
-    uint64_t least = round_up(limit < RANGE_MAX ? limit : RANGE_MAX, gran);
+    uint64_t least = gma__round_up(limit < RANGE_MAX ? limit : RANGE_MAX, gran);
     st = region_add(v, k, gran, range_size(v, gran), least, &r);
     if (st != GMA_OK) {
       vm_fini(&v->base);
@@ -261,11 +261,11 @@ gma_status_t gma__vm_source_new(gma__device_t *dev, gma__trace_t *_Atomic const 
 static bool vm_plan(gma__source_t *s, const gma__grow_req_t *req, gma__plan_t *pl) {
   vm_source_t *v = vm_of(s);
   uint64_t g = v->region[req->kind]->gran, size = req->size;
-  *pl = (gma__plan_t){.need = round_up(size, g), .tail = -1};
+  *pl = (gma__plan_t){.need = gma__round_up(size, g), .tail = -1};
   for (size_t i = 0; i < req->ntails; i++) {
     const gma__tail_t *t = &req->tails[i];
     if (t->free >= size) continue; /* (the free tree would have served it) */
-    uint64_t need = round_up(size - t->free, g);
+    uint64_t need = gma__round_up(size - t->free, g);
     if (pl->tail >= 0 && need >= pl->need) continue;
     uint64_t room = room_at(t->range, t->end);
     if (room < need) continue;

@@ -86,12 +86,6 @@ static void futex_sleep(_Atomic uint32_t *word, const struct timespec *rel) {
   syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT_PRIVATE, FUT_SLEEPER, rel, NULL, 0);
 }
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 uint64_t gma__future_deadline(const gma_future_t *f) { return f->deadline_ns; }
 gma_future_t *gma__future_wnext(gma_future_t *f) { return f->wnext; }
 void gma__future_set_wnext(gma_future_t *f, gma_future_t *next) { f->wnext = next; }
@@ -101,44 +95,44 @@ void gma__future_set_wnext(gma_future_t *f, gma_future_t *next) { f->wnext = nex
 gma__anchor_t *gma__anchor_new(gma_t *g) {
   gma__anchor_t *a = malloc(sizeof *a);
   if (!a) return NULL;
-  atomic_init(&a->g, g);
-  atomic_init(&a->refs, 1); /* the allocator's */
-  atomic_init(&a->inside, 0);
-  atomic_init(&a->forked, false);
+  gma__atomic_init(&a->g, g);
+  gma__atomic_init(&a->refs, 1); /* the allocator's */
+  gma__atomic_init(&a->inside, 0);
+  gma__atomic_init(&a->forked, false);
   return a;
 }
 
 /* enter and detach are a Dekker pair (seq_cst): either enter sees NULL, or
  * detach sees the thread inside and waits for its exit. */
 gma_t *gma__anchor_enter(gma__anchor_t *a) {
-  atomic_fetch_add(&a->inside, 1);
-  gma_t *g = atomic_load(&a->g);
-  if (!g) atomic_fetch_sub_explicit(&a->inside, 1, memory_order_release);
+  gma__faa_seq_cst(&a->inside, 1);
+  gma_t *g = gma__load_seq_cst(&a->g);
+  if (!g) gma__fas_release(&a->inside, 1);
   return g;
 }
 
 void gma__anchor_exit(gma__anchor_t *a) {
-  atomic_fetch_sub_explicit(&a->inside, 1, memory_order_release); /* pairs with detach */
+  gma__fas_release(&a->inside, 1); /* pairs with detach */
 }
 
 static void anchor_unref(gma__anchor_t *a) {
-  if (atomic_fetch_sub(&a->refs, 1) == 1) free(a);
+  if (gma__fas_seq_cst(&a->refs, 1) == 1) free(a);
 }
 
 void gma__anchor_detach(gma__anchor_t *a) {
-  atomic_store(&a->g, NULL);
-  while (atomic_load(&a->inside)) sched_yield(); /* a wait or release finishing its pool work */
+  gma__store_seq_cst(&a->g, NULL);
+  while (gma__load_seq_cst(&a->inside)) sched_yield(); /* a wait or release finishing its pool work */
   anchor_unref(a);
 }
 
 void gma__anchor_forget(gma__anchor_t *a) {
-  atomic_store(&a->g, NULL);
+  gma__store_seq_cst(&a->g, NULL);
   anchor_unref(a);
 }
 
 /* A future of an allocator inherited across fork() (see worker.h). */
 static bool forked(const gma_future_t *f) {
-  return atomic_load_explicit(&f->anchor->forked, memory_order_relaxed);
+  return gma__load_relaxed(&f->anchor->forked);
 }
 
 /* ---- Future objects: one spare per thread ------------------------------------------
@@ -185,7 +179,7 @@ static gma_future_t *future_new(size_t extra, gma__anchor_t *a) {
     return NULL;
   }
   f->anchor = a;
-  atomic_fetch_add_explicit(&a->refs, 1, memory_order_relaxed);
+  gma__faa_relaxed(&a->refs, 1);
   return f;
 }
 
@@ -212,15 +206,15 @@ drop:
  * new one (only submit does), and the worker drops its own with a release
  * (seq_cst) decrement, which this acquire load pairs with. */
 static void unref(gma_future_t *f) {
-  if (atomic_load_explicit(&f->refs, memory_order_acquire) == 1 ||
-      atomic_fetch_sub(&f->refs, 1) == 1)
+  if (gma__load_acquire(&f->refs) == 1 ||
+      gma__fas_seq_cst(&f->refs, 1) == 1)
     future_delete(f);
 }
 
 /* Frees the memory of a completed-OK future that nobody collected, once. */
 static void claim_and_free(gma_future_t *f, gma_t *g) {
   int zero = 0;
-  if (!g || !atomic_compare_exchange_strong(&f->claim, &zero, 1)) return;
+  if (!g || !gma__cas_seq_cst(&f->claim, &zero, 1)) return;
   for (size_t i = 0; i < f->n; i++) {
     gma__pool_hold(&g->pool, f->ptrs[i], false); /* ours to free now (gma_free refuses held) */
     gma_free(g, f->ptrs[i]);
@@ -252,7 +246,7 @@ static __thread gma_future_t *completing;
  * callback. Until then poll, status and a wait that does not block say
  * GMA_PENDING, so poll's GMA_OK promises a wait that collects at once. */
 static bool finished(gma_future_t *f) {
-  return atomic_load_explicit(&f->done, memory_order_acquire) == FUT_DONE || f == completing;
+  return gma__load_acquire(&f->done) == FUT_DONE || f == completing;
 }
 
 /* Publishes the final status, wakes waiters, runs the callback, and frees
@@ -261,24 +255,24 @@ static void complete(gma__worker_t *w, gma_future_t *f, gma_status_t st) {
   if (st != GMA_OK) f->msg = strdup(gma_last_error()); /* NULL without memory: no detail */
   /* Complete at once: counted in ready_at_once alone (gma_stats adds it to
    * submitted and ready), one shared atomic instead of three. */
-  if (!f->served_by_worker) atomic_fetch_add_explicit(&w->ready_at_once, 1, memory_order_relaxed);
-  else if (st == GMA_OK) atomic_fetch_add_explicit(&w->ready, 1, memory_order_relaxed);
-  else if (st == GMA_ERR_TIMEOUT) atomic_fetch_add_explicit(&w->timed_out, 1, memory_order_relaxed);
-  else atomic_fetch_add_explicit(&w->failed, 1, memory_order_relaxed);
+  if (!f->served_by_worker) gma__faa_relaxed(&w->ready_at_once, 1);
+  else if (st == GMA_OK) gma__faa_relaxed(&w->ready, 1);
+  else if (st == GMA_ERR_TIMEOUT) gma__faa_relaxed(&w->timed_out, 1);
+  else gma__faa_relaxed(&w->failed, 1);
   if (f->served_by_worker) { /* before the state: a waiter then sees it off the queue */
-    atomic_fetch_sub_explicit(&w->queued, 1, memory_order_relaxed);
-    uint64_t ns = now_ns() - f->submit_ns + 1;
+    gma__fas_relaxed(&w->queued, 1);
+    uint64_t ns = gma__now_ns() - f->submit_ns + 1;
     unsigned b = gma__class_of(ns);
     if (b >= GMA__LATENCY_BUCKETS) b = GMA__LATENCY_BUCKETS - 1;
-    atomic_fetch_add_explicit(&w->latency[b], 1, memory_order_relaxed);
+    gma__faa_relaxed(&w->latency[b], 1);
   }
   if (st == GMA_OK)
     for (size_t i = 0; i < f->n; i++) gma__pool_hold(&f->g->pool, f->ptrs[i], true);
   if (f->trace_id) trace_complete(f, st);
   /* seq_cst: pairs with release()'s flag (Dekker). A future complete at once
    * is not handed out yet: nobody else can read it. */
-  if (f->served_by_worker) atomic_store(&f->state, (int)st);
-  else atomic_store_explicit(&f->state, (int)st, memory_order_relaxed);
+  if (f->served_by_worker) gma__store_seq_cst(&f->state, (int)st);
+  else gma__store_relaxed(&f->state, (int)st);
   if (f->cb) {
     gma_future_t *outer = completing; /* a callback may complete a request of its own */
     completing = f;
@@ -288,29 +282,29 @@ static void complete(gma__worker_t *w, gma_future_t *f, gma_status_t st) {
   /* Waiters return only now, so the callback has run when wait returns. A
    * future complete at once was never handed out: nobody can be waiting. */
   if (f->served_by_worker) {
-    if (atomic_exchange(&f->done, FUT_DONE) == FUT_SLEEPER) futex_wake_all(&f->done);
+    if (gma__exchange_seq_cst(&f->done, FUT_DONE) == FUT_SLEEPER) futex_wake_all(&f->done);
   } else {
-    atomic_store_explicit(&f->done, FUT_DONE, memory_order_release); /* pairs with wait's acquire */
+    gma__store_release(&f->done, FUT_DONE); /* pairs with wait's acquire */
   }
   /* Released and never collected: nobody will free it but us. A wait that
    * collected it happened before the release (same caller), so reading
    * released first and collected second sees the collection. */
-  if (st == GMA_OK && atomic_load(&f->released) && !atomic_load(&f->collected))
+  if (st == GMA_OK && gma__load_seq_cst(&f->released) && !gma__load_seq_cst(&f->collected))
     claim_and_free(f, f->g);
 }
 
 /* Whether gma_destroy has begun (the future's memory, if any, is gone or
  * going); a hint for poll, exact for a caller that holds no enter. */
-static bool destroyed(gma_future_t *f) { return !atomic_load(&f->anchor->g); }
+static bool destroyed(gma_future_t *f) { return !gma__load_seq_cst(&f->anchor->g); }
 
 /* Worker thread, before it serves or cancels f: makes f the worker's (at
  * its first try, not when it leaves the ring, so that a waiter can still
  * serve it meanwhile); false when a thread waiting on it served it first:
  * the ring's reference is then dropped, and f must be forgotten. */
 static bool claim(gma_future_t *f) {
-  int o = atomic_load_explicit(&f->owner, memory_order_acquire);
+  int o = gma__load_acquire(&f->owner);
   if (o == OWN_WORKER) return true; /* a later try of a request that waits for memory */
-  for (o = OWN_QUEUED; !atomic_compare_exchange_weak(&f->owner, &o, OWN_WORKER); o = OWN_QUEUED) {
+  for (o = OWN_QUEUED; !gma__cas_weak_seq_cst(&f->owner, &o, OWN_WORKER); o = OWN_QUEUED) {
     if (o == OWN_HELPED) { /* pairs with help()'s release store */
       unref(f);
       return false;
@@ -330,15 +324,15 @@ static bool claim(gma_future_t *f) {
  * completed here. */
 static bool help(gma_future_t *f) {
   if (!f->served_by_worker || f->worker_only || f->cb ||
-      atomic_load_explicit(&f->owner, memory_order_relaxed) != OWN_QUEUED)
+      gma__load_relaxed(&f->owner) != OWN_QUEUED)
     return false;
   gma_t *g = gma__anchor_enter(f->anchor); /* pending, so g lives; destroy may be starting */
   if (!g) return false;
   gma__worker_t *w = &g->worker;
   int o = OWN_QUEUED;
   bool done = false, planted = g->pool.test_flags & GMA__TEST_NO_SERVE_CLAIM;
-  if (!atomic_load_explicit(&w->memory_wanted, memory_order_relaxed) &&
-      (planted || atomic_compare_exchange_strong(&f->owner, &o, OWN_HELPER))) {
+  if (!gma__load_relaxed(&w->memory_wanted) &&
+      (planted || gma__cas_seq_cst(&f->owner, &o, OWN_HELPER))) {
     uint64_t id;
     gma_status_t st = g->dev->ops->stream_id(g->dev, f->stream, &id);
     if (st == GMA_OK)
@@ -351,7 +345,7 @@ static bool help(gma_future_t *f) {
     /* Release: the worker's claim (acquire) sees the completion, or the
      * untouched request. */
     if (!planted)
-      atomic_store_explicit(&f->owner, done ? OWN_HELPED : OWN_QUEUED, memory_order_release);
+      gma__store_release(&f->owner, done ? OWN_HELPED : OWN_QUEUED);
   }
   gma__anchor_exit(f->anchor);
   return done;
@@ -359,7 +353,7 @@ static bool help(gma_future_t *f) {
 
 bool gma__future_serve(gma__worker_t *w, gma_future_t *f, uint64_t now) {
   if (!claim(f)) return true;
-  if (atomic_load(&f->released)) {
+  if (gma__load_seq_cst(&f->released)) {
     gma__set_error(GMA_ERR_CANCELLED, "the future was released before it was served");
     complete(w, f, GMA_ERR_CANCELLED);
     unref(f);
@@ -409,33 +403,38 @@ static bool known(gma_t *g, gma_stream_t stream, uint64_t id) {
   return s && s->id == id;
 }
 
-/* o: the caller's options as this library's struct (see check_async). */
-static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t *o,
-                           gma_future_t **out) {
-  gma__worker_t *w = &g->worker;
+/* Fills the future's fields for a submission and records it in the trace. */
+static void submit_init(gma_t *g, gma_future_t *f, const gma_async_options_t *o) {
   f->g = g;
   f->state = GMA_PENDING;
   f->refs = 1;
-  atomic_store_explicit(&f->magic, FUT_LIVE, memory_order_relaxed);
+  gma__store_relaxed(&f->magic, FUT_LIVE);
   f->cb = o->callback;
   f->user = o->user;
   f->trace_id = 0;
   gma__trace_t *t = gma__trace_on(&g->pool.trace);
   if (t) {
-    f->trace_id = atomic_fetch_add_explicit(&g->pool.trace_ids, 1, memory_order_relaxed) + 1;
+    f->trace_id = gma__faa_relaxed(&g->pool.trace_ids, 1) + 1;
     uint64_t total = f->sizes ? 0 : f->size;
     for (size_t i = 0; f->sizes && i < f->n; i++) total += f->sizes[i];
     gma__trace_emit(t, gma__trace_now(), GMA__TR_ASYNC_SUBMIT, 0, total, (uintptr_t)f->stream, 0,
                     f->trace_id, f->sizes ? f->n : 0, 0);
   }
+}
+
+/* Serves the request here and now when it can without the worker and
+ * completes the future: true then. Else *st is the stream id lookup's status
+ * (a clear error now) and *id the stream's device id. */
+static bool submit_at_once(gma_t *g, gma_future_t *f, const gma_async_options_t *o,
+                           gma_status_t *st, uint64_t *id) {
+  gma__worker_t *w = &g->worker;
   /* A capture gma was told of: served from its graph pool now, like
    * gma_alloc (graph.c); the future is complete at once. */
   if (gma__load_relaxed(&g->graphs.capturing)) {
     gma_status_t gst = gma__graph_alloc(&g->graphs, f->n, f->sizes, f->size, f->stream, f->ptrs);
     if (gst != GMA_PENDING) {
       complete(w, f, gst);
-      *out = f;
-      return GMA_OK;
+      return true;
     }
   }
   /* A bin hit needs no worker: the future is complete at once (and needs no
@@ -444,16 +443,13 @@ static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t 
   bool binnable = !o->worker_only && !f->sizes && f->size <= g->pool.bin_max;
   if (binnable && gma__bin_alloc_cached(&g->pool, f->size, f->stream, &f->ptr) == GMA_OK) {
     complete(w, f, GMA_OK);
-    *out = f;
-    return GMA_OK;
+    return true;
   }
-  uint64_t id;
-  gma_status_t st = g->dev->ops->stream_id(g->dev, f->stream, &id); /* a clear error now */
-  if (st == GMA_OK && binnable &&
-      gma__bin_alloc(&g->pool, f->size, f->stream, id, &f->ptr) == GMA_OK) {
+  *st = g->dev->ops->stream_id(g->dev, f->stream, id);
+  if (*st == GMA_OK && binnable &&
+      gma__bin_alloc(&g->pool, f->size, f->stream, *id, &f->ptr) == GMA_OK) {
     complete(w, f, GMA_OK);
-    *out = f;
-    return GMA_OK;
+    return true;
   }
   /* Not a bin hit: the pool may still serve it here and now, if it can
    * without waiting (GMA__ALLOC_INLINE: the lock only if free, memory it
@@ -461,35 +457,47 @@ static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t 
    * memory are served first, in order, by the worker (memory_wanted), so
    * none is overtaken by a later one while it waits. Any failure, even a
    * real error, goes to the worker, which reports it as it always did. */
-  if (st == GMA_OK && !o->worker_only &&
-      !atomic_load_explicit(&w->memory_wanted, memory_order_relaxed) && known(g, f->stream, id)) {
+  if (*st == GMA_OK && !o->worker_only &&
+      !gma__load_relaxed(&w->memory_wanted) && known(g, f->stream, *id)) {
     gma_status_t ist =
         f->n == 1 && !f->sizes
-            ? gma__pool_alloc_slow(&g->pool, f->size, f->stream, id, GMA__ALLOC_INLINE, &f->ptr)
-            : gma__pool_alloc_batch(&g->pool, f->n, f->sizes, f->stream, id, GMA__ALLOC_INLINE,
+            ? gma__pool_alloc_slow(&g->pool, f->size, f->stream, *id, GMA__ALLOC_INLINE, &f->ptr)
+            : gma__pool_alloc_batch(&g->pool, f->n, f->sizes, f->stream, *id, GMA__ALLOC_INLINE,
                                     f->ptrs);
     if (ist == GMA_OK) {
       complete(w, f, GMA_OK);
-      *out = f;
-      return GMA_OK;
+      return true;
     }
   }
-  f->submit_ns = now_ns();
+  return false;
+}
+
+/* o: the caller's options as this library's struct (see check_async). */
+static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t *o,
+                           gma_future_t **out) {
+  gma__worker_t *w = &g->worker;
+  submit_init(g, f, o);
+  uint64_t id;
+  gma_status_t st = GMA_OK;
+  if (submit_at_once(g, f, o, &st, &id)) {
+    *out = f;
+    return GMA_OK;
+  }
+  f->submit_ns = gma__now_ns();
   /* Saturating: a timeout past the end of the clock (UINT64_MAX, as for
-   * gma_future_wait) means no limit; the sum used to wrap into the past
-   * and time the request out at once. */
+   * gma_future_wait) means no limit. */
   uint64_t timeout = o->timeout_ns ? o->timeout_ns : w->timeout_ns;
   f->deadline_ns = timeout > UINT64_MAX - f->submit_ns ? UINT64_MAX : f->submit_ns + timeout;
-  atomic_fetch_add_explicit(&w->submitted, 1, memory_order_relaxed);
+  gma__faa_relaxed(&w->submitted, 1);
   if (st == GMA_OK) {
     f->served_by_worker = true;
     f->worker_only = o->worker_only;
-    atomic_store(&f->refs, 2);
+    gma__store_seq_cst(&f->refs, 2);
     gma__tsan_release(f); /* pairs with the worker's acquire after the dequeue */
     st = gma__worker_submit(w, f, o->nonblocking);
   }
   if (st != GMA_OK) {
-    atomic_fetch_sub_explicit(&w->submitted, 1, memory_order_relaxed);
+    gma__fas_relaxed(&w->submitted, 1);
     future_delete(f);
     return st;
   }
@@ -593,7 +601,7 @@ static gma_status_t gone(const char *fn) {
  * told from it: best effort, for the common mistake of releasing twice in
  * a row. */
 static bool future_gone(const gma_future_t *f) {
-  return atomic_load_explicit(&f->magic, memory_order_relaxed) != FUT_LIVE;
+  return gma__load_relaxed(&f->magic) != FUT_LIVE;
 }
 
 static gma_status_t gone_error(const char *fn) {
@@ -611,7 +619,7 @@ static gma_status_t poll_as(gma_future_t *f, const char *fn) {
     return gone_error(fn);
   if (forked(f)) return gma__fork_future_error(fn);
   if (!finished(f)) return GMA_PENDING;
-  gma_status_t st = (gma_status_t)atomic_load_explicit(&f->state, memory_order_acquire);
+  gma_status_t st = (gma_status_t)gma__load_acquire(&f->state);
   return st == GMA_OK && destroyed(f) ? gone(fn) : st;
 }
 
@@ -622,15 +630,15 @@ gma_status_t gma_future_status(gma_future_t *f) { return poll_as(f, "gma_future_
 /* Waits for f->done until timeout_ns (not 0) runs out: the slow part of a
  * wait, out of line, so that a wait on a complete future reads no clock. */
 static __attribute__((noinline)) void wait_done(gma_future_t *f, uint64_t timeout_ns) {
-  uint64_t start = now_ns();
+  uint64_t start = gma__now_ns();
   /* The worker usually answers within microseconds: spin briefly (at most
    * 20 us, or the timeout) before sleeping, to save a thread wake-up;
    * yielding, so a worker on this CPU runs at once (gma__spin_step). */
   bool yielding = false;
-  for (unsigned i = 1; atomic_load_explicit(&f->done, memory_order_acquire) != FUT_DONE; i++) {
+  for (unsigned i = 1; gma__load_acquire(&f->done) != FUT_DONE; i++) {
     gma__spin_step(i, yielding);
     if (i % 16) continue;
-    uint64_t spun = now_ns() - start;
+    uint64_t spun = gma__now_ns() - start;
     if (spun >= (timeout_ns < 20000 ? timeout_ns : 20000)) break;
     yielding = spun >= 1000;
   }
@@ -639,12 +647,12 @@ static __attribute__((noinline)) void wait_done(gma_future_t *f, uint64_t timeou
   uint64_t due = timeout_ns > UINT64_MAX - start ? UINT64_MAX : start + timeout_ns; /* saturating */
   for (;;) {
     uint32_t d = FUT_RUNNING;
-    if (!atomic_compare_exchange_strong(&f->done, &d, FUT_SLEEPER) && d == FUT_DONE) break;
+    if (!gma__cas_seq_cst(&f->done, &d, FUT_SLEEPER) && d == FUT_DONE) break;
     if (due == UINT64_MAX) {
       futex_sleep(&f->done, NULL);
       continue;
     }
-    uint64_t now = now_ns();
+    uint64_t now = gma__now_ns();
     if (now >= due) break;
     struct timespec rel = {(time_t)((due - now) / 1000000000u), (long)((due - now) % 1000000000u)};
     futex_sleep(&f->done, &rel);
@@ -658,7 +666,7 @@ static gma_status_t wait_collect(gma_future_t *f, uint64_t timeout_ns, void **pt
    * machine's threads are busy. A shorter wait only waits. */
   if (timeout_ns && !finished(f) && !(timeout_ns >= 1000000u && help(f)))
     wait_done(f, timeout_ns);
-  int st = finished(f) ? atomic_load_explicit(&f->state, memory_order_acquire) : GMA_PENDING;
+  int st = finished(f) ? gma__load_acquire(&f->state) : GMA_PENDING;
   if (st == GMA_OK) {
     /* The memory exists only as long as the allocator: inside the anchor,
      * gma_destroy waits for us before its leak report and teardown. */
@@ -667,7 +675,7 @@ static gma_status_t wait_collect(gma_future_t *f, uint64_t timeout_ns, void **pt
     /* One wait collects; the exchange decides which (several
      * waiters each got GMA_OK and the same pointer, and each "owned" it). */
     bool collect = ptr || f->user_ptrs;
-    if (collect && atomic_exchange(&f->collected, true)) {
+    if (collect && gma__exchange_seq_cst(&f->collected, true)) {
       gma__anchor_exit(f->anchor);
       return gma__set_error(GMA_ERR_ALREADY_COLLECTED,
                             "%s: an earlier wait already collected this future's memory; only "
@@ -700,8 +708,7 @@ gma_status_t gma_future_release(gma_future_t *f) {
    * lets one through. A stale handle is refused without a write when the
    * object is still gma's (best effort: see future_gone). */
   uint32_t live = FUT_LIVE;
-  if (!atomic_compare_exchange_strong_explicit(&f->magic, &live, FUT_GONE, memory_order_relaxed,
-                                               memory_order_relaxed))
+  if (!gma__cas_relaxed(&f->magic, &live, FUT_GONE))
     return gone_error("gma_future_release");
   if (forked(f)) { /* the worker's reference died with the parent's threads */
     future_delete(f);
@@ -709,9 +716,9 @@ gma_status_t gma_future_release(gma_future_t *f) {
   }
   /* Ours is the only reference (ready at once, or the worker is done with
    * it: see unref): nobody reads released any more, so no flag is needed. */
-  bool alone = atomic_load_explicit(&f->refs, memory_order_acquire) == 1;
-  if (!alone) atomic_store(&f->released, true); /* seq_cst: pairs with complete()'s state store */
-  if (atomic_load(&f->state) == GMA_OK && !atomic_load(&f->collected)) {
+  bool alone = gma__load_acquire(&f->refs) == 1;
+  if (!alone) gma__store_seq_cst(&f->released, true); /* seq_cst: pairs with complete()'s state store */
+  if (gma__load_seq_cst(&f->state) == GMA_OK && !gma__load_seq_cst(&f->collected)) {
     gma_t *g = gma__anchor_enter(f->anchor); /* NULL: gma_destroy freed the memory */
     if (g) {
       claim_and_free(f, g);

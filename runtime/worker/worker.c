@@ -159,7 +159,7 @@ static unsigned serve(gma__worker_t *w) {
       prev = f;
     }
   }
-  atomic_store(&w->memory_wanted, w->waiting != NULL);
+  gma__store_seq_cst(&w->memory_wanted, w->waiting != NULL);
   return taken;
 }
 
@@ -252,9 +252,9 @@ static void *worker_main(void *arg) {
     }
     if (now >= next_poll || next_poll == UINT64_MAX) {
       /* Said before the look, so a free that the look misses sees it. */
-      atomic_store(&w->unwatched, true);
+      gma__store_seq_cst(&w->unwatched, true);
       next_poll = poll_gated(w->p) ? gma__now_ns() + poll_ns : UINT64_MAX;
-      if (next_poll != UINT64_MAX) atomic_store(&w->unwatched, false);
+      if (next_poll != UINT64_MAX) gma__store_seq_cst(&w->unwatched, false);
     }
     pthread_mutex_lock(&w->mu);
     if (w->job) {
@@ -284,7 +284,7 @@ static gma_status_t submit_on_worker(gma__worker_t *w, gma_future_t *f) {
                           "submitted from a callback while gma_destroy cancels the others "
                           "is refused");
   list_append(&w->local, &w->local_tail, f);
-  atomic_fetch_add_explicit(&w->queued, 1, memory_order_relaxed);
+  gma__faa_relaxed(&w->queued, 1);
   gma__worker_kick(w); /* no lock of the worker is held in a callback */
   return GMA_OK;
 }
@@ -307,7 +307,7 @@ gma_status_t gma__worker_submit(gma__worker_t *w, gma_future_t *f, bool nonblock
     w->room_waiters--;
     pthread_mutex_unlock(&w->mu);
   }
-  atomic_fetch_add_explicit(&w->queued, 1, memory_order_relaxed);
+  gma__faa_relaxed(&w->queued, 1);
   gma__worker_kick(w);
   return GMA_OK;
 }
@@ -335,17 +335,17 @@ void gma__worker_kick(gma__worker_t *w) {
 
 void gma__worker_stats(gma__worker_t *w, gma_stats_t *st) {
   /* Futures complete at once are counted only in ready_at_once (future.c). */
-  st->futures_ready_at_once = atomic_load_explicit(&w->ready_at_once, memory_order_relaxed);
+  st->futures_ready_at_once = gma__load_relaxed(&w->ready_at_once);
   st->futures_submitted =
-      atomic_load_explicit(&w->submitted, memory_order_relaxed) + st->futures_ready_at_once;
+      gma__load_relaxed(&w->submitted) + st->futures_ready_at_once;
   st->futures_ready =
-      atomic_load_explicit(&w->ready, memory_order_relaxed) + st->futures_ready_at_once;
-  st->futures_failed = atomic_load_explicit(&w->failed, memory_order_relaxed);
-  st->futures_timed_out = atomic_load_explicit(&w->timed_out, memory_order_relaxed);
-  st->queue_depth = atomic_load_explicit(&w->queued, memory_order_relaxed);
+      gma__load_relaxed(&w->ready) + st->futures_ready_at_once;
+  st->futures_failed = gma__load_relaxed(&w->failed);
+  st->futures_timed_out = gma__load_relaxed(&w->timed_out);
+  st->queue_depth = gma__load_relaxed(&w->queued);
   uint64_t counts[GMA__LATENCY_BUCKETS], total = 0;
   for (unsigned b = 0; b < GMA__LATENCY_BUCKETS; b++)
-    total += counts[b] = atomic_load_explicit(&w->latency[b], memory_order_relaxed);
+    total += counts[b] = gma__load_relaxed(&w->latency[b]);
   uint64_t seen = 0;
   for (unsigned b = 0; b < GMA__LATENCY_BUCKETS && total; b++) {
     seen += counts[b];
@@ -379,9 +379,9 @@ gma_status_t gma__worker_start(gma__worker_t *w, gma_t *g, gma__pool_t *p,
             pthread_cond_init(&w->room_cv, NULL) == 0 && pthread_cond_init(&w->cb_cv, NULL) == 0 &&
             (w->anchor = gma__anchor_new(g)) != NULL;
   pthread_condattr_destroy(&attr);
-  atomic_store(&w->unwatched, true); /* it starts asleep until its first tick */
+  gma__store_seq_cst(&w->unwatched, true); /* it starts asleep until its first tick */
   if (!ok || pthread_create(&w->thread, NULL, worker_main, w) != 0) {
-    atomic_store(&w->unwatched, false);
+    gma__store_seq_cst(&w->unwatched, false);
     free(w->ring_buf);
     return gma__set_error(GMA_ERR_INTERNAL, "cannot start gma's worker thread");
   }
@@ -396,7 +396,7 @@ void gma__worker_stop(gma__worker_t *w) {
   pthread_cond_signal(&w->cv);
   pthread_mutex_unlock(&w->mu);
   pthread_join(w->thread, NULL);
-  atomic_store(&w->unwatched, false); /* no free kicks a worker that is gone */
+  gma__store_seq_cst(&w->unwatched, false); /* no free kicks a worker that is gone */
   gma__anchor_detach(w->anchor); /* futures waited on or released from now on no longer reach g */
   pthread_cond_destroy(&w->cv);
   pthread_cond_destroy(&w->room_cv);

@@ -17,6 +17,9 @@ endif()
 add_library(gma_fakecuda SHARED
   ${CMAKE_CURRENT_LIST_DIR}/fakecuda.c
   ${PROJECT_SOURCE_DIR}/runtime/device/sim.c
+  ${PROJECT_SOURCE_DIR}/runtime/device/sim_event.c
+  ${PROJECT_SOURCE_DIR}/runtime/device/sim_memory.c
+  ${PROJECT_SOURCE_DIR}/runtime/device/sim_stream.c
   ${PROJECT_SOURCE_DIR}/runtime/device/sim_cost.c
   ${PROJECT_SOURCE_DIR}/runtime/base/error.c)
 target_include_directories(gma_fakecuda PRIVATE
