@@ -141,14 +141,124 @@ static void untake_block(gma__pool_t *p, const gma__taken_t *t) {
   gma__cache_block(p, b);
 }
 
+/* Lock held: a batch's blocks as one block of total bytes cut front to back
+ * (each take splits off the rest right after it, in the same container:
+ * the free pool, or one stream's cache). *got: the blocks taken, SIZE_MAX
+ * when nothing of total size was found (GMA_ERR_OOM: try the next plan).
+ * A rest in any other state means the split could not happen (no host
+ * memory for a record): GMA_ERR_OOM with *got < n, which the caller rolls
+ * back. */
+static gma_status_t take_contiguous(gma__pool_t *p, gma__stream_t *s, int kind, uint64_t total,
+                                    size_t n, const size_t *sizes, gma__taken_t *taken,
+                                    size_t *got, bool grow_ok) {
+  gma__block_t *b = NULL;
+  uint64_t *level = NULL;
+  gma_status_t st = gma__find_or_grow(p, s, kind, total, &b, &level, grow_ok, false);
+  if (st == GMA_ERR_OOM) *got = SIZE_MAX;
+  if (st != GMA_OK) return st;
+  uint8_t from = gma__state_of(b);
+  gma__stream_t *owner = b->stream;
+  for (; *got < n; (*got)++) {
+    uint64_t size = gma__round_up(sizes[*got], GMA__ROUND);
+    if (!b || gma__state_of(b) != from || b->stream != owner || b->size < size) break;
+    taken[*got] = taken_from(b);
+    take_block(p, b, size, sizes[*got], s);
+    b = b->next;
+  }
+  if (*got < n) return gma__set_error(GMA_ERR_OOM, "host memory for block records");
+  (*level) += n;
+  return GMA_OK;
+}
+
+/* Lock held: a batch's blocks one by one, from *got on; each level counted
+ * once all are taken. */
+static gma_status_t take_each(gma__pool_t *p, gma__stream_t *s, size_t n, const size_t *sizes,
+                              gma__taken_t *taken, uint64_t **levels, size_t *got, bool grow_ok) {
+  gma_status_t st = GMA_OK;
+  gma__block_t *b = NULL;
+  for (; *got < n; (*got)++) {
+    uint64_t size = gma__round_up(sizes[*got], GMA__ROUND);
+    int k = size <= p->small_size ? GMA__SMALL : GMA__LARGE;
+    if ((st = gma__find_or_grow(p, s, k, size, &b, &levels[*got], grow_ok, false)) != GMA_OK)
+      return st;
+    taken[*got] = taken_from(b);
+    take_block(p, b, size, sizes[*got], s);
+  }
+  for (size_t i = 0; i < n; i++) (*levels[i])++;
+  return GMA_OK;
+}
+
+/* Lock held: gma__pool_alloc_batch's plans, all or nothing (see there). */
+static gma_status_t batch_locked(gma__pool_t *p, gma__stream_t *s, size_t n, const size_t *sizes,
+                                 gma_stream_t stream, unsigned flags, gma__taken_t *taken,
+                                 uint64_t **levels, void **ptrs) {
+  uint64_t total = 0;
+  for (size_t i = 0; i < n; i++) total += gma__round_up(sizes[i], GMA__ROUND);
+  int kind = total <= p->small_size ? GMA__SMALL : GMA__LARGE;
+  bool inline_try = flags & GMA__ALLOC_INLINE;
+  gma_status_t st = GMA_OK;
+  size_t got = 0;
+  /* Where the memory comes from, cheapest first: one contiguous block of the
+   * memory already held; the blocks one by one in memory already held; one
+   * contiguous block of a new segment; one by one, growing as needed. A
+   * batch never takes a new segment while the memory it needs is already
+   * free in pieces: a training step's gradient batch would otherwise leave
+   * a segment behind each step, split up by other requests in between. */
+  bool split = false;
+  p->keep_lock = true; /* taken blocks may go back where they came from */
+  gma__oom_waiting_t w = {.device_errors = p->c.device_errors};
+  bool host_short = false;
+again:
+  for (int plan = 0; plan < (inline_try ? 2 : 4) && got < n; plan++) { /* inline: held memory */
+    bool grow_ok = plan >= 2;
+    if (plan % 2 == 0) {
+      st = take_contiguous(p, s, kind, total, n, sizes, taken, &got, grow_ok);
+      if (st == GMA_ERR_OOM && got == SIZE_MAX) { /* no room that way: the next plan */
+        got = 0;
+        continue;
+      }
+      if (st != GMA_OK) {
+        host_short = got < n && st == GMA_ERR_OOM;
+        break;
+      }
+    } else {
+      st = take_each(p, s, n, sizes, taken, levels, &got, grow_ok);
+      split = got == n;
+      if (got < n && st == GMA_ERR_OOM && plan == 1) { /* not enough held: undo, grow */
+        for (size_t i = got; i-- > 0;) untake_block(p, &taken[i]);
+        got = 0;
+      }
+    }
+  }
+  if (got < n) {
+    /* All or nothing: nothing of a failed batch stays allocated. */
+    for (size_t i = got; i-- > 0;) untake_block(p, &taken[i]);
+    p->keep_lock = false; /* nothing taken: the wait drops the lock anyway */
+    /* Host memory ran out (no record for a split): no device work can help. */
+    host_short = host_short || st == GMA_OK;
+    if (st == GMA_ERR_OOM && !host_short && (flags & GMA__ALLOC_WAIT) && gma__oom_wait(p, &w, total)) {
+      got = 0;
+      st = GMA_OK;
+      p->keep_lock = true;
+      goto again; /* device work finished and freed memory: every plan again */
+    }
+    if (host_short) st = gma__set_error(GMA_ERR_OOM, "gma_alloc_batch: no host memory for block records");
+    else if (st == GMA_ERR_OOM && !inline_try) /* inline: no message, the worker goes on */
+      st = gma__oom_error(p, total, (size_t)total, stream, flags, &w);
+    return st;
+  }
+  for (size_t i = 0; i < n; i++) ptrs[i] = (void *)taken[i].b->addr;
+  p->c.batches++;
+  p->c.batches_split += split;
+  gma__stats_sample(p);
+  return st;
+}
+
 gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes,
                                    gma_stream_t stream, uint64_t stream_id, unsigned flags,
                                    void **ptrs) {
   gma_status_t refused = gma__pool_refuse_capture(p, stream, "gma_alloc_batch");
   if (refused != GMA_OK) return refused;
-  uint64_t total = 0;
-  for (size_t i = 0; i < n; i++) total += gma__round_up(sizes[i], GMA__ROUND);
-  int kind = total <= p->small_size ? GMA__SMALL : GMA__LARGE;
   gma_status_t st = GMA_OK;
   gma__taken_t *taken = calloc(n, sizeof *taken);
   uint64_t **levels = calloc(n, sizeof *levels); /* hit counters, counted on success */
@@ -167,85 +277,13 @@ gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes
   }
   unsigned kept = gma__error_keep(); /* a failure inside a call that succeeds is not said */
   gma__stream_t *s = gma__stream_resolve(p, stream, stream_id);
-  gma__block_t *b = NULL;
-  uint64_t *level = NULL;
-  size_t got = 0;
   if (!s) {
     st = gma__set_error(GMA_ERR_OOM, "host memory for a stream record");
     goto out;
   }
-  /* Where the memory comes from, cheapest first: one contiguous block of the
-   * memory already held; the blocks one by one in memory already held; one
-   * contiguous block of a new segment; one by one, growing as needed. A
-   * batch never takes a new segment while the memory it needs is already
-   * free in pieces: a training step's gradient batch would otherwise leave
-   * a segment behind each step, split up by other requests in between. */
-  bool split = false;
-  gma__oom_waiting_t w = {.device_errors = p->c.device_errors};
-  bool host_short = false;
-again:
-  for (int plan = 0; plan < (inline_try ? 2 : 4) && got < n; plan++) { /* inline: held memory */
-    bool grow_ok = plan >= 2;
-    if (plan % 2 == 0) {
-      st = gma__find_or_grow(p, s, kind, total, &b, &level, grow_ok, false);
-      if (st == GMA_ERR_OOM) continue; /* no room that way: the next plan */
-      if (st != GMA_OK) break;         /* a device error: the batch fails */
-      /* One block of the total, cut front to back: each take splits off the
-       * rest right after it, in the same container (free pool, or one
-       * stream's cache), to take next. A rest in any other state means the
-       * split could not happen (no host memory for a record): roll back. */
-      uint8_t from = gma__state_of(b);
-      gma__stream_t *owner = b->stream;
-      for (; got < n; got++) {
-        uint64_t size = gma__round_up(sizes[got], GMA__ROUND);
-        if (!b || gma__state_of(b) != from || b->stream != owner || b->size < size) break;
-        taken[got] = taken_from(b);
-        take_block(p, b, size, sizes[got], s);
-        b = b->next;
-      }
-      if (got == n) {
-        (*level) += n;
-      } else {
-        st = gma__set_error(GMA_ERR_OOM, "host memory for block records");
-        host_short = true;
-        break;
-      }
-    } else {
-      for (; got < n; got++) {
-        uint64_t size = gma__round_up(sizes[got], GMA__ROUND);
-        int k = size <= p->small_size ? GMA__SMALL : GMA__LARGE;
-        if ((st = gma__find_or_grow(p, s, k, size, &b, &levels[got], grow_ok, false)) != GMA_OK) break;
-        taken[got] = taken_from(b);
-        take_block(p, b, size, sizes[got], s);
-      }
-      split = got == n;
-      for (size_t i = 0; split && i < n; i++) (*levels[i])++;
-      if (got < n && st == GMA_ERR_OOM && plan == 1) { /* not enough held: undo, grow */
-        for (size_t i = got; i-- > 0;) untake_block(p, &taken[i]);
-        got = 0;
-      }
-    }
-  }
-  if (got < n) {
-    /* All or nothing: nothing of a failed batch stays allocated. */
-    for (size_t i = got; i-- > 0;) untake_block(p, &taken[i]);
-    /* Host memory ran out (no record for a split): no device work can help. */
-    host_short = host_short || st == GMA_OK;
-    if (st == GMA_ERR_OOM && !host_short && (flags & GMA__ALLOC_WAIT) && gma__oom_wait(p, &w, total)) {
-      got = 0;
-      st = GMA_OK;
-      goto again; /* device work finished and freed memory: every plan again */
-    }
-    if (host_short) st = gma__set_error(GMA_ERR_OOM, "gma_alloc_batch: no host memory for block records");
-    else if (st == GMA_ERR_OOM && !inline_try) /* inline: no message, the worker goes on */
-      st = gma__oom_error(p, total, (size_t)total, stream, flags, &w);
-    goto out;
-  }
-  for (size_t i = 0; i < n; i++) ptrs[i] = (void *)taken[i].b->addr;
-  p->c.batches++;
-  p->c.batches_split += split;
-  gma__stats_sample(p);
+  st = batch_locked(p, s, n, sizes, stream, flags, taken, levels, ptrs);
 out:
+  p->keep_lock = false;
   GMA__VALIDATE(p);
   pthread_mutex_unlock(&p->lock);
   free(taken);

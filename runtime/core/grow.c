@@ -448,6 +448,22 @@ static gma__block_t *wait_join_fit(gma__pool_t *p, gma__stream_t *u, int kind, u
   return join_free(p, j);
 }
 
+/* Lock held, nothing cached fits: grows (new memory is s's), and when the
+ * device is full even after the OOM retry's release, takes the other kind's
+ * best FREE fit. */
+static gma_status_t grow_or_other(gma__pool_t *p, gma__stream_t *s, int kind, uint64_t size,
+                                  gma__block_t **out, uint64_t **level, bool may_grow) {
+  *level = &p->c.hits_device;
+  if (!may_grow) return GMA_ERR_OOM; /* the caller has another plan; no message */
+  gma_status_t st = grow(p, kind, size, s->serial, out);
+  p->c.grows_inline += st == GMA_OK;
+  if (st == GMA_ERR_OOM && (*out = other_kind_fit(p, kind, size))) {
+    *level = &p->c.hits_pool;
+    return GMA_OK;
+  }
+  return st;
+}
+
 gma_status_t gma__find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uint64_t size,
                                gma__block_t **out, uint64_t **level, bool may_grow,
                                bool capture) {
@@ -520,13 +536,5 @@ gma_status_t gma__find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uint6
     *out = b;
     return GMA_OK;
   }
-  *level = &p->c.hits_device;
-  if (!may_grow) return GMA_ERR_OOM; /* the caller has another plan; no message */
-  gma_status_t st = grow(p, kind, size, s->serial, out); /* new memory is s's */
-  p->c.grows_inline += st == GMA_OK;
-  if (st == GMA_ERR_OOM && (*out = other_kind_fit(p, kind, size))) {
-    *level = &p->c.hits_pool;
-    return GMA_OK;
-  }
-  return st;
+  return grow_or_other(p, s, kind, size, out, level, may_grow);
 }

@@ -34,7 +34,8 @@ static bool seg_is_free(gma__segment_t *seg) {
 }
 
 /* Gives detached ordinary segments back to the device with the lock dropped
- * (cuMemFree waits for the whole device: no other caller waits behind it),
+ * (cuMemFree waits for the whole device: no other caller waits behind it;
+ * but not while p->keep_lock: a batch holds taken blocks),
  * then settles them: what the device would not take goes back to the pool.
  * Meanwhile their bytes are p->leaving, so growth counts them against the
  * limit and an allocation that finds no room waits for them (gma__oom_wait).
@@ -45,9 +46,10 @@ static uint64_t give_back_unlocked(gma__pool_t *p, gma__span_t *out, size_t n) {
   if (!n) return 0;
   p->leaving += leaving;
   GMA__VALIDATE(p);
-  pthread_mutex_unlock(&p->lock);
+  bool unlock = !p->keep_lock;
+  if (unlock) pthread_mutex_unlock(&p->lock);
   for (size_t i = 0; i < n; i++) p->src->ops->give_back(p->src, &out[i]);
-  pthread_mutex_lock(&p->lock);
+  if (unlock) pthread_mutex_lock(&p->lock);
   for (size_t i = 0; i < n; i++) {
     p->src->ops->settle(p->src, &out[i]);
     p->c.device_frees += out[i].calls;
@@ -58,6 +60,12 @@ static uint64_t give_back_unlocked(gma__pool_t *p, gma__span_t *out, size_t n) {
   p->leaving -= leaving;
   pthread_cond_broadcast(&p->settled);
   return freed;
+}
+
+static uint64_t sizeof_spans(const gma__span_t *x, size_t n) {
+  uint64_t sum = 0;
+  for (size_t i = 0; i < n; i++) sum += x[i].size;
+  return sum;
 }
 
 /* Lock held: what growth can get now, the device's free memory or the room
@@ -131,6 +139,73 @@ static bool seg_unused(gma__segment_t *seg, uint64_t now_ns, uint64_t idle_ns) {
   return now_ns - seg->free_since_ns >= idle_ns;
 }
 
+/* Lock held: the ordinary segment a trim pass takes next (SIZE_MAX: none).
+ * Pass 0: one idle longer than idle_ns; pass 1: the one that brings the
+ * cache nearest the budget's keep (gma__trim_prefer). */
+static size_t trim_pick(gma__pool_t *p, const gma__release_t *r, gma__trim_budget_t *bud,
+                        int pass) {
+  size_t pick = SIZE_MAX;
+  for (size_t i = 0; i < p->nsegs; i++) {
+    gma__segment_t *seg = p->segs[i];
+    if (!seg_is_free(seg)) {
+      seg->free_since_ns = 0;
+      continue;
+    }
+    bool ok = pass == 0 ? r->idle_ns && seg_unused(seg, r->now_ns, r->idle_ns)
+                        : seg_unused(seg, r->now_ns, r->unused_ns) &&
+                              gma__trim_prefer(bud, seg->size,
+                                               pick == SIZE_MAX ? 0 : p->segs[pick]->size);
+    if (ok) {
+      pick = i;
+      if (pass == 0) break;
+    }
+  }
+  return pick;
+}
+
+/* Lock held: detaches what a release takes from the ordinary segments, the
+ * idle ones first (the first *n_idle of *out). Returns how many. */
+static size_t trim_detach(gma__pool_t *p, const gma__release_t *r, gma__trim_budget_t *bud,
+                          gma__span_t **out, size_t *n_idle) {
+  size_t n = 0, cap = 0;
+  for (int pass = 0; pass < 2; pass++) {
+    for (;;) {
+      if (pass == 1 && gma__trim_done(bud)) break;
+      size_t pick = trim_pick(p, r, bud, pass);
+      if (pick == SIZE_MAX) break;
+      if (n == cap) {
+        cap = cap ? cap * 2 : 16;
+        gma__span_t *a = realloc(*out, cap * sizeof *a);
+        if (!a) break;
+        *out = a;
+      }
+      seg_detach(p, pick, &(*out)[n]);
+      gma__trim_took(bud, (*out)[n].size, pass == 1);
+      n++;
+      *n_idle += pass == 0;
+    }
+  }
+  return n;
+}
+
+/* Lock held: counts a release that gave back freed bytes (freed_idle of them
+ * idle) and traces it: explicit trims are replayed (they also settle
+ * streams), timed ones only shown; Count carries an explicit trim's keep. */
+static void trim_count(gma__pool_t *p, const gma__release_t *r, uint64_t freed,
+                       uint64_t freed_idle) {
+  if (r->timed) {
+    p->c.trims_idle += freed_idle > 0;
+    p->c.trims_timed += freed > freed_idle;
+    p->c.trims_pressure += freed > 0 && r->pressured;
+  } else {
+    p->c.trims_explicit += freed > 0;
+  }
+  if (!r->timed || freed)
+    GMA__TRACE(p, GMA__TR_TRIM, 0, freed, 0, 0, 0, r->timed ? 0 : r->keep,
+               !r->timed ? GMA__TRIM_EXPLICIT : r->pressured ? GMA__TRIM_PRESSURE
+                                                              : GMA__TRIM_TIMED);
+}
+
 gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r) {
   pthread_mutex_lock(&p->lock);
   gma__streams_poll(p, true);
@@ -138,58 +213,21 @@ gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r) {
   /* Detach the chosen free segments under the lock; give them back after
    * unlocking, so a slow device free (cuMemFree synchronizes) never holds up
    * other callers. First those idle too long, then until at most keep bytes
-   * of cache (reserved - allocated) stay, each time the one that gets there
-   * with the least beyond it (gma__trim_prefer). */
+   * of cache (reserved - allocated) stay. */
   gma__trim_budget_t bud = {
       .keep = r->keep, .want = r->want, .cached = p->c.reserved.current - p->c.allocated.current};
-  size_t n = 0, cap = 0, n_idle = 0;
-  gma__span_t *out = NULL;
-  for (int pass = 0; pass < 2; pass++) {
-    for (;;) {
-      if (pass == 1 && gma__trim_done(&bud)) break;
-      size_t pick = SIZE_MAX;
-      for (size_t i = 0; i < p->nsegs; i++) {
-        gma__segment_t *seg = p->segs[i];
-        if (!seg_is_free(seg)) {
-          seg->free_since_ns = 0;
-          continue;
-        }
-        bool ok = pass == 0 ? r->idle_ns && seg_unused(seg, r->now_ns, r->idle_ns)
-                            : seg_unused(seg, r->now_ns, r->unused_ns) &&
-                                  gma__trim_prefer(&bud, seg->size,
-                                                   pick == SIZE_MAX ? 0 : p->segs[pick]->size);
-        if (ok) {
-          pick = i;
-          if (pass == 0) break;
-        }
-      }
-      if (pick == SIZE_MAX) break;
-      if (n == cap) {
-        cap = cap ? cap * 2 : 16;
-        gma__span_t *a = realloc(out, cap * sizeof *a);
-        if (!a) break;
-        out = a;
-      }
-      seg_detach(p, pick, &out[n]);
-      gma__trim_took(&bud, out[n].size, pass == 1);
-      n++;
-      n_idle += pass == 0;
-    }
-  }
+  gma__span_t *out = NULL, *spans = NULL;
+  size_t n_idle = 0, nr = 0, nr_idle = 0;
+  size_t n = trim_detach(p, r, &bud, &out, &n_idle);
   /* Growable segments: the chunks inside FREE blocks, by the same rules. */
-  gma__span_t *spans = NULL;
-  size_t nr = 0, nr_idle = 0;
   if (p->growable) nr = gma__segs_pick(p, r, &bud, &spans, &nr_idle);
   /* Out of reserved now, but the device still holds it until the calls
    * below return: growth counts it against the limit meanwhile, and an
    * allocation that finds no room waits for it (gma__oom_wait). */
-  uint64_t leaving = 0;
-  for (size_t i = 0; i < n; i++) leaving += out[i].size;
-  for (size_t i = 0; i < nr; i++) leaving += spans[i].size;
-  p->leaving += leaving;
+  uint64_t leaving = sizeof_spans(spans, nr), ordinary = sizeof_spans(out, n);
+  p->leaving += leaving + ordinary;
   GMA__VALIDATE(p);
   pthread_mutex_unlock(&p->lock);
-
   gma_status_t st = GMA_OK;
   uint64_t freed = 0, freed_idle = 0;
   for (size_t i = 0; i < nr; i++) {
@@ -197,22 +235,14 @@ gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r) {
     if (spans[i].done < spans[i].size) st = GMA_ERR_DEVICE; /* message kept */
     if (i < nr_idle) freed_idle += spans[i].done;
   }
-  for (size_t i = 0; i < n; i++) {
-    p->src->ops->give_back(p->src, &out[i]);
-    if (out[i].done == out[i].size) {
-      freed += out[i].size;
-      if (i < n_idle) freed_idle += out[i].size;
-    } else {
-      st = GMA_ERR_DEVICE; /* keep the message; the segment goes back to the pool */
-    }
-  }
   pthread_mutex_lock(&p->lock);
-  for (size_t i = 0; i < n; i++) {
-    p->src->ops->settle(p->src, &out[i]);
-    p->c.device_frees += out[i].calls;
-    if (out[i].done < out[i].size) gma__seg_adopt(p, out[i].kind, out[i].addr, out[i].size, 0, NULL);
-  }
-  p->c.bytes_trimmed += freed;
+  /* The ordinary segments (give_back_unlocked counts them as leaving while
+   * the lock is dropped again); the first n_idle were taken as idle. */
+  p->leaving -= ordinary;
+  uint64_t took = give_back_unlocked(p, out, n);
+  if (took < ordinary) st = GMA_ERR_DEVICE; /* kept, back in the pool */
+  freed += took;
+  for (size_t i = 0; i < n_idle; i++) freed_idle += out[i].done == out[i].size ? out[i].size : 0;
   for (size_t i = 0; i < nr; i++) {
     uint64_t done = spans[i].done;
     gma__segs_finish(p, &spans[i]); /* counts frees and bytes itself */
@@ -221,19 +251,7 @@ gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r) {
   free(spans);
   p->leaving -= leaving;
   if (leaving) pthread_cond_broadcast(&p->settled);
-  if (r->timed) {
-    p->c.trims_idle += freed_idle > 0;
-    p->c.trims_timed += freed > freed_idle;
-    p->c.trims_pressure += freed > 0 && r->pressured;
-  } else {
-    p->c.trims_explicit += freed > 0;
-  }
-  /* Explicit trims are replayed (they also settle streams), timed ones only
-   * shown; Count carries an explicit trim's keep_bytes. */
-  if (!r->timed || freed)
-    GMA__TRACE(p, GMA__TR_TRIM, 0, freed, 0, 0, 0, r->timed ? 0 : r->keep,
-               !r->timed ? GMA__TRIM_EXPLICIT : r->pressured ? GMA__TRIM_PRESSURE
-                                                              : GMA__TRIM_TIMED);
+  trim_count(p, r, freed, freed_idle);
   pthread_mutex_unlock(&p->lock);
   free(out);
   return st;

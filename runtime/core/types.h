@@ -287,6 +287,8 @@ typedef struct gma__pool {
   uint64_t leaving;             /* bytes a trim took out of reserved and is giving back to
                                    the device outside the lock; counted against the limit */
   pthread_cond_t settled;       /* broadcast (under lock) when a trim's give-back settled */
+  bool keep_lock;               /* a batch holds blocks it may put back where they were
+                                   taken from: the OOM release gives back under the lock */
   bool inherited;               /* torn down in a fork() child (fork.c) */
   gma__event_t deferred[GMA__DEFERRED_EVENTS]; /* events to destroy once unpinned */
   size_t ndeferred;
