@@ -210,8 +210,8 @@ gma__block_t *gma__absorb_free_neighbours(gma__pool_t *p, gma__block_t *b) {
 void gma__block_make_free(gma__pool_t *p, gma__block_t *b) {
   b = gma__absorb_free_neighbours(p, b);
   /* Memory freed just now is not idle: the merged block's idle clock starts
-   * again (it used to keep an idle neighbour's, so a timed trim gave back
-   * memory freed a moment before). */
+   * again, or a timed trim would give back memory freed a moment before
+   * because an idle neighbour's clock was older. */
   b->free_since_ns = 0;
   gma__free_link(p, b);
 }

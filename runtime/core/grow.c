@@ -13,10 +13,8 @@
 #include "core/internal.h"
 
 /* Large requests below this share segments of segment_size[LARGE]; from it
- * up, each gets a segment of its own rounded to 2 MiB (PyTorch's rule too). A
- * request of exactly 10 MiB shared before: two filled a 20 MiB segment, but
- * such segments then took part-splits of whole free oversize segments, and
- * a transformer trace needed 0.2% more device memory. */
+ * up, each gets a segment of its own rounded to 2 MiB (PyTorch's rule too;
+ * docs/near-the-limit.md has the measurements behind it). */
 #define LARGE_OWN_MIN (10ull << 20)
 
 gma_status_t gma__seg_adopt(gma__pool_t *p, int kind, uintptr_t base, uint64_t size,
@@ -264,10 +262,9 @@ static gma__block_t *find_fit_in(gma__pool_t *p, gma__stream_t *s, int kind, uin
  * segment made for a bigger request (FREE, or cached on s, the requesting
  * stream), which the request would split leaving more of it unused than it
  * uses. Only while the pool holds half its limit or more: with room to
- * spare a split loses nothing, and a new segment instead made a PyTorch
- * training loop on an H100 reserve 19% more. (Requests that share segments
- * split them by design; counting them too made a trace need 0.7% more
- * device memory.) */
+ * spare a split loses nothing, and a new segment instead would grow the
+ * pool. Requests that share segments split them by design and are not
+ * counted. */
 static bool splits_whole_oversize(const gma__pool_t *p, gma__stream_t *s, gma__block_t *b,
                                   int kind, uint64_t size) {
   if (kind != GMA__LARGE || p->growable || size < LARGE_OWN_MIN ||
@@ -357,9 +354,8 @@ static gma__block_t *pending_wait_fit(gma__pool_t *p, gma__stream_t *s, int kind
  * still grow when no run fits. Blocks gated by a stream past the first
  * RECLAIM_STREAMS, or by one with no event to wait on, stay pending. Below
  * the bound s grows: a short lead keeps its overlap. Without it, a stream
- * that hands every buffer to a slower stream grows by the whole lead (554
- * MiB against 4 MiB live on the simulated device; 352-506 MiB on an H100,
- * where CUB's event-wait held 7.9 MiB at the same speed). Not under
+ * that hands every buffer to a slower stream grows by the whole lead the
+ * host has over the device (docs/streams.md). Not under
  * reuse:auto: s's wait on its consumers is a dependency the program never
  * made. A consumer's work may itself wait on the host for s's thread (the
  * GPU pipeline test holds each consumer stream until its stage's next

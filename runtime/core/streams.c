@@ -324,10 +324,9 @@ gma__block_t *gma__streams_wait_fit(gma__pool_t *p, gma__stream_t *u, int kind, 
   return gma__gate_settle(p, &g, u, true) ? best : NULL;
 }
 
-/* Fault-sweep fix: retiring a stream whose closing event could not be
- * created or recorded (a device error) used to orphan it, stranding its
- * cached and pending memory until gma_destroy (gma_empty_cache could never
- * give it back). Instead, wait for the stream on the host (on this error path
+/* Retiring a stream whose closing event could not be created or recorded
+ * (a device error) must not orphan it, which would strand its cached and
+ * pending memory until gma_destroy. Instead, wait for the stream on the host (on this error path
  * only; the caller holds the pool lock, as host.c's free does for its own
  * fallback): all work queued on it has then finished, so every epoch up to
  * the open one is complete, and so are its events. True when that worked;
@@ -379,8 +378,8 @@ gma_status_t gma__stream_retire(gma__pool_t *p, gma__stream_t *s, bool orphan) {
   /* Sequentially consistent, then drain again: the other half of a Dekker
    * pair with gma__bin_free (push, fence, load retired). Either that free
    * sees retired and drains the bin itself (gma__stream_rescue), or this
-   * drain sees its block. (A free pushing between the first drain
-   * and this store used to strand its block in a bin nobody drained.) */
+   * drain sees its block: a free pushing between the first drain and this
+   * store would otherwise strand its block in a bin nobody drains. */
   atomic_store(&s->retired, true);
   atomic_thread_fence(memory_order_seq_cst); /* before the drain's loads of the stacks */
   gma__stream_drain_bins(p, s);

@@ -282,8 +282,8 @@ static CUresult capture_query(CUstream stream, bool *capturing, uint64_t *id) {
 
 /* ---- Stream ids, also during a capture -------------------------------------
  * cuStreamGetId is refused on a capturing stream in every capture mode, and
- * the refused call invalidates the capture (measured on an H100 with driver
- * 580; docs/gpu/capture_rules.txt). So gma never asks it about a
+ * the refused call invalidates the capture (docs/gpu/capture_rules.txt).
+ * So gma never asks it about a
  * capturing stream (cuStreamGetCaptureInfo, which is allowed, comes first),
  * and the ids it hands up are kept here, one entry per stream handle:
  *   - outside a capture, the driver's id R (plus one: gma keeps 0 for "no

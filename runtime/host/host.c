@@ -462,9 +462,9 @@ void gma__host_trim(gma__host_t *h, uint64_t keep) {
     }
   }
   pthread_mutex_unlock(&h->mu);
-  /* Outside the lock. Fault-sweep fix: a block the device would not take back
-   * (host_free failed) used to be forgotten while the device still held it;
-   * it now goes back to its free list, and a later trim tries again. */
+  /* Outside the lock. A block the device would not take back (host_free
+   * failed) is still the device's: it goes back to its free list, and a
+   * later trim tries again. */
   gma__hblock_t *kept = NULL;
   for (gma__hblock_t *b = out, *next; b; b = next) {
     next = b->next;
