@@ -510,6 +510,36 @@ typedef void (*gma_pressure_callback_t)(gma_t *g, gma_pressure_t level, void *us
  * wait for ring room (see gma_future_callback_t). Any thread. */
 GMA_API gma_status_t gma_set_pressure_callback(gma_t *g, gma_pressure_callback_t cb, void *user);
 
+/* ---------------------------------------------------------------------------
+ * OOM observer: a hook at the moment an allocation is about to fail, where a
+ * program can free memory of its own (caches, buffers it can rebuild) and
+ * ask gma to try once more, as PyTorch's OOM observers and RMM's failure
+ * callback do. */
+typedef struct gma_oom_info {
+  size_t size;          /* sizeof(gma_oom_info_t) */
+  size_t requested;     /* bytes the call asked for (a batch: their sum) */
+  gma_stream_t stream;  /* the call's stream */
+  uint64_t allocated;   /* gma_stats' allocated.current then */
+  uint64_t reserved;    /* reserved.current then */
+  uint64_t device_free; /* the device's free memory then (0 if it cannot say) */
+  uint64_t device_total;
+  const char *message;  /* the OOM message the call would return; valid during the call */
+} gma_oom_info_t;
+#define GMA_OOM_FAIL 0  /* report the OOM */
+#define GMA_OOM_RETRY 1 /* memory was freed: try once more */
+typedef int (*gma_oom_observer_t)(gma_t *g, const gma_oom_info_t *info, void *user);
+/* cb is called before gma_alloc or gma_alloc_batch reports GMA_ERR_OOM (after
+ * gma's own release, wait and CPU fallback), on the calling thread, with no
+ * gma lock held. It returns GMA_OOM_RETRY to make the call try once more
+ * (the result of that try is the call's), or GMA_OOM_FAIL. A call that
+ * succeeds on the retry counts no OOM (num_ooms) and leaves gma_last_error()
+ * as it was. Allocations the observer itself makes do not call it again:
+ * they fail at once when memory is short. Async requests and captures do not
+ * call it. NULL removes it. When this returns, the previous observer is not
+ * running and will not be called again, except when this is called from
+ * inside an observer (which does not wait). Any thread. */
+GMA_API gma_status_t gma_set_oom_observer(gma_t *g, gma_oom_observer_t cb, void *user);
+
 /* Call before destroying a stream that gma has seen (unless you destroy it
  * with gma_stream_destroy, which does this). gma closes the stream's epoch
  * with one event and forgets the handle: the stream's cached blocks go to the

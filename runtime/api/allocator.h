@@ -11,6 +11,7 @@
 #include "cache/cache.h"
 #include "core/internal.h"
 #include "worker/worker.h"
+#include "api/oom_observer.h"
 
 /* magic: LIVE from gma_create until gma_destroy, then DEAD. The structs of
  * the last 64 destroyed allocators are kept (on a process-wide list, so leak
@@ -36,6 +37,7 @@ struct gma {
   gma__worker_t worker;
   gma__planner_t plan; /* planned memory (plan:on); inert otherwise */
   gma__graphs_t graphs; /* graph pools and captures (CUDA graphs); inert until used */
+  gma__oom_observer_t oom; /* gma_set_oom_observer */
 };
 
 /* GMA_OK for a live allocator; GMA_ERR_INVALID_ARGUMENT naming fn for NULL,
@@ -87,6 +89,9 @@ static inline bool gma__blocks_fit(uint64_t *total, size_t size, size_t count, u
  * which the batch needs more than the allocator can ever hold; errors name
  * fn. */
 gma_status_t gma__batch_sizes_check(gma_t *g, size_t n, const size_t *sizes, const char *fn);
+/* The trace rows of a gma_alloc_batch call (api.c). */
+void gma__trace_batch(gma_t *g, gma__trace_t *t, gma_status_t st, size_t n, const size_t *sizes,
+                      gma_stream_t stream, void *const *ptrs);
 
 #define GMA__CHECK(g, fn)                      \
   do {                                         \

@@ -92,9 +92,11 @@ gma_status_t gma_create(const gma_config_t *config, gma_t **out) {
   gma_t *g = calloc(1, sizeof *g);
   if (!g) return gma__set_error(GMA_ERR_OOM, "gma_create: no host memory for the allocator");
   g->magic = GMA__MAGIC_LIVE; /* gma_create's own calls (gma_trace_start) check it */
+  gma__oom_observer_init(&g->oom);
   gma_status_t st = gma__config_resolve(config, &g->cfg);
   if (st == GMA_OK) st = open_device(&g->cfg, &g->dev);
   if (st != GMA_OK) {
+    gma__oom_observer_fini(&g->oom);
     free(g);
     return st;
   }
@@ -127,6 +129,7 @@ gma_status_t gma_create(const gma_config_t *config, gma_t **out) {
   }
   if (st != GMA_OK) {
     g->dev->ops->destroy(g->dev);
+    gma__oom_observer_fini(&g->oom);
     free(g);
     return st;
   }
@@ -207,6 +210,7 @@ gma_status_t gma_destroy(gma_t *g) {
                           " bytes) were never freed; gma freed them", host_leaks, host_leaked);
   }
   g->dev->ops->destroy(g->dev);
+  gma__oom_observer_fini(&g->oom);
   g->magic = GMA__MAGIC_DEAD; /* the rest of the struct is dead memory now */
   gma_t *oldest = NULL;
   pthread_mutex_lock(&dead_mu);
@@ -230,7 +234,8 @@ const char *gma_device_name(const gma_t *g) {
 
 static gma_status_t alloc_now(gma_t *g, size_t size, gma_stream_t stream, unsigned flags,
                               bool *pooled, void **out);
-static gma_status_t alloc_fallback(gma_t *g, size_t size, gma_stream_t stream, void **out);
+static gma_status_t alloc_fallback(gma_t *g, size_t size, gma_stream_t stream, bool count,
+                                   void **out);
 static gma_status_t free_now(gma_t *g, void *ptr);
 
 /* What trace rows say of the live allocation starting at ptr: its block
@@ -242,8 +247,6 @@ typedef struct live_facts {
   uintptr_t stream;
 } live_facts_t;
 
-static void trace_batch(gma_t *g, gma__trace_t *t, gma_status_t st, size_t n,
-                        const size_t *sizes, gma_stream_t stream, void *const *ptrs);
 
 static live_facts_t live_facts(gma_t *g, void *ptr) {
   live_facts_t f = {0, 0, 0};
@@ -266,17 +269,33 @@ static live_facts_t live_facts(gma_t *g, void *ptr) {
   return f;
 }
 
+/* One try of gma_alloc; an OOM is counted when count. fallback:host: the
+ * pool's OOM is neither said nor counted unless the fallback fails too. */
+static gma_status_t alloc_once(gma_t *g, size_t size, gma_stream_t stream, bool count,
+                               bool *pooled, void **out) {
+  bool fallback = g->cfg.fallback_host;
+  unsigned kept = fallback ? gma__error_keep() : 0;
+  unsigned flags = fallback || !count ? GMA__ALLOC_UNCOUNTED : 0;
+  gma_status_t st = alloc_now(g, size, stream, flags, pooled, out);
+  if (fallback) {
+    if (st == GMA_ERR_OOM && *pooled) st = alloc_fallback(g, size, stream, count, out);
+    gma__error_done(kept, st);
+  }
+  return st;
+}
+
 gma_status_t gma_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out) {
   GMA__CHECK(g, "gma_alloc");
   stream = gma__stream_arg(g, stream);
   CHECK_ARG(out, "gma_alloc: out is NULL");
-  /* fallback:host: the pool's OOM is neither said nor counted unless the
-   * fallback fails too (then it is, once). */
-  bool fallback = g->cfg.fallback_host, pooled;
-  unsigned kept = fallback ? gma__error_keep() : 0;
-  gma_status_t st = alloc_now(g, size, stream, fallback ? GMA__ALLOC_UNCOUNTED : 0, &pooled, out);
-  if (fallback) {
-    if (st == GMA_ERR_OOM && pooled) st = alloc_fallback(g, size, stream, out);
+  bool observed = gma__oom_observed(g), pooled;
+  unsigned kept = observed ? gma__error_keep() : 0;
+  gma_status_t st = alloc_once(g, size, stream, !observed, &pooled, out);
+  if (observed) { /* the observer's answer decides; the OOM counted once */
+    if (st == GMA_ERR_OOM && pooled && gma__oom_observe(g, size, stream))
+      st = alloc_once(g, size, stream, true, &pooled, out);
+    else if (st == GMA_ERR_OOM && pooled)
+      gma__pool_oom_count(&g->pool, size, stream);
     gma__error_done(kept, st);
   }
   gma__trace_t *t = gma__trace_on(&g->pool.trace);
@@ -288,12 +307,13 @@ gma_status_t gma_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out) {
 
 /* fallback:host: device memory is exhausted even after releasing cache and
  * retrying; serve from pinned host memory the device can reach. */
-static gma_status_t alloc_fallback(gma_t *g, size_t size, gma_stream_t stream, void **out) {
+static gma_status_t alloc_fallback(gma_t *g, size_t size, gma_stream_t stream, bool count,
+                                   void **out) {
   char why[512];
   snprintf(why, sizeof why, "%s", gma__error_detail(gma_last_error()));
   gma_status_t st = gma__host_alloc(&g->host, size, stream, true, out);
   if (st == GMA_OK) return GMA_OK;
-  gma__pool_oom_count(&g->pool, size, stream); /* the call fails: one OOM */
+  if (count) gma__pool_oom_count(&g->pool, size, stream); /* the call fails: one OOM */
   return gma__set_error(GMA_ERR_OOM, "%s; the CPU fallback (fallback:host) failed too: %s", why,
                         gma__error_detail(gma_last_error()));
 }
@@ -528,42 +548,8 @@ gma_status_t gma_trim(gma_t *g, uint64_t keep_bytes) {
   return trim_to(g, keep_bytes);
 }
 
-gma_status_t gma__batch_sizes_check(gma_t *g, size_t n, const size_t *sizes, const char *fn) {
-  uint64_t total = 0;
-  for (size_t i = 0; i < n; i++) {
-    if (sizes[i] == 0) return gma__set_error(GMA_ERR_INVALID_SIZE, "%s: sizes[%zu] is 0", fn, i);
-    if (!gma__blocks_fit(&total, sizes[i], 1, g->cfg.memory_limit))
-      return gma__set_error(GMA_ERR_INVALID_SIZE,
-                            "%s: the batch needs more than this allocator can ever hold "
-                            "(memory_limit / device capacity %" PRIu64 " bytes) by block %zu",
-                            fn, g->cfg.memory_limit, i);
-  }
-  return GMA_OK;
-}
-
-gma_status_t gma_alloc_batch(gma_t *g, size_t n, const size_t *sizes, gma_stream_t stream,
-                             void **ptrs) {
-  GMA__CHECK(g, "gma_alloc_batch");
-  stream = gma__stream_arg(g, stream);
-  CHECK_ARG(n > 0 && sizes && ptrs, "gma_alloc_batch: n is 0, or sizes or ptrs is NULL");
-  gma_status_t st = gma__batch_sizes_check(g, n, sizes, "gma_alloc_batch");
-  if (st != GMA_OK) return st;
-  st = gma__load_relaxed(&g->graphs.capturing)
-                        ? gma__graph_alloc(&g->graphs, n, sizes, 0, stream, ptrs)
-                        : GMA_PENDING;
-  if (st == GMA_PENDING) { /* not capturing: the pool's, as always */
-    uint64_t id;
-    st = g->dev->ops->stream_id(g->dev, stream, &id);
-    if (st == GMA_OK)
-      st = gma__pool_alloc_batch(&g->pool, n, sizes, stream, id, GMA__ALLOC_WAIT, ptrs);
-  }
-  gma__trace_t *t = gma__trace_on(&g->pool.trace);
-  if (t) trace_batch(g, t, st, n, sizes, stream, ptrs);
-  return st;
-}
-
-static void trace_batch(gma_t *g, gma__trace_t *t, gma_status_t st, size_t n,
-                        const size_t *sizes, gma_stream_t stream, void *const *ptrs) {
+void gma__trace_batch(gma_t *g, gma__trace_t *t, gma_status_t st, size_t n,
+                      const size_t *sizes, gma_stream_t stream, void *const *ptrs) {
   gma__pool_t *p = &g->pool;
   uint64_t now = gma__trace_now(), total = 0;
   for (size_t i = 0; i < n; i++) total += sizes[i];
