@@ -34,6 +34,23 @@ typedef void *cudaStream_t; /* as CUDA declares it: a pointer to an opaque struc
  * once no call is in flight. */
 static _Atomic(gma_t *) allocators[GMA_TORCH_MAX_DEVICES];
 static pthread_mutex_t create_lock = PTHREAD_MUTEX_INITIALIZER; /* guards creation, destruction */
+
+/* The OOM observer gma.torch installs (gma_torch_set_oom_observer): called
+ * with the device, the request, the device's allocated bytes and its free
+ * memory, as PyTorch's OOM observers are; nonzero asks gma to try again.
+ * Written under create_lock; every allocator created gets it. */
+typedef int (*gma_torch_oom_fn)(int device, uint64_t requested, uint64_t allocated,
+                                uint64_t device_free);
+static _Atomic(gma_torch_oom_fn) oom_fn;
+
+static int on_oom(gma_t *g, const gma_oom_info_t *info, void *user) {
+  (void)g;
+  gma_torch_oom_fn fn = atomic_load_explicit(&oom_fn, memory_order_acquire);
+  if (!fn) return GMA_OOM_FAIL;
+  return fn((int)(intptr_t)user, info->requested, info->allocated, info->device_free)
+             ? GMA_OOM_RETRY
+             : GMA_OOM_FAIL;
+}
 static bool atexit_registered;                                  /* guarded by create_lock */
 
 /* Shutdown against late calls. PyTorch can free tensors after our atexit
@@ -130,6 +147,7 @@ static gma_t *create_locked(int device) {
     no_allocator_status = st;
     return NULL;
   }
+  gma_set_oom_observer(g, on_oom, (void *)(intptr_t)device);
   if (!atexit_registered) {
     /* Registered after the first allocator exists, hence after PyTorch set up
      * CUDA: handlers run in reverse order, so ours runs before the CUDA
@@ -349,6 +367,21 @@ GMA_TORCH_API int gma_torch_snapshot_write(int device, const char *path, int for
   if (st != GMA_OK) set_gma_msg(st, "gma_snapshot_write");
   leave();
   return st;
+}
+
+/* Installs fn (NULL removes it) as every device's OOM observer, for the
+ * allocators there are and those made later. When it returns, a previous
+ * fn is not running on any allocator (gma_set_oom_observer waits), except
+ * when called from inside fn. */
+GMA_TORCH_API int gma_torch_set_oom_observer(gma_torch_oom_fn fn) {
+  pthread_mutex_lock(&create_lock);
+  atomic_store_explicit(&oom_fn, fn, memory_order_release);
+  for (int d = 0; d < GMA_TORCH_MAX_DEVICES; d++) {
+    gma_t *g = atomic_load_explicit(&allocators[d], memory_order_acquire);
+    if (g) gma_set_oom_observer(g, fn ? on_oom : NULL, (void *)(intptr_t)d);
+  }
+  pthread_mutex_unlock(&create_lock);
+  return GMA_OK;
 }
 
 /* gma_empty_cache of device's allocator; GMA_OK when it has none yet.

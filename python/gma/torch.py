@@ -105,7 +105,14 @@ _PROTOS = {
     "gma_torch_iteration_mark": (ctypes.c_int, [ctypes.c_int]),
     "gma_torch_record_stream": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]),
     "gma_torch_shutdown": (None, []),
+    "gma_torch_set_oom_observer": (ctypes.c_int, [ctypes.c_void_p]),
 }
+
+# gma_torch_oom_fn: (device, requested, allocated, device_free) -> retry?
+_OOM_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64,
+                           ctypes.c_uint64)
+_oom_observers = []
+_oom_fn = None  # the ctypes callback the plug-in holds; kept alive here
 
 
 def plugin():
@@ -258,6 +265,46 @@ def dump_snapshot(path, device=0):
     or allocator(device).trace_start(), its events in device_traces) that
     pytorch.org/memory_viz and torch.cuda._memory_viz read. Returns path."""
     return snapshot(device, path, format="torch")
+
+
+def _on_oom(device, requested, allocated, device_free):
+    retry = False
+    for fn in list(_oom_observers):
+        try:
+            retry = bool(fn(device, requested, allocated, device_free)) or retry
+        except Exception:  # an observer's bug must not turn into a crash in C
+            import traceback
+            traceback.print_exc()
+    return 1 if retry else 0
+
+
+def attach_out_of_memory_observer(observer):
+    """Calls observer(device, alloc, device_allocated, device_free) before gma
+    reports an out-of-memory error, as torch._C._cuda_attach_out_of_memory_observer
+    does for PyTorch's own allocator (which the plug-in replaces). The observer
+    may free memory of its own (drop a cache, then gma.torch.empty_cache());
+    if it returns True, gma tries the allocation once more. It runs on the
+    allocating thread; allocations it makes itself do not call it again."""
+    global _oom_fn
+    lib = plugin()  # takes _lock itself
+    with _lock:
+        _oom_observers.append(observer)
+        if _oom_fn is None:
+            _oom_fn = _OOM_FN(_on_oom)
+            _check(lib.gma_torch_set_oom_observer(ctypes.cast(_oom_fn, ctypes.c_void_p)),
+                   "gma_torch_set_oom_observer")
+
+
+def detach_out_of_memory_observers():
+    """Removes every observer attach_out_of_memory_observer added; when it
+    returns none of them is running (except when called from one)."""
+    global _oom_fn
+    lib = plugin()  # takes _lock itself
+    with _lock:
+        _oom_observers.clear()
+        if _oom_fn is not None:
+            _check(lib.gma_torch_set_oom_observer(None), "gma_torch_set_oom_observer")
+            _oom_fn = None
 
 
 def empty_cache(device=0):

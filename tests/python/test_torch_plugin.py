@@ -109,6 +109,40 @@ class Plugin(unittest.TestCase):
         self.assertGreaterEqual(gt.stats(0)["num_ooms"], 1)
         free(p, 200 * MiB)
 
+    def test_out_of_memory_observer_frees_and_retries(self):
+        held = alloc(200 * MiB)
+        self.assertTrue(held)
+        seen = []
+
+        def observer(device, requested, allocated, device_free):
+            seen.append((device, requested, allocated))
+            nonlocal held
+            if held:  # the program's own cache: given up, then a retry
+                free(held, 200 * MiB)
+                held = None
+                return True
+            return False
+
+        gt.attach_out_of_memory_observer(observer)
+        try:
+            before = gt.stats(0)["num_ooms"]
+            p = alloc(100 * MiB)  # fits only once the observer freed its 200 MiB
+            self.assertTrue(p)
+            self.assertEqual(seen, [(0, 100 * MiB, 200 * MiB)])
+            self.assertEqual(gt.stats(0)["num_ooms"], before)
+            with c_stderr():
+                self.assertIsNone(alloc(300 * MiB - 100 * MiB + 1))  # declined: OOM
+            self.assertEqual(len(seen), 2)
+            self.assertEqual(gt.stats(0)["num_ooms"], before + 1)
+            free(p, 100 * MiB)
+        finally:
+            gt.detach_out_of_memory_observers()
+        with c_stderr():
+            q = alloc(200 * MiB)
+            self.assertIsNone(alloc(100 * MiB))  # no observer any more
+        self.assertEqual(len(seen), 2)
+        free(q, 200 * MiB)
+
     def test_foreign_and_double_free_are_logged(self):
         buf = ctypes.create_string_buffer(4096)
         p = alloc(4096)
