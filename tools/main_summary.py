@@ -78,14 +78,14 @@ def goals(hotpath, worker):
         for s in h.get("scaling_4KiB_pairs_per_s", []):
             verdict = ("MET" if s["ratio"] >= s["goal_ratio"] else "MISSED") \
                 if s["name"] == "gma, bins" else "(reference, not a goal)"
-            print("   %-58s %7.2fx  goal >= %.1fx  %s" % (
+            print("   %-66s %7.2fx  goal >= %.1fx  %s" % (
                 "2 threads / 1 thread, 4 KiB pairs: " + s["name"], s["ratio"], s["goal_ratio"],
                 verdict))
         for t in h.get("training_loop", []):
             verdict = ("MET" if t["device_allocs_after_first"] <= t["goal_device_allocs_after_first"]
                        else "MISSED") if "plan:on" not in t["name"] \
                 else "(the plan's arena, allocated once after iteration 1)"
-            print("   %-58s %8d  goal %d      %s" % (
+            print("   %-66s %8d  goal %d      %s" % (
                 "device allocs after the 1st iteration: " + t["name"],
                 t["device_allocs_after_first"], t["goal_device_allocs_after_first"], verdict))
     if worker and os.path.exists(worker):
@@ -106,7 +106,7 @@ def goals(hotpath, worker):
             if isinstance(a.get(key), (int, float)):
                 rows.append((label, a[key], goal))
         for label, v, goal in rows:
-            print("   %-58s %8.3f  goal <= %-6g %s" % (label, v, goal,
+            print("   %-66s %8.3f  goal <= %-6g %s" % (label, v, goal,
                                                       "MET" if v <= goal else "MISSED"))
     if not found:
         print("   (no benchmark JSON found)")
