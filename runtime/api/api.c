@@ -288,7 +288,8 @@ gma_status_t gma_alloc(gma_t *g, size_t size, gma_stream_t stream, void **out) {
   GMA__CHECK(g, "gma_alloc");
   stream = gma__stream_arg(g, stream);
   CHECK_ARG(out, "gma_alloc: out is NULL");
-  bool observed = gma__oom_observed(g), pooled;
+  /* One load on the hot path; the observer file only when one is set. */
+  bool observed = gma__load_relaxed(&g->oom.armed) && gma__oom_observed(g), pooled;
   unsigned kept = observed ? gma__error_keep() : 0;
   gma_status_t st = alloc_once(g, size, stream, !observed, &pooled, out);
   if (observed) { /* the observer's answer decides; the OOM counted once */

@@ -267,16 +267,21 @@ gma_status_t gma__trace_close(gma__trace_t *t) {
   return st;
 }
 
+/* Frees one closed trace object, its locks unheld. */
+static void trace_release(gma__trace_t *t) {
+  pthread_mutex_destroy(&t->rec_mu);
+  pthread_mutex_destroy(&t->write_mu);
+  free(t->buf);
+  free(t->spare);
+  free(t->path);
+  free(t);
+}
+
 void gma__trace_free(gma__trace_t *t) {
   while (t) {
     gma__trace_t *older = t->older;
     gma__trace_close(t);
-    pthread_mutex_destroy(&t->rec_mu);
-    pthread_mutex_destroy(&t->write_mu);
-    free(t->buf);
-    free(t->spare);
-    free(t->path);
-    free(t);
+    trace_release(t);
     t = older;
   }
 }
@@ -296,12 +301,7 @@ void gma__trace_abandon(gma__trace_t *t) {
         }
         pthread_mutex_unlock(&t->rec_mu);
         pthread_mutex_unlock(&t->write_mu);
-        pthread_mutex_destroy(&t->rec_mu);
-        pthread_mutex_destroy(&t->write_mu);
-        free(t->buf);
-        free(t->spare);
-        free(t->path);
-        free(t);
+        trace_release(t);
       } else {
         pthread_mutex_unlock(&t->write_mu);
       }

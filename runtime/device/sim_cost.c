@@ -12,10 +12,9 @@
 
 #define US(x) ((uint64_t)((x) * 1000.0))
 
-/* Hopper, driver 580, measured by gma-driver-probe on an H200
- * (docs/gpu/runs/2026-11-28-h200/driver_probe.json): each line's base and
- * slope fit the probe's medians over sizes. The H100 of the first GPU run
- * had the same driver; its benchmark's direct column agrees (see the doc). */
+/* Hopper, driver 580: each line's base and slope fit gma-driver-probe's
+ * medians over sizes; docs/gpu/cost-model.md names the probe run and
+ * compares each line with its source. */
 #define HOPPER_LINES                                                                 \
   [GMA__SIM_COST_MEM_ALLOC] = {US(33), 72.0},                                        \
   [GMA__SIM_COST_MEM_FREE] = {US(30), 300.0},                                        \
