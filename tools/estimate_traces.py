@@ -80,7 +80,7 @@ TRACES = {
         "2.7B, batch 4, ctx 128, fp32 training, AdamW"),
     "niu_tiny_ctx200_train_bf16": (
         TINY + ["--batch", "10", "--seq-len", "200", "--mode", "training",
-                "--attention", "eager-exp", "--act-dtype", "bf16"],
+                "--attention", "eager-exp", "--act-dtype", "bf16", "--grads-released"],
         "512/4 layers, batch 10, ctx 200, bf16 autocast training, AdamW"),
 }
 

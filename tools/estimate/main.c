@@ -181,10 +181,11 @@ static int parse_args(int argc, char **argv, opts_t *o) {
   return 0;
 }
 
-static void row(const char *what, uint64_t bytes, uint64_t total, const char *note) {
-  if (!bytes && !*note) return;
-  printf("  %-22s %17" PRIu64 " %10.3f %6.1f%%  %s\n", what, bytes, gib(bytes),
-         total ? 100.0 * (double)bytes / (double)total : 0.0, note);
+/* One part of the peak; parts that are zero are left out. */
+static void row(const char *what, uint64_t bytes, uint64_t total) {
+  if (!bytes) return;
+  printf("  %-22s %17" PRIu64 " %10.3f %6.1f%%\n", what, bytes, gib(bytes),
+         total ? 100.0 * (double)bytes / (double)total : 0.0);
 }
 
 static void print_estimate(const gma_transformer_t *m, const gma_estimate_t *e) {
@@ -202,15 +203,15 @@ static void print_estimate(const gma_transformer_t *m, const gma_estimate_t *e) 
          (double)e->params / 1e9, PHASES[e->phase]);
   printf("  %-22s %17s %10s %7s\n", "part of the peak", "bytes", "GiB", "share");
   uint64_t t = e->total_bytes;
-  row("weights", e->weights_bytes, t, "");
-  row("weight copy (autocast)", e->weight_copy_bytes, t, "");
-  row("KV cache", e->kv_cache_bytes, t, "");
-  row("activations", e->activation_bytes, t, "");
-  row("logits and loss", e->logits_bytes, t, "");
-  row("gradients", e->gradient_bytes, t, "");
-  row("optimizer state", e->optimizer_bytes, t, "");
-  row("step temporaries", e->step_temp_bytes, t, "");
-  row("total (peak)", t, t, "");
+  row("weights", e->weights_bytes, t);
+  row("weight copy (autocast)", e->weight_copy_bytes, t);
+  row("KV cache", e->kv_cache_bytes, t);
+  row("activations", e->activation_bytes, t);
+  row("logits and loss", e->logits_bytes, t);
+  row("gradients", e->gradient_bytes, t);
+  row("optimizer state", e->optimizer_bytes, t);
+  row("step temporaries", e->step_temp_bytes, t);
+  row("total (peak)", t, t);
   printf("\n  one layer's activations: %" PRIu64 " bytes (%.3f GiB)\n", e->layer_activation_bytes,
          gib(e->layer_activation_bytes));
 }
