@@ -146,8 +146,16 @@ static int parse_valued(opts_t *o, const char *a, const char *v) {
   if (strcmp(a, "--attention") == 0) return pick(a, v, ATTENTIONS, 3, &k) && (o->m.attention = k, 1);
   if (strcmp(a, "--optimizer") == 0) return pick(a, v, OPTIMIZERS, 4, &k) && (o->m.optimizer = k, 1);
   if (strcmp(a, "--json") == 0) return o->json = v, 1;
-  if (strcmp(a, "--precision") == 0) return (o->precision = atof(v) / 100) > 0;
-  if (strcmp(a, "--budget") == 0) return (o->budget = atof(v)) >= 0;
+  if (strcmp(a, "--precision") == 0 || strcmp(a, "--budget") == 0) {
+    char *end;
+    double x = strtod(v, &end);
+    int ok = *v && !*end && x >= 0 && (a[2] == 'b' || x > 0);
+    if (!ok) fprintf(stderr, "gma-estimate: %s takes a %s number, not '%s'\n", a,
+                     a[2] == 'b' ? "non-negative" : "positive", v);
+    if (a[2] == 'p') o->precision = x / 100;
+    else o->budget = x;
+    return ok;
+  }
   if (strcmp(a, "--trace") == 0) {
     if (o->ntraces == MAX_TRACES) {
       fprintf(stderr, "gma-estimate: at most %d --trace options\n", MAX_TRACES);
@@ -170,7 +178,7 @@ static int parse_args(int argc, char **argv, opts_t *o) {
       return 2;
     }
     int rc = parse_valued(o, a, argv[i + 1]);
-    if (rc < 0) fprintf(stderr, "gma-estimate: unknown option %s (--help lists them)\n", a);
+    if (rc < 0) fprintf(stderr, "gma-estimate: unknown option %s\n", a);
     if (rc <= 0) return 2;
     i++;
   }
@@ -353,7 +361,7 @@ int main(int argc, char **argv) {
     return 0;
   }
   if (rc) {
-    usage(stderr);
+    fprintf(stderr, "gma-estimate: --help lists the options\n");
     return 2;
   }
   return o.ntraces ? run_traces(&o) : run_estimate(&o);
