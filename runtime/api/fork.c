@@ -52,8 +52,7 @@ static void on_child(void) {
   pthread_mutex_init(&reg_mu, NULL);
   for (gma_t *g = live; g; g = g->fork_next) {
     g->magic = GMA__MAGIC_FORKED;
-    if (g->worker.started)
-      gma__store_relaxed(&g->worker.anchor->forked, true);
+    gma__futures_forked(g);
   }
 }
 
@@ -142,12 +141,7 @@ gma_status_t gma__fork_destroy(gma_t *g) {
   /* reg_mu was initialized afresh in this process: taking it cannot block
    * on a parent thread. */
   gma__fork_unregister(g);
-  gma__worker_t *w = &g->worker;
-  if (w->started) {
-    gma__anchor_forget(w->anchor); /* futures keep the anchor; they see forked */
-    free(w->ring_buf);
-    w->started = false;
-  }
+  gma__futures_forget(g);
   /* The traces are the parent's: nothing is written from here. */
   gma__pool_t *p = &g->pool;
   gma__store_relaxed(&p->trace, NULL);
@@ -161,7 +155,7 @@ gma_status_t gma__fork_destroy(gma_t *g) {
   if (all_free((pthread_mutex_t *const[]){&g->host.mu}, 1))
     gma__host_fini(&g->host, &host_leaks, &host_leaked);
   p->inherited = true; /* condition variables with dead waiters are left alone */
-  if (all_free((pthread_mutex_t *const[]){&p->lock, &p->count_lock, &p->trace_mu}, 3))
+  if (gma__pool_fork_unlocked(p))
     gma__pool_fini(p); /* GMA_ERR_LEAK for live blocks: expected here, not returned */
   /* Graph pools' host records (their chunks were device memory, forgotten above). */
   if (all_free((pthread_mutex_t *const[]){&g->graphs.lock}, 1)) gma__graphs_forget(&g->graphs);
