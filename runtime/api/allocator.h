@@ -1,5 +1,5 @@
-/* The allocator object itself: what one gma_t holds. Shared by api.c (which
- * creates and destroys it) and future.c (async requests). */
+/* The allocator object itself: what one gma_t holds. Shared by api/'s files
+ * (api.c creates and destroys it) and read by observe/'s. */
 #ifndef GMA_ALLOCATOR_H
 #define GMA_ALLOCATOR_H
 
@@ -11,6 +11,7 @@
 #include "cache/cache.h"
 #include "core/internal.h"
 #include "worker/worker.h"
+#include "api/future.h"
 #include "api/oom_observer.h"
 
 /* magic: LIVE from gma_create until gma_destroy, then DEAD. The structs of
@@ -35,6 +36,7 @@ struct gma {
   gma__pool_t pool;
   gma__host_t host;   /* pinned host memory and CPU fallbacks */
   gma__worker_t worker;
+  gma__futures_t futures; /* what its futures share: anchor, counters (future.h) */
   gma__planner_t plan; /* planned memory (plan:on); inert otherwise */
   gma__graphs_t graphs; /* graph pools and captures (CUDA graphs); inert until used */
   gma__oom_observer_t oom; /* gma_set_oom_observer */

@@ -2,12 +2,12 @@
  * allocator object, device selection, and routing each call to its owner. */
 #include <inttypes.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "api/allocator.h"
+#include "base/lock.h"
 #include "base/config.h"
 
 #define CHECK_ARG(cond, ...) \
@@ -20,7 +20,8 @@
  * per process on stderr so nobody mistakes simulated figures for GPU ones. */
 static void note_fallback(void) {
   static _Atomic bool said;
-  if (atomic_exchange(&said, true)) return;
+  /* Relaxed: the flag only picks the one caller that prints; it publishes nothing. */
+  if (gma__exchange_relaxed(&said, true)) return;
   fprintf(stderr, "gma: no CUDA device (%s); device:auto uses the simulated device\n",
           gma__error_detail(gma_last_error()));
 }
@@ -116,7 +117,7 @@ gma_status_t gma_create(const gma_config_t *config, gma_t **out) {
   if (started) gma__graphs_init(&g->graphs, &g->pool, g->dev);
   if (st == GMA_OK && g->cfg.trace_path[0]) st = gma_trace_start(g, g->cfg.trace_path);
   gma__worker_hooks_t hooks = {worker_reclaim, worker_after, g};
-  if (st == GMA_OK) st = gma__worker_start(&g->worker, g, &g->pool, &hooks, &g->cfg);
+  if (st == GMA_OK) st = gma__futures_start(g, &hooks);
   if (st != GMA_OK && started) {
     uint64_t n, bytes;
     gma__trace_t *traces = g->pool.traces;
@@ -143,7 +144,7 @@ gma_status_t gma_abandon(gma_t *g) {
   if (g->magic == GMA__MAGIC_FORKED) return gma__fork_destroy(g);
   GMA__CHECK(g, "gma_abandon");
   gma__fork_unregister(g);
-  gma__worker_stop(&g->worker); /* no tick may touch the device after this */
+  gma__futures_stop(g); /* no tick may touch the device after this */
   gma_status_t st = gma_trace_stop(g); /* the file is complete */
   /* Everything else stays: the device, its memory and every record, so
    * device work still running keeps valid memory until the process exits. */
@@ -166,7 +167,7 @@ gma_status_t gma_destroy(gma_t *g) {
   if (g->magic == GMA__MAGIC_FORKED) return gma__fork_destroy(g);
   GMA__CHECK(g, "gma_destroy");
   gma__fork_unregister(g);
-  gma__worker_stop(&g->worker); /* first: it touches the pool */
+  gma__futures_stop(g); /* first: it touches the pool */
   /* Device work may still use cached blocks; let it finish before the memory
    * goes back, so the device never touches memory it no longer owns. */
   g->dev->ops->device_synchronize(g->dev);
@@ -213,7 +214,7 @@ gma_status_t gma_destroy(gma_t *g) {
   gma__oom_observer_fini(&g->oom);
   g->magic = GMA__MAGIC_DEAD; /* the rest of the struct is dead memory now */
   gma_t *oldest = NULL;
-  pthread_mutex_lock(&dead_mu);
+  gma__lock(&dead_mu, GMA__RANK_DEAD);
   g->next_dead = dead_list;
   dead_list = g;
   if (++dead_count > DEAD_KEPT) { /* drop the oldest: walk to the last */
@@ -223,7 +224,7 @@ gma_status_t gma_destroy(gma_t *g) {
     *pp = NULL;
     dead_count--;
   }
-  pthread_mutex_unlock(&dead_mu);
+  gma__unlock(&dead_mu);
   free(oldest);
   return st;
 }
@@ -446,7 +447,9 @@ static gma_status_t free_now(gma_t *g, void *ptr) {
     st = gma__pool_free_slow(&g->pool, ptr, &pended);
     /* The block now waits for other streams' work: a worker asleep until
      * its tick starts watching it now. */
-    if (pended && atomic_load(&g->worker.unwatched)) gma__worker_kick(&g->worker);
+    /* seq_cst: the other half of a Dekker pair with the worker, which says
+     * unwatched before it looks at pending memory (worker.c). */
+    if (pended && gma__load_seq_cst(&g->worker.unwatched)) gma__worker_kick(&g->worker);
     /* Not device memory of ours: a CPU fallback's host memory, perhaps, or
      * pinned host memory given to the wrong free. */
     if (st == GMA_ERR_INVALID_POINTER && gma__host_owns_fallback(&g->host, ptr))
@@ -456,7 +459,9 @@ static gma_status_t free_now(gma_t *g, void *ptr) {
     gma__error_done(kept, st);
   }
   /* An async request waits for memory: let the worker try again. */
-  if (st == GMA_OK && atomic_load_explicit(&g->worker.memory_wanted, memory_order_relaxed))
+  /* Relaxed: a hint; a free that misses the flag's store is followed by the
+   * worker's own look at least every millisecond while requests wait. */
+  if (st == GMA_OK && gma__load_relaxed(&g->worker.memory_wanted))
     gma__worker_kick(&g->worker);
   return st;
 }
@@ -531,11 +536,7 @@ gma_status_t gma_host_free(gma_t *g, void *ptr) {
   if (!ptr) return GMA_OK;
   gma_status_t st = gma__host_free(&g->host, ptr, false);
   if (st == GMA_ERR_INVALID_POINTER) { /* device memory given to the wrong free? */
-    gma__pool_t *p = &g->pool;
-    pthread_mutex_lock(&p->lock);
-    bool device = gma__seg_find(p, (uintptr_t)ptr) != NULL;
-    pthread_mutex_unlock(&p->lock);
-    if (device)
+    if (gma__pool_owns(&g->pool, ptr))
       st = gma__set_error(GMA_ERR_INVALID_POINTER,
                           "gma_host_free(%p): the pointer is device memory of this allocator "
                           "(from gma_alloc), not pinned host memory; free it with gma_free",
@@ -558,7 +559,8 @@ void gma__trace_batch(gma_t *g, gma__trace_t *t, gma_status_t st, size_t n,
     gma__trace_emit(t, now, GMA__TR_ALLOCATE_FAILURE, 0, total, (uintptr_t)stream, 0, 0, n, st);
     return;
   }
-  uint64_t bid = atomic_fetch_add_explicit(&p->trace_ids, 1, memory_order_relaxed) + 1;
+  /* Relaxed: an id only needs to be unique; it orders nothing. */
+  uint64_t bid = gma__faa_relaxed(&p->trace_ids, 1) + 1;
   gma__trace_emit(t, now, GMA__TR_BATCH, 0, total, (uintptr_t)stream, 0, bid, n, 0);
   for (size_t i = 0; i < n; i++) {
     gma__trace_emit(t, now, GMA__TR_ALLOCATE, (uintptr_t)ptrs[i], sizes[i], (uintptr_t)stream,
@@ -618,7 +620,7 @@ gma_status_t gma_stats(gma_t *g, gma_stats_t *out) {
   if (st != GMA_OK) return st;
   gma_stats_t full = GMA_STATS_INIT;
   gma__plan_stats(&g->plan, &full); /* the pool's and the plan's in one step */
-  gma__worker_stats(&g->worker, &full);
+  gma__futures_stats(g, &full);
   gma__host_stats(&g->host, &full);
   uint64_t gpools, gbytes, glive;
   gma__graphs_totals(&g->graphs, &gpools, &gbytes, &glive);

@@ -26,6 +26,7 @@
  * mutex and condition variables, which are never destroyed (a waiter that
  * died with the parent could make destroying one block). */
 #include "api/fork.h"
+#include "base/lock.h"
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -43,17 +44,17 @@ static gma_t *live; /* reg_mu: allocators between gma_create and gma_destroy */
  * process inherited. */
 static gma_t *buried;
 
-static void on_prepare(void) { pthread_mutex_lock(&reg_mu); }
+static void on_prepare(void) { gma__lock(&reg_mu, GMA__RANK_REGISTRY); }
 
-static void on_parent(void) { pthread_mutex_unlock(&reg_mu); }
+static void on_parent(void) { gma__unlock(&reg_mu); }
 
 /* The child: one thread, the forking one, which holds reg_mu (prepare). */
 static void on_child(void) {
+  gma__lock_forget(&reg_mu);
   pthread_mutex_init(&reg_mu, NULL);
   for (gma_t *g = live; g; g = g->fork_next) {
     g->magic = GMA__MAGIC_FORKED;
-    if (g->worker.started)
-      gma__store_relaxed(&g->worker.anchor->forked, true);
+    gma__futures_forked(g);
   }
 }
 
@@ -64,12 +65,12 @@ static void handlers_register(void) { pthread_atfork(on_prepare, on_parent, on_c
 
 void gma__fork_register(gma_t *g) {
   pthread_once(&handlers_once, handlers_register);
-  pthread_mutex_lock(&reg_mu);
+  gma__lock(&reg_mu, GMA__RANK_REGISTRY);
   g->fork_prev = NULL;
   g->fork_next = live;
   if (live) live->fork_prev = g;
   live = g;
-  pthread_mutex_unlock(&reg_mu);
+  gma__unlock(&reg_mu);
 }
 
 /* reg_mu held. */
@@ -80,9 +81,9 @@ static void unlink_locked(gma_t *g) {
 }
 
 void gma__fork_unregister(gma_t *g) {
-  pthread_mutex_lock(&reg_mu);
+  gma__lock(&reg_mu, GMA__RANK_REGISTRY);
   unlink_locked(g);
-  pthread_mutex_unlock(&reg_mu);
+  gma__unlock(&reg_mu);
 }
 
 gma_status_t gma__fork_future_error(const char *fn) {
@@ -142,12 +143,7 @@ gma_status_t gma__fork_destroy(gma_t *g) {
   /* reg_mu was initialized afresh in this process: taking it cannot block
    * on a parent thread. */
   gma__fork_unregister(g);
-  gma__worker_t *w = &g->worker;
-  if (w->started) {
-    gma__anchor_forget(w->anchor); /* futures keep the anchor; they see forked */
-    free(w->ring_buf);
-    w->started = false;
-  }
+  gma__futures_forget(g);
   /* The traces are the parent's: nothing is written from here. */
   gma__pool_t *p = &g->pool;
   gma__store_relaxed(&p->trace, NULL);
@@ -161,16 +157,16 @@ gma_status_t gma__fork_destroy(gma_t *g) {
   if (all_free((pthread_mutex_t *const[]){&g->host.mu}, 1))
     gma__host_fini(&g->host, &host_leaks, &host_leaked);
   p->inherited = true; /* condition variables with dead waiters are left alone */
-  if (all_free((pthread_mutex_t *const[]){&p->lock, &p->count_lock, &p->trace_mu}, 3))
+  if (gma__pool_fork_unlocked(p))
     gma__pool_fini(p); /* GMA_ERR_LEAK for live blocks: expected here, not returned */
   /* Graph pools' host records (their chunks were device memory, forgotten above). */
   if (all_free((pthread_mutex_t *const[]){&g->graphs.lock}, 1)) gma__graphs_forget(&g->graphs);
   /* The planner's host memory (its arena was device memory, forgotten above). */
   if (all_free((pthread_mutex_t *const[]){&g->plan.mu}, 1)) gma__plan_fini(&g->plan);
   g->magic = GMA__MAGIC_DEAD;
-  pthread_mutex_lock(&reg_mu);
+  gma__lock(&reg_mu, GMA__RANK_REGISTRY);
   g->fork_next = buried;
   buried = g;
-  pthread_mutex_unlock(&reg_mu);
+  gma__unlock(&reg_mu);
   return GMA_OK;
 }

@@ -8,7 +8,7 @@
  * child; CUDA contexts do not survive fork() at all. So an inherited
  * allocator cannot work in the child. Every call on it fails at once (magic
  * GMA__MAGIC_FORKED, see allocator.h), its futures are cancelled (the anchor's
- * forked flag, worker.h), and gma_destroy gives back the host memory the child
+ * forked flag, future.h), and gma_destroy gives back the host memory the child
  * holds for it without a thread, a device call or a lock that may be held. */
 #ifndef GMA_FORK_H
 #define GMA_FORK_H

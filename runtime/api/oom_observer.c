@@ -2,6 +2,7 @@
  * allocation reports GMA_ERR_OOM, and waiting for a running one when it is
  * replaced. */
 #include "api/oom_observer.h"
+#include "base/lock.h"
 
 #include "api/allocator.h"
 
@@ -28,11 +29,11 @@ bool gma__oom_observed(const gma_t *g) {
 
 bool gma__oom_observe(gma_t *g, size_t requested, gma_stream_t stream) {
   gma__oom_observer_t *o = &g->oom;
-  pthread_mutex_lock(&o->mu);
+  gma__lock(&o->mu, GMA__RANK_OOM_OBSERVER);
   gma_oom_observer_t cb = o->cb;
   void *user = o->user;
   if (cb) o->running++;
-  pthread_mutex_unlock(&o->mu);
+  gma__unlock(&o->mu);
   if (!cb) return false;
   char message[1024];
   snprintf(message, sizeof message, "%s", gma_last_error());
@@ -48,9 +49,9 @@ bool gma__oom_observe(gma_t *g, size_t requested, gma_stream_t stream) {
   tl_observing = g;
   int answer = cb(g, &info, user);
   tl_observing = outer;
-  pthread_mutex_lock(&o->mu);
+  gma__lock(&o->mu, GMA__RANK_OOM_OBSERVER);
   if (--o->running == 0) pthread_cond_broadcast(&o->idle);
-  pthread_mutex_unlock(&o->mu);
+  gma__unlock(&o->mu);
   gma__set_error(GMA_ERR_OOM, "%s", gma__error_detail(message)); /* the observer's calls' aside */
   return answer == GMA_OOM_RETRY;
 }
@@ -58,12 +59,12 @@ bool gma__oom_observe(gma_t *g, size_t requested, gma_stream_t stream) {
 gma_status_t gma_set_oom_observer(gma_t *g, gma_oom_observer_t cb, void *user) {
   GMA__CHECK(g, "gma_set_oom_observer");
   gma__oom_observer_t *o = &g->oom;
-  pthread_mutex_lock(&o->mu);
+  gma__lock(&o->mu, GMA__RANK_OOM_OBSERVER);
   o->cb = cb;
   o->user = user;
   gma__store_relaxed(&o->armed, cb != NULL);
   /* From inside an observer the wait would be for this very call. */
   while (o->running && tl_observing != g) pthread_cond_wait(&o->idle, &o->mu);
-  pthread_mutex_unlock(&o->mu);
+  gma__unlock(&o->mu);
   return GMA_OK;
 }

@@ -45,22 +45,7 @@ gma_status_t gma_pointer_info(gma_t *g, const void *ptr, gma_pointer_info_t *inf
                           "gma_pointer_info(%p): the pointer lies in planned memory (plan:on) "
                           "that no live allocation holds now", ptr);
   bool found = planned > 0 || graphed > 0;
-  if (!found) {
-    pthread_mutex_lock(&p->lock);
-    gma__segment_t *seg = gma__seg_find(p, a);
-    gma__block_t *b = seg ? seg->first : NULL;
-    while (b && a >= b->addr + b->size) b = b->next; /* one segment's blocks */
-    if (b && gma__load_relaxed(&b->state) == GMA__LIVE) {
-      r.kind = GMA_MEMORY_DEVICE;
-      r.base = (void *)b->addr;
-      r.requested = gma__load_relaxed(&b->requested);
-      r.block_size = b->size;
-      r.stream = b->stream ? b->stream->handle : NULL;
-      r.tag = gma__tag_name(p, gma__load_relaxed(&b->tag));
-      found = true;
-    }
-    pthread_mutex_unlock(&p->lock);
-  }
+  if (!found) found = gma__pool_live_info(p, ptr, &r);
   if (!found && !gma__host_pointer_info(&g->host, p, ptr, &r))
     return gma__set_error(GMA_ERR_INVALID_POINTER,
                           "gma_pointer_info(%p): the pointer lies in no live allocation of this "

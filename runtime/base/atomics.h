@@ -50,6 +50,11 @@
  * with relaxed loads): a plain load and store, no locked instruction. */
 #define gma__counter_add_owner(p, v) gma__store_relaxed((p), gma__load_relaxed(p) + (v))
 
+/* A full (seq_cst) fence: orders every earlier load and store before every
+ * later one, for a Dekker pair whose stores and loads are not all seq_cst
+ * operations on the same objects. */
+#define gma__fence_seq_cst() atomic_thread_fence(memory_order_seq_cst)
+
 /* A full fence right after a locked read-modify-write made inside ck (a
  * ck_stack_push_mpmc: a lock cmpxchg on x86), for a Dekker pair whose other side
  * is C11 seq_cst. On x86 every locked instruction is already a full fence, so

@@ -239,6 +239,40 @@ const char *gma__tag_name(gma__pool_t *p, unsigned id);
 const char *gma__tag_json(const char *name, char out[GMA__TAG_JSON]);
 
 
+/* ---- inspect.c: the locked steps the layers above ask for (each takes the lock) -- */
+/* Runs fn(arg) with the pool lock held: for a caller above core/ whose
+ * locked step calls back into its own layer (an observer's walk of p->segs
+ * and their blocks, asking the planner about each arena). fn may call the
+ * core's lock-held functions; it must not call one that takes the lock. */
+void gma__pool_with_lock(gma__pool_t *p, void (*fn)(void *arg), void *arg);
+/* Whether ptr lies in one of the pool's segments. */
+bool gma__pool_owns(gma__pool_t *p, const void *ptr);
+/* Fills kind, base, requested, block_size, stream and tag of *r from the
+ * LIVE block containing ptr; false (r untouched) when there is none. */
+bool gma__pool_live_info(gma__pool_t *p, const void *ptr, gma_pointer_info_t *r);
+/* The worker's reads and notes: reserved bytes now; the pressure level it
+ * reported; one wake-up. */
+uint64_t gma__pool_reserved(gma__pool_t *p);
+void gma__pool_note_pressure(gma__pool_t *p, int level);
+void gma__pool_note_wakeup(gma__pool_t *p);
+/* The worker's look at pending memory, lock-free of the callers: observes
+ * device work that completed, so pending memory it gated goes back to its
+ * stream's cache (and the statistics say so) without waiting for a caller's
+ * slow path; true while some still waits. Stream caches stay with their
+ * streams (an allocation that misses polls for itself). */
+bool gma__pool_poll_pending(gma__pool_t *p);
+/* gma_trace_start: in one locked step, rows(arg, t) writes t's first rows
+ * (lock held), then t becomes the recording trace; returns the one it
+ * replaces (NULL if none), for the caller to close. A segment or a locked
+ * allocation changes either before (in the rows) or after (its own row). */
+gma__trace_t *gma__pool_trace_publish(gma__pool_t *p, gma__trace_t *t,
+                                      void (*rows)(void *arg, gma__trace_t *t), void *arg);
+/* gma_trace_stop: no trace records any more; returns the one that did. */
+gma__trace_t *gma__pool_trace_withdraw(gma__pool_t *p);
+/* A child process after fork(): whether the pool's locks (lock, count_lock,
+ * trace_mu) were free when it forked, so that its records are whole. */
+bool gma__pool_fork_unlocked(gma__pool_t *p);
+
 /* ---- validate.c ------------------------------------------------------------------ */
 /* Full structural and accounting check; returns false and sets the last error
  * on the first violation. Caller holds the lock. */

@@ -381,8 +381,8 @@ gma_status_t gma__stream_retire(gma__pool_t *p, gma__stream_t *s, bool orphan) {
    * sees retired and drains the bin itself (gma__stream_rescue), or this
    * drain sees its block: a free pushing between the first drain and this
    * store would otherwise strand its block in a bin nobody drains. */
-  atomic_store(&s->retired, true);
-  atomic_thread_fence(memory_order_seq_cst); /* before the drain's loads of the stacks */
+  gma__store_seq_cst(&s->retired, true);
+  gma__fence_seq_cst(); /* before the drain's loads of the stacks */
   gma__stream_drain_bins(p, s);
   gma__stable_remove(p, s);
   observe_epochs(p, s);

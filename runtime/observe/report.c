@@ -1,6 +1,7 @@
-/* Owns the reports on live allocations: gma_find_old_allocations (ages, for
- * finding what a long-running program forgot) and gma_live_report (a table
- * by tag and the oldest allocations; gma_destroy prints it for leaks).
+/* Owns the reports on live allocations behind gma_find_old_allocations
+ * (ages, for finding what a long-running program forgot) and gma_live_report
+ * (a table by tag and the oldest allocations; gma_destroy prints it for
+ * leaks); api/observe.c checks their arguments.
  * Memory an async request got that nobody collected is not the program's
  * yet, so it is left out. */
 #include <inttypes.h>
@@ -9,6 +10,7 @@
 #include <string.h>
 
 #include "api/allocator.h"
+#include "observe/observe.h"
 
 static int by_age(const void *a, const void *b) {
   const gma_allocation_info_t *x = a, *y = b;
@@ -16,6 +18,7 @@ static int by_age(const void *a, const void *b) {
 }
 
 typedef struct found {
+  gma_t *g;
   gma_allocation_info_t *v;
   size_t n, cap;
   uint64_t now, min_age;
@@ -41,25 +44,35 @@ static bool add(void *arg, const gma_allocation_info_t *info, uint64_t born) {
   return true;
 }
 
-/* Lock held: the live blocks at least min_age old, into a malloc'd array
- * sorted oldest first (NULL with *n 0 when there are none or no memory). A
- * plan's arena (plan:on) is one live block to the pool; the planned blocks
- * in it are what the program holds, and those are listed. */
-static gma_allocation_info_t *collect(gma_t *g, uint64_t min_age, size_t *n) {
+/* collect's walk (gma__pool_with_lock: lock held). */
+static void collect_locked(void *arg) {
+  found_t *f = arg;
+  gma_t *g = f->g;
   gma__pool_t *p = &g->pool;
-  found_t f = {.now = gma__load_relaxed(&p->clock_ns), .min_age = min_age};
-  for (size_t i = 0; i < p->nsegs && !f.oom; i++)
-    for (gma__block_t *b = p->segs[i]->first; b && !f.oom; b = b->next) {
+  f->now = gma__load_relaxed(&p->clock_ns);
+  for (size_t i = 0; i < p->nsegs && !f->oom; i++)
+    for (gma__block_t *b = p->segs[i]->first; b && !f->oom; b = b->next) {
       if (gma__load_relaxed(&b->state) != GMA__LIVE || gma__load_relaxed(&b->future_held)) continue;
-      if (g->cfg.plan && gma__plan_each_live(&g->plan, b->addr, add, &f)) continue;
+      if (g->cfg.plan && gma__plan_each_live(&g->plan, b->addr, add, f)) continue;
       gma_allocation_info_t info = {
           .ptr = (void *)b->addr,
           .requested = gma__load_relaxed(&b->requested),
           .block_size = b->size,
           .stream = b->stream ? b->stream->handle : NULL,
           .tag = gma__tag_name(p, gma__load_relaxed(&b->tag))};
-      add(&f, &info, gma__load_relaxed(&b->born_ns));
+      add(f, &info, gma__load_relaxed(&b->born_ns));
     }
+}
+
+/* The live blocks at least min_age old, into a malloc'd array sorted oldest
+ * first (NULL with *n 0 when there are none or no memory), read under the
+ * pool lock. A plan's arena (plan:on) is one live block to the pool; the
+ * planned blocks in it are what the program holds, and those are listed. */
+static gma_allocation_info_t *collect(gma_t *g, uint64_t min_age, size_t *n) {
+  gma__pool_t *p = &g->pool;
+  gma__pool_tick_clock(p);
+  found_t f = {.g = g, .min_age = min_age};
+  gma__pool_with_lock(p, collect_locked, &f);
   if (f.oom) {
     free(f.v);
     *n = 0;
@@ -70,34 +83,18 @@ static gma_allocation_info_t *collect(gma_t *g, uint64_t min_age, size_t *n) {
   return f.v;
 }
 
-gma_status_t gma_find_old_allocations(gma_t *g, uint64_t min_age_ns, gma_allocation_info_t *out,
-                                      size_t cap, size_t *count) {
-  GMA__CHECK(g, "gma_find_old_allocations");
-  if (!count || (cap && !out))
-    return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
-                          "gma_find_old_allocations: count is NULL, or out is NULL with cap > 0");
-  gma__pool_t *p = &g->pool;
-  gma__pool_tick_clock(p);
-  pthread_mutex_lock(&p->lock);
+void gma__find_old_allocations(gma_t *g, uint64_t min_age_ns, gma_allocation_info_t *out,
+                               size_t cap, size_t *count) {
   size_t n;
   gma_allocation_info_t *v = collect(g, min_age_ns, &n);
-  pthread_mutex_unlock(&p->lock);
   *count = n;
   if (cap && n) memcpy(out, v, (n < cap ? n : cap) * sizeof *out); /* v is NULL when n is 0 */
   free(v);
-  return GMA_OK;
 }
 
-gma_status_t gma_live_report(gma_t *g, size_t rows, char *buf, size_t len) {
-  GMA__CHECK(g, "gma_live_report");
-  if (!buf || !len)
-    return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_live_report: NULL or empty buffer");
-  gma__pool_t *p = &g->pool;
-  gma__pool_tick_clock(p);
-  pthread_mutex_lock(&p->lock);
+gma_status_t gma__live_report(gma_t *g, size_t rows, char *buf, size_t len) {
   size_t n;
   gma_allocation_info_t *v = collect(g, 0, &n);
-  pthread_mutex_unlock(&p->lock);
   uint64_t bytes[GMA__MAX_TAGS] = {0}, count[GMA__MAX_TAGS] = {0}, total = 0;
   const char *names[GMA__MAX_TAGS] = {0};
   for (size_t i = 0; i < n; i++)

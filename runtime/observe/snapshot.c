@@ -1,6 +1,7 @@
 /* Owns the two pictures of an allocator's memory a person reads: the JSON
  * snapshot of every segment and block (gma_snapshot_json) and the memory
- * summary table (gma_memory_summary). Both are taken under the pool lock. */
+ * summary table (gma_memory_summary); api/observe.c checks their arguments.
+ * Both read the pool in one gma__pool_with_lock (under the pool lock). */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -9,6 +10,7 @@
 #include <string.h>
 
 #include "api/allocator.h"
+#include "observe/observe.h"
 
 static const char *state_name(uint8_t st) {
   switch (st) {
@@ -20,16 +22,43 @@ static const char *state_name(uint8_t st) {
   }
 }
 
-gma_status_t gma_snapshot_json(gma_t *g, const char *path) {
-  GMA__CHECK(g, "gma_snapshot_json");
-  if (!path || !*path)
-    return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_snapshot_json: NULL or empty path");
-  FILE *f = fopen(path, "w");
-  if (!f)
-    return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_snapshot_json: cannot create '%s': %s",
-                          path, strerror(errno));
+/* The JSON snapshot's walk (gma__pool_with_lock: lock held). */
+typedef struct json_walk {
+  gma_t *g;
+  FILE *f;
+} json_walk_t;
+
+/* One segment's blocks: a plan's arena as the planned blocks in it. */
+static void json_segment(gma_t *g, FILE *f, gma__segment_t *seg) {
   gma__pool_t *p = &g->pool;
-  pthread_mutex_lock(&p->lock);
+  for (gma__block_t *b = seg->first; b; b = b->next) {
+    uint8_t st = gma__load_relaxed(&b->state);
+    uint64_t pl_live, pl_req;
+    if (st == GMA__LIVE && g->cfg.plan &&
+        gma__plan_snapshot(&g->plan, b->addr, NULL, &pl_live, &pl_req)) {
+      if (b != seg->first) fputc(',', f); /* a plan's arena: its blocks, not one */
+      gma__plan_snapshot(&g->plan, b->addr, f, &pl_live, &pl_req);
+      continue;
+    }
+    /* A FREE block belongs to no stream (its record may be stale). */
+    uintptr_t stream = st != GMA__FREE && b->stream ? (uintptr_t)b->stream->handle : 0;
+    char tag[GMA__TAG_JSON];
+    fprintf(f,
+            "%s{\"address\":\"0x%" PRIxPTR "\",\"size\":%" PRIu64
+            ",\"state\":\"%s\",\"stream\":\"0x%" PRIxPTR "\",\"requested\":%" PRIu64
+            ",\"tag\":\"%s\"}",
+            b == seg->first ? "" : ",", b->addr, b->size, state_name(st), stream,
+            st == GMA__LIVE ? gma__load_relaxed(&b->requested) : 0,
+            st == GMA__LIVE ? gma__tag_json(gma__tag_name(p, gma__load_relaxed(&b->tag)), tag)
+                            : "");
+  }
+}
+
+static void json_locked(void *arg) {
+  json_walk_t *j = arg;
+  gma_t *g = j->g;
+  FILE *f = j->f;
+  gma__pool_t *p = &g->pool;
   gma__stats_sample(p);
   uint64_t live = 0, requested = 0;
   for (size_t i = 0; i < p->nsegs; i++)
@@ -51,30 +80,18 @@ gma_status_t gma_snapshot_json(gma_t *g, const char *path) {
             ",\"pool\":\"%s\",\"growable\":%s,\"blocks\":[",
             i ? "," : "", seg->base, seg->size, seg->kind == GMA__SMALL ? "small" : "large",
             seg->range ? "true" : "false");
-    for (gma__block_t *b = seg->first; b; b = b->next) {
-      uint8_t st = gma__load_relaxed(&b->state);
-      uint64_t pl_live, pl_req;
-      if (st == GMA__LIVE && g->cfg.plan &&
-          gma__plan_snapshot(&g->plan, b->addr, NULL, &pl_live, &pl_req)) {
-        if (b != seg->first) fputc(',', f); /* a plan's arena: its blocks, not one */
-        gma__plan_snapshot(&g->plan, b->addr, f, &pl_live, &pl_req);
-        continue;
-      }
-      /* A FREE block belongs to no stream (its record may be stale). */
-      uintptr_t stream = st != GMA__FREE && b->stream ? (uintptr_t)b->stream->handle : 0;
-      char tag[GMA__TAG_JSON];
-      fprintf(f,
-              "%s{\"address\":\"0x%" PRIxPTR "\",\"size\":%" PRIu64
-              ",\"state\":\"%s\",\"stream\":\"0x%" PRIxPTR "\",\"requested\":%" PRIu64
-              ",\"tag\":\"%s\"}",
-              b == seg->first ? "" : ",", b->addr, b->size, state_name(st), stream,
-              st == GMA__LIVE ? gma__load_relaxed(&b->requested) : 0,
-              st == GMA__LIVE ? gma__tag_json(gma__tag_name(p, gma__load_relaxed(&b->tag)), tag)
-                              : "");
-    }
+    json_segment(g, f, seg);
     fputs("]}", f);
   }
-  pthread_mutex_unlock(&p->lock);
+}
+
+gma_status_t gma__snapshot_json(gma_t *g, const char *path) {
+  FILE *f = fopen(path, "w");
+  if (!f)
+    return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_snapshot_json: cannot create '%s': %s",
+                          path, strerror(errno));
+  json_walk_t j = {g, f};
+  gma__pool_with_lock(&g->pool, json_locked, &j);
   fputs("\n]}\n", f);
   if (ferror(f) | (fclose(f) != 0))
     return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_snapshot_json: writing '%s' failed",
@@ -167,15 +184,20 @@ static bool tally_planned(void *arg, const gma_allocation_info_t *info, uint64_t
 /* The summary's walk of the pool: live bytes by pool kind (planned blocks
  * counted, not their arena), reserved bytes and segments by kind. */
 typedef struct pool_walk {
+  gma_t *g;
+  live_tally_t *lt;
   uint64_t live[GMA__NKINDS], reserved[GMA__NKINDS], segs[GMA__NKINDS];
 } pool_walk_t;
 
-/* Walks g's segments under the pool lock into w and lt. A plan's arena
- * (plan:on) is one live block to the pool; the planned blocks live in it are
- * what the program holds, and those are counted, as gma_live_report does. */
-static void walk_pool(gma_t *g, live_tally_t *lt, pool_walk_t *w) {
+/* Walks g's segments into w and lt (gma__pool_with_lock: lock held). A plan's
+ * arena (plan:on) is one live block to the pool; the planned blocks live in
+ * it are what the program holds, and those are counted, as gma_live_report
+ * does. */
+static void walk_locked(void *arg) {
+  pool_walk_t *w = arg;
+  gma_t *g = w->g;
+  live_tally_t *lt = w->lt;
   gma__pool_t *p = &g->pool;
-  pthread_mutex_lock(&p->lock);
   for (size_t i = 0; i < p->nsegs; i++) {
     gma__segment_t *seg = p->segs[i];
     w->reserved[seg->kind] += seg->size;
@@ -188,7 +210,6 @@ static void walk_pool(gma_t *g, live_tally_t *lt, pool_walk_t *w) {
       w->live[seg->kind] += lt->bytes - before;
     }
   }
-  pthread_mutex_unlock(&p->lock);
 }
 
 /* The summary's title and its byte figures. */
@@ -272,22 +293,16 @@ static void summary_plan_tags(out_t *o, gma_t *g, const gma_stats_t *s, const li
   put(o, "+=========================================================================+\n");
 }
 
-gma_status_t gma_memory_summary(gma_t *g, char *buf, size_t len) {
-  GMA__CHECK(g, "gma_memory_summary");
-  if (!buf || !len)
-    return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_memory_summary: NULL or empty buffer");
-  gma_stats_t s = GMA_STATS_INIT;
-  gma_status_t st = gma_stats(g, &s);
-  if (st != GMA_OK) return st;
+gma_status_t gma__memory_summary(gma_t *g, const gma_stats_t *s, char *buf, size_t len) {
   live_tally_t *lt = calloc(1, sizeof *lt);
   if (!lt) return gma__set_error(GMA_ERR_OOM, "gma_memory_summary: out of host memory");
   lt->p = &g->pool;
-  pool_walk_t w = {{0}, {0}, {0}};
-  walk_pool(g, lt, &w);
+  pool_walk_t w = {.g = g, .lt = lt};
+  gma__pool_with_lock(&g->pool, walk_locked, &w);
   out_t o = {buf, len, 0};
-  summary_bytes(&o, g, &s, &w);
-  summary_counts(&o, &s, lt->count);
-  summary_plan_tags(&o, g, &s, lt);
+  summary_bytes(&o, g, s, &w);
+  summary_counts(&o, s, lt->count);
+  summary_plan_tags(&o, g, s, lt);
   free(lt);
   if (o.at >= len) {
     buf[len - 1] = '\0';

@@ -1,5 +1,5 @@
-/* Owns gma_snapshot_write: a snapshot in gma's JSON (snapshot.c's
- * gma_snapshot_json) or in PyTorch's torch.cuda.memory._snapshot() form, a
+/* Owns the PyTorch form of gma_snapshot_write (api/observe.c checks its
+ * arguments; gma's JSON is snapshot.c's): torch.cuda.memory._snapshot()'s, a
  * pickle (pickle.h) of the segments and blocks and, when a trace is
  * running, its events read back from the trace file in PyTorch's trace-entry
  * form. gma.h documents the structure. */
@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 
 #include "api/allocator.h"
+#include "observe/observe.h"
 #include "observe/pickle.h"
 #include "base/trace.h"
 
@@ -174,7 +175,18 @@ static int write_events(gma__pk_t *w, const char *path, uint64_t bytes) {
 
 /* ---- The call ------------------------------------------------------------------------ */
 
-static gma_status_t write_torch(gma_t *g, const char *path) {
+/* Every segment, in one gma__pool_with_lock (lock held). */
+typedef struct segments_walk {
+  gma__pk_t *w;
+  gma_t *g;
+} segments_walk_t;
+static void write_segments(void *arg) {
+  segments_walk_t *sw = arg;
+  gma__pool_t *p = &sw->g->pool;
+  for (size_t i = 0; i < p->nsegs; i++) write_segment(sw->w, sw->g, p->segs[i]);
+}
+
+gma_status_t gma__snapshot_torch(gma_t *g, const char *path) {
   const char *fn = "gma_snapshot_write";
   /* The running trace's rows, up to now, into its file (before the pool
    * lock: the lock order is the pool's lock, then the trace's). The trace
@@ -193,10 +205,8 @@ static gma_status_t write_torch(gma_t *g, const char *path) {
   gma__pk_dict_begin(&w);
   gma__pk_str(&w, "segments");
   gma__pk_list_begin(&w);
-  gma__pool_t *p = &g->pool;
-  pthread_mutex_lock(&p->lock);
-  for (size_t i = 0; i < p->nsegs; i++) write_segment(&w, g, p->segs[i]);
-  pthread_mutex_unlock(&p->lock);
+  segments_walk_t sw = {&w, g};
+  gma__pool_with_lock(&g->pool, write_segments, &sw);
   gma__pk_list_end(&w);
   gma__pk_str(&w, "device_traces");
   gma__pk_list_begin(&w);
@@ -221,18 +231,4 @@ static gma_status_t write_torch(gma_t *g, const char *path) {
                           strerror(read_err));
   }
   return GMA_OK;
-}
-
-gma_status_t gma_snapshot_write(gma_t *g, const char *path, gma_snapshot_format_t format) {
-  GMA__CHECK(g, "gma_snapshot_write");
-  if (!path || !*path)
-    return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_snapshot_write: NULL or empty path");
-  switch (format) {
-    case GMA_SNAPSHOT_JSON: return gma_snapshot_json(g, path);
-    case GMA_SNAPSHOT_TORCH: return write_torch(g, path);
-  }
-  return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
-                        "gma_snapshot_write: unknown format %d (GMA_SNAPSHOT_JSON %d or "
-                        "GMA_SNAPSHOT_TORCH %d)", (int)format, GMA_SNAPSHOT_JSON,
-                        GMA_SNAPSHOT_TORCH);
 }

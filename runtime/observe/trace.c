@@ -1,14 +1,14 @@
-/* Owns gma_trace_start and gma_trace_stop: a trace's first rows (what is
- * live when it starts) and publishing it to the pool. The recorder itself is
- * base/trace.c. */
+/* Owns starting and stopping a trace (gma_trace_start and gma_trace_stop,
+ * whose arguments api/observe.c checks): a trace's first rows (what is live
+ * when it starts), then the pool publishes it (core/inspect.c). The recorder
+ * itself is base/trace.c. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "api/allocator.h"
 #include "base/trace.h"
-
-/* ---- The public calls ------------------------------------------------------------ */
+#include "observe/observe.h"
 
 /* gma__plan_each_live's callback: one allocate row for a live planned block. */
 typedef struct start_rows {
@@ -32,7 +32,8 @@ static bool planned_row(void *arg, const gma_allocation_info_t *info, uint64_t b
  * low and no recorded reserved bytes. An allocation a lock-free bin hit
  * makes while this runs may be missed (its later free then counts as
  * unmatched in the replay); memory reserved is exact. */
-static void start_rows(gma_t *g, gma__trace_t *t) {
+static void start_rows(void *arg, gma__trace_t *t) {
+  gma_t *g = arg;
   gma__pool_t *p = &g->pool;
   start_rows_t r = {t, gma__trace_now()};
   for (size_t i = 0; i < p->nsegs; i++) {
@@ -49,36 +50,15 @@ static void start_rows(gma_t *g, gma__trace_t *t) {
     }
 }
 
-gma_status_t gma_trace_start(gma_t *g, const char *path) {
-  GMA__CHECK(g, "gma_trace_start");
-  if (!path || !*path)
-    return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "gma_trace_start: NULL or empty path");
+gma_status_t gma__trace_start(gma_t *g, const char *path) {
   gma__trace_t *t;
   gma_status_t st = gma__trace_open(path, &t);
   if (st != GMA_OK) return st;
-  gma__pool_t *p = &g->pool;
-  /* The state rows and the publication in one locked step: a segment or a
-   * locked allocation changes either before (in the rows) or after (its own
-   * row). Lock order (pool.h): the pool's lock, then trace_mu, then the
-   * trace's own locks (taken by each row). */
-  pthread_mutex_lock(&p->lock);
-  start_rows(g, t);
-  pthread_mutex_lock(&p->trace_mu);
-  gma__trace_t *old = gma__load_relaxed(&p->trace);
-  t->older = p->traces;
-  p->traces = t;
-  gma__store_release(&p->trace, t);
-  pthread_mutex_unlock(&p->trace_mu);
-  pthread_mutex_unlock(&p->lock);
+  gma__trace_t *old = gma__pool_trace_publish(&g->pool, t, start_rows, g);
   return old ? gma__trace_close(old) : GMA_OK;
 }
 
-gma_status_t gma_trace_stop(gma_t *g) {
-  GMA__CHECK(g, "gma_trace_stop");
-  gma__pool_t *p = &g->pool;
-  pthread_mutex_lock(&p->trace_mu);
-  gma__trace_t *t = gma__load_relaxed(&p->trace);
-  gma__store_release(&p->trace, NULL);
-  pthread_mutex_unlock(&p->trace_mu);
+gma_status_t gma__trace_stop(gma_t *g) {
+  gma__trace_t *t = gma__pool_trace_withdraw(&g->pool);
   return t ? gma__trace_close(t) : GMA_OK;
 }

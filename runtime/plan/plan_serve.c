@@ -31,13 +31,29 @@ static void unclaim(gma__memplan_t *P, uint32_t c0, uint32_t c1) {
   for (uint32_t c = c0; c < c1; c++) gma__store_release(&P->cells[c].owner, 0);
 }
 
-/* Pool lock taken here: whether every earlier user of slot j's cells is
- * ordered before stream s's next work (see the top). */
-static bool users_settled(gma__planner_t *pl, gma__memplan_t *P, const slot_t *sl,
-                          gma__stream_t *s) {
+/* A step of this file's that runs under the pool lock (gma__pool_with_lock):
+ * its inputs and its result. */
+typedef struct locked_step {
+  gma__planner_t *pl;
+  gma__memplan_t *P;
+  slot_t *sl;
+  gma__stream_t *s;
+  uint32_t nusers;
+  gma_stream_t stream;
+  uint64_t id;
+  bool ok;
+  gma_status_t st;
+} locked_step_t;
+
+/* users_settled's locked part. */
+static void users_settled_locked(void *arg) {
+  locked_step_t *a = arg;
+  gma__planner_t *pl = a->pl;
+  gma__memplan_t *P = a->P;
+  const slot_t *sl = a->sl;
+  gma__stream_t *s = a->s;
   gma__pool_t *p = pl->p;
   bool ok = true;
-  gma__lock(&p->lock, GMA__RANK_POOL);
   uint32_t seen = 0;
   for (uint32_t c = sl->c0; ok && c < sl->c1; c++) {
     uint32_t last = gma__load_relaxed(&P->cells[c].last);
@@ -51,8 +67,15 @@ static bool users_settled(gma__planner_t *pl, gma__memplan_t *P, const slot_t *s
     for (uint32_t i = 0; ok && i < t->ngates; i++)
       if (t->gates[i].stream != s) ok = gma__gate_settle(p, &t->gates[i], s, pl->wait);
   }
-  gma__unlock(&p->lock);
-  return ok;
+  a->ok = ok;
+}
+
+/* Pool lock taken here: whether every earlier user of slot j's cells is
+ * ordered before stream s's next work (see the top). */
+static bool users_settled(gma__planner_t *pl, gma__memplan_t *P, slot_t *sl, gma__stream_t *s) {
+  locked_step_t a = {.pl = pl, .P = P, .sl = sl, .s = s};
+  gma__pool_with_lock(pl->p, users_settled_locked, &a);
+  return a.ok;
 }
 
 /* Hands out slot j on s, or MISS. */
@@ -147,6 +170,28 @@ static gma__memplan_t *plan_of(gma__planner_t *pl, uintptr_t a) {
   return NULL;
 }
 
+/* gma__plan_free's stamp of slot sl, read under the pool lock when other
+ * streams are involved (see there). */
+static void stamp_locked(void *arg) {
+  locked_step_t *a = arg;
+  gma__pool_t *p = a->pl->p;
+  slot_t *sl = a->sl;
+  stamp_t *t = &sl->stamp;
+  gma__stream_t *s = sl->stream;
+  uint32_t nusers = a->nusers;
+  bool r = gma__load_relaxed(&s->retired);
+  t->epoch = r ? s->free_epoch : gma__load_relaxed(&s->epoch);
+  if (!r) gma__store_relaxed(&s->dirty, true);
+  for (uint32_t i = 0; i < nusers; i++) {
+    gma__stream_t *u = sl->users[i];
+    bool ur = gma__load_relaxed(&u->retired);
+    t->gates[t->ngates++] = (gma__gate_t){u, ur ? u->free_epoch : gma__load_relaxed(&u->epoch)};
+    if (!ur) gma__store_relaxed(&u->dirty, true);
+    if (!ur) gma__stream_close_epoch(p, u);
+  }
+  if (!r && (sl->xnext || nusers)) gma__stream_close_epoch(p, s);
+}
+
 gma_status_t gma__plan_free(gma__planner_t *pl, void *ptr) {
   uintptr_t a = (uintptr_t)ptr;
   gma__memplan_t *P = plan_of(pl, a);
@@ -187,20 +232,8 @@ gma_status_t gma__plan_free(gma__planner_t *pl, void *ptr) {
      * under the lock, as pool.c does, and closed at once when another
      * stream is to reuse the memory: its wait then covers only the work
      * queued before this free. */
-    gma__pool_t *p = pl->p;
-    gma__lock(&p->lock, GMA__RANK_POOL);
-    bool r = gma__load_relaxed(&s->retired);
-    t->epoch = r ? s->free_epoch : gma__load_relaxed(&s->epoch);
-    if (!r) gma__store_relaxed(&s->dirty, true);
-    for (uint32_t i = 0; i < nusers; i++) {
-      gma__stream_t *u = sl->users[i];
-      bool ur = gma__load_relaxed(&u->retired);
-      t->gates[t->ngates++] = (gma__gate_t){u, ur ? u->free_epoch : gma__load_relaxed(&u->epoch)};
-      if (!ur) gma__store_relaxed(&u->dirty, true);
-      if (!ur) gma__stream_close_epoch(p, u);
-    }
-    if (!r && (sl->xnext || nusers)) gma__stream_close_epoch(p, s);
-    gma__unlock(&p->lock);
+    locked_step_t ls = {.pl = pl, .sl = sl, .nusers = nusers};
+    gma__pool_with_lock(pl->p, stamp_locked, &ls);
   } else {
     /* As gma__bin_free: read after the caller queued its last work on s. */
     t->epoch = gma__load_relaxed(&s->epoch);
@@ -217,6 +250,33 @@ gma_status_t gma__plan_free(gma__planner_t *pl, void *ptr) {
     gma__store_release(&P->cells[k].owner, 0); /* pairs with the next taker's CAS */
   }
   return GMA_OK;
+}
+
+/* gma__plan_record_stream's locked part: adds the stream to the slot's
+ * users. */
+static void record_locked(void *arg) {
+  locked_step_t *a = arg;
+  gma__pool_t *p = a->pl->p;
+  slot_t *sl = a->sl;
+  gma_status_t st = GMA_OK;
+  gma__stream_t *u = gma__stream_resolve(p, a->stream, a->id);
+  uint32_t n = gma__load_relaxed(&sl->nusers), i = 0;
+  while (u && i < n && sl->users[i] != u) i++;
+  if (!u) {
+    st = gma__set_error(GMA_ERR_OOM, "host memory for a stream record");
+  } else if (u != sl->stream && i == n) {
+    if (n == sl->users_cap) {
+      uint32_t cap = n ? 2 * n : 2;
+      gma__stream_t **v = realloc(sl->users, cap * sizeof *v);
+      if (!v) st = gma__set_error(GMA_ERR_OOM, "host memory for record_stream");
+      else sl->users = v, sl->users_cap = cap;
+    }
+    if (st == GMA_OK) {
+      sl->users[n] = u;
+      gma__store_relaxed(&sl->nusers, n + 1);
+    }
+  }
+  a->st = st;
 }
 
 gma_status_t gma__plan_record_stream(gma__planner_t *pl, void *ptr, gma_stream_t stream,
@@ -236,26 +296,9 @@ gma_status_t gma__plan_record_stream(gma__planner_t *pl, void *ptr, gma_stream_t
   uint64_t id;
   gma_status_t st = p->dev->ops->stream_id(p->dev, stream, &id);
   if (st != GMA_OK) return st;
-  gma__lock(&p->lock, GMA__RANK_POOL);
-  gma__stream_t *u = gma__stream_resolve(p, stream, id);
-  uint32_t n = gma__load_relaxed(&sl->nusers), i = 0;
-  while (u && i < n && sl->users[i] != u) i++;
-  if (!u) {
-    st = gma__set_error(GMA_ERR_OOM, "host memory for a stream record");
-  } else if (u != sl->stream && i == n) {
-    if (n == sl->users_cap) {
-      uint32_t cap = n ? 2 * n : 2;
-      gma__stream_t **v = realloc(sl->users, cap * sizeof *v);
-      if (!v) st = gma__set_error(GMA_ERR_OOM, "host memory for record_stream");
-      else sl->users = v, sl->users_cap = cap;
-    }
-    if (st == GMA_OK) {
-      sl->users[n] = u;
-      gma__store_relaxed(&sl->nusers, n + 1);
-    }
-  }
-  gma__unlock(&p->lock);
-  return st;
+  locked_step_t ls = {.pl = pl, .sl = sl, .stream = stream, .id = id, .st = GMA_OK};
+  gma__pool_with_lock(p, record_locked, &ls);
+  return ls.st;
 }
 
 /* The live planned block holding a, or NULL (lock-free; a racing free may

@@ -3,14 +3,12 @@
  * gma__pool_release, which gives memory back to the device outside the pool
  * lock, so a tick never holds up callers for the duration of device frees. */
 #include "worker/worker.h"
-
-#include "api/allocator.h"
+#include "base/lock.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "base/sizeclass.h"
 #include "base/tsan.h"
 
 /* The working set: with release_threshold "auto", memory handed out during
@@ -39,9 +37,7 @@ typedef struct load {
 } load_t;
 
 static load_t load_of(gma__pool_t *p) {
-  pthread_mutex_lock(&p->lock);
-  uint64_t reserved = p->c.reserved.current;
-  pthread_mutex_unlock(&p->lock);
+  uint64_t reserved = gma__pool_reserved(p);
   double use = p->limit ? (double)reserved / (double)p->limit : 0.0, dev_use = 0.0;
   load_t l = {0};
   if (p->dev->ops->mem_info(p->dev, &l.dev_free, &l.dev_total) == GMA_OK && l.dev_total &&
@@ -88,25 +84,21 @@ static void tick(gma__worker_t *w) {
   gma__pool_tick_clock(p); /* allocation ages count in ticks */
   load_t l = load_of(p);
   gma_pressure_t level = l.level;
-  pthread_mutex_lock(&w->mu);
+  gma__lock(&w->mu, GMA__RANK_WORKER);
   bool changed = (int)level != w->level || w->report;
   w->level = (int)level;
   w->report = false;
   gma_pressure_callback_t cb = changed ? w->cb : NULL;
   void *user = w->cb_user;
   w->cb_running = cb != NULL; /* gma_set_pressure_callback waits for it to clear */
-  pthread_mutex_unlock(&w->mu);
-  if (changed) {
-    pthread_mutex_lock(&p->lock);
-    p->c.pressure_level = (int)level;
-    pthread_mutex_unlock(&p->lock);
-  }
+  gma__unlock(&w->mu);
+  if (changed) gma__pool_note_pressure(p, (int)level);
   if (cb) {
     cb(w->g, level, user); /* no gma lock held: it may call gma */
-    pthread_mutex_lock(&w->mu);
+    gma__lock(&w->mu, GMA__RANK_WORKER);
     w->cb_running = false;
     pthread_cond_broadcast(&w->cb_cv);
-    pthread_mutex_unlock(&w->mu);
+    gma__unlock(&w->mu);
   }
   gma__release_t r = trim_policy(w, &l);
   /* The layers above give back what they hold first (an idle plan's arena),
@@ -121,42 +113,42 @@ static void tick(gma__worker_t *w) {
 /* The worker of the calling thread, if it is one: set once at its start. */
 static __thread gma__worker_t *self;
 
-/* Appends f to the list from *head to *tail (linked through wnext). */
-static void list_append(gma_future_t **head, gma_future_t **tail, gma_future_t *f) {
-  gma__future_set_wnext(f, NULL);
-  if (*tail) gma__future_set_wnext(*tail, f); else *head = f;
-  *tail = f;
+/* Appends r to the list from *head to *tail (linked through next). */
+static void list_append(gma__request_t **head, gma__request_t **tail, gma__request_t *r) {
+  r->next = NULL;
+  if (*tail) (*tail)->next = r; else *head = r;
+  *tail = r;
 }
 
 /* Takes new requests from the ring, then those the worker thread submitted
  * itself (in order, after those already waiting), and tries every waiting
  * request once: served or failed ones complete, the rest keep waiting for
- * memory until their deadline. A callback that submits while this runs
+ * memory until their deadline. An operation that submits while this runs
  * adds to w->local, taken by the next call. Worker thread. */
 static unsigned serve(gma__worker_t *w) {
   void *item;
   unsigned taken = 0;
   while (ck_ring_dequeue_mpsc(&w->ring, w->ring_buf, &item)) {
     taken++;
-    gma_future_t *f = item;
-    gma__tsan_acquire(f); /* pairs with the submitter's release */
-    list_append(&w->waiting, &w->waiting_tail, f);
+    gma__request_t *r = item;
+    gma__tsan_acquire(r); /* pairs with the submitter's release */
+    list_append(&w->waiting, &w->waiting_tail, r);
   }
   if (w->local) {
     taken++;
-    if (w->waiting_tail) gma__future_set_wnext(w->waiting_tail, w->local); else w->waiting = w->local;
+    if (w->waiting_tail) w->waiting_tail->next = w->local; else w->waiting = w->local;
     w->waiting_tail = w->local_tail;
     w->local = w->local_tail = NULL;
   }
   uint64_t now = gma__now_ns();
-  gma_future_t *prev = NULL;
-  for (gma_future_t *f = w->waiting, *next; f; f = next) {
-    next = gma__future_wnext(f);
-    if (gma__future_serve(w, f, now)) {
-      if (prev) gma__future_set_wnext(prev, next); else w->waiting = next;
-      if (w->waiting_tail == f) w->waiting_tail = prev;
+  gma__request_t *prev = NULL;
+  for (gma__request_t *r = w->waiting, *next; r; r = next) {
+    next = r->next; /* read first: a served request is handed back */
+    if (r->ops->serve(r, now)) {
+      if (prev) prev->next = next; else w->waiting = next;
+      if (w->waiting_tail == r) w->waiting_tail = prev;
     } else {
-      prev = f;
+      prev = r;
     }
   }
   gma__store_seq_cst(&w->memory_wanted, w->waiting != NULL);
@@ -166,44 +158,28 @@ static unsigned serve(gma__worker_t *w) {
 /* The earliest deadline among waiting requests, or UINT64_MAX. */
 static uint64_t next_deadline(gma__worker_t *w) {
   uint64_t d = UINT64_MAX;
-  for (gma_future_t *f = w->waiting; f; f = gma__future_wnext(f))
-    if (gma__future_deadline(f) < d) d = gma__future_deadline(f);
+  for (gma__request_t *r = w->waiting; r; r = r->next)
+    if (r->deadline_ns < d) d = r->deadline_ns;
   return d;
 }
 
-/* Lock-free of the caller: observes device work that completed, so pending
- * memory it gated goes back to its stream's cache (and the statistics say
- * so) without waiting for a caller's slow path; true while some still
- * waits. Stream caches stay with their streams: moving them to the shared
- * pool every 10 ms took a training loop's blocks from their streams in its
- * first iterations (an allocation that misses polls for itself). */
-static bool poll_gated(gma__pool_t *p) {
-  pthread_mutex_lock(&p->lock);
-  if (p->c.pending) {
-    gma__streams_settle_pending(p);
-    gma__stats_sample(p);
-  }
-  bool gated = p->c.pending != 0;
-  pthread_mutex_unlock(&p->lock);
-  return gated;
-}
-
 /* Cancels every request still queued, waiting or submitted by the worker
- * itself. Their callbacks run here and may submit again: those submits
- * are refused (stopping), so this ends. Worker thread, at shutdown. */
+ * itself. Their cancel operations run here and may submit again: those
+ * submits are refused (stopping), so this ends. Worker thread, at shutdown. */
 static void cancel_all(gma__worker_t *w) {
   w->stopping = true;
   void *item;
   while (ck_ring_dequeue_mpsc(&w->ring, w->ring_buf, &item)) {
-    gma__tsan_acquire(item);
-    gma__future_cancel(w, item);
+    gma__request_t *r = item;
+    gma__tsan_acquire(r);
+    r->ops->cancel(r);
   }
-  gma_future_t *lists[2] = {w->waiting, w->local};
+  gma__request_t *lists[2] = {w->waiting, w->local};
   w->waiting = w->waiting_tail = w->local = w->local_tail = NULL;
   for (int i = 0; i < 2; i++)
-    for (gma_future_t *f = lists[i], *next; f; f = next) {
-      next = gma__future_wnext(f);
-      gma__future_cancel(w, f);
+    for (gma__request_t *r = lists[i], *next; r; r = next) {
+      next = r->next;
+      r->ops->cancel(r);
     }
 }
 
@@ -213,7 +189,7 @@ static void *worker_main(void *arg) {
   gma__tl_background = true;
   uint64_t next_tick = gma__now_ns() + w->interval_ns, next_poll = UINT64_MAX;
   uint64_t poll_ns = w->interval_ns < POLL_NS ? w->interval_ns : POLL_NS;
-  pthread_mutex_lock(&w->mu);
+  gma__lock(&w->mu, GMA__RANK_WORKER);
   while (!w->stop) {
     /* Sleep until the next tick, a waiting request's deadline, a request, or
      * a free that a waiting request may use. Memory also becomes usable when
@@ -227,10 +203,8 @@ static void *worker_main(void *arg) {
     }
     if (w->stop) break;
     w->kicked = false;
-    pthread_mutex_unlock(&w->mu);
-    pthread_mutex_lock(&w->p->lock);
-    w->p->c.worker_wakeups++;
-    pthread_mutex_unlock(&w->p->lock);
+    gma__unlock(&w->mu);
+    gma__pool_note_wakeup(w->p);
     unsigned taken = serve(w);
     /* Requests tend to come in runs: after taking some, watch the ring a
      * little (at most 50 us) before sleeping, so the next one needs no
@@ -253,68 +227,66 @@ static void *worker_main(void *arg) {
     if (now >= next_poll || next_poll == UINT64_MAX) {
       /* Said before the look, so a free that the look misses sees it. */
       gma__store_seq_cst(&w->unwatched, true);
-      next_poll = poll_gated(w->p) ? gma__now_ns() + poll_ns : UINT64_MAX;
+      next_poll = gma__pool_poll_pending(w->p) ? gma__now_ns() + poll_ns : UINT64_MAX;
       if (next_poll != UINT64_MAX) gma__store_seq_cst(&w->unwatched, false);
     }
-    pthread_mutex_lock(&w->mu);
+    gma__lock(&w->mu, GMA__RANK_WORKER);
     if (w->job) {
       void (*job)(void *) = w->job;
       void *job_arg = w->job_arg;
       w->job = NULL;
-      pthread_mutex_unlock(&w->mu);
+      gma__unlock(&w->mu);
       job(job_arg);
-      pthread_mutex_lock(&w->mu);
+      gma__lock(&w->mu, GMA__RANK_WORKER);
     }
     if (w->room_waiters) pthread_cond_broadcast(&w->room_cv);
   }
-  pthread_mutex_unlock(&w->mu);
+  gma__unlock(&w->mu);
   cancel_all(w); /* nothing is left hanging: every request still queued or waiting fails */
   return NULL;
 }
 
-/* A submit on the worker thread (from a callback): waiting for ring room
- * would wait for this very thread, so f joins the worker's own list
- * instead, never refused for room; the worker takes it at its next pass,
- * before it sleeps. Refused while the worker cancels what is left at
- * shutdown: the request would only be cancelled too, and a callback that
+/* A submit on the worker thread (from a request's operation or the pressure
+ * callback): waiting for ring room would wait for this very thread, so r
+ * joins the worker's own list instead, never refused for room; the worker
+ * takes it at its next pass, before it sleeps. Refused while the worker cancels what is left at
+ * shutdown: the request would only be cancelled too, and an operation that
  * submits again on cancellation would never let the shutdown end. */
-static gma_status_t submit_on_worker(gma__worker_t *w, gma_future_t *f) {
+static gma_status_t submit_on_worker(gma__worker_t *w, gma__request_t *r) {
   if (w->stopping)
     return gma__set_error(GMA_ERR_CANCELLED, "the allocator is being destroyed: a request "
                           "submitted from a callback while gma_destroy cancels the others "
                           "is refused");
-  list_append(&w->local, &w->local_tail, f);
-  gma__faa_relaxed(&w->queued, 1);
-  gma__worker_kick(w); /* no lock of the worker is held in a callback */
+  list_append(&w->local, &w->local_tail, r);
+  gma__worker_kick(w); /* no lock of the worker is held in an operation or a callback */
   return GMA_OK;
 }
 
-gma_status_t gma__worker_submit(gma__worker_t *w, gma_future_t *f, bool nonblocking) {
-  if (self == w) return submit_on_worker(w, f);
-  if (!ck_ring_enqueue_mpsc(&w->ring, w->ring_buf, f)) {
+gma_status_t gma__worker_submit(gma__worker_t *w, gma__request_t *r, bool nonblocking) {
+  if (self == w) return submit_on_worker(w, r);
+  if (!ck_ring_enqueue_mpsc(&w->ring, w->ring_buf, r)) {
     if (nonblocking)
       return gma__set_error(GMA_ERR_BUSY, "the async request ring is full: %u requests wait "
                             "for the worker (ring_size - 1); wait for one, or raise ring_size",
                             ck_ring_capacity(&w->ring) - 1);
     /* Wait for room: the worker broadcasts room_cv after each pass. */
-    pthread_mutex_lock(&w->mu);
+    gma__lock(&w->mu, GMA__RANK_WORKER);
     w->room_waiters++;
-    while (!ck_ring_enqueue_mpsc(&w->ring, w->ring_buf, f)) {
+    while (!ck_ring_enqueue_mpsc(&w->ring, w->ring_buf, r)) {
       w->kicked = true;
       pthread_cond_signal(&w->cv);
       pthread_cond_wait(&w->room_cv, &w->mu);
     }
     w->room_waiters--;
-    pthread_mutex_unlock(&w->mu);
+    gma__unlock(&w->mu);
   }
-  gma__faa_relaxed(&w->queued, 1);
   gma__worker_kick(w);
   return GMA_OK;
 }
 
 bool gma__worker_run_job(gma__worker_t *w, void (*fn)(void *arg), void *arg) {
   if (!w->started) return false;
-  pthread_mutex_lock(&w->mu);
+  gma__lock(&w->mu, GMA__RANK_WORKER);
   bool queued = !w->job && !w->stop;
   if (queued) {
     w->job = fn;
@@ -322,39 +294,22 @@ bool gma__worker_run_job(gma__worker_t *w, void (*fn)(void *arg), void *arg) {
     w->kicked = true;
     pthread_cond_signal(&w->cv);
   }
-  pthread_mutex_unlock(&w->mu);
+  gma__unlock(&w->mu);
   return queued;
 }
 
 void gma__worker_kick(gma__worker_t *w) {
-  pthread_mutex_lock(&w->mu);
+  gma__lock(&w->mu, GMA__RANK_WORKER);
   w->kicked = true;
   pthread_cond_signal(&w->cv);
-  pthread_mutex_unlock(&w->mu);
+  gma__unlock(&w->mu);
 }
 
-void gma__worker_stats(gma__worker_t *w, gma_stats_t *st) {
-  /* Futures complete at once are counted only in ready_at_once (future.c). */
-  st->futures_ready_at_once = gma__load_relaxed(&w->ready_at_once);
-  st->futures_submitted =
-      gma__load_relaxed(&w->submitted) + st->futures_ready_at_once;
-  st->futures_ready =
-      gma__load_relaxed(&w->ready) + st->futures_ready_at_once;
-  st->futures_failed = gma__load_relaxed(&w->failed);
-  st->futures_timed_out = gma__load_relaxed(&w->timed_out);
-  st->queue_depth = gma__load_relaxed(&w->queued);
-  uint64_t counts[GMA__LATENCY_BUCKETS], total = 0;
-  for (unsigned b = 0; b < GMA__LATENCY_BUCKETS; b++)
-    total += counts[b] = gma__load_relaxed(&w->latency[b]);
-  uint64_t seen = 0;
-  for (unsigned b = 0; b < GMA__LATENCY_BUCKETS && total; b++) {
-    seen += counts[b];
-    /* A bucket's upper bound: percentiles are within 1/8 above the truth. */
-    if (!st->submit_to_ready_p50_ns && seen * 2 >= total)
-      st->submit_to_ready_p50_ns = gma__class_size(b);
-    if (!st->submit_to_ready_p99_ns && seen * 100 >= total * 99)
-      st->submit_to_ready_p99_ns = gma__class_size(b);
-  }
+void gma__worker_forget(gma__worker_t *w) {
+  if (!w->started) return;
+  free(w->ring_buf);
+  w->ring_buf = NULL;
+  w->started = false;
 }
 
 gma_status_t gma__worker_start(gma__worker_t *w, gma_t *g, gma__pool_t *p,
@@ -367,7 +322,6 @@ gma_status_t gma__worker_start(gma__worker_t *w, gma_t *g, gma__pool_t *p,
   w->release_threshold = cfg->release_threshold;
   w->idle_ns = cfg->idle_ms * 1000000u;
   w->grow_ahead = cfg->grow_ahead;
-  w->timeout_ns = cfg->future_timeout_ms * 1000000u;
   if (cfg->worker_off) return GMA_OK;
   w->ring_buf = calloc(cfg->ring_size, sizeof *w->ring_buf);
   if (!w->ring_buf) return gma__set_error(GMA_ERR_OOM, "no host memory for the async request ring (ring_size)");
@@ -376,8 +330,7 @@ gma_status_t gma__worker_start(gma__worker_t *w, gma_t *g, gma__pool_t *p,
   pthread_condattr_init(&attr);
   pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
   bool ok = pthread_mutex_init(&w->mu, NULL) == 0 && pthread_cond_init(&w->cv, &attr) == 0 &&
-            pthread_cond_init(&w->room_cv, NULL) == 0 && pthread_cond_init(&w->cb_cv, NULL) == 0 &&
-            (w->anchor = gma__anchor_new(g)) != NULL;
+            pthread_cond_init(&w->room_cv, NULL) == 0 && pthread_cond_init(&w->cb_cv, NULL) == 0;
   pthread_condattr_destroy(&attr);
   gma__store_seq_cst(&w->unwatched, true); /* it starts asleep until its first tick */
   if (!ok || pthread_create(&w->thread, NULL, worker_main, w) != 0) {
@@ -391,13 +344,12 @@ gma_status_t gma__worker_start(gma__worker_t *w, gma_t *g, gma__pool_t *p,
 
 void gma__worker_stop(gma__worker_t *w) {
   if (!w->started) return;
-  pthread_mutex_lock(&w->mu);
+  gma__lock(&w->mu, GMA__RANK_WORKER);
   w->stop = true;
   pthread_cond_signal(&w->cv);
-  pthread_mutex_unlock(&w->mu);
+  gma__unlock(&w->mu);
   pthread_join(w->thread, NULL);
   gma__store_seq_cst(&w->unwatched, false); /* no free kicks a worker that is gone */
-  gma__anchor_detach(w->anchor); /* futures waited on or released from now on no longer reach g */
   pthread_cond_destroy(&w->cv);
   pthread_cond_destroy(&w->room_cv);
   pthread_cond_destroy(&w->cb_cv);
@@ -410,7 +362,7 @@ gma_status_t gma__worker_set_callback(gma__worker_t *w, gma_pressure_callback_t 
   if (!w->started)
     return gma__set_error(GMA_ERR_UNSUPPORTED, "gma_set_pressure_callback: the worker is off "
                                                "(worker:off), so pressure is never observed");
-  pthread_mutex_lock(&w->mu);
+  gma__lock(&w->mu, GMA__RANK_WORKER);
   /* The caller may free the old callback's user data once this returns
    * (it did, while the callback still ran on the worker). So wait
    * for a running callback to return, unless this is that callback
@@ -420,6 +372,6 @@ gma_status_t gma__worker_set_callback(gma__worker_t *w, gma_pressure_callback_t 
   w->cb = cb;
   w->cb_user = user;
   w->report = true; /* tell the new callback the current level at the next tick */
-  pthread_mutex_unlock(&w->mu);
+  gma__unlock(&w->mu);
   return GMA_OK;
 }

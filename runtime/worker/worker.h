@@ -1,7 +1,9 @@
-/* The allocator's worker thread: timed trimming (release threshold, idle
- * segments), memory-pressure levels and their callback, growth ahead of
- * demand. It sleeps on a condition variable between ticks (no CPU while
- * idle) and is joined by gma_destroy before anything else is torn down. */
+/* The allocator's worker thread: requests the layers above hand it (each
+ * with its own {serve, cancel} operations, tried in order until served or
+ * past its deadline), timed trimming (release threshold, idle segments),
+ * memory-pressure levels and their callback, growth ahead of demand. It
+ * sleeps on a condition variable between ticks (no CPU while idle) and is
+ * joined by gma_destroy before anything else is torn down. */
 #ifndef GMA_WORKER_H
 #define GMA_WORKER_H
 
@@ -11,7 +13,24 @@
 
 #include "core/internal.h"
 
-#define GMA__LATENCY_BUCKETS 512 /* size-class buckets (sizeclass.h): up to ~4 s, 1/32 above 1 ms */
+/* A request the worker runs. The layer above embeds it in its own object
+ * and names the operations; the worker knows nothing else of it (as libuv's
+ * thread pool runs {work, done} pointers). */
+typedef struct gma__request gma__request_t;
+typedef struct gma__request_ops {
+  /* Worker thread: tries r once at now_ns; true when r is finished and
+   * handed back (the worker forgets it), false when it waits to be tried
+   * again (for memory: frees kick the worker meanwhile). */
+  bool (*serve)(gma__request_t *r, uint64_t now_ns);
+  /* Worker thread, at shutdown: finishes r without serving it and hands it
+   * back. */
+  void (*cancel)(gma__request_t *r);
+} gma__request_ops_t;
+struct gma__request {
+  const gma__request_ops_t *ops; /* set by the submitter */
+  uint64_t deadline_ns;          /* set by the submitter: the worker tries r again by then */
+  gma__request_t *next;          /* worker thread only: its lists */
+};
 
 /* What the layers above have the worker do on each timed tick, around the
  * pool's release (the worker names none of them): reclaim runs before it,
@@ -47,23 +66,18 @@ typedef struct gma__worker {
   bool kicked;                 /* mu: requests or frees since the worker last looked */
   pthread_cond_t room_cv;      /* mu: callers waiting for ring room */
   unsigned room_waiters;       /* mu */
-  struct gma_future *waiting, *waiting_tail; /* worker thread only: in FIFO order */
-  /* Requests submitted on the worker thread itself (from a future's or the
-   * pressure callback): they never wait for ring room, which only this
-   * thread makes, but join this list, taken after the ring. */
-  struct gma_future *local, *local_tail; /* worker thread only: in FIFO order */
+  gma__request_t *waiting, *waiting_tail; /* worker thread only: in FIFO order */
+  /* Requests submitted on the worker thread itself (from a request's
+   * operation or the pressure callback): they never wait for ring room,
+   * which only this thread makes, but join this list, taken after the ring. */
+  gma__request_t *local, *local_tail; /* worker thread only: in FIFO order */
   bool stopping;               /* worker thread only: it is cancelling what is left, and
-                                  refuses submits from the callbacks that cancelling runs */
-  _Atomic bool memory_wanted;  /* a request waits for memory: frees kick the worker */
+                                  refuses submits from what cancelling runs */
+  _Atomic bool memory_wanted;  /* a request waits to be tried again (for memory): frees kick
+                                  the worker */
   _Atomic bool unwatched;      /* the worker sleeps until its tick, no freed memory having
                                   waited for device work when it last looked: a free that
                                   leaves some (the pool's slow path) kicks it */
-  uint64_t timeout_ns;         /* immutable: future_timeout_ms */
-  struct gma__anchor *anchor;  /* shared with every future: says whether g still lives */
-  /* submitted and ready count requests handed to the worker; ready_at_once
-   * those complete on the submitting thread (gma_stats adds them to both). */
-  _Atomic uint64_t submitted, ready_at_once, ready, failed, timed_out, queued;
-  _Atomic uint64_t latency[GMA__LATENCY_BUCKETS]; /* worker writes, stats reads */
   /* One piece of background work at a time (planned memory's placement):
    * run by the thread at its next wake-up, outside every lock. */
   void (*job)(void *arg);      /* mu: pending job, or NULL */
@@ -78,57 +92,18 @@ gma_status_t gma__worker_start(gma__worker_t *w, gma_t *g, gma__pool_t *p,
 void gma__worker_stop(gma__worker_t *w);
 /* Any thread. */
 gma_status_t gma__worker_set_callback(gma__worker_t *w, gma_pressure_callback_t cb, void *user);
-/* Any thread: queues f for the worker (waits for room unless nonblocking).
- * On the worker thread (a callback) it never waits: f joins the worker's
- * own list; GMA_ERR_CANCELLED once the worker is shutting down. */
-gma_status_t gma__worker_submit(gma__worker_t *w, struct gma_future *f, bool nonblocking);
+/* Any thread: queues r for the worker (waits for room unless nonblocking).
+ * On the worker thread (an operation or a callback) it never waits: r joins
+ * the worker's own list; GMA_ERR_CANCELLED once the worker is shutting down. */
+gma_status_t gma__worker_submit(gma__worker_t *w, gma__request_t *r, bool nonblocking);
 /* Any thread: has the worker thread run fn(arg) soon, outside every lock;
  * false (nothing queued) when there is no thread (worker:off) or a job is
  * already pending: the caller then runs it itself or later. */
 bool gma__worker_run_job(gma__worker_t *w, void (*fn)(void *arg), void *arg);
 /* Any thread: wakes the worker (memory was freed while a request waits). */
 void gma__worker_kick(gma__worker_t *w);
-/* Adds the worker's future counters to *st (a full-size struct). */
-void gma__worker_stats(gma__worker_t *w, gma_stats_t *st);
-
-/* future.c */
-/* Worker thread: tries f once; true when f completed (and was handed back),
- * by this try or by a thread waiting on it that served it first. */
-bool gma__future_serve(gma__worker_t *w, struct gma_future *f, uint64_t now_ns);
-/* Worker thread: completes f with status without serving it (shutdown),
- * unless a thread waiting on it served it first; hands it back either way. */
-void gma__future_cancel(gma__worker_t *w, struct gma_future *f);
-/* The anchor: futures outlive their allocator (wait, poll and release are
- * allowed during and after gma_destroy), so each holds a reference to this
- * small object instead of trusting g.
- * Invariant: a future touches g's pool only between gma__anchor_enter
- * returning g and gma__anchor_exit; gma__anchor_detach (gma_destroy, before
- * the leak report and the pool's teardown) sets g to NULL and then waits
- * until no thread is inside, so whatever a future did to the pool happened
- * before the teardown, and nothing happens after it. */
-typedef struct gma__anchor {
-  gma_t *_Atomic g;
-  _Atomic uint64_t refs;
-  _Atomic uint32_t inside; /* threads between enter and exit */
-  /* Set in a child process after fork() (fork.c), where the worker that
-   * would complete these futures does not exist: wait, poll and release
-   * answer at once and never touch g. Relaxed: set before any other code
-   * runs in the child. */
-  _Atomic bool forked;
-} gma__anchor_t;
-gma__anchor_t *gma__anchor_new(gma_t *g);
-/* g while it lives (then call gma__anchor_exit), or NULL once destroyed. */
-gma_t *gma__anchor_enter(gma__anchor_t *a);
-void gma__anchor_exit(gma__anchor_t *a);
-/* gma_destroy, after the worker stopped: futures stop reaching g; returns
- * once no thread is between enter and exit. */
-void gma__anchor_detach(gma__anchor_t *a);
-/* gma_destroy of an allocator inherited across fork() (fork.c): drops the
- * allocator's reference without waiting for threads inside, which in the
- * child are parent threads that do not exist. */
-void gma__anchor_forget(gma__anchor_t *a);
-uint64_t gma__future_deadline(const struct gma_future *f);
-struct gma_future *gma__future_wnext(struct gma_future *f);
-void gma__future_set_wnext(struct gma_future *f, struct gma_future *next);
+/* A child process after fork(), where the thread does not exist: frees what
+ * the worker allocated, touching none of its locks, and marks it stopped. */
+void gma__worker_forget(gma__worker_t *w);
 
 #endif /* GMA_WORKER_H */

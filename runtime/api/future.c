@@ -1,14 +1,16 @@
 /* Owns futures: the async entry points, a future's states (pending, then one
  * final status), waiting with a timeout, completion (on the worker, or at
  * once on a bin hit), cancellation by release, and who frees memory nobody
- * collected.
+ * collected. The worker runs a future as a generic request (worker.h): the
+ * future embeds it and names serve_op and cancel_op; the counters every
+ * future of an allocator shares are its gma__futures_t (future.h).
  *
  * Lifetime: a future has one reference for the caller (dropped by
  * gma_future_release) and one for the worker while it holds the request; the
  * last drop frees it (or keeps it as the thread's spare: a future ready at
  * once then costs no malloc). Futures may outlive the allocator, and may be
  * waited on, polled and released while gma_destroy runs, so they reach it
- * only through a refcounted anchor (worker.h: enter/exit around any pool
+ * only through a refcounted anchor (future.h: enter/exit around any pool
  * work; gma_destroy empties it and waits for those inside), and waiters sleep
  * on the future's own futex word, never on anything of the allocator's.
  * Memory a completed future got belongs to the caller once gma_future_wait
@@ -33,6 +35,7 @@
 #include "base/tsan.h"
 
 struct gma_future {
+  gma__request_t req;         /* what the worker holds: first, so both have one address */
   _Atomic int state;          /* GMA_PENDING, then the final gma_status_t */
   gma_t *g;                   /* valid while the request is pending (destroy waits) */
   gma__anchor_t *anchor;      /* reaches g later: NULL g once destroyed */
@@ -43,7 +46,7 @@ struct gma_future {
   void *ptr;
   void **user_ptrs;           /* batch: where gma_future_wait copies the pointers */
   gma_stream_t stream;
-  uint64_t submit_ns, deadline_ns;
+  uint64_t submit_ns;         /* the deadline is req.deadline_ns */
   bool served_by_worker;
   gma_future_callback_t cb;
   void *user;
@@ -52,7 +55,6 @@ struct gma_future {
   _Atomic bool released, collected;
   _Atomic uint32_t done;      /* FUT_*: completion finished, callback included; a futex word */
   _Atomic int claim;          /* 0: memory unclaimed; 1: freed by someone */
-  struct gma_future *wnext;   /* worker's waiting list (worker thread only) */
   uint64_t trace_id;          /* its Id in the trace; 0: not traced */
   bool worker_only;           /* options->worker_only: no serving but the worker's */
   _Atomic int owner;          /* OWN_*: who serves a request handed to the worker */
@@ -86,51 +88,10 @@ static void futex_sleep(_Atomic uint32_t *word, const struct timespec *rel) {
   syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT_PRIVATE, FUT_SLEEPER, rel, NULL, 0);
 }
 
-uint64_t gma__future_deadline(const gma_future_t *f) { return f->deadline_ns; }
-gma_future_t *gma__future_wnext(gma_future_t *f) { return f->wnext; }
-void gma__future_set_wnext(gma_future_t *f, gma_future_t *next) { f->wnext = next; }
+/* The future a request of the worker's is (req is its first member). */
+static gma_future_t *future_of(gma__request_t *r) { return (gma_future_t *)r; }
 
-/* ---- The anchor ---------------------------------------------------------------*/
-
-gma__anchor_t *gma__anchor_new(gma_t *g) {
-  gma__anchor_t *a = malloc(sizeof *a);
-  if (!a) return NULL;
-  gma__atomic_init(&a->g, g);
-  gma__atomic_init(&a->refs, 1); /* the allocator's */
-  gma__atomic_init(&a->inside, 0);
-  gma__atomic_init(&a->forked, false);
-  return a;
-}
-
-/* enter and detach are a Dekker pair (seq_cst): either enter sees NULL, or
- * detach sees the thread inside and waits for its exit. */
-gma_t *gma__anchor_enter(gma__anchor_t *a) {
-  gma__faa_seq_cst(&a->inside, 1);
-  gma_t *g = gma__load_seq_cst(&a->g);
-  if (!g) gma__fas_release(&a->inside, 1);
-  return g;
-}
-
-void gma__anchor_exit(gma__anchor_t *a) {
-  gma__fas_release(&a->inside, 1); /* pairs with detach */
-}
-
-static void anchor_unref(gma__anchor_t *a) {
-  if (gma__fas_seq_cst(&a->refs, 1) == 1) free(a);
-}
-
-void gma__anchor_detach(gma__anchor_t *a) {
-  gma__store_seq_cst(&a->g, NULL);
-  while (gma__load_seq_cst(&a->inside)) sched_yield(); /* a wait or release finishing its pool work */
-  anchor_unref(a);
-}
-
-void gma__anchor_forget(gma__anchor_t *a) {
-  gma__store_seq_cst(&a->g, NULL);
-  anchor_unref(a);
-}
-
-/* A future of an allocator inherited across fork() (see worker.h). */
+/* A future of an allocator inherited across fork() (see future.h). */
 static bool forked(const gma_future_t *f) {
   return gma__load_relaxed(&f->anchor->forked);
 }
@@ -156,7 +117,7 @@ static void spare_exit(void *unused) {
   gma_future_t *f = spare;
   spare = NULL;
   if (!f) return;
-  if (f->anchor) anchor_unref(f->anchor);
+  if (f->anchor) gma__anchor_unref(f->anchor);
   free(f);
 }
 
@@ -174,7 +135,7 @@ static gma_future_t *future_new(size_t extra, gma__anchor_t *a) {
       f->anchor = a;
       return f;
     }
-    if (had) anchor_unref(had);
+    if (had) gma__anchor_unref(had);
   } else if (!(f = calloc(1, sizeof *f + extra))) {
     return NULL;
   }
@@ -198,7 +159,7 @@ static void future_delete(gma_future_t *f) {
     return;
   }
 drop:
-  if (f->anchor) anchor_unref(f->anchor);
+  if (f->anchor) gma__anchor_unref(f->anchor);
   free(f);
 }
 
@@ -251,20 +212,21 @@ static bool finished(gma_future_t *f) {
 
 /* Publishes the final status, wakes waiters, runs the callback, and frees
  * the memory if the caller already let the future go. */
-static void complete(gma__worker_t *w, gma_future_t *f, gma_status_t st) {
+static void complete(gma_future_t *f, gma_status_t st) {
+  gma__futures_t *fs = &f->g->futures;
   if (st != GMA_OK) f->msg = strdup(gma_last_error()); /* NULL without memory: no detail */
   /* Complete at once: counted in ready_at_once alone (gma_stats adds it to
    * submitted and ready), one shared atomic instead of three. */
-  if (!f->served_by_worker) gma__faa_relaxed(&w->ready_at_once, 1);
-  else if (st == GMA_OK) gma__faa_relaxed(&w->ready, 1);
-  else if (st == GMA_ERR_TIMEOUT) gma__faa_relaxed(&w->timed_out, 1);
-  else gma__faa_relaxed(&w->failed, 1);
+  if (!f->served_by_worker) gma__faa_relaxed(&fs->ready_at_once, 1);
+  else if (st == GMA_OK) gma__faa_relaxed(&fs->ready, 1);
+  else if (st == GMA_ERR_TIMEOUT) gma__faa_relaxed(&fs->timed_out, 1);
+  else gma__faa_relaxed(&fs->failed, 1);
   if (f->served_by_worker) { /* before the state: a waiter then sees it off the queue */
-    gma__fas_relaxed(&w->queued, 1);
+    gma__fas_relaxed(&fs->queued, 1);
     uint64_t ns = gma__now_ns() - f->submit_ns + 1;
     unsigned b = gma__class_of(ns);
     if (b >= GMA__LATENCY_BUCKETS) b = GMA__LATENCY_BUCKETS - 1;
-    gma__faa_relaxed(&w->latency[b], 1);
+    gma__faa_relaxed(&fs->latency[b], 1);
   }
   if (st == GMA_OK)
     for (size_t i = 0; i < f->n; i++) gma__pool_hold(&f->g->pool, f->ptrs[i], true);
@@ -328,10 +290,9 @@ static bool help(gma_future_t *f) {
     return false;
   gma_t *g = gma__anchor_enter(f->anchor); /* pending, so g lives; destroy may be starting */
   if (!g) return false;
-  gma__worker_t *w = &g->worker;
   int o = OWN_QUEUED;
   bool done = false, planted = g->pool.test_flags & GMA__TEST_NO_SERVE_CLAIM;
-  if (!gma__load_relaxed(&w->memory_wanted) &&
+  if (!gma__load_relaxed(&g->worker.memory_wanted) &&
       (planted || gma__cas_seq_cst(&f->owner, &o, OWN_HELPER))) {
     uint64_t id;
     gma_status_t st = g->dev->ops->stream_id(g->dev, f->stream, &id);
@@ -341,7 +302,7 @@ static bool help(gma_future_t *f) {
                : gma__pool_alloc_batch(&g->pool, f->n, f->sizes, f->stream, id,
                                        GMA__ALLOC_ATTEMPT, f->ptrs);
     done = st == GMA_OK;
-    if (done) complete(w, f, GMA_OK);
+    if (done) complete(f, GMA_OK);
     /* Release: the worker's claim (acquire) sees the completion, or the
      * untouched request. */
     if (!planted)
@@ -351,11 +312,15 @@ static bool help(gma_future_t *f) {
   return done;
 }
 
-bool gma__future_serve(gma__worker_t *w, gma_future_t *f, uint64_t now) {
+/* The worker's serve operation (worker.h): tries f once; true when f
+ * completed (and was handed back), by this try or by a thread waiting on it
+ * that served it first. */
+static bool serve_op(gma__request_t *r, uint64_t now) {
+  gma_future_t *f = future_of(r);
   if (!claim(f)) return true;
   if (gma__load_seq_cst(&f->released)) {
     gma__set_error(GMA_ERR_CANCELLED, "the future was released before it was served");
-    complete(w, f, GMA_ERR_CANCELLED);
+    complete(f, GMA_ERR_CANCELLED);
     unref(f);
     return true;
   }
@@ -370,7 +335,7 @@ bool gma__future_serve(gma__worker_t *w, gma_future_t *f, uint64_t now) {
   if (st == GMA_ERR_OOM && g->cfg.plan && gma__plan_reclaim(&g->plan, 0))
     return false; /* an idle plan's arena went back: the next try may fit */
   if (st == GMA_ERR_OOM) {
-    if (now < f->deadline_ns) return false; /* back-pressure: wait for frees */
+    if (now < f->req.deadline_ns) return false; /* back-pressure: wait for frees */
     /* One failed request, however many tries it took: counted, traced and
      * explained once, now. */
     uint64_t total = f->sizes ? 0 : f->size;
@@ -380,17 +345,23 @@ bool gma__future_serve(gma__worker_t *w, gma_future_t *f, uint64_t now) {
                    (double)(now - f->submit_ns) / 1e6, gma__error_detail(gma_last_error()));
     st = GMA_ERR_TIMEOUT;
   }
-  complete(w, f, st);
+  complete(f, st);
   unref(f);
   return true;
 }
 
-void gma__future_cancel(gma__worker_t *w, gma_future_t *f) {
+/* The worker's cancel operation, at shutdown: completes f with
+ * GMA_ERR_CANCELLED without serving it, unless a thread waiting on it served
+ * it first; hands it back either way. */
+static void cancel_op(gma__request_t *r) {
+  gma_future_t *f = future_of(r);
   if (!claim(f)) return;
   gma__set_error(GMA_ERR_CANCELLED, "the allocator was destroyed before the request was served");
-  complete(w, f, GMA_ERR_CANCELLED);
+  complete(f, GMA_ERR_CANCELLED);
   unref(f);
 }
+
+static const gma__request_ops_t future_ops = {serve_op, cancel_op};
 
 /* ---- Entry points --------------------------------------------------------------*/
 
@@ -427,13 +398,12 @@ static void submit_init(gma_t *g, gma_future_t *f, const gma_async_options_t *o)
  * (a clear error now) and *id the stream's device id. */
 static bool submit_at_once(gma_t *g, gma_future_t *f, const gma_async_options_t *o,
                            gma_status_t *st, uint64_t *id) {
-  gma__worker_t *w = &g->worker;
   /* A capture gma was told of: served from its graph pool now, like
    * gma_alloc (graph.c); the future is complete at once. */
   if (gma__load_relaxed(&g->graphs.capturing)) {
     gma_status_t gst = gma__graph_alloc(&g->graphs, f->n, f->sizes, f->size, f->stream, f->ptrs);
     if (gst != GMA_PENDING) {
-      complete(w, f, gst);
+      complete(f, gst);
       return true;
     }
   }
@@ -442,13 +412,13 @@ static bool submit_at_once(gma_t *g, gma_future_t *f, const gma_async_options_t 
    * thread's stream cache it needs no device call either (as gma_alloc). */
   bool binnable = !o->worker_only && !f->sizes && f->size <= g->pool.bin_max;
   if (binnable && gma__bin_alloc_cached(&g->pool, f->size, f->stream, &f->ptr) == GMA_OK) {
-    complete(w, f, GMA_OK);
+    complete(f, GMA_OK);
     return true;
   }
   *st = g->dev->ops->stream_id(g->dev, f->stream, id);
   if (*st == GMA_OK && binnable &&
       gma__bin_alloc(&g->pool, f->size, f->stream, *id, &f->ptr) == GMA_OK) {
-    complete(w, f, GMA_OK);
+    complete(f, GMA_OK);
     return true;
   }
   /* Not a bin hit: the pool may still serve it here and now, if it can
@@ -458,14 +428,14 @@ static bool submit_at_once(gma_t *g, gma_future_t *f, const gma_async_options_t 
    * none is overtaken by a later one while it waits. Any failure, even a
    * real error, goes to the worker, which reports it as it always did. */
   if (*st == GMA_OK && !o->worker_only &&
-      !gma__load_relaxed(&w->memory_wanted) && known(g, f->stream, *id)) {
+      !gma__load_relaxed(&g->worker.memory_wanted) && known(g, f->stream, *id)) {
     gma_status_t ist =
         f->n == 1 && !f->sizes
             ? gma__pool_alloc_slow(&g->pool, f->size, f->stream, *id, GMA__ALLOC_INLINE, &f->ptr)
             : gma__pool_alloc_batch(&g->pool, f->n, f->sizes, f->stream, *id, GMA__ALLOC_INLINE,
                                     f->ptrs);
     if (ist == GMA_OK) {
-      complete(w, f, GMA_OK);
+      complete(f, GMA_OK);
       return true;
     }
   }
@@ -475,7 +445,7 @@ static bool submit_at_once(gma_t *g, gma_future_t *f, const gma_async_options_t 
 /* o: the caller's options as this library's struct (see check_async). */
 static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t *o,
                            gma_future_t **out) {
-  gma__worker_t *w = &g->worker;
+  gma__futures_t *fs = &g->futures;
   submit_init(g, f, o);
   uint64_t id;
   gma_status_t st = GMA_OK;
@@ -486,18 +456,22 @@ static gma_status_t submit(gma_t *g, gma_future_t *f, const gma_async_options_t 
   f->submit_ns = gma__now_ns();
   /* Saturating: a timeout past the end of the clock (UINT64_MAX, as for
    * gma_future_wait) means no limit. */
-  uint64_t timeout = o->timeout_ns ? o->timeout_ns : w->timeout_ns;
-  f->deadline_ns = timeout > UINT64_MAX - f->submit_ns ? UINT64_MAX : f->submit_ns + timeout;
-  gma__faa_relaxed(&w->submitted, 1);
+  uint64_t timeout = o->timeout_ns ? o->timeout_ns : fs->timeout_ns;
+  f->req.ops = &future_ops;
+  f->req.deadline_ns = timeout > UINT64_MAX - f->submit_ns ? UINT64_MAX : f->submit_ns + timeout;
+  gma__faa_relaxed(&fs->submitted, 1);
   if (st == GMA_OK) {
     f->served_by_worker = true;
     f->worker_only = o->worker_only;
     gma__store_seq_cst(&f->refs, 2);
-    gma__tsan_release(f); /* pairs with the worker's acquire after the dequeue */
-    st = gma__worker_submit(w, f, o->nonblocking);
+    /* Counted before the worker can complete it (complete() takes it off). */
+    gma__faa_relaxed(&fs->queued, 1);
+    gma__tsan_release(&f->req); /* pairs with the worker's acquire after the dequeue */
+    st = gma__worker_submit(&g->worker, &f->req, o->nonblocking);
+    if (st != GMA_OK) gma__fas_relaxed(&fs->queued, 1);
   }
   if (st != GMA_OK) {
-    gma__fas_relaxed(&w->submitted, 1);
+    gma__fas_relaxed(&fs->submitted, 1);
     future_delete(f);
     return st;
   }
@@ -548,7 +522,7 @@ gma_status_t gma_alloc_async(gma_t *g, size_t size, gma_stream_t stream,
                           "gma_alloc_async: size %zu is 0 or more than this allocator can "
                           "ever hold (%llu bytes)",
                           size, (unsigned long long)g->cfg.memory_limit);
-  gma_future_t *f = future_new(0, g->worker.anchor);
+  gma_future_t *f = future_new(0, g->futures.anchor);
   if (!f) return gma__set_error(GMA_ERR_OOM, "gma_alloc_async: host memory for a future");
   f->n = 1;
   f->size = size;
@@ -568,7 +542,7 @@ gma_status_t gma_alloc_batch_async(gma_t *g, size_t n, const size_t *sizes, gma_
                           "gma_alloc_batch_async: n is 0, or sizes or ptrs is NULL");
   st = gma__batch_sizes_check(g, n, sizes, "gma_alloc_batch_async");
   if (st != GMA_OK) return st;
-  gma_future_t *f = future_new(n * sizeof(void *), g->worker.anchor);
+  gma_future_t *f = future_new(n * sizeof(void *), g->futures.anchor);
   size_t *copy = malloc(n * sizeof *copy);
   if (!f || !copy) {
     if (f) future_delete(f);
