@@ -2,7 +2,7 @@
 """Tests tools/traces.sh, the part of tools/main.sh that finds the traces to
 replay, as a fresh clone sees it: the script, the importer and traces/ are
 copied into an empty directory (so no ../shared lies beside them) and run
-there. It must list the five shipped workloads, decompressed byte for byte;
+there. It must list the sixteen shipped workloads, decompressed byte for byte;
 GMA_TRACES_DIR adds its snapshots (one named like a shipped trace replaces
 it); an empty GMA_TRACES_DIR adds nothing and says so; a bad snapshot stops
 it with exit status 2. main.sh must take its traces from tools/traces.sh.
@@ -19,8 +19,14 @@ import sys
 import tempfile
 
 FAILS = []
-SHIPPED = ["cnn_latent_eor", "llama_finetune_notebook", "opt125m_zo_finetune",
-           "transformer_ctx128_forward", "transformer_ctx512_forward_mixed"]
+# The sixteen real workloads of traces/README.md, in the order traces.sh lists them.
+SHIPPED = ["bolongcheng_2p7b_ctx2048_fwd_expandable", "charan_small_ctx512", "cnn_latent_eor",
+           "kkaitlyn_2p7b_forward", "llama_finetune_notebook", "niu_tiny_ctx200_train_bf16",
+           "nothanmin_large_ctx256_train", "octree_nca_peso_wsi_inference",
+           "opt125m_zo_finetune", "rishabh_lm_init_plus_inference",
+           "select_n_1f2f548_bert_validate", "sidsoc12_2p7b_ctx128_fp32_train",
+           "silmont_small_ctx128_fwd_bf16", "transformer_ctx128_forward",
+           "transformer_ctx512_forward_mixed", "wedsonlin_medium_ctx512_train"]
 HEADER = b"Thread,Time,Action,Pointer,Size,Stream,Block,Id,Count,Status\n"
 
 
@@ -82,7 +88,7 @@ def main():
                 shipped = f.read()
             check(got == shipped, "%s differs from traces/%s.csv.gz" % (path, n))
             check(got.startswith(HEADER), "%s: header %r" % (path, got[:80]))
-            check(got.count(b"\n") > 3000, "%s has only %d lines" % (path, got.count(b"\n")))
+            check(got.count(b"\n") > 1000, "%s has only %d lines" % (path, got.count(b"\n")))
             check(b",segment_alloc," in got, "%s has no segment_alloc row (PyTorch's reserved)" % n)
         check(not [f for f in os.listdir(out) if f.endswith(".tmp")], "left a .tmp file in %s" % out)
 
@@ -90,7 +96,7 @@ def main():
         empty = os.path.join(tmp, "empty")
         os.mkdir(empty)
         rc, lines, err = run(clone, os.path.join(tmp, "out2"), empty)
-        check(rc == 0 and len(lines) == 5 and "has no *.pickle" in err,
+        check(rc == 0 and len(lines) == len(SHIPPED) and "has no *.pickle" in err,
               "empty dir: exit %d, %d lines, stderr %r" % (rc, len(lines), err))
 
         print("GMA_TRACES_DIR adds its snapshots; one named like a shipped trace replaces it")
