@@ -959,6 +959,13 @@ int replay_run(const replay_trace_t *t, const char *conf, const replay_options_t
   r->peak_reserved = s.reserved.peak;
   r->device_allocs = s.num_device_allocs;
   r->device_frees = s.num_device_frees;
+  r->mapped_peak = s.reserved.peak;
+  r->growable = c.expandable_segments != 0;
+  if (r->growable) {
+    r->vm_maps = s.num_device_allocs;
+    r->vm_unmaps = s.num_device_frees;
+    r->vm_creates = s.num_device_allocs;
+  }
   r->hits_bin = s.hits_bin;
   r->hits_stream = s.hits_stream;
   r->hits_pool = s.hits_pool;
@@ -1014,6 +1021,8 @@ void replay_result_json(FILE *f, const replay_result_t *r) {
           ", \"peak_allocated\": %" PRIu64 ", \"peak_reserved\": %" PRIu64
           ", \"recorded_peak_reserved\": %" PRIu64 ", \"fragmentation_at_peak\": %.4f"
           ", \"device_allocs\": %" PRIu64 ", \"device_frees\": %" PRIu64
+          ", \"mapped_peak\": %" PRIu64 ", \"vm_maps\": %" PRIu64 ", \"vm_unmaps\": %" PRIu64
+          ", \"vm_creates\": %" PRIu64 ", \"growable\": %s"
           ", \"hits\": {\"bin\": %" PRIu64 ", \"stream\": %" PRIu64 ", \"pool\": %" PRIu64
           ", \"device\": %" PRIu64 "}, \"failed_allocs\": %" PRIu64 ", \"unmatched\": %" PRIu64
           ", \"oom_retries\": %" PRIu64 ", \"trace_peak_live\": %" PRIu64
@@ -1027,6 +1036,7 @@ void replay_result_json(FILE *f, const replay_result_t *r) {
           ", \"events_per_s\": %.0f",
           r->events, r->replayed, r->peak_requested, r->peak_allocated, r->peak_reserved,
           r->recorded_peak_reserved, r->fragmentation_at_peak, r->device_allocs, r->device_frees,
+          r->mapped_peak, r->vm_maps, r->vm_unmaps, r->vm_creates, r->growable ? "true" : "false",
           r->hits_bin, r->hits_stream, r->hits_pool, r->hits_device, r->failed_allocs,
           r->unmatched, r->oom_retries, r->trace_peak_live, r->failed_allocs ? "true" : "false",
           r->recorded_failed, r->oom_attempts, r->oom_served, r->oom_attempts - r->oom_served,
