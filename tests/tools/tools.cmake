@@ -1,5 +1,5 @@
 # Tests of the Python tools in tools/ (label "tools"). They need only a
-# Python 3 interpreter, no GPU and no build output. The five real workloads
+# Python 3 interpreter, no GPU and no build output. The sixteen real workloads
 # ship in traces/ as gma trace CSV (gzip); the PyTorch snapshots they were
 # converted from live outside the repository, in GMA_TRACES_DIR: the part of
 # tools_import_torch that re-imports them and compares the result with the
