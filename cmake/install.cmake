@@ -2,7 +2,7 @@
 # and libgma.a, a CMake package (find_package(gma CONFIG) gives gma::gma and
 # gma::gma_static) and a pkg-config file, the PyTorch plug-in libraries (when
 # built) beside libgma, and the tools as commands in bin/ (gma-replay,
-# gma-viz, gma-import-torch, gma-torch-policy-model). Included at the end of
+# gma-estimate, gma-viz, gma-import-torch, gma-torch-policy-model). Included at the end of
 # the top-level CMakeLists.txt, after the targets exist. Nothing test-only is
 # installed: not the tests, not the fake CUDA driver, not the benchmarks, not
 # gma-demo. tests/install checks both halves (install_consume, install_prefix).
@@ -134,7 +134,7 @@ install(FILES ${PROJECT_BINARY_DIR}/cmake/gma.pc
 # The PyTorch plug-in (libgma_torch.so, and libgma_torch_shim.so where it was
 # built) goes into the same directory as libgma: python/gma/torch.py looks
 # beside the libgma it loaded, so an installed gma needs no GMA_TORCH_LIBRARY.
-# Their RUNPATH is $ORIGIN (libgma is next to them); gma-replay's is
+# Their RUNPATH is $ORIGIN (libgma is next to them); gma-replay's and gma-estimate's are
 # $ORIGIN/../<libdir>, so the installed commands run without LD_LIBRARY_PATH.
 foreach(t gma_torch gma_torch_shim)
   if(TARGET ${t})
@@ -142,11 +142,13 @@ foreach(t gma_torch gma_torch_shim)
     install(TARGETS ${t} LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT runtime)
   endif()
 endforeach()
-if(TARGET gma-replay)
-  file(RELATIVE_PATH gma_bin_to_lib "/p/${CMAKE_INSTALL_BINDIR}" "/p/${CMAKE_INSTALL_LIBDIR}")
-  set_target_properties(gma-replay PROPERTIES INSTALL_RPATH "$ORIGIN/${gma_bin_to_lib}")
-  install(TARGETS gma-replay RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime)
-endif()
+foreach(t gma-replay gma-estimate)
+  if(TARGET ${t})
+    file(RELATIVE_PATH gma_bin_to_lib "/p/${CMAKE_INSTALL_BINDIR}" "/p/${CMAKE_INSTALL_LIBDIR}")
+    set_target_properties(${t} PROPERTIES INSTALL_RPATH "$ORIGIN/${gma_bin_to_lib}")
+    install(TARGETS ${t} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime)
+  endif()
+endforeach()
 # The Python tools are single files that need only the standard library (and
 # find nothing through the source tree), installed under their command names.
 foreach(pair "gma-viz:gma-viz" "gma-import-torch:gma-import-torch"

@@ -12,12 +12,13 @@
  *
  * Structs that start with a size field (gma_config_t, gma_async_options_t,
  * gma_stats_t, gma_stream_stats_t, gma_graph_pool_stats_t,
- * gma_pointer_info_t) grow only at the end: set size with the struct's
- * ..._INIT macro and a program built against an older gma.h keeps working,
- * since gma reads and writes only the first size bytes (fields past them
- * count as zero, the default). A size below sizeof(size_t) or above this
- * library's struct is refused with GMA_ERR_INVALID_ARGUMENT, and so is, in
- * gma_config_parse, a key whose field lies past size (GMA_ERR_CONFIG). */
+ * gma_pointer_info_t, gma_transformer_t, gma_estimate_t) grow only at the
+ * end: set size with the struct's ..._INIT macro and a program built
+ * against an older gma.h keeps working, since gma reads and writes only the
+ * first size bytes (fields past them count as zero, the default). A size
+ * below sizeof(size_t) or above this library's struct is refused with
+ * GMA_ERR_INVALID_ARGUMENT, and so is, in gma_config_parse, a key whose
+ * field lies past size (GMA_ERR_CONFIG). */
 #ifndef GMA_H
 #define GMA_H
 
@@ -250,6 +251,128 @@ GMA_API gma_status_t gma_device_count(int *count);
  * bytes free, for config.device_ordinal. GMA_ERR_OOM when no device has size
  * bytes free; GMA_ERR_NO_DEVICE as for gma_device_count. Any thread. */
 GMA_API gma_status_t gma_select_device(size_t size, int *device);
+
+/* ---------------------------------------------------------------------------
+ * Memory estimate of a transformer, before it runs (docs/estimate.md). The
+ * model is a decoder-only, pre-norm transformer without biases: per layer
+ * the attention's query, key, value and output matrices (keys and values
+ * have kv_heads heads), a feed-forward block of two matrices, or three when
+ * gated (SwiGLU), and two RMSNorm weight vectors; a token embedding, a final
+ * norm and an output head (shared with the embedding when tied), no learned
+ * position table (RoPE). Every zero field of gma_transformer_t is its
+ * default; hidden, layers, vocab, heads, seq_len and dtype_bytes have none.
+ * ------------------------------------------------------------------------- */
+typedef enum gma_estimate_mode {
+  GMA_ESTIMATE_INFERENCE = 0, /* no autograd (torch.no_grad): weights, the KV cache and one
+                                 layer's working tensors at a time, then the logits */
+  GMA_ESTIMATE_FORWARD = 1,   /* a forward pass recording autograd, without backward: weights
+                                 and every layer's tensors kept for backward, then the logits */
+  GMA_ESTIMATE_TRAINING = 2   /* forward, backward (a cross-entropy loss in fp32) and an
+                                 optimizer step */
+} gma_estimate_mode_t;
+
+/* How attention treats the batch x heads x seq x seq score matrix. */
+typedef enum gma_attention {
+  GMA_ATTENTION_EAGER = 0,    /* materialized (q k^T, then softmax): backward keeps one score-
+                                 sized tensor per layer, the softmax's output (torch.softmax) */
+  GMA_ATTENTION_EAGER_EXP = 1, /* materialized with a softmax written out (exp, then divide by
+                                 the sum): backward keeps two, exp's output and the quotient */
+  GMA_ATTENTION_FUSED = 2     /* FlashAttention or SDPA's fused kernels: no score matrix; backward
+                                 keeps a per-row logsumexp in fp32 */
+} gma_attention_t;
+
+typedef enum gma_optimizer {
+  GMA_OPTIMIZER_ADAM = 0,        /* Adam/AdamW as torch.optim keeps it: two moments per
+                                    parameter in the parameters' dtype */
+  GMA_OPTIMIZER_ADAM_MASTER = 1, /* mixed-precision Adam (Megatron, DeepSpeed): an fp32 master
+                                    copy of the weights and two fp32 moments, 12 bytes a
+                                    parameter */
+  GMA_OPTIMIZER_SGD_MOMENTUM = 2, /* one momentum buffer in the parameters' dtype */
+  GMA_OPTIMIZER_SGD = 3          /* no state */
+} gma_optimizer_t;
+
+typedef struct gma_transformer {
+  size_t size;                /* sizeof(gma_transformer_t) as the caller compiled it */
+  uint64_t hidden;            /* d_model (a multiple of heads) */
+  uint64_t intermediate;      /* the feed-forward block's inner size (0: 4 x hidden) */
+  uint64_t layers;
+  uint64_t vocab;
+  uint64_t heads;             /* query heads */
+  uint64_t kv_heads;          /* key/value heads, dividing heads (0: heads; fewer: grouped-query
+                                 attention) */
+  uint64_t seq_len;           /* tokens per sequence in one forward pass */
+  uint64_t batch;             /* sequences per forward pass (0: 1) */
+  uint64_t dtype_bytes;       /* bytes of a parameter and of a gradient: 4 fp32, 2 bf16/fp16,
+                                 1 fp8 (1, 2, 4 or 8) */
+  uint64_t act_dtype_bytes;   /* bytes of an activation (0: dtype_bytes). Smaller than
+                                 dtype_bytes is autocast: the matrices are also held cast to it
+                                 for the forward (weight_copy_bytes) */
+  uint64_t kv_cache_tokens;   /* inference: tokens per sequence the KV cache holds, seq_len
+                                 new ones included (0: no cache, one forward over seq_len) */
+  gma_estimate_mode_t mode;
+  gma_attention_t attention;
+  gma_optimizer_t optimizer;  /* training only */
+  int plain_ffn;              /* 0: gated feed-forward block (SwiGLU, three matrices);
+                                 nonzero: two matrices (GELU, ReLU) */
+  int tied_embeddings;        /* nonzero: the output head is the token embedding */
+  int grads_released;         /* training: nonzero: gradients are freed before each forward
+                                 (optimizer.zero_grad() at the top of the loop); 0: they live
+                                 through it (zero_grad after the forward, or set_to_none=False) */
+  int step_foreach;           /* training: nonzero: the step's temporaries are one copy of the
+                                 parameters (torch.optim's foreach implementation, its CUDA
+                                 default); 0: two of the largest parameter (a per-tensor loop) */
+} gma_transformer_t;
+
+#if defined(__cplusplus) && __cplusplus < 202002L
+#define GMA_TRANSFORMER_INIT {sizeof(gma_transformer_t)}
+#else
+#define GMA_TRANSFORMER_INIT {.size = sizeof(gma_transformer_t)}
+#endif
+
+/* When the estimate's peak happens. */
+typedef enum gma_estimate_phase {
+  GMA_PHASE_LAYER = 0,      /* inference: inside a layer (attention or feed-forward) */
+  GMA_PHASE_HEAD = 1,       /* inference: the output head's logits */
+  GMA_PHASE_FORWARD_END = 2, /* forward: the logits, every layer's tensors kept */
+  GMA_PHASE_BACKWARD = 3,   /* training: the start of backward (the loss's gradient) */
+  GMA_PHASE_STEP = 4        /* training: the optimizer step */
+} gma_estimate_phase_t;
+
+/* The estimate: the parts of the peak add up to total_bytes. */
+typedef struct gma_estimate {
+  size_t size;                /* sizeof(gma_estimate_t) as the caller compiled it */
+  uint64_t total_bytes;       /* the peak of live bytes */
+  uint64_t weights_bytes;     /* parameters x dtype_bytes */
+  uint64_t weight_copy_bytes; /* the matrices cast to act_dtype_bytes (autocast), at the peak */
+  uint64_t kv_cache_bytes;    /* inference */
+  uint64_t activation_bytes;  /* layer tensors at the peak (kept for backward, or one layer's
+                                 working set in inference) */
+  uint64_t logits_bytes;      /* logits, the fp32 log-softmax and its gradient, at the peak */
+  uint64_t gradient_bytes;    /* gradients live at the peak */
+  uint64_t optimizer_bytes;   /* optimizer state */
+  uint64_t step_temp_bytes;   /* the optimizer step's temporaries, at the peak */
+  uint64_t params;            /* parameter count */
+  uint64_t layer_activation_bytes; /* what one layer keeps for backward (forward, training) or
+                                 its working set (inference) */
+  gma_estimate_phase_t phase; /* when the peak happens */
+} gma_estimate_t;
+
+#if defined(__cplusplus) && __cplusplus < 202002L
+#define GMA_ESTIMATE_INIT {sizeof(gma_estimate_t)}
+#else
+#define GMA_ESTIMATE_INIT {.size = sizeof(gma_estimate_t)}
+#endif
+
+/* Estimates the peak memory of model (its size field set, e.g. with
+ * GMA_TRANSFORMER_INIT) into *out (its size field set with GMA_ESTIMATE_INIT).
+ * No device is touched. GMA_ERR_INVALID_ARGUMENT, with gma_last_error() naming
+ * the field and what would fix it, for a NULL pointer, a bad struct size, a
+ * zero hidden, layers, vocab, heads, seq_len or dtype_bytes, heads not
+ * dividing hidden, kv_heads not dividing heads, a dtype size other than 1, 2,
+ * 4 or 8, an enum out of range, kv_cache_tokens outside inference, or a
+ * result past 2^64 - 1 bytes. To pick a device with room for it:
+ * gma_select_device(out->total_bytes, &device). Any thread; wait-free. */
+GMA_API gma_status_t gma_estimate_transformer(const gma_transformer_t *model, gma_estimate_t *out);
 
 /* ---------------------------------------------------------------------------
  * Allocator lifecycle

@@ -30,7 +30,8 @@ __all__ = [
     "Allocator", "Future", "GraphPool", "Error", "InvalidArgument", "InvalidSize", "OutOfMemory",
     "InvalidPointer", "DoubleFree", "ConfigError", "DeviceError", "NoDevice", "Unsupported",
     "Leak", "InternalError", "Timeout", "Busy", "Cancelled", "AlreadyCollected", "Pending", "STREAM_LEGACY",
-    "STREAM_PER_THREAD", "device_count", "select_device", "version", "status_name",
+    "STREAM_PER_THREAD", "device_count", "select_device", "estimate_transformer", "version",
+    "status_name",
     "strerror", "last_error", "available", "library_path",
 ]
 
@@ -181,6 +182,65 @@ def select_device(size):
     d = ctypes.c_int(-1)
     _check(_fn("gma_select_device")(size, ctypes.byref(d)), "gma_select_device")
     return d.value
+
+
+_DTYPES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2,
+           "fp8": 1, "fp64": 8, "float64": 8}
+_MODES = ("inference", "forward", "training")
+_ATTENTIONS = ("eager", "eager_exp", "fused")
+_OPTIMIZERS = ("adam", "adam_master", "sgd_momentum", "sgd")
+_PHASES = ("layer", "head", "forward_end", "backward", "step")
+
+
+def _choice(value, names, what):
+    if value in names:
+        return names.index(value)
+    raise ValueError("%s is %r; use one of %s" % (what, value, ", ".join(names)))
+
+
+def _dtype(value, what):
+    if isinstance(value, str):
+        if value not in _DTYPES:
+            raise ValueError("%s is %r; use a byte count or one of %s"
+                             % (what, value, ", ".join(sorted(_DTYPES))))
+        return _DTYPES[value]
+    return operator.index(value)
+
+
+def estimate_transformer(hidden, layers, vocab, heads, seq_len, *, intermediate=0,
+                         kv_heads=0, batch=1, dtype="fp32", act_dtype=None, mode="inference",
+                         attention="eager", optimizer="adam", plain_ffn=False,
+                         tied_embeddings=False, grads_released=False, step_foreach=False,
+                         kv_cache_tokens=0):
+    """gma_estimate_transformer: the peak memory of a decoder-only transformer
+    (docs/estimate.md), as a dict of gma_estimate_t's fields (bytes; "phase"
+    is one of "layer", "head", "forward_end", "backward", "step"). dtype and
+    act_dtype are byte counts or names ("fp32", "bf16", ...); mode is
+    "inference", "forward" or "training"; attention "eager", "eager_exp" or
+    "fused"; optimizer "adam", "adam_master", "sgd_momentum" or "sgd". Raises
+    gma.InvalidArgument with gma's message for dimensions it refuses, and
+    ValueError for an unknown name."""
+    m = _lib.new(_lib.Transformer)
+    counts = dict(hidden=hidden, layers=layers, vocab=vocab, heads=heads, seq_len=seq_len,
+                  intermediate=intermediate, kv_heads=kv_heads, batch=batch,
+                  kv_cache_tokens=kv_cache_tokens, dtype_bytes=_dtype(dtype, "dtype"),
+                  act_dtype_bytes=0 if act_dtype is None else _dtype(act_dtype, "act_dtype"))
+    for name, v in counts.items():
+        v = operator.index(v)
+        if not 0 <= v <= _UINT64_MAX:
+            raise ValueError("%s is %d; it must be 0 to 2^64 - 1" % (name, v))
+        setattr(m, name, v)
+    m.mode = _choice(mode, _MODES, "mode")
+    m.attention = _choice(attention, _ATTENTIONS, "attention")
+    m.optimizer = _choice(optimizer, _OPTIMIZERS, "optimizer")
+    m.plain_ffn, m.tied_embeddings = int(bool(plain_ffn)), int(bool(tied_embeddings))
+    m.grads_released, m.step_foreach = int(bool(grads_released)), int(bool(step_foreach))
+    out = _lib.new(_lib.Estimate)
+    _check(_fn("gma_estimate_transformer")(ctypes.byref(m), ctypes.byref(out)),
+           "gma_estimate_transformer")
+    d = _to_dict(out)
+    d["phase"] = _PHASES[out.phase]
+    return d
 
 
 def _stream(s):

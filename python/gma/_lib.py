@@ -238,6 +238,50 @@ class AsyncOptions(ctypes.Structure):
     ]
 
 
+class Transformer(ctypes.Structure):
+    """gma_transformer_t."""
+    _fields_ = [
+        ("size", size_t),
+        ("hidden", u64),
+        ("intermediate", u64),
+        ("layers", u64),
+        ("vocab", u64),
+        ("heads", u64),
+        ("kv_heads", u64),
+        ("seq_len", u64),
+        ("batch", u64),
+        ("dtype_bytes", u64),
+        ("act_dtype_bytes", u64),
+        ("kv_cache_tokens", u64),
+        ("mode", c_int),
+        ("attention", c_int),
+        ("optimizer", c_int),
+        ("plain_ffn", c_int),
+        ("tied_embeddings", c_int),
+        ("grads_released", c_int),
+        ("step_foreach", c_int),
+    ]
+
+
+class Estimate(ctypes.Structure):
+    """gma_estimate_t."""
+    _fields_ = [
+        ("size", size_t),
+        ("total_bytes", u64),
+        ("weights_bytes", u64),
+        ("weight_copy_bytes", u64),
+        ("kv_cache_bytes", u64),
+        ("activation_bytes", u64),
+        ("logits_bytes", u64),
+        ("gradient_bytes", u64),
+        ("optimizer_bytes", u64),
+        ("step_temp_bytes", u64),
+        ("params", u64),
+        ("layer_activation_bytes", u64),
+        ("phase", c_int),
+    ]
+
+
 STRUCTS = {
     "gma_config_t": Config,
     "gma_stat_t": Stat,
@@ -245,6 +289,8 @@ STRUCTS = {
     "gma_stream_stats_t": StreamStats,
     "gma_pointer_info_t": PointerInfo,
     "gma_async_options_t": AsyncOptions,
+    "gma_transformer_t": Transformer,
+    "gma_estimate_t": Estimate,
 }
 
 
@@ -269,6 +315,7 @@ PROTOTYPES = {
     "gma_config_parse": (st, [P(Config), ctypes.c_char_p]),
     "gma_device_count": (st, [P(c_int)]),
     "gma_select_device": (st, [size_t, P(c_int)]),
+    "gma_estimate_transformer": (st, [P(Transformer), P(Estimate)]),
     "gma_create": (st, [P(Config), P(vp)]),
     "gma_destroy": (st, [vp]),
     "gma_device_name": (ctypes.c_char_p, [vp]),

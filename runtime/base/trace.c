@@ -2,6 +2,7 @@
  * short lock, formatted to CSV by the thread that fills a buffer. Every layer
  * records through it; starting and stopping a trace is observe/trace.c. */
 #include "base/trace.h"
+#include "base/lock.h"
 #include "base/error.h"
 #include "base/clock.h"
 
@@ -148,21 +149,21 @@ void gma__trace_emit(gma__trace_t *t, uint64_t t_ns, gma__trace_action_t action,
                           .thread = thread_index(t), .status = (int16_t)status,
                           .action = (uint8_t)action};
   for (;;) {
-    pthread_mutex_lock(&t->rec_mu);
+    gma__lock(&t->rec_mu, GMA__RANK_TRACE_REC);
     if (t->closed) {
-      pthread_mutex_unlock(&t->rec_mu);
+      gma__unlock(&t->rec_mu);
       return;
     }
     if (t->n < t->cap) {
       t->buf[t->n++] = rec;
-      pthread_mutex_unlock(&t->rec_mu);
+      gma__unlock(&t->rec_mu);
       return;
     }
-    pthread_mutex_unlock(&t->rec_mu);
+    gma__unlock(&t->rec_mu);
     /* Full: swap in the spare (under write_mu, so buffers are written in the
      * order they filled) and write the full one; others record meanwhile. */
-    pthread_mutex_lock(&t->write_mu);
-    pthread_mutex_lock(&t->rec_mu);
+    gma__lock(&t->write_mu, GMA__RANK_TRACE_WRITE);
+    gma__lock(&t->rec_mu, GMA__RANK_TRACE_REC);
     gma__trace_rec_t *full = NULL;
     size_t n = 0;
     if (!t->closed && t->n == t->cap) {
@@ -171,16 +172,16 @@ void gma__trace_emit(gma__trace_t *t, uint64_t t_ns, gma__trace_action_t action,
       t->buf = t->spare;
       t->n = 0;
     }
-    pthread_mutex_unlock(&t->rec_mu);
+    gma__unlock(&t->rec_mu);
     if (full) {
       if (!write_records(t, full, n)) {
-        pthread_mutex_lock(&t->rec_mu);
+        gma__lock(&t->rec_mu, GMA__RANK_TRACE_REC);
         t->dropped += n;
-        pthread_mutex_unlock(&t->rec_mu);
+        gma__unlock(&t->rec_mu);
       }
       t->spare = full;
     }
-    pthread_mutex_unlock(&t->write_mu);
+    gma__unlock(&t->write_mu);
   }
 }
 
@@ -215,8 +216,8 @@ gma_status_t gma__trace_open(const char *path, gma__trace_t **out) {
 }
 
 gma_status_t gma__trace_flush(gma__trace_t *t, uint64_t *bytes) {
-  pthread_mutex_lock(&t->write_mu); /* as a full buffer's swap in gma__trace_emit */
-  pthread_mutex_lock(&t->rec_mu);
+  gma__lock(&t->write_mu, GMA__RANK_TRACE_WRITE); /* as a full buffer's swap in gma__trace_emit */
+  gma__lock(&t->rec_mu, GMA__RANK_TRACE_REC);
   bool open = !t->closed;
   gma__trace_rec_t *full = t->buf;
   size_t n = open ? t->n : 0;
@@ -224,7 +225,7 @@ gma_status_t gma__trace_flush(gma__trace_t *t, uint64_t *bytes) {
     t->buf = t->spare;
     t->n = 0;
   }
-  pthread_mutex_unlock(&t->rec_mu);
+  gma__unlock(&t->rec_mu);
   gma_status_t st = GMA_OK;
   if (!open) {
     st = gma__set_error(GMA_ERR_INVALID_ARGUMENT, "the trace was stopped");
@@ -235,25 +236,25 @@ gma_status_t gma__trace_flush(gma__trace_t *t, uint64_t *bytes) {
     long at = ftell(t->f);
     if (bytes) *bytes = at > 0 ? (uint64_t)at : 0;
     if (!ok) {
-      pthread_mutex_lock(&t->rec_mu);
+      gma__lock(&t->rec_mu, GMA__RANK_TRACE_REC);
       t->dropped += n;
-      pthread_mutex_unlock(&t->rec_mu);
+      gma__unlock(&t->rec_mu);
       st = gma__set_error(GMA_ERR_DEVICE, "writing the trace file '%s' failed: %s", t->path,
                           strerror(errno));
     }
   }
-  pthread_mutex_unlock(&t->write_mu);
+  gma__unlock(&t->write_mu);
   return st;
 }
 
 gma_status_t gma__trace_close(gma__trace_t *t) {
-  pthread_mutex_lock(&t->write_mu);
-  pthread_mutex_lock(&t->rec_mu);
+  gma__lock(&t->write_mu, GMA__RANK_TRACE_WRITE);
+  gma__lock(&t->rec_mu, GMA__RANK_TRACE_REC);
   bool was_open = !t->closed;
   t->closed = true;
   size_t n = t->n;
   t->n = 0;
-  pthread_mutex_unlock(&t->rec_mu);
+  gma__unlock(&t->rec_mu);
   gma_status_t st = GMA_OK;
   if (was_open) {
     bool ok = write_records(t, t->buf, n);
@@ -263,7 +264,7 @@ gma_status_t gma__trace_close(gma__trace_t *t) {
       st = gma__set_error(GMA_ERR_DEVICE, "writing the trace file failed (%s); %" PRIu64
                           " events lost", strerror(errno), t->dropped + (ok ? 0 : n));
   }
-  pthread_mutex_unlock(&t->write_mu);
+  gma__unlock(&t->write_mu);
   return st;
 }
 
@@ -291,19 +292,19 @@ void gma__trace_abandon(gma__trace_t *t) {
     gma__trace_t *older = t->older;
     /* A lock that cannot be taken was held by a parent thread when fork()
      * ran: buf, spare or f may be half swapped, so the trace is left alone. */
-    if (pthread_mutex_trylock(&t->write_mu) == 0) {
-      if (pthread_mutex_trylock(&t->rec_mu) == 0) {
+    if (gma__trylock(&t->write_mu, GMA__RANK_TRACE_WRITE)) {
+      if (gma__trylock(&t->rec_mu, GMA__RANK_TRACE_REC)) {
         if (t->f) {
           /* The FILE's buffer holds bytes the parent writes too (at least
            * the header): drop them, then close the child's descriptor. */
           __fpurge(t->f);
           fclose(t->f);
         }
-        pthread_mutex_unlock(&t->rec_mu);
-        pthread_mutex_unlock(&t->write_mu);
+        gma__unlock(&t->rec_mu);
+        gma__unlock(&t->write_mu);
         trace_release(t);
       } else {
-        pthread_mutex_unlock(&t->write_mu);
+        gma__unlock(&t->write_mu);
       }
     }
     t = older;

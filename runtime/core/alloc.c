@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "base/round.h"
+#include "base/lock.h"
 #include "base/sizeclass.h"
 #include "core/internal.h"
 
@@ -72,8 +73,8 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t
   int kind = size <= p->small_size ? GMA__SMALL : GMA__LARGE;
   bool inline_try = flags & GMA__ALLOC_INLINE;
   gma_status_t st;
-  if (!inline_try) pthread_mutex_lock(&p->lock);
-  else if (pthread_mutex_trylock(&p->lock) != 0) return GMA_ERR_BUSY; /* the worker serves it */
+  if (!inline_try) gma__lock(&p->lock, GMA__RANK_POOL);
+  else if (!gma__trylock(&p->lock, GMA__RANK_POOL)) return GMA_ERR_BUSY; /* the worker serves it */
   unsigned kept = gma__error_keep(); /* a failure inside a call that succeeds is not said */
   gma__stream_t *s = gma__stream_resolve(p, stream, stream_id);
   gma__block_t *b = NULL;
@@ -102,7 +103,7 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t
     gma__stats_sample(p);
   }
   GMA__VALIDATE(p);
-  pthread_mutex_unlock(&p->lock);
+  gma__unlock(&p->lock);
   gma__error_done(kept, st);
   return st;
 }
@@ -269,8 +270,8 @@ gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes
   }
   bool inline_try = flags & GMA__ALLOC_INLINE;
   if (!inline_try) {
-    pthread_mutex_lock(&p->lock);
-  } else if (pthread_mutex_trylock(&p->lock) != 0) { /* the worker serves it */
+    gma__lock(&p->lock, GMA__RANK_POOL);
+  } else if (!gma__trylock(&p->lock, GMA__RANK_POOL)) { /* the worker serves it */
     free(taken);
     free(levels);
     return GMA_ERR_BUSY;
@@ -285,7 +286,7 @@ gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes
 out:
   p->keep_lock = false;
   GMA__VALIDATE(p);
-  pthread_mutex_unlock(&p->lock);
+  gma__unlock(&p->lock);
   free(taken);
   free(levels);
   gma__error_done(kept, st);

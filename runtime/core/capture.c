@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "base/round.h"
+#include "base/lock.h"
 #include "base/sizeclass.h"
 #include "core/internal.h"
 
@@ -34,7 +35,7 @@ gma_status_t gma__pool_refuse_capture(gma__pool_t *p, gma_stream_t stream, const
 
 gma_status_t gma__pool_capture_mark(gma__pool_t *p, gma_stream_t stream, uint64_t stream_id,
                                     int delta, gma__stream_t **rec) {
-  pthread_mutex_lock(&p->lock);
+  gma__lock(&p->lock, GMA__RANK_POOL);
   gma__stream_t *s = gma__stream_resolve(p, stream, stream_id);
   gma_status_t st = GMA_OK;
   if (!s) {
@@ -49,17 +50,17 @@ gma_status_t gma__pool_capture_mark(gma__pool_t *p, gma_stream_t stream, uint64_
   }
   if (rec) *rec = s;
   GMA__VALIDATE(p);
-  pthread_mutex_unlock(&p->lock);
+  gma__unlock(&p->lock);
   return st;
 }
 
 gma_status_t gma__pool_stream_retire(gma__pool_t *p, gma_stream_t stream) {
   gma_status_t st = GMA_OK;
-  pthread_mutex_lock(&p->lock);
+  gma__lock(&p->lock, GMA__RANK_POOL);
   gma__stream_t *s = gma__stream_find(p, stream);
   if (s) st = gma__stream_retire(p, s, false);
   GMA__VALIDATE(p);
-  pthread_mutex_unlock(&p->lock);
+  gma__unlock(&p->lock);
   return st;
 }
 
@@ -67,21 +68,21 @@ gma_status_t gma__pool_stream_synchronize(gma__pool_t *p, gma_stream_t stream) {
   uint64_t id;
   gma_status_t st = p->dev->ops->stream_id(p->dev, stream, &id);
   if (st != GMA_OK) return st;
-  pthread_mutex_lock(&p->lock);
+  gma__lock(&p->lock, GMA__RANK_POOL);
   gma__stream_t *s = gma__stream_find(p, stream);
   if (s && s->id != id) s = NULL; /* a recycled handle: the record names a stream that is gone */
   uint64_t closed = s ? gma__stream_sync_begin(p, s) : 0;
-  pthread_mutex_unlock(&p->lock);
+  gma__unlock(&p->lock);
   /* Outside the lock: the wait may be long, and nobody else waits for it. */
   st = p->dev->ops->stream_synchronize(p->dev, stream);
   if (s) { /* records are never freed, so s is still readable */
-    pthread_mutex_lock(&p->lock);
+    gma__lock(&p->lock, GMA__RANK_POOL);
     if (st == GMA_OK)
       gma__stream_sync_end(p, s, closed);
     else /* the closed epoch has no event: the next poll must record one */
       gma__store_relaxed(&s->dirty, true);
     GMA__VALIDATE(p);
-    pthread_mutex_unlock(&p->lock);
+    gma__unlock(&p->lock);
   }
   return st;
 }

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "base/round.h"
+#include "base/lock.h"
 #include "base/sizeclass.h"
 #include "core/internal.h"
 
@@ -88,7 +89,7 @@ static bool free_taken(gma__pool_t *p, gma__block_t *b);
 gma_status_t gma__pool_free_slow(gma__pool_t *p, void *ptr, bool *pended) {
   *pended = false;
   uintptr_t addr = (uintptr_t)ptr;
-  pthread_mutex_lock(&p->lock);
+  gma__lock(&p->lock, GMA__RANK_POOL);
   gma__block_t *b = live_block(p, addr);
   uint8_t live = GMA__LIVE;
   /* The CAS settles a race with a lock-free free of the same pointer. */
@@ -96,7 +97,7 @@ gma_status_t gma__pool_free_slow(gma__pool_t *p, void *ptr, bool *pended) {
     /* Memory an async request got and nobody collected: the caller cannot
      * have been handed this pointer, so it is stale (freed before and since
      * given to the request). Freeing it would free the request's memory. */
-    pthread_mutex_unlock(&p->lock);
+    gma__unlock(&p->lock);
     return gma__set_error(GMA_ERR_INVALID_POINTER,
                           "gma_free(%p): this memory belongs to an async request whose future "
                           "was not collected (gma_future_wait) or released; a stale pointer?",
@@ -104,12 +105,12 @@ gma_status_t gma__pool_free_slow(gma__pool_t *p, void *ptr, bool *pended) {
   }
   if (!b || !gma__cas_acq_rel(&b->state, &live, GMA__PENDING)) {
     gma_status_t st = bad_pointer(p, addr, "gma_free");
-    pthread_mutex_unlock(&p->lock);
+    gma__unlock(&p->lock);
     return st;
   }
   *pended = free_taken(p, b);
   GMA__VALIDATE(p);
-  pthread_mutex_unlock(&p->lock);
+  gma__unlock(&p->lock);
   return GMA_OK;
 }
 
@@ -173,7 +174,7 @@ gma_status_t gma__pool_record_stream(gma__pool_t *p, void *ptr, gma_stream_t str
   uint64_t id;
   gma_status_t st = p->dev->ops->stream_id(p->dev, stream, &id);
   if (st != GMA_OK) return st;
-  pthread_mutex_lock(&p->lock);
+  gma__lock(&p->lock, GMA__RANK_POOL);
   gma__block_t *b = live_block(p, (uintptr_t)ptr);
   if (!b) { /* an interior pointer: inside the bytes asked for, not gma's rounding */
     b = block_containing(p, (uintptr_t)ptr);
@@ -188,13 +189,13 @@ gma_status_t gma__pool_record_stream(gma__pool_t *p, void *ptr, gma_stream_t str
   } else if (!add_gate(b, u)) {
     st = gma__set_error(GMA_ERR_OOM, "host memory for record_stream");
   }
-  pthread_mutex_unlock(&p->lock);
+  gma__unlock(&p->lock);
   return st;
 }
 
 gma_status_t gma__pool_free_after(gma__pool_t *p, void *ptr, gma__stream_t *const *streams,
                                   size_t n) {
-  pthread_mutex_lock(&p->lock);
+  gma__lock(&p->lock, GMA__RANK_POOL);
   gma__block_t *b = live_block(p, (uintptr_t)ptr);
   uint8_t live = GMA__LIVE;
   gma_status_t st = GMA_OK;
@@ -211,23 +212,23 @@ gma_status_t gma__pool_free_after(gma__pool_t *p, void *ptr, gma__stream_t *cons
     p->c.arena_frees++;
   }
   GMA__VALIDATE(p);
-  pthread_mutex_unlock(&p->lock);
+  gma__unlock(&p->lock);
   return st;
 }
 
 void gma__pool_settle(gma__pool_t *p, uint64_t deadline_ns) {
   gma__event_t evs[GMA__OOM_WAIT_EVENTS];
   for (;;) {
-    pthread_mutex_lock(&p->lock);
+    gma__lock(&p->lock, GMA__RANK_POOL);
     gma__streams_poll(p, true);
     size_t n = gma__now_ns() < deadline_ns ? gma__streams_wait_begin(p, evs, GMA__OOM_WAIT_EVENTS)
                                            : 0;
-    pthread_mutex_unlock(&p->lock);
+    gma__unlock(&p->lock);
     if (!n) return;
     gma__streams_wait_any(p, evs, n, deadline_ns);
-    pthread_mutex_lock(&p->lock);
+    gma__lock(&p->lock, GMA__RANK_POOL);
     gma__streams_wait_end(p);
-    pthread_mutex_unlock(&p->lock);
+    gma__unlock(&p->lock);
   }
 }
 

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "base/round.h"
+#include "base/lock.h"
 #include "base/sizeclass.h"
 #include "core/internal.h"
 
@@ -195,12 +196,12 @@ bool gma__oom_wait(gma__pool_t *p, gma__oom_waiting_t *w, uint64_t need) {
     return false;
   }
   p->c.oom_waits += w->rounds++ == 0; /* one per call that waited */
-  pthread_mutex_unlock(&p->lock);
+  gma__unlock(&p->lock);
   /* 0: the deadline; the next call says so. */
   int got = gma__streams_wait_any(p, evs, n, deadline);
   char why[sizeof p->last_device_error];
   if (got < 0) snprintf(why, sizeof why, "%s", gma__error_detail(gma_last_error()));
-  pthread_mutex_lock(&p->lock);
+  gma__lock(&p->lock, GMA__RANK_POOL);
   if (got < 0) gma__pool_device_error(p, why);
   gma__streams_wait_end(p);
   (void)gma__release_free_segments(p, need);
@@ -215,15 +216,15 @@ void gma__pool_device_error(gma__pool_t *p, const char *said) {
 }
 
 void gma__pool_oom_count(gma__pool_t *p, size_t requested, gma_stream_t stream) {
-  pthread_mutex_lock(&p->lock);
+  gma__lock(&p->lock, GMA__RANK_POOL);
   count_oom(p, requested, stream, gma__round_up(requested, GMA__ROUND));
-  pthread_mutex_unlock(&p->lock);
+  gma__unlock(&p->lock);
 }
 
 gma_status_t gma__pool_oom_report(gma__pool_t *p, uint64_t bytes, gma_stream_t stream) {
-  pthread_mutex_lock(&p->lock);
+  gma__lock(&p->lock, GMA__RANK_POOL);
   gma_status_t st =
       gma__oom_error(p, gma__round_up(bytes, GMA__ROUND), (size_t)bytes, stream, GMA__ALLOC_FUTURE, NULL);
-  pthread_mutex_unlock(&p->lock);
+  gma__unlock(&p->lock);
   return st;
 }

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "base/lock.h"
 
 void gma__stat_add(gma_stat_t *s, uint64_t bytes) {
   s->current += bytes;
@@ -149,7 +150,7 @@ static double fragmentation(const gma__pool_t *p) {
 void gma__pool_stats(gma__pool_t *p, gma_stats_t *out) {
   gma_stats_t st;
   memset(&st, 0, sizeof st);
-  pthread_mutex_lock(&p->lock);
+  gma__lock(&p->lock, GMA__RANK_POOL);
 #if GMA_DEBUG >= 1
   GMA__ASSERT(gma__pool_is_valid(p));
 #endif
@@ -193,7 +194,7 @@ void gma__pool_stats(gma__pool_t *p, gma_stats_t *out) {
   st.worker_wakeups = c->worker_wakeups;
   st.pressure_level = c->pressure_level;
   st.fragmentation = fragmentation(p);
-  pthread_mutex_unlock(&p->lock);
+  gma__unlock(&p->lock);
   /* Copy only what the caller's (possibly older, smaller) struct holds. */
   size_t n = out->size < sizeof st ? out->size : sizeof st;
   st.size = out->size;
@@ -203,10 +204,10 @@ void gma__pool_stats(gma__pool_t *p, gma_stats_t *out) {
 gma_status_t gma__pool_stream_stats(gma__pool_t *p, gma_stream_t stream, gma_stream_stats_t *out) {
   gma_stream_stats_t st;
   memset(&st, 0, sizeof st);
-  pthread_mutex_lock(&p->lock);
+  gma__lock(&p->lock, GMA__RANK_POOL);
   gma__stream_t *s = gma__stream_find(p, stream);
   if (!s) {
-    pthread_mutex_unlock(&p->lock);
+    gma__unlock(&p->lock);
     return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
                           "gma_stream_stats(%p): gma has no record of this stream (never used "
                           "with gma, or retired)",
@@ -223,7 +224,7 @@ gma_status_t gma__pool_stream_stats(gma__pool_t *p, gma_stream_t stream, gma_str
   st.cached_bytes = s->cached_bytes + (V(t.bin_in) - V(t.bin_out));
   st.epoch = gma__load_relaxed(&s->epoch);
   st.safe_epoch = s->safe_epoch;
-  pthread_mutex_unlock(&p->lock);
+  gma__unlock(&p->lock);
   size_t n = out->size < sizeof st ? out->size : sizeof st;
   st.size = out->size;
   memcpy(out, &st, n);

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "core/internal.h"
+#include "base/lock.h"
 #include "base/tsan.h"
 
 /* An event to record on s: from the spare pool, or made for s when s is of
@@ -397,13 +398,13 @@ bool gma__stream_was_retired(gma__pool_t *p, gma_stream_t handle, uint64_t id) {
    * thread), whose record was retired at that thread's exit. */
   if ((uintptr_t)handle <= 2) return false;
   bool retired = false;
-  pthread_mutex_lock(&p->lock);
+  gma__lock(&p->lock, GMA__RANK_POOL);
   gma__stream_t *live = gma__stream_find(p, handle);
   if (!live || live->id != id) /* used again since the retire: a live record */
     for (int l = 0; l < 2 && !retired; l++)
       for (gma__stream_t *s = l ? p->graveyard : p->stream_list; s && !retired; s = s->next_all)
         retired = s->id == id && gma__load_relaxed(&s->retired);
-  pthread_mutex_unlock(&p->lock);
+  gma__unlock(&p->lock);
   return retired;
 }
 
@@ -472,8 +473,8 @@ void gma__streams_fini(gma__pool_t *p) {
 }
 
 void gma__pool_stream_rescue(gma__pool_t *p, gma__stream_t *s) {
-  pthread_mutex_lock(&p->lock);
+  gma__lock(&p->lock, GMA__RANK_POOL);
   gma__stream_rescue(p, s);
   GMA__VALIDATE(p);
-  pthread_mutex_unlock(&p->lock);
+  gma__unlock(&p->lock);
 }

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "base/lock.h"
 #include "core/table.h"
 
 static _Atomic uint64_t next_thread_id = 1;
@@ -100,9 +101,10 @@ static bool exit_key_ok; /* pthread_key_create worked; never arm a key we do not
 static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
 static GMA__TLS bool exit_armed;
 
-static void pools_prefork(void) { pthread_mutex_lock(&pools_mu); }
-static void pools_postfork_parent(void) { pthread_mutex_unlock(&pools_mu); }
+static void pools_prefork(void) { gma__lock(&pools_mu, GMA__RANK_POOLS); }
+static void pools_postfork_parent(void) { gma__unlock(&pools_mu); }
 static void pools_postfork_child(void) {
+  gma__lock_forget(&pools_mu);
   pthread_mutex_init(&pools_mu, NULL);
   pools = NULL;
 }
@@ -115,7 +117,7 @@ static void thread_exit_hook(void *unused) {
   exit_armed = false;
   if (gma__tl_thread_id == 0) return;
   uintptr_t key = (uintptr_t)(gma__tl_thread_id << 4) | 2;
-  pthread_mutex_lock(&pools_mu);
+  gma__lock(&pools_mu, GMA__RANK_POOLS);
   for (gma__pool_t *p = pools; p; p = p->next_pool) {
     if (!gma__stable_lookup(p, key)) continue;
     /* The device's id of this thread's stream now: if it is not the
@@ -123,13 +125,13 @@ static void thread_exit_hook(void *unused) {
      * recorded on it (the record is orphaned, as for a recycled handle). */
     uint64_t id = 0;
     bool gone = p->dev->ops->stream_id(p->dev, GMA_STREAM_PER_THREAD, &id) != GMA_OK;
-    pthread_mutex_lock(&p->lock);
+    gma__lock(&p->lock, GMA__RANK_POOL);
     gma__stream_t *s = gma__stable_lookup(p, key);
     if (s && !gma__load_relaxed(&s->retired)) gma__stream_retire(p, s, gone || id != s->id);
     GMA__VALIDATE(p);
-    pthread_mutex_unlock(&p->lock);
+    gma__unlock(&p->lock);
   }
-  pthread_mutex_unlock(&pools_mu);
+  gma__unlock(&pools_mu);
 }
 
 static void exit_key_make(void) {
@@ -139,22 +141,22 @@ static void exit_key_make(void) {
 
 void gma__pools_add(gma__pool_t *p) {
   pthread_once(&exit_once, exit_key_make);
-  pthread_mutex_lock(&pools_mu);
+  gma__lock(&pools_mu, GMA__RANK_POOLS);
   p->next_pool = pools;
   pools = p;
   p->listed = true;
-  pthread_mutex_unlock(&pools_mu);
+  gma__unlock(&pools_mu);
 }
 
 void gma__pools_remove(gma__pool_t *p) {
-  pthread_mutex_lock(&pools_mu);
+  gma__lock(&pools_mu, GMA__RANK_POOLS);
   for (gma__pool_t **link = &pools; *link; link = &(*link)->next_pool)
     if (*link == p) {
       *link = p->next_pool;
       break;
     }
   p->listed = false;
-  pthread_mutex_unlock(&pools_mu);
+  gma__unlock(&pools_mu);
 }
 
 static _Atomic uint64_t next_serial = 1;
@@ -229,10 +231,10 @@ gma__tcount_t *gma__tcount_slow(gma__pool_t *p, gma__stream_t *s) {
     if (!c) abort(); /* 128 bytes once per thread and stream */
     memset(c, 0, sizeof *c);
     c->owner_tid = tid;
-    pthread_mutex_lock(&p->count_lock);
+    gma__lock(&p->count_lock, GMA__RANK_POOL_COUNT);
     c->next = gma__load_relaxed(&s->counts);
     gma__store_release(&s->counts, c); /* pairs with the acquire walk above */
-    pthread_mutex_unlock(&p->count_lock);
+    gma__unlock(&p->count_lock);
   }
   *slot = (gma__tl_count_t){s, s->serial, c};
   return c;

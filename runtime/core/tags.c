@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "base/lock.h"
 
 /* The length of the UTF-8 sequence at s (at most left bytes), or 0 when it
  * is not one: a stray continuation byte, a truncated or overlong sequence,
@@ -48,7 +49,7 @@ int gma__tag_intern(gma__pool_t *p, const char *tag) {
   uint32_t n = gma__load_acquire(&p->ntags);
   for (uint32_t i = 1; i <= n; i++)
     if (strcmp(p->tag_names[i], tag) == 0) return (int)i;
-  pthread_mutex_lock(&p->lock);
+  gma__lock(&p->lock, GMA__RANK_POOL);
   n = gma__load_relaxed(&p->ntags);
   int id = -1;
   for (uint32_t i = 1; i <= n && id < 0; i++)
@@ -58,7 +59,7 @@ int gma__tag_intern(gma__pool_t *p, const char *tag) {
     memcpy(p->tag_names[id], tag, len + 1);
     gma__store_release(&p->ntags, n + 1);
   }
-  pthread_mutex_unlock(&p->lock);
+  gma__unlock(&p->lock);
   if (id < 0)
     gma__set_error(GMA_ERR_INVALID_ARGUMENT, "tag '%s': this allocator already has %u tags, the "
                    "most it keeps; reuse tags", tag, GMA__MAX_TAGS - 1);

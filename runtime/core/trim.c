@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "base/round.h"
+#include "base/lock.h"
 #include "base/sizeclass.h"
 #include "core/internal.h"
 
@@ -47,9 +48,9 @@ static uint64_t give_back_unlocked(gma__pool_t *p, gma__span_t *out, size_t n) {
   p->leaving += leaving;
   GMA__VALIDATE(p);
   bool unlock = !p->keep_lock;
-  if (unlock) pthread_mutex_unlock(&p->lock);
+  if (unlock) gma__unlock(&p->lock);
   for (size_t i = 0; i < n; i++) p->src->ops->give_back(p->src, &out[i]);
-  if (unlock) pthread_mutex_lock(&p->lock);
+  if (unlock) gma__lock(&p->lock, GMA__RANK_POOL);
   for (size_t i = 0; i < n; i++) {
     p->src->ops->settle(p->src, &out[i]);
     p->c.device_frees += out[i].calls;
@@ -207,7 +208,7 @@ static void trim_count(gma__pool_t *p, const gma__release_t *r, uint64_t freed,
 }
 
 gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r) {
-  pthread_mutex_lock(&p->lock);
+  gma__lock(&p->lock, GMA__RANK_POOL);
   gma__streams_poll(p, true);
   gma__stats_sample(p);
   /* Detach the chosen free segments under the lock; give them back after
@@ -227,7 +228,7 @@ gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r) {
   uint64_t leaving = sizeof_spans(spans, nr), ordinary = sizeof_spans(out, n);
   p->leaving += leaving + ordinary;
   GMA__VALIDATE(p);
-  pthread_mutex_unlock(&p->lock);
+  gma__unlock(&p->lock);
   gma_status_t st = GMA_OK;
   uint64_t freed = 0, freed_idle = 0;
   for (size_t i = 0; i < nr; i++) {
@@ -235,7 +236,7 @@ gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r) {
     if (spans[i].done < spans[i].size) st = GMA_ERR_DEVICE; /* message kept */
     if (i < nr_idle) freed_idle += spans[i].done;
   }
-  pthread_mutex_lock(&p->lock);
+  gma__lock(&p->lock, GMA__RANK_POOL);
   /* The ordinary segments (give_back_unlocked counts them as leaving while
    * the lock is dropped again); the first n_idle were taken as idle. */
   p->leaving -= ordinary;
@@ -252,7 +253,7 @@ gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r) {
   p->leaving -= leaving;
   if (leaving) pthread_cond_broadcast(&p->settled);
   trim_count(p, r, freed, freed_idle);
-  pthread_mutex_unlock(&p->lock);
+  gma__unlock(&p->lock);
   free(out);
   return st;
 }
@@ -264,7 +265,7 @@ gma_status_t gma__pool_trim(gma__pool_t *p, uint64_t keep) {
 
 gma_status_t gma__pool_grow_ahead(gma__pool_t *p, uint64_t want_free) {
   gma_status_t st = GMA_OK;
-  pthread_mutex_lock(&p->lock);
+  gma__lock(&p->lock, GMA__RANK_POOL);
   if (p->c.free < want_free) {
     gma__block_t *b;
     uint64_t size = p->segment_size[GMA__LARGE];
@@ -274,7 +275,7 @@ gma_status_t gma__pool_grow_ahead(gma__pool_t *p, uint64_t want_free) {
     if (st == GMA_OK) p->c.grows_worker++;
   }
   GMA__VALIDATE(p);
-  pthread_mutex_unlock(&p->lock);
+  gma__unlock(&p->lock);
   return st;
 }
 

@@ -7,11 +7,10 @@
  * Segment memory comes from the pool's segment source (source.h), which
  * deals only in address ranges; everything built over them is here.
  *
- * Lock order (the whole of it): the process-wide list of pools (cache/stream_cache.c,
- * taken only when a thread exits), then gma__pool_t.lock, then
- * gma__pool_t.count_lock or gma__pool_t.trace_mu (gma_trace_start writes
- * the pool's state under the lock, then publishes the trace under
- * trace_mu), then a trace's own locks (trace.c).
+ * Locks: gma__pool_t.lock, then count_lock or trace_mu, in the rank order
+ * of base/lock.h (the one list of the runtime's locks, checked in debug
+ * builds). gma_trace_start writes the pool's state under the lock, then
+ * publishes the trace under trace_mu.
  * Device calls are made while holding the pool lock; device backends take
  * only their own internal locks and never call back. The lock-free paths
  * (stream_cache.c) take no lock when a bin can serve them.

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "device/device.h"
+#include "base/lock.h"
 #include "base/atomics.h"
 
 #ifndef GMA_HAVE_CUDA
@@ -366,22 +367,22 @@ static uint64_t ids_lookup(cuda_device_t *dev, gma_stream_t stream, uint64_t r) 
     ids_ptds[k].dev = dev;
     return ids_resolve(&ids_ptds[k].e, r);
   }
-  pthread_mutex_lock(&ids_lock);
+  gma__lock(&ids_lock, GMA__RANK_CUDA_IDS);
   id_entry_t *e = h < 2 ? &dev->legacy : ids_entry(h);
   uint64_t id = e ? ids_resolve(e, r) : r;
-  pthread_mutex_unlock(&ids_lock);
+  gma__unlock(&ids_lock);
   return id;
 }
 
 static gma_status_t cuda_stream_destroy(gma__device_t *d, gma_stream_t stream) {
   CU_STREAM_CALL(cuda_of(d), stream, "cuStreamDestroy", gma__cuda_drv.cuStreamDestroy((CUstream)stream));
   if ((uintptr_t)stream > 2) {
-    pthread_mutex_lock(&ids_lock);
+    gma__lock(&ids_lock, GMA__RANK_CUDA_IDS);
     if (ids_cap) {
       id_slot_t *sl = &ids[ids_slot(ids, ids_cap, (uintptr_t)stream)];
       if (sl->handle) sl->e = (id_entry_t){0, 0};
     }
-    pthread_mutex_unlock(&ids_lock);
+    gma__unlock(&ids_lock);
   }
   return GMA_OK;
 }

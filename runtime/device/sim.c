@@ -28,6 +28,7 @@
 #include <time.h>
 
 #include "device/sim_internal.h"
+#include "base/lock.h"
 
 /* ---------------------------------------------------------------------------
  * An intrusive chained hash table from uintptr_t keys to links embedded as the
@@ -164,12 +165,12 @@ static void sim_destroy(gma__device_t *d) {
   sim_device_t *dev = sim_of(d);
   gma__sim_live_t left;
   gma__sim_live(d, &left);
-  pthread_mutex_lock(&plan_mu);
+  gma__lock(&plan_mu, GMA__RANK_SIM_PLAN);
   last_leftovers = left;
   for (int i = 0; i < GMA__SIM_NSITES; i++)
     last_calls[i] = gma__load_relaxed(&dev->site_calls[i]);
-  pthread_mutex_unlock(&plan_mu);
-  pthread_mutex_lock(&dev->streams_mu);
+  gma__unlock(&plan_mu);
+  gma__lock(&dev->streams_mu, GMA__RANK_SIM_STREAMS);
   /* The per-thread streams are dropped from the table while still alive; the
    * table's links live in the streams, which free themselves below. */
   while (gma__sim_table_pop(&dev->ptds)) {
@@ -177,7 +178,7 @@ static void sim_destroy(gma__device_t *d) {
   for (sim_stream_t *s = dev->all; s; s = s->all_next) gma__sim_stream_stop(s);
   while (dev->threads > 0) pthread_cond_wait(&dev->streams_cv, &dev->streams_mu);
   SIM_ASSERT(dev->all == NULL);
-  pthread_mutex_unlock(&dev->streams_mu);
+  gma__unlock(&dev->streams_mu);
   for (sim_chunk_t *c = gma__load_relaxed(&dev->chunks), *next; c;
        c = next) {
     next = c->next;
@@ -213,22 +214,22 @@ static void sim_destroy(gma__device_t *d) {
 static void sim_forget(gma__device_t *d) {
   sim_device_t *dev = sim_of(d);
   sim_link_t *l;
-  if (pthread_mutex_trylock(&dev->mem_mu) == 0) {
+  if (gma__trylock(&dev->mem_mu, GMA__RANK_SIM_MEM)) {
     gma__sim_release_memory(dev);
-    pthread_mutex_unlock(&dev->mem_mu);
+    gma__unlock(&dev->mem_mu);
   }
-  bool ev = pthread_mutex_trylock(&dev->ev_mu) == 0; /* marks of queued ops may be freed */
-  if (pthread_mutex_trylock(&dev->streams_mu) == 0) {
+  bool ev = gma__trylock(&dev->ev_mu, GMA__RANK_SIM_EVENTS); /* marks of queued ops may be freed */
+  if (gma__trylock(&dev->streams_mu, GMA__RANK_SIM_STREAMS)) {
     for (sim_stream_t *s = dev->all, *next; s; s = next) {
       next = s->all_next;
-      if (pthread_mutex_trylock(&s->mu) != 0) continue; /* its queue was changing: leaked */
+      if (!gma__trylock(&s->mu, GMA__RANK_SIM_STREAM)) continue; /* its queue was changing: leaked */
       if (s->running) s->running->next = s->head; /* its thread was running it: ours now */
       for (sim_op_t *op = s->running ? s->running : s->head, *onext; op; op = onext) {
         onext = op->next;
         if (ev) gma__sim_mark_unref(op->mark);
         free(op);
       }
-      pthread_mutex_unlock(&s->mu);
+      gma__unlock(&s->mu);
       free(s);
     }
     for (sim_chunk_t *c = gma__load_relaxed(&dev->chunks), *next; c;
@@ -237,7 +238,7 @@ static void sim_forget(gma__device_t *d) {
       free(c);
     }
     free(dev->ptds.buckets); /* its links are in the streams */
-    pthread_mutex_unlock(&dev->streams_mu);
+    gma__unlock(&dev->streams_mu);
   }
   if (ev) {
     while ((l = gma__sim_table_pop(&dev->events))) {
@@ -245,7 +246,7 @@ static void sim_forget(gma__device_t *d) {
       free(l);
     }
     free(dev->events.buckets);
-    pthread_mutex_unlock(&dev->ev_mu);
+    gma__unlock(&dev->ev_mu);
   }
   free(dev);
 }
@@ -310,7 +311,7 @@ gma_status_t gma__sim_create(const gma_config_t *config, gma__device_t **out) {
   dev->serial = gma__faa_relaxed(&sim_next_serial, 1);
   gma__atomic_init(&dev->alloc_calls, 0);
   gma__atomic_init(&dev->event_calls, 0);
-  pthread_mutex_lock(&plan_mu); /* the plan for devices created from now on */
+  gma__lock(&plan_mu, GMA__RANK_SIM_PLAN); /* the plan for devices created from now on */
   for (int i = 0; i < GMA__SIM_NSITES; i++) {
     gma__atomic_init(&dev->site_calls[i], 0);
     gma__atomic_init(&dev->site_nth[i], plan_nth[i]);
@@ -318,7 +319,7 @@ gma_status_t gma__sim_create(const gma_config_t *config, gma__device_t **out) {
   }
   /* Release pairs with gma__sim_site_fault's acquire (the settings above before it). */
   gma__store_release(&dev->counting, plan_on);
-  pthread_mutex_unlock(&plan_mu);
+  gma__unlock(&plan_mu);
   gma__atomic_init(&dev->chunks, NULL);
   pthread_mutex_init(&dev->mem_mu, NULL);
   pthread_mutex_init(&dev->streams_mu, NULL);
@@ -352,13 +353,13 @@ void gma__sim_fault(gma__device_t *d, gma__sim_site_t site, uint64_t nth, gma_st
   int lo = site == GMA__SIM_NSITES ? 0 : (int)site;
   int hi = site == GMA__SIM_NSITES ? GMA__SIM_NSITES : (int)site + 1;
   if (!d) {
-    pthread_mutex_lock(&plan_mu);
+    gma__lock(&plan_mu, GMA__RANK_SIM_PLAN);
     for (int i = lo; i < hi; i++) {
       plan_nth[i] = nth;
       plan_status[i] = status;
     }
     plan_on = !(site == GMA__SIM_NSITES && nth == 0);
-    pthread_mutex_unlock(&plan_mu);
+    gma__unlock(&plan_mu);
     return;
   }
   sim_device_t *dev = sim_of(d);
@@ -373,9 +374,9 @@ void gma__sim_fault(gma__device_t *d, gma__sim_site_t site, uint64_t nth, gma_st
 uint64_t gma__sim_calls(gma__device_t *d, gma__sim_site_t site) {
   if (site >= GMA__SIM_NSITES) return 0;
   if (!d) {
-    pthread_mutex_lock(&plan_mu);
+    gma__lock(&plan_mu, GMA__RANK_SIM_PLAN);
     uint64_t n = last_calls[site];
-    pthread_mutex_unlock(&plan_mu);
+    gma__unlock(&plan_mu);
     return n;
   }
   if (!is_sim(d)) return 0;
@@ -384,23 +385,23 @@ uint64_t gma__sim_calls(gma__device_t *d, gma__sim_site_t site) {
 
 void gma__sim_live(gma__device_t *d, gma__sim_live_t *out) {
   if (!d) {
-    pthread_mutex_lock(&plan_mu);
+    gma__lock(&plan_mu, GMA__RANK_SIM_PLAN);
     *out = last_leftovers;
-    pthread_mutex_unlock(&plan_mu);
+    gma__unlock(&plan_mu);
     return;
   }
   *out = (gma__sim_live_t){0};
   if (!is_sim(d)) return;
   sim_device_t *dev = sim_of(d);
-  pthread_mutex_lock(&dev->mem_mu);
+  gma__lock(&dev->mem_mu, GMA__RANK_SIM_MEM);
   out->device_bytes = dev->used - dev->reserving;
   out->host_bytes = dev->host_bytes;
   out->reservations = dev->reserves.count;
-  pthread_mutex_unlock(&dev->mem_mu);
-  pthread_mutex_lock(&dev->ev_mu);
+  gma__unlock(&dev->mem_mu);
+  gma__lock(&dev->ev_mu, GMA__RANK_SIM_EVENTS);
   out->events = dev->events.count;
-  pthread_mutex_unlock(&dev->ev_mu);
-  pthread_mutex_lock(&dev->streams_mu);
+  gma__unlock(&dev->ev_mu);
+  gma__lock(&dev->streams_mu, GMA__RANK_SIM_STREAMS);
   out->streams = dev->user_streams;
-  pthread_mutex_unlock(&dev->streams_mu);
+  gma__unlock(&dev->streams_mu);
 }

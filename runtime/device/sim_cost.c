@@ -1,6 +1,7 @@
 /* The presets of the simulated device's cost model and its clock (see
  * sim_cost.h; the figures' sources are in docs/gpu/cost-model.md). */
 #include "device/sim_cost.h"
+#include "base/lock.h"
 #include "base/atomics.h"
 #include "base/clock.h"
 
@@ -96,9 +97,9 @@ void gma__sim_cost_pay(const gma__sim_costs_t *c, gma__sim_cost_op_t op, uint64_
     gma__sim_spin_ns(ns);
     return;
   }
-  pthread_mutex_lock(&driver_lock);
+  gma__lock(&driver_lock, GMA__RANK_SIM_DRIVER);
   gma__sim_spin_ns(ns);
-  pthread_mutex_unlock(&driver_lock);
+  gma__unlock(&driver_lock);
 }
 
 uint64_t gma__sim_cost_thread_calls(void) { return thread_calls; }

@@ -10,6 +10,7 @@
  * reference marks, never the event, so destroying an event with queued ops is
  * safe. ev_mu guards the events and their marks. */
 #include "device/sim_internal.h"
+#include "base/lock.h"
 
 /* ---------------------------------------------------------------------------
  * Events
@@ -42,9 +43,9 @@ gma_status_t gma__sim_event_create(gma__device_t *d, gma__event_t *out) {
   sim_event_t *ev = calloc(1, sizeof *ev);
   if (!ev) return gma__set_error(GMA_ERR_DEVICE, "the simulated device ran out of host memory for an event");
   ev->link.key = (uintptr_t)ev;
-  pthread_mutex_lock(&dev->ev_mu);
+  gma__lock(&dev->ev_mu, GMA__RANK_SIM_EVENTS);
   gma__sim_table_insert(&dev->events, &ev->link);
-  pthread_mutex_unlock(&dev->ev_mu);
+  gma__unlock(&dev->ev_mu);
   *out = ev;
   return GMA_OK;
 }
@@ -55,14 +56,14 @@ gma_status_t gma__sim_event_destroy(gma__device_t *d, gma__event_t h) {
   sim_pay(dev, GMA__SIM_COST_EVENT_DESTROY, 0);
   gma_status_t fst = gma__sim_site_fault(dev, GMA__SIM_EVENT_DESTROY);
   if (fst != GMA_OK) return fst;
-  pthread_mutex_lock(&dev->ev_mu);
+  gma__lock(&dev->ev_mu, GMA__RANK_SIM_EVENTS);
   sim_event_t *ev = gma__sim_event_find(dev, h);
   if (ev) {
     gma__sim_table_remove(&dev->events, ev->link.key);
     gma__sim_mark_unref(ev->last);
     free(ev);
   }
-  pthread_mutex_unlock(&dev->ev_mu);
+  gma__unlock(&dev->ev_mu);
   return ev ? GMA_OK : GMA_ERR_INVALID_ARGUMENT;
 }
 
@@ -75,10 +76,10 @@ gma_status_t gma__sim_event_query(gma__device_t *d, gma__event_t h, bool *done) 
   if (st != GMA_OK) return st;
   if (!done) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "the simulated device was asked to query an event without a place for the answer");
   gma__sim_spin_ns(dev->event_ns);
-  pthread_mutex_lock(&dev->ev_mu);
+  gma__lock(&dev->ev_mu, GMA__RANK_SIM_EVENTS);
   sim_event_t *ev = gma__sim_event_find(dev, h);
   if (ev) *done = !ev->last || ev->last->done;
-  pthread_mutex_unlock(&dev->ev_mu);
+  gma__unlock(&dev->ev_mu);
   return ev ? GMA_OK : GMA_ERR_INVALID_ARGUMENT;
 }
 
@@ -90,7 +91,7 @@ gma_status_t gma__sim_event_synchronize(gma__device_t *d, gma__event_t h) {
   sim_pay(dev, GMA__SIM_COST_EVENT_SYNCHRONIZE, 0);
   if (st == GMA_OK) st = gma__sim_site_fault(dev, GMA__SIM_EVENT_SYNCHRONIZE);
   if (st != GMA_OK) return st;
-  pthread_mutex_lock(&dev->ev_mu);
+  gma__lock(&dev->ev_mu, GMA__RANK_SIM_EVENTS);
   sim_event_t *ev = gma__sim_event_find(dev, h);
   sim_mark_t *m = ev ? ev->last : NULL;
   if (m) {
@@ -100,7 +101,7 @@ gma_status_t gma__sim_event_synchronize(gma__device_t *d, gma__event_t h) {
     while (!m->done) pthread_cond_wait(&dev->ev_cv, &dev->ev_mu);
     gma__sim_mark_unref(m);
   }
-  pthread_mutex_unlock(&dev->ev_mu);
+  gma__unlock(&dev->ev_mu);
   return ev ? GMA_OK : GMA_ERR_INVALID_ARGUMENT;
 }
 

@@ -2,8 +2,8 @@
  * their invariants, and the functions its files share. Nothing outside the
  * simulated device includes it (device.h is the boundary).
  *
- * Lock order: dev->streams_mu before stream->mu before dev->ev_mu. dev->mem_mu
- * is a leaf. A stream thread holds no lock while it runs an op, so a kernel
+ * Locks, in base/lock.h's rank order: dev->streams_mu, a stream's mu,
+ * dev->ev_mu, dev->mem_mu. A stream thread holds no lock while it runs an op, so a kernel
  * may call into the device. */
 #ifndef GMA_DEVICE_SIM_INTERNAL_H
 #define GMA_DEVICE_SIM_INTERNAL_H

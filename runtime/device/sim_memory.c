@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 
 #include "device/sim_internal.h"
+#include "base/lock.h"
 
 /* ---------------------------------------------------------------------------
  * Memory
@@ -49,14 +50,14 @@ gma_status_t gma__sim_mem_alloc(gma__device_t *d, uint64_t size, uintptr_t *out)
   if (!a) return gma__set_error(GMA_ERR_DEVICE, "the simulated device ran out of host memory for an allocation record");
   /* Capacity is reserved before mmap and given back on failure, so two
    * concurrent allocations can never both fit into the same free bytes. */
-  pthread_mutex_lock(&dev->mem_mu);
+  gma__lock(&dev->mem_mu, GMA__RANK_SIM_MEM);
   uint64_t used = dev->used;
   bool fits = size <= dev->capacity - used;
   if (fits) {
     dev->used += size;
     dev->reserving += size;
   }
-  pthread_mutex_unlock(&dev->mem_mu);
+  gma__unlock(&dev->mem_mu);
   if (!fits) {
     free(a);
     return gma__set_error(GMA_ERR_OOM,
@@ -70,7 +71,7 @@ gma_status_t gma__sim_mem_alloc(gma__device_t *d, uint64_t size, uintptr_t *out)
                             : mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE,
                                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   int err = errno;
-  pthread_mutex_lock(&dev->mem_mu);
+  gma__lock(&dev->mem_mu, GMA__RANK_SIM_MEM);
   dev->reserving -= size;
   if (p == MAP_FAILED) {
     dev->used -= size;
@@ -81,7 +82,7 @@ gma_status_t gma__sim_mem_alloc(gma__device_t *d, uint64_t size, uintptr_t *out)
     gma__sim_table_insert(&dev->allocs, &a->link);
   }
   SIM_MEM_CHECK(dev);
-  pthread_mutex_unlock(&dev->mem_mu);
+  gma__unlock(&dev->mem_mu);
   if (p == MAP_FAILED) {
     free(a);
     return gma__set_error(GMA_ERR_OOM, "the simulated device could not map %llu bytes of host memory: %s",
@@ -101,10 +102,10 @@ gma_status_t gma__sim_mem_free(gma__device_t *d, uintptr_t addr, uint64_t size) 
   sim_pay(dev, GMA__SIM_COST_MEM_FREE, size);
   gma_status_t fst = gma__sim_site_fault(dev, GMA__SIM_MEM_FREE);
   if (fst != GMA_OK) return fst;
-  pthread_mutex_lock(&dev->mem_mu);
+  gma__lock(&dev->mem_mu, GMA__RANK_SIM_MEM);
   sim_alloc_t *a = (sim_alloc_t *)gma__sim_table_find(&dev->allocs, addr);
   if (a && a->vm) {
-    pthread_mutex_unlock(&dev->mem_mu);
+    gma__unlock(&dev->mem_mu);
     return gma__set_error(GMA_ERR_DEVICE,
                           "the simulated device cannot free 0x%llx as an allocation: it is a mapping of a "
                           "growable segment",
@@ -116,7 +117,7 @@ gma_status_t gma__sim_mem_free(gma__device_t *d, uintptr_t addr, uint64_t size) 
     dev->used -= size;
   }
   SIM_MEM_CHECK(dev);
-  pthread_mutex_unlock(&dev->mem_mu);
+  gma__unlock(&dev->mem_mu);
   if (!a) {
     return gma__set_error(GMA_ERR_DEVICE,
                           "the simulated device cannot free 0x%llx (%llu bytes): not a live device "
@@ -141,9 +142,9 @@ gma_status_t gma__sim_mem_info(gma__device_t *d, uint64_t *free_bytes, uint64_t 
   sim_pay(dev, GMA__SIM_COST_MEM_INFO, 0);
   gma_status_t fst = gma__sim_site_fault(dev, GMA__SIM_MEM_INFO);
   if (fst != GMA_OK) return fst;
-  pthread_mutex_lock(&dev->mem_mu);
+  gma__lock(&dev->mem_mu, GMA__RANK_SIM_MEM);
   uint64_t used = dev->used;
-  pthread_mutex_unlock(&dev->mem_mu);
+  gma__unlock(&dev->mem_mu);
   if (free_bytes) *free_bytes = dev->capacity - used;
   if (total_bytes) *total_bytes = dev->capacity;
   return GMA_OK;
@@ -197,9 +198,9 @@ gma_status_t gma__sim_vm_reserve(gma__device_t *d, uint64_t size, uintptr_t *out
   r->link.key = base;
   r->size = size;
   r->mapped = mapped;
-  pthread_mutex_lock(&dev->mem_mu);
+  gma__lock(&dev->mem_mu, GMA__RANK_SIM_MEM);
   gma__sim_table_insert(&dev->reserves, &r->link);
-  pthread_mutex_unlock(&dev->mem_mu);
+  gma__unlock(&dev->mem_mu);
   *out = base;
   return GMA_OK;
 }
@@ -221,11 +222,11 @@ gma_status_t gma__sim_vm_release(gma__device_t *d, uintptr_t addr, uint64_t size
   sim_pay(dev, GMA__SIM_COST_VM_RELEASE, 0);
   gma_status_t fst = gma__sim_site_fault(dev, GMA__SIM_VM_RELEASE);
   if (fst != GMA_OK) return fst;
-  pthread_mutex_lock(&dev->mem_mu);
+  gma__lock(&dev->mem_mu, GMA__RANK_SIM_MEM);
   sim_reserve_t *r = (sim_reserve_t *)gma__sim_table_find(&dev->reserves, addr);
   bool ok = r && r->size == size && r->nmapped == 0;
   if (ok) gma__sim_table_remove(&dev->reserves, addr);
-  pthread_mutex_unlock(&dev->mem_mu);
+  gma__unlock(&dev->mem_mu);
   if (!ok)
     return gma__set_error(GMA_ERR_DEVICE,
                           "the simulated device cannot release the range 0x%llx (%llu bytes): %s", (unsigned long long)addr,
@@ -259,7 +260,7 @@ gma_status_t gma__sim_vm_map(gma__device_t *d, uintptr_t addr, uint64_t size, ui
                           (unsigned long long)size, (unsigned long long)addr);
   sim_alloc_t *a = calloc(1, sizeof *a);
   if (!a) return gma__set_error(GMA_ERR_DEVICE, "the simulated device ran out of host memory for a mapping record");
-  pthread_mutex_lock(&dev->mem_mu);
+  gma__lock(&dev->mem_mu, GMA__RANK_SIM_MEM);
   sim_reserve_t *r = reserve_of(dev, addr, size);
   uint64_t g0 = r ? (addr - r->link.key) / SIM_VM_GRANULARITY : 0, n = size / SIM_VM_GRANULARITY;
   bool free_range = r != NULL;
@@ -284,7 +285,7 @@ gma_status_t gma__sim_vm_map(gma__device_t *d, uintptr_t addr, uint64_t size, ui
     }
   }
   SIM_MEM_CHECK(dev);
-  pthread_mutex_unlock(&dev->mem_mu);
+  gma__unlock(&dev->mem_mu);
   if (!free_range) {
     free(a);
     return gma__set_error(GMA_ERR_DEVICE,
@@ -311,7 +312,7 @@ gma_status_t gma__sim_vm_unmap(gma__device_t *d, uintptr_t addr, uint64_t size, 
   sim_pay(dev, GMA__SIM_COST_VM_UNMAP, size);
   gma_status_t fst = gma__sim_site_fault(dev, GMA__SIM_VM_UNMAP);
   if (fst != GMA_OK) return fst;
-  pthread_mutex_lock(&dev->mem_mu);
+  gma__lock(&dev->mem_mu, GMA__RANK_SIM_MEM);
   sim_alloc_t *a = (sim_alloc_t *)gma__sim_table_find(&dev->allocs, addr);
   bool ok = a && a->vm && a->size == size && handle == addr;
   if (ok) {
@@ -327,7 +328,7 @@ gma_status_t gma__sim_vm_unmap(gma__device_t *d, uintptr_t addr, uint64_t size, 
          MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   }
   SIM_MEM_CHECK(dev);
-  pthread_mutex_unlock(&dev->mem_mu);
+  gma__unlock(&dev->mem_mu);
   if (!ok)
     return gma__set_error(GMA_ERR_DEVICE,
                           "the simulated device cannot unmap 0x%llx (%llu bytes): not exactly one "
@@ -363,10 +364,10 @@ gma_status_t gma__sim_host_alloc(gma__device_t *d, uint64_t size, void **host,
   a->link.key = (uintptr_t)p;
   a->size = size;
   a->vm = false;
-  pthread_mutex_lock(&dev->mem_mu);
+  gma__lock(&dev->mem_mu, GMA__RANK_SIM_MEM);
   gma__sim_table_insert(&dev->hosts, &a->link);
   dev->host_bytes += size;
-  pthread_mutex_unlock(&dev->mem_mu);
+  gma__unlock(&dev->mem_mu);
   *host = p;
   *dev_addr = (uintptr_t)p;
   return GMA_OK;
@@ -379,14 +380,14 @@ gma_status_t gma__sim_host_free(gma__device_t *d, void *host, uint64_t size) {
   sim_pay(dev, GMA__SIM_COST_HOST_FREE, size);
   gma_status_t fst = gma__sim_site_fault(dev, GMA__SIM_HOST_FREE);
   if (fst != GMA_OK) return fst;
-  pthread_mutex_lock(&dev->mem_mu);
+  gma__lock(&dev->mem_mu, GMA__RANK_SIM_MEM);
   sim_alloc_t *a = (sim_alloc_t *)gma__sim_table_find(&dev->hosts, (uintptr_t)host);
   bool ok = a && a->size == size;
   if (ok) {
     gma__sim_table_remove(&dev->hosts, (uintptr_t)host);
     dev->host_bytes -= size;
   }
-  pthread_mutex_unlock(&dev->mem_mu);
+  gma__unlock(&dev->mem_mu);
   if (!ok)
     return gma__set_error(GMA_ERR_DEVICE, "the simulated device cannot free pinned memory %p (%llu bytes): %s", host,
                           (unsigned long long)size,

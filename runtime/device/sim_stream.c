@@ -19,6 +19,7 @@
  * A stream thread holds no lock while it runs an op, so a kernel may call
  * into the device. */
 #include "device/sim_internal.h"
+#include "base/lock.h"
 
 static _Thread_local sim_ptds_entry_t ptds_cache[SIM_PTDS_CACHE];
 /* Hands out stream ids; relaxed is enough, each only needs a unique ticket. */
@@ -37,7 +38,7 @@ static void op_run(sim_device_t *dev, sim_op_t *op) {
   }
   /* Under a preset, an event behind work completes a little after it. */
   if (op->kind == SIM_OP_RECORD && dev->costs) gma__sim_spin_ns(dev->costs->event_latency_ns);
-  pthread_mutex_lock(&dev->ev_mu);
+  gma__lock(&dev->ev_mu, GMA__RANK_SIM_EVENTS);
   if (op->kind == SIM_OP_RECORD) {
     op->mark->done = true;
     pthread_cond_broadcast(&dev->ev_cv);
@@ -48,7 +49,7 @@ static void op_run(sim_device_t *dev, sim_op_t *op) {
   }
   gma__sim_mark_unref(op->mark);
   op->mark = NULL; /* dropped: sim_forget must not drop it again */
-  pthread_mutex_unlock(&dev->ev_mu);
+  gma__unlock(&dev->ev_mu);
 }
 
 /* Frees a stream nobody references any more (or whose thread never started). */
@@ -73,12 +74,12 @@ static bool stream_unref_locked(sim_stream_t *s) {
  * may free it from then on. */
 static void stream_exit(sim_stream_t *s) {
   sim_device_t *dev = s->dev;
-  pthread_mutex_lock(&dev->streams_mu);
+  gma__lock(&dev->streams_mu, GMA__RANK_SIM_STREAMS);
   *(s->all_prev ? &s->all_prev->all_next : &dev->all) = s->all_next;
   if (s->all_next) s->all_next->all_prev = s->all_prev;
   bool last = stream_unref_locked(s);
   if (--dev->threads == 0) pthread_cond_broadcast(&dev->streams_cv);
-  pthread_mutex_unlock(&dev->streams_mu);
+  gma__unlock(&dev->streams_mu);
   if (last) stream_fini(s);
 }
 
@@ -87,7 +88,7 @@ static void stream_exit(sim_stream_t *s) {
 static void *stream_main(void *arg) {
   sim_stream_t *s = arg;
   sim_self = s;
-  pthread_mutex_lock(&s->mu);
+  gma__lock(&s->mu, GMA__RANK_SIM_STREAM);
   for (;;) {
     while (!s->head && !s->stop) pthread_cond_wait(&s->work_cv, &s->mu);
     sim_op_t *op = s->head;
@@ -96,15 +97,15 @@ static void *stream_main(void *arg) {
     if (!s->head) s->tail = NULL;
     s->busy = true;
     s->running = op;
-    pthread_mutex_unlock(&s->mu);
+    gma__unlock(&s->mu);
     op_run(s->dev, op);
-    pthread_mutex_lock(&s->mu);
+    gma__lock(&s->mu, GMA__RANK_SIM_STREAM);
     s->busy = false;
     s->running = NULL;
     free(op); /* after running is cleared: sim_forget never sees a freed op */
     if (!s->head) pthread_cond_broadcast(&s->idle_cv);
   }
-  pthread_mutex_unlock(&s->mu);
+  gma__unlock(&s->mu);
   stream_exit(s);
   return NULL;
 }
@@ -134,29 +135,29 @@ sim_stream_t *gma__sim_stream_new(sim_device_t *dev) {
     stream_fini(s);
     return NULL;
   }
-  pthread_mutex_lock(&dev->streams_mu);
+  gma__lock(&dev->streams_mu, GMA__RANK_SIM_STREAMS);
   s->all_next = dev->all;
   if (dev->all) dev->all->all_prev = s;
   dev->all = s;
   dev->threads++;
-  pthread_mutex_unlock(&dev->streams_mu);
+  gma__unlock(&dev->streams_mu);
   return s;
 }
 
 /* Lets the stream's thread finish the queued work and exit; returns at once.
  * The caller makes sure s is still alive (its thread cannot exit before this). */
 void gma__sim_stream_stop(sim_stream_t *s) {
-  pthread_mutex_lock(&s->mu);
+  gma__lock(&s->mu, GMA__RANK_SIM_STREAM);
   s->stop = true;
   pthread_cond_signal(&s->work_cv);
-  pthread_mutex_unlock(&s->mu);
+  gma__unlock(&s->mu);
 }
 
 /* Blocks until the stream is idle. Any thread but the stream's own. */
 static void stream_wait_idle(sim_stream_t *s) {
-  pthread_mutex_lock(&s->mu);
+  gma__lock(&s->mu, GMA__RANK_SIM_STREAM);
   while (s->head || s->busy) pthread_cond_wait(&s->idle_cv, &s->mu);
-  pthread_mutex_unlock(&s->mu);
+  gma__unlock(&s->mu);
 }
 
 /* Maps a handle to its slot, or NULL when it is not a slot of this device.
@@ -240,9 +241,9 @@ static gma_status_t ptds_get(sim_device_t *dev, sim_stream_t **out) {
     return GMA_OK;
   }
   uintptr_t tid = (uintptr_t)pthread_self();
-  pthread_mutex_lock(&dev->streams_mu);
+  gma__lock(&dev->streams_mu, GMA__RANK_SIM_STREAMS);
   sim_stream_t *s = (sim_stream_t *)gma__sim_table_find(&dev->ptds, tid);
-  pthread_mutex_unlock(&dev->streams_mu);
+  gma__unlock(&dev->streams_mu);
   if (!s) {
     /* Only this thread inserts under its own pthread_t, so nobody can add
      * the key between the find above and the insert below. */
@@ -252,9 +253,9 @@ static gma_status_t ptds_get(sim_device_t *dev, sim_stream_t **out) {
                             "stream");
     }
     s->link.key = tid;
-    pthread_mutex_lock(&dev->streams_mu);
+    gma__lock(&dev->streams_mu, GMA__RANK_SIM_STREAMS);
     gma__sim_table_insert(&dev->ptds, &s->link);
-    pthread_mutex_unlock(&dev->streams_mu);
+    gma__unlock(&dev->streams_mu);
   }
   *e = (sim_ptds_entry_t){dev->serial, s, s->id};
   *out = s;
@@ -274,13 +275,13 @@ static gma_status_t stream_get(sim_device_t *dev, gma_stream_t h, sim_stream_t *
     gma_status_t st = ptds_get(dev, &s);
     if (st != GMA_OK) return st;
   }
-  pthread_mutex_lock(&dev->streams_mu);
+  gma__lock(&dev->streams_mu, GMA__RANK_SIM_STREAMS);
   if (!s) {
     sim_slot_t *slot = slot_find(dev, h);
     s = slot ? slot->stream : NULL;
   }
   if (s) s->refs++;
-  pthread_mutex_unlock(&dev->streams_mu);
+  gma__unlock(&dev->streams_mu);
   *out = s;
   if (s) return GMA_OK;
   return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
@@ -291,9 +292,9 @@ static gma_status_t stream_get(sim_device_t *dev, gma_stream_t h, sim_stream_t *
 
 /* Drops a reference taken by stream_get. Any thread. */
 static void stream_put(sim_device_t *dev, sim_stream_t *s) {
-  pthread_mutex_lock(&dev->streams_mu);
+  gma__lock(&dev->streams_mu, GMA__RANK_SIM_STREAMS);
   bool last = stream_unref_locked(s);
-  pthread_mutex_unlock(&dev->streams_mu);
+  gma__unlock(&dev->streams_mu);
   if (last) stream_fini(s);
 }
 
@@ -312,13 +313,13 @@ static gma_status_t stream_push(sim_device_t *dev, gma_stream_t h, sim_op_t *op,
     free(op);
     return st;
   }
-  pthread_mutex_lock(&s->mu);
+  gma__lock(&s->mu, GMA__RANK_SIM_STREAM);
   bool idle = !s->head && !s->busy;
   if (s->stop) {
     st = gma__set_error(GMA_ERR_INVALID_ARGUMENT,
                         "stream %p was destroyed while the call was queueing work on it", h);
   } else if (op->kind != SIM_OP_KERNEL) {
-    pthread_mutex_lock(&dev->ev_mu);
+    gma__lock(&dev->ev_mu, GMA__RANK_SIM_EVENTS);
     sim_event_t *ev = gma__sim_event_find(dev, evh);
     if (!ev) {
       st = GMA_ERR_INVALID_ARGUMENT;
@@ -340,7 +341,7 @@ static gma_status_t stream_push(sim_device_t *dev, gma_stream_t h, sim_op_t *op,
       op->mark = ev->last; /* WAIT: the record made before this call */
       op->mark->refs++;
     }
-    pthread_mutex_unlock(&dev->ev_mu);
+    gma__unlock(&dev->ev_mu);
   }
   bool queue = st == GMA_OK && (op->kind == SIM_OP_KERNEL || op->mark);
   if (queue) {
@@ -349,7 +350,7 @@ static gma_status_t stream_push(sim_device_t *dev, gma_stream_t h, sim_op_t *op,
     s->tail = op;
     pthread_cond_signal(&s->work_cv);
   }
-  pthread_mutex_unlock(&s->mu);
+  gma__unlock(&s->mu);
   stream_put(dev, s);
   if (!queue) free(op);
   return st;
@@ -416,7 +417,7 @@ gma_status_t gma__sim_stream_wait_stream(gma__device_t *d, gma_stream_t waiter,
     st = GMA_ERR_DEVICE;
   }
   if (st == GMA_OK) {
-    pthread_mutex_lock(&e->mu);
+    gma__lock(&e->mu, GMA__RANK_SIM_STREAM);
     if (e->stop) {
       st = gma__set_error(GMA_ERR_INVALID_ARGUMENT,
                           "stream %p was destroyed while the call was queueing work on it",
@@ -436,10 +437,10 @@ gma_status_t gma__sim_stream_wait_stream(gma__device_t *d, gma_stream_t waiter,
         pthread_cond_signal(&e->work_cv);
       }
     }
-    pthread_mutex_unlock(&e->mu);
+    gma__unlock(&e->mu);
   }
   if (m) {
-    pthread_mutex_lock(&w->mu);
+    gma__lock(&w->mu, GMA__RANK_SIM_STREAM);
     if (w->stop) {
       st = gma__set_error(GMA_ERR_INVALID_ARGUMENT,
                           "stream %p was destroyed while the call was queueing work on it",
@@ -453,12 +454,12 @@ gma_status_t gma__sim_stream_wait_stream(gma__device_t *d, gma_stream_t waiter,
       m = NULL;
       pthread_cond_signal(&w->work_cv);
     }
-    pthread_mutex_unlock(&w->mu);
+    gma__unlock(&w->mu);
   }
   if (m) { /* the waiter refused the WAIT: drop its reference */
-    pthread_mutex_lock(&dev->ev_mu);
+    gma__lock(&dev->ev_mu, GMA__RANK_SIM_EVENTS);
     gma__sim_mark_unref(m);
-    pthread_mutex_unlock(&dev->ev_mu);
+    gma__unlock(&dev->ev_mu);
   }
   free(rec);
   free(wait);
@@ -492,7 +493,7 @@ gma_status_t gma__sim_stream_create(gma__device_t *d, gma_stream_t *out) {
   if (!out) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "the simulated device was asked for a stream without a place for it");
   sim_stream_t *s = gma__sim_stream_new(dev);
   if (!s) return gma__set_error(GMA_ERR_DEVICE, "the simulated device cannot start a thread for a new stream");
-  pthread_mutex_lock(&dev->streams_mu);
+  gma__lock(&dev->streams_mu, GMA__RANK_SIM_STREAMS);
   sim_slot_t *slot = slot_take(dev);
   if (slot) {
     dev->user_streams++;
@@ -501,7 +502,7 @@ gma_status_t gma__sim_stream_create(gma__device_t *d, gma_stream_t *out) {
     gma__store_release(&slot->id, s->id);
   }
   SIM_SLOTS_CHECK(dev);
-  pthread_mutex_unlock(&dev->streams_mu);
+  gma__unlock(&dev->streams_mu);
   if (!slot) {
     gma__sim_stream_stop(s); /* nobody else can reach s; its thread frees it */
     return gma__set_error(GMA_ERR_DEVICE, "the simulated device ran out of host memory for a new stream");
@@ -523,7 +524,7 @@ gma_status_t gma__sim_stream_destroy(gma__device_t *d, gma_stream_t h) {
                           "stream %p is a default stream, which cannot be destroyed",
                           h);
   }
-  pthread_mutex_lock(&dev->streams_mu);
+  gma__lock(&dev->streams_mu, GMA__RANK_SIM_STREAMS);
   sim_slot_t *slot = slot_find(dev, h);
   sim_stream_t *s = slot ? slot->stream : NULL;
   if (s) {
@@ -535,7 +536,7 @@ gma_status_t gma__sim_stream_destroy(gma__device_t *d, gma_stream_t h) {
     dev->free_slots = slot;
   }
   SIM_SLOTS_CHECK(dev);
-  pthread_mutex_unlock(&dev->streams_mu);
+  gma__unlock(&dev->streams_mu);
   if (!s) {
     return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
                           "stream %p is not a live stream of the simulated device (never created "
@@ -614,11 +615,11 @@ gma_status_t gma__sim_device_synchronize(gma__device_t *d) {
 /* Waits until every stream with a running thread (but the caller's own) has
  * run the work queued on it. Any thread. */
 gma_status_t gma__sim_device_wait_all(sim_device_t *dev) {
-  pthread_mutex_lock(&dev->streams_mu);
+  gma__lock(&dev->streams_mu, GMA__RANK_SIM_STREAMS);
   size_t n = 0;
   sim_stream_t **all = malloc((dev->threads + 1) * sizeof *all);
   if (!all) {
-    pthread_mutex_unlock(&dev->streams_mu);
+    gma__unlock(&dev->streams_mu);
     return gma__set_error(GMA_ERR_DEVICE, "the simulated device ran out of host memory to synchronize");
   }
   for (sim_stream_t *s = dev->all; s; s = s->all_next) {
@@ -626,7 +627,7 @@ gma_status_t gma__sim_device_wait_all(sim_device_t *dev) {
     s->refs++;
     all[n++] = s;
   }
-  pthread_mutex_unlock(&dev->streams_mu);
+  gma__unlock(&dev->streams_mu);
   for (size_t i = 0; i < n; i++) stream_wait_idle(all[i]);
   for (size_t i = 0; i < n; i++) stream_put(dev, all[i]);
   free(all);

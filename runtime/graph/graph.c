@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "base/round.h"
+#include "base/lock.h"
 #include "graph/graph.h"
 #include "cache/cache.h"
 
@@ -358,10 +359,10 @@ gma_status_t gma__graph_alloc(gma__graphs_t *gs, size_t n, const size_t *sizes, 
   if ((st = gs->dev->ops->stream_id(gs->dev, stream, &sid)) != GMA_OK) return st;
   gma__stream_t *s = NULL;
   if ((st = gma__pool_capture_mark(gs->p, stream, sid, 0, &s)) != GMA_OK) return st;
-  pthread_mutex_lock(&gs->lock);
+  gma__lock(&gs->lock, GMA__RANK_GRAPHS);
   gma__capture_t *cap = id ? capture_by_id(gs, id) : NULL;
   if (!cap) {
-    pthread_mutex_unlock(&gs->lock);
+    gma__unlock(&gs->lock);
     st = gma__pool_refuse_capture(gs->p, stream, sizes ? "gma_alloc_batch" : "gma_alloc");
     return st != GMA_OK ? st : GMA_PENDING; /* the capture ended meanwhile */
   }
@@ -377,7 +378,7 @@ gma_status_t gma__graph_alloc(gma__graphs_t *gs, size_t n, const size_t *sizes, 
       free_block(gs, c, b);
       ptrs[i] = NULL;
     }
-  pthread_mutex_unlock(&gs->lock);
+  gma__unlock(&gs->lock);
   return st;
 }
 
@@ -394,9 +395,9 @@ static bool maybe_graph(gma__graphs_t *gs, uintptr_t addr) {
 /* Takes the lock and returns the chunk holding addr; NULL, with the lock
  * released, when no graph pool holds it. */
 static gma__gchunk_t *lock_chunk(gma__graphs_t *gs, uintptr_t addr) {
-  pthread_mutex_lock(&gs->lock);
+  gma__lock(&gs->lock, GMA__RANK_GRAPHS);
   gma__gchunk_t *c = chunk_containing(gs, addr);
-  if (!c) pthread_mutex_unlock(&gs->lock);
+  if (!c) gma__unlock(&gs->lock);
   return c;
 }
 
@@ -420,7 +421,7 @@ gma_status_t gma__graph_free(gma__graphs_t *gs, void *ptr) {
                         "returned",
                         ptr, b ? (uint64_t)(addr - b->addr) : 0,
                         b && b->state == GLIVE ? "live" : "free", b ? (void *)b->addr : NULL);
-  pthread_mutex_unlock(&gs->lock);
+  gma__unlock(&gs->lock);
   return st;
 }
 
@@ -438,7 +439,7 @@ int gma__graph_info(gma__graphs_t *gs, const void *ptr, gma_pointer_info_t *r) {
     r->stream = b->stream ? b->stream->handle : NULL;
     r->tag = NULL;
   }
-  pthread_mutex_unlock(&gs->lock);
+  gma__unlock(&gs->lock);
   return found;
 }
 
@@ -464,7 +465,7 @@ gma_status_t gma__graph_record_stream(gma__graphs_t *gs, void *ptr, gma_stream_t
       *base = (void *)b->addr;
     }
   }
-  pthread_mutex_unlock(&gs->lock);
+  gma__unlock(&gs->lock);
   return st;
 }
 
@@ -473,12 +474,12 @@ gma_status_t gma__graph_record_stream(gma__graphs_t *gs, void *ptr, gma_stream_t
 gma_status_t gma__graph_pool_create(gma__graphs_t *gs, gma_graph_pool_t **out) {
   gma_graph_pool_t *pool = calloc(1, sizeof *pool);
   if (!pool) return gma__set_error(GMA_ERR_OOM, "host memory for a graph pool");
-  pthread_mutex_lock(&gs->lock);
+  gma__lock(&gs->lock, GMA__RANK_GRAPHS);
   pool->magic = GRAPH_MAGIC;
   pool->id = ++gs->pools_made;
   pool->next = gs->pools;
   gs->pools = pool;
-  pthread_mutex_unlock(&gs->lock);
+  gma__unlock(&gs->lock);
   *out = pool;
   return GMA_OK;
 }
@@ -491,7 +492,7 @@ static gma_status_t no_pool(const char *fn, const gma_graph_pool_t *pool) {
 }
 
 gma_status_t gma__graph_pool_release(gma__graphs_t *gs, gma_graph_pool_t *pool) {
-  pthread_mutex_lock(&gs->lock);
+  gma__lock(&gs->lock, GMA__RANK_GRAPHS);
   gma_graph_pool_t *q = pool_find(gs, pool);
   gma_status_t st = GMA_OK;
   if (!q) st = no_pool("gma_graph_pool_release", pool);
@@ -502,13 +503,13 @@ gma_status_t gma__graph_pool_release(gma__graphs_t *gs, gma_graph_pool_t *pool) 
                         q->captures, q->captures == 1 ? "" : "s", q->id,
                         q->captures == 1 ? "has" : "have");
   if (st != GMA_OK) {
-    pthread_mutex_unlock(&gs->lock);
+    gma__unlock(&gs->lock);
     return st;
   }
   /* Graphs launched before now may still run on any stream: once the device
    * finished them, the free chunks go back; the rest as they are freed. */
   if (q->nchunks && (st = gs->dev->ops->device_synchronize(gs->dev)) != GMA_OK) {
-    pthread_mutex_unlock(&gs->lock);
+    gma__unlock(&gs->lock);
     return st;
   }
   q->released = true;
@@ -517,7 +518,7 @@ gma_status_t gma__graph_pool_release(gma__graphs_t *gs, gma_graph_pool_t *pool) 
     if (c->pool == q && !c->live) chunk_give_back(gs, c);
   }
   if (!q->nchunks) pool_unlink_free(gs, q);
-  pthread_mutex_unlock(&gs->lock);
+  gma__unlock(&gs->lock);
   return GMA_OK;
 }
 
@@ -532,7 +533,7 @@ gma_status_t gma__capture_begin(gma__graphs_t *gs, gma_stream_t stream, gma_grap
   gma_status_t st = gs->dev->ops->stream_id(gs->dev, stream, &sid);
   if (st == GMA_OK) st = gs->dev->ops->stream_capture(gs->dev, stream, &on, &id);
   if (st != GMA_OK) return st;
-  pthread_mutex_lock(&gs->lock);
+  gma__lock(&gs->lock, GMA__RANK_GRAPHS);
   gma_graph_pool_t *q = pool_find(gs, pool);
   for (size_t i = 0; q && i < gs->ncaps && st == GMA_OK; i++)
     if (gs->caps[i].handle == stream && gs->caps[i].origin->id == sid)
@@ -558,7 +559,7 @@ gma_status_t gma__capture_begin(gma__graphs_t *gs, gma_stream_t stream, gma_grap
     q->captures++;
     gma__faa_relaxed(&gs->capturing, 1);
   }
-  pthread_mutex_unlock(&gs->lock);
+  gma__unlock(&gs->lock);
   return st;
 }
 
@@ -566,11 +567,11 @@ gma_status_t gma__capture_end(gma__graphs_t *gs, gma_stream_t stream) {
   uint64_t sid = 0;
   gma_status_t st = gs->dev->ops->stream_id(gs->dev, stream, &sid);
   if (st != GMA_OK) return st;
-  pthread_mutex_lock(&gs->lock);
+  gma__lock(&gs->lock, GMA__RANK_GRAPHS);
   size_t i = 0;
   while (i < gs->ncaps && !(gs->caps[i].handle == stream && gs->caps[i].origin->id == sid)) i++;
   if (i == gs->ncaps) {
-    pthread_mutex_unlock(&gs->lock);
+    gma__unlock(&gs->lock);
     return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
                           "gma_capture_end: stream %p has no capture gma was told of "
                           "(gma_capture_begin)",
@@ -595,16 +596,16 @@ gma_status_t gma__capture_end(gma__graphs_t *gs, gma_stream_t stream) {
   }
   gma__pool_capture_mark(gs->p, stream, sid, -1, NULL);
   gma__faa_relaxed(&gs->capturing, (uint32_t)-1);
-  pthread_mutex_unlock(&gs->lock);
+  gma__unlock(&gs->lock);
   return GMA_OK;
 }
 
 gma_status_t gma__graph_pool_stats(gma__graphs_t *gs, gma_graph_pool_t *pool,
                                    gma_graph_pool_stats_t *out) {
-  pthread_mutex_lock(&gs->lock);
+  gma__lock(&gs->lock, GMA__RANK_GRAPHS);
   gma_graph_pool_t *q = pool_find(gs, pool);
   if (!q) {
-    pthread_mutex_unlock(&gs->lock);
+    gma__unlock(&gs->lock);
     return no_pool("gma_graph_pool_stats", pool);
   }
   gma_graph_pool_stats_t st;
@@ -618,7 +619,7 @@ gma_status_t gma__graph_pool_stats(gma__graphs_t *gs, gma_graph_pool_t *pool,
   st.captures = q->captures;
   st.allocs = q->allocs;
   st.frees = q->frees;
-  pthread_mutex_unlock(&gs->lock);
+  gma__unlock(&gs->lock);
   size_t n = out->size < sizeof st ? out->size : sizeof st;
   memcpy(out, &st, n);
   return GMA_OK;
@@ -626,7 +627,7 @@ gma_status_t gma__graph_pool_stats(gma__graphs_t *gs, gma_graph_pool_t *pool,
 
 void gma__graphs_totals(gma__graphs_t *gs, uint64_t *pools, uint64_t *bytes, uint64_t *live) {
   *pools = *bytes = *live = 0;
-  pthread_mutex_lock(&gs->lock);
+  gma__lock(&gs->lock, GMA__RANK_GRAPHS);
   for (gma_graph_pool_t *q = gs->pools; q; q = q->next) {
     *pools += !q->released;
     *bytes += q->bytes;
@@ -636,7 +637,7 @@ void gma__graphs_totals(gma__graphs_t *gs, uint64_t *pools, uint64_t *bytes, uin
   for (size_t i = 0; i < gma__load_relaxed(&gs->nchunks); i++)
     for (const gblock_t *b = gs->chunks[i]->first; b; b = b->next)
       if (b->state == GLIVE) *live += b->size;
-  pthread_mutex_unlock(&gs->lock);
+  gma__unlock(&gs->lock);
 }
 
 /* Frees the pools' records and the tables (the chunks are gone already). */

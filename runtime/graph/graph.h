@@ -28,9 +28,9 @@
  * by that capture's pool too. A capture not told of is refused by the pool
  * below (gma__pool_refuse_capture) at every request that reaches it.
  *
- * Lock order: gma__graphs_t.lock, then the pool's locks (graph.c calls the
- * pool with it held; the pool never calls up). Fields are guarded by the
- * lock unless marked atomic. */
+ * gma__graphs_t.lock comes before the pools' locks (base/lock.h's ranks):
+ * graph.c calls the pool with it held; the pool never calls up. Fields are
+ * guarded by the lock unless marked atomic. */
 #ifndef GMA_GRAPH_H
 #define GMA_GRAPH_H
 

@@ -3,6 +3,7 @@
  * from the device hot path. Device calls (allocating pinned memory can take
  * milliseconds) are made outside the mutex. */
 #include "host/host.h"
+#include "base/lock.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -202,7 +203,7 @@ gma_status_t gma__host_alloc(gma__host_t *h, size_t size, gma_stream_t stream, b
   if (sst != GMA_OK) return sst; /* not a stream of this device: its message says so */
   uint64_t csize = class_size(size);
   unsigned c = gma__class_of(csize);
-  pthread_mutex_lock(&h->mu);
+  gma__lock(&h->mu, GMA__RANK_HOST);
   poll_pending(h);
   gma__hblock_t *b = c < GMA__HOST_CLASSES ? h->free_list[c] : NULL;
   if (b) {
@@ -210,7 +211,7 @@ gma_status_t gma__host_alloc(gma__host_t *h, size_t size, gma_stream_t stream, b
     h->free_bytes -= b->size;
     unlink_hash(h, b); /* its key may change with the fallback flag */
   }
-  pthread_mutex_unlock(&h->mu);
+  gma__unlock(&h->mu);
   if (!b) {
     b = calloc(1, sizeof *b);
     if (!b) return gma__set_error(GMA_ERR_OOM, "host memory for a host block record");
@@ -220,9 +221,9 @@ gma_status_t gma__host_alloc(gma__host_t *h, size_t size, gma_stream_t stream, b
       return st;
     }
     b->size = csize;
-    pthread_mutex_lock(&h->mu);
+    gma__lock(&h->mu, GMA__RANK_HOST);
     gma__stat_add(&h->reserved, csize);
-    pthread_mutex_unlock(&h->mu);
+    gma__unlock(&h->mu);
   }
   b->requested = size;
   b->own.stream = stream;
@@ -233,7 +234,7 @@ gma_status_t gma__host_alloc(gma__host_t *h, size_t size, gma_stream_t stream, b
   b->nxuse = 0;
   b->state = GMA__HOST_LIVE;
   b->next = NULL;
-  pthread_mutex_lock(&h->mu);
+  gma__lock(&h->mu, GMA__RANK_HOST);
   bool ok = insert(h, b);
   if (ok) {
     h->live_bytes += b->size;
@@ -247,7 +248,7 @@ gma_status_t gma__host_alloc(gma__host_t *h, size_t size, gma_stream_t stream, b
   } else {
     gma__stat_sub(&h->reserved, b->size);
   }
-  pthread_mutex_unlock(&h->mu);
+  gma__unlock(&h->mu);
   if (!ok) {
     if (b->own.ev) h->dev->ops->event_destroy(h->dev, b->own.ev);
     h->dev->ops->host_free(h->dev, b->ptr, b->size);
@@ -341,12 +342,12 @@ static void free_retire(gma__host_t *h, gma__hblock_t *b) {
 }
 
 gma_status_t gma__host_free(gma__host_t *h, void *ptr, bool fallback) {
-  pthread_mutex_lock(&h->mu);
+  gma__lock(&h->mu, GMA__RANK_HOST);
   gma__hblock_t *b = find(h, (uintptr_t)ptr);
   gma_status_t st = free_check(b, ptr, fallback);
   if (st == GMA_OK) st = free_order(h, b, ptr, fallback);
   if (st == GMA_OK) free_retire(h, b);
-  pthread_mutex_unlock(&h->mu);
+  gma__unlock(&h->mu);
   return st;
 }
 
@@ -375,13 +376,13 @@ static bool handle_in_use(gma__host_t *h, gma_stream_t stream) {
 void gma__host_stream_gone(gma__host_t *h, gma_stream_t stream) {
   /* No device call for a handle no live host block names: it may be one the
    * caller destroyed already (retired twice), and gma promises no call then. */
-  pthread_mutex_lock(&h->mu);
+  gma__lock(&h->mu, GMA__RANK_HOST);
   bool used = handle_in_use(h, stream);
-  pthread_mutex_unlock(&h->mu);
+  gma__unlock(&h->mu);
   if (!used) return;
   uint64_t id;
   if (h->dev->ops->stream_id(h->dev, stream, &id) != GMA_OK) return; /* frees wait for the device */
-  pthread_mutex_lock(&h->mu);
+  gma__lock(&h->mu, GMA__RANK_HOST);
   for (size_t i = 0; i < h->nbuckets; i++)
     for (gma__hblock_t *b = h->buckets[i]; b; b = b->hnext) {
       if (b->state != GMA__HOST_LIVE) continue;
@@ -389,17 +390,17 @@ void gma__host_stream_gone(gma__host_t *h, gma_stream_t stream) {
       for (uint32_t k = 0; k < b->nxuse; k++)
         if (names(&b->xuse[k], stream, id)) mark_gone(h, &b->xuse[k]);
     }
-  pthread_mutex_unlock(&h->mu);
+  gma__unlock(&h->mu);
 }
 
 gma_status_t gma__host_record_stream(gma__host_t *h, void *ptr, gma_stream_t stream) {
   uint64_t id;
   gma_status_t st = h->dev->ops->stream_id(h->dev, stream, &id);
   if (st != GMA_OK) return st; /* not a stream of this device: its message says so */
-  pthread_mutex_lock(&h->mu);
+  gma__lock(&h->mu, GMA__RANK_HOST);
   gma__hblock_t *b = find(h, (uintptr_t)ptr);
   if (!b || !b->fallback || b->state != GMA__HOST_LIVE) {
-    pthread_mutex_unlock(&h->mu);
+    gma__unlock(&h->mu);
     return gma__set_error(GMA_ERR_INVALID_POINTER,
                           "gma_record_stream(%p): not a live allocation of this allocator", ptr);
   }
@@ -409,21 +410,21 @@ gma_status_t gma__host_record_stream(gma__host_t *h, void *ptr, gma_stream_t str
     uint32_t cap = b->xuse_cap ? 2 * b->xuse_cap : 4;
     gma__huse_t *nx = realloc(b->xuse, cap * sizeof *nx);
     if (!nx) {
-      pthread_mutex_unlock(&h->mu);
+      gma__unlock(&h->mu);
       return gma__set_error(GMA_ERR_OOM, "gma_record_stream(%p): host memory", ptr);
     }
     b->xuse = nx;
     b->xuse_cap = cap;
   }
   if (!known) b->xuse[b->nxuse++] = (gma__huse_t){.stream = stream, .id = id};
-  pthread_mutex_unlock(&h->mu);
+  gma__unlock(&h->mu);
   return GMA_OK;
 }
 
 int gma__host_contains(gma__host_t *h, const void *ptr, void **base) {
   uintptr_t a = (uintptr_t)ptr;
   int kind = 0;
-  pthread_mutex_lock(&h->mu);
+  gma__lock(&h->mu, GMA__RANK_HOST);
   for (size_t i = 0; i < h->nbuckets && !kind; i++)
     for (gma__hblock_t *b = h->buckets[i]; b && !kind; b = b->hnext) {
       uintptr_t k = key_of(b);
@@ -431,21 +432,21 @@ int gma__host_contains(gma__host_t *h, const void *ptr, void **base) {
       kind = b->fallback ? GMA_MEMORY_FALLBACK : GMA_MEMORY_HOST_PINNED;
       *base = (void *)k;
     }
-  pthread_mutex_unlock(&h->mu);
+  gma__unlock(&h->mu);
   return kind;
 }
 
 bool gma__host_owns_fallback(gma__host_t *h, void *ptr) {
-  pthread_mutex_lock(&h->mu);
+  gma__lock(&h->mu, GMA__RANK_HOST);
   gma__hblock_t *b = find(h, (uintptr_t)ptr);
   bool yes = b && b->fallback;
-  pthread_mutex_unlock(&h->mu);
+  gma__unlock(&h->mu);
   return yes;
 }
 
 void gma__host_trim(gma__host_t *h, uint64_t keep) {
   gma__hblock_t *out = NULL;
-  pthread_mutex_lock(&h->mu);
+  gma__lock(&h->mu, GMA__RANK_HOST);
   poll_pending(h);
   /* Largest classes first: fewest device calls per byte given back. Out of
    * the table before the device frees them: a later host_alloc may get the
@@ -461,7 +462,7 @@ void gma__host_trim(gma__host_t *h, uint64_t keep) {
       out = b;
     }
   }
-  pthread_mutex_unlock(&h->mu);
+  gma__unlock(&h->mu);
   /* Outside the lock. A block the device would not take back (host_free
    * failed) is still the device's: it goes back to its free list, and a
    * later trim tries again. */
@@ -478,7 +479,7 @@ void gma__host_trim(gma__host_t *h, uint64_t keep) {
     free(b);
   }
   if (!kept) return;
-  pthread_mutex_lock(&h->mu);
+  gma__lock(&h->mu, GMA__RANK_HOST);
   for (gma__hblock_t *b = kept, *next; b; b = next) {
     next = b->next;
     link_hash(h, b);
@@ -489,21 +490,21 @@ void gma__host_trim(gma__host_t *h, uint64_t keep) {
     h->free_bytes += b->size;
     h->device_errors++;
   }
-  pthread_mutex_unlock(&h->mu);
+  gma__unlock(&h->mu);
 }
 
 void gma__host_set_tag(gma__host_t *h, void *ptr, uint8_t tag) {
-  pthread_mutex_lock(&h->mu);
+  gma__lock(&h->mu, GMA__RANK_HOST);
   gma__hblock_t *b = find(h, (uintptr_t)ptr);
   if (b && b->state == GMA__HOST_LIVE) b->tag = tag;
-  pthread_mutex_unlock(&h->mu);
+  gma__unlock(&h->mu);
 }
 
 bool gma__host_pointer_info(gma__host_t *h, struct gma__pool *p, const void *ptr,
                             gma_pointer_info_t *info) {
   uintptr_t a = (uintptr_t)ptr;
   bool found = false;
-  pthread_mutex_lock(&h->mu);
+  gma__lock(&h->mu, GMA__RANK_HOST);
   /* Interior pointers too: a linear look over the live blocks (host blocks
    * are few and large). */
   for (size_t i = 0; i < h->nbuckets && !found; i++)
@@ -518,12 +519,12 @@ bool gma__host_pointer_info(gma__host_t *h, struct gma__pool *p, const void *ptr
       info->tag = gma__tag_name(p, b->tag);
       found = true;
     }
-  pthread_mutex_unlock(&h->mu);
+  gma__unlock(&h->mu);
   return found;
 }
 
 void gma__host_stats(gma__host_t *h, gma_stats_t *out) {
-  pthread_mutex_lock(&h->mu);
+  gma__lock(&h->mu, GMA__RANK_HOST);
   out->host_allocated = h->allocated;
   out->host_reserved = h->reserved;
   out->num_host_allocs = h->allocs;
@@ -533,7 +534,7 @@ void gma__host_stats(gma__host_t *h, gma_stats_t *out) {
   out->num_allocs += h->fallbacks;
   out->num_frees += h->fallback_frees;
   out->fallback_bytes = h->fallback_live;
-  pthread_mutex_unlock(&h->mu);
+  gma__unlock(&h->mu);
 }
 
 void gma__host_fini(gma__host_t *h, uint64_t *leaked, uint64_t *leaked_bytes) {

@@ -7,6 +7,7 @@
 #include <inttypes.h>
 
 #include "plan/plan_internal.h"
+#include "base/lock.h"
 #include "cache/cache.h"
 #include "base/sizeclass.h"
 #include "worker/worker.h"
@@ -193,7 +194,7 @@ static void mark_active(gma__planner_t *pl) {
 
 gma_status_t gma__plan_mark(gma__planner_t *pl) {
   if (!pl->on) return GMA_OK;
-  pthread_mutex_lock(&pl->mu);
+  gma__lock(&pl->mu, GMA__RANK_PLAN);
   pl->iterations++;
   gma__memplan_t *R = gma__load_relaxed(&pl->retiring);
   if (R && try_release(pl, R)) gma__store_release(&pl->retiring, NULL);
@@ -214,7 +215,7 @@ gma_status_t gma__plan_mark(gma__planner_t *pl) {
     case GMA__PLAN_PLACING: mark_placing(pl); break;
     case GMA__PLAN_ACTIVE: mark_active(pl); break;
   }
-  pthread_mutex_unlock(&pl->mu);
+  gma__unlock(&pl->mu);
   return GMA_OK;
 }
 
@@ -251,17 +252,17 @@ static bool reclaim_locked(gma__planner_t *pl, uint64_t unused_ns) {
 
 bool gma__plan_reclaim(gma__planner_t *pl, uint64_t unused_ns) {
   if (!pl->on || !gma__plan_holds_arena(pl)) return false;
-  pthread_mutex_lock(&pl->mu);
+  gma__lock(&pl->mu, GMA__RANK_PLAN);
   bool gave = reclaim_locked(pl, unused_ns);
-  pthread_mutex_unlock(&pl->mu);
+  gma__unlock(&pl->mu);
   return gave;
 }
 
 bool gma__plan_reclaim_timed(gma__planner_t *pl, uint64_t unused_ns) {
-  if (!pl->on || !gma__plan_holds_arena(pl) || pthread_mutex_trylock(&pl->mu) != 0)
+  if (!pl->on || !gma__plan_holds_arena(pl) || !gma__trylock(&pl->mu, GMA__RANK_PLAN))
     return false;
   bool gave = reclaim_locked(pl, unused_ns);
-  pthread_mutex_unlock(&pl->mu);
+  gma__unlock(&pl->mu);
   return gave;
 }
 
@@ -296,7 +297,7 @@ gma_status_t gma__plan_init(gma__planner_t *pl, gma__pool_t *p, struct gma__work
 uint64_t gma__plan_release(gma__planner_t *pl, uint64_t *bytes) {
   uint64_t n = 0;
   *bytes = 0;
-  pthread_mutex_lock(&pl->mu);
+  gma__lock(&pl->mu, GMA__RANK_PLAN);
   gma__memplan_t *A = gma__load_relaxed(&pl->active);
   if (A) {
     gma__store_seq_cst(&A->dropped, true);
@@ -315,7 +316,7 @@ uint64_t gma__plan_release(gma__planner_t *pl, uint64_t *bytes) {
     for (uint32_t c = 0; c < P->ncells; c++) gma__store_relaxed(&P->cells[c].owner, 0);
     try_release(pl, P);
   }
-  pthread_mutex_unlock(&pl->mu);
+  gma__unlock(&pl->mu);
   return n;
 }
 
@@ -334,7 +335,7 @@ void gma__plan_stats(gma__planner_t *pl, gma_stats_t *st) {
     gma__pool_stats(pl->p, st);
     return;
   }
-  pthread_mutex_lock(&pl->mu); /* before the pool's lock, as marks and reclaims take them */
+  gma__lock(&pl->mu, GMA__RANK_PLAN); /* before the pool's lock, as marks and reclaims take them */
   gma__pool_stats(pl->p, st);
   st->plan_state = gma__load_relaxed(&pl->state);
   st->plan_hits = pl->hits;
@@ -356,5 +357,5 @@ void gma__plan_stats(gma__planner_t *pl, gma_stats_t *st) {
    * stream_cached + pending + free + plan_arena_bytes would not hold. */
   gma__memplan_t *R = gma__load_relaxed(&pl->retiring);
   if (R && R->held) st->plan_arena_bytes += R->arena;
-  pthread_mutex_unlock(&pl->mu);
+  gma__unlock(&pl->mu);
 }

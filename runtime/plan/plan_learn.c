@@ -1,6 +1,7 @@
 /* Learning (plan.h): recording one iteration's allocations, per stream, with
  * their lifetimes in the iteration's event order, under the planner's mu. */
 #include "plan/plan_internal.h"
+#include "base/lock.h"
 
 /* ---- Learning ----------------------------------------------------------------------- */
 
@@ -102,7 +103,7 @@ void gma__plan_note_alloc(gma__planner_t *pl, void *ptr, size_t size, gma_stream
   if (st != GMA__PLAN_LEARNING && st != GMA__PLAN_VERIFYING) return;
   uint64_t owner;
   uintptr_t key = gma__stream_key(stream, &owner);
-  pthread_mutex_lock(&pl->mu);
+  gma__lock(&pl->mu, GMA__RANK_PLAN);
   st = gma__load_relaxed(&pl->state);
   if (st == GMA__PLAN_LEARNING || st == GMA__PLAN_VERIFYING) {
     gma__plan_iter_t *it = &pl->learn;
@@ -111,7 +112,7 @@ void gma__plan_note_alloc(gma__planner_t *pl, void *ptr, size_t size, gma_stream
       gma__plan_rec_t *v = cap <= MAX_RECS ? realloc(it->v, cap * sizeof *v) : NULL;
       if (!v) {
         gma__plan_back_off(pl); /* too many to learn, or no host memory: try later */
-        pthread_mutex_unlock(&pl->mu);
+        gma__unlock(&pl->mu);
         return;
       }
       it->v = v, it->cap = cap;
@@ -126,7 +127,7 @@ void gma__plan_note_alloc(gma__planner_t *pl, void *ptr, size_t size, gma_stream
         if (a) pl->seq_key = a;
         if (!b) {
           gma__plan_back_off(pl);
-          pthread_mutex_unlock(&pl->mu);
+          gma__unlock(&pl->mu);
           return;
         }
         pl->seq_next = b, pl->seqs_cap = cap;
@@ -139,18 +140,18 @@ void gma__plan_note_alloc(gma__planner_t *pl, void *ptr, size_t size, gma_stream
     if (!map_put(pl, (uintptr_t)ptr, (uint32_t)it->n)) gma__plan_back_off(pl);
     else it->n++;
   }
-  pthread_mutex_unlock(&pl->mu);
+  gma__unlock(&pl->mu);
 }
 
 void gma__plan_note_free(gma__planner_t *pl, void *ptr) {
   int st = gma__load_relaxed(&pl->state);
   if (st != GMA__PLAN_LEARNING && st != GMA__PLAN_VERIFYING) return;
-  pthread_mutex_lock(&pl->mu);
+  gma__lock(&pl->mu, GMA__RANK_PLAN);
   st = gma__load_relaxed(&pl->state);
   if (st == GMA__PLAN_LEARNING || st == GMA__PLAN_VERIFYING) {
     uint32_t i = map_take(pl, (uintptr_t)ptr);
     if (i != UINT32_MAX) pl->learn.v[i].end = pl->clock++;
   }
-  pthread_mutex_unlock(&pl->mu);
+  gma__unlock(&pl->mu);
 }
 

@@ -21,6 +21,7 @@
 #include <inttypes.h>
 
 #include "plan/plan_internal.h"
+#include "base/lock.h"
 #include "cache/cache.h"
 #include "base/sizeclass.h"
 
@@ -36,7 +37,7 @@ static bool users_settled(gma__planner_t *pl, gma__memplan_t *P, const slot_t *s
                           gma__stream_t *s) {
   gma__pool_t *p = pl->p;
   bool ok = true;
-  pthread_mutex_lock(&p->lock);
+  gma__lock(&p->lock, GMA__RANK_POOL);
   uint32_t seen = 0;
   for (uint32_t c = sl->c0; ok && c < sl->c1; c++) {
     uint32_t last = gma__load_relaxed(&P->cells[c].last);
@@ -50,7 +51,7 @@ static bool users_settled(gma__planner_t *pl, gma__memplan_t *P, const slot_t *s
     for (uint32_t i = 0; ok && i < t->ngates; i++)
       if (t->gates[i].stream != s) ok = gma__gate_settle(p, &t->gates[i], s, pl->wait);
   }
-  pthread_mutex_unlock(&p->lock);
+  gma__unlock(&p->lock);
   return ok;
 }
 
@@ -187,7 +188,7 @@ gma_status_t gma__plan_free(gma__planner_t *pl, void *ptr) {
      * stream is to reuse the memory: its wait then covers only the work
      * queued before this free. */
     gma__pool_t *p = pl->p;
-    pthread_mutex_lock(&p->lock);
+    gma__lock(&p->lock, GMA__RANK_POOL);
     bool r = gma__load_relaxed(&s->retired);
     t->epoch = r ? s->free_epoch : gma__load_relaxed(&s->epoch);
     if (!r) gma__store_relaxed(&s->dirty, true);
@@ -199,7 +200,7 @@ gma_status_t gma__plan_free(gma__planner_t *pl, void *ptr) {
       if (!ur) gma__stream_close_epoch(p, u);
     }
     if (!r && (sl->xnext || nusers)) gma__stream_close_epoch(p, s);
-    pthread_mutex_unlock(&p->lock);
+    gma__unlock(&p->lock);
   } else {
     /* As gma__bin_free: read after the caller queued its last work on s. */
     t->epoch = gma__load_relaxed(&s->epoch);
@@ -235,7 +236,7 @@ gma_status_t gma__plan_record_stream(gma__planner_t *pl, void *ptr, gma_stream_t
   uint64_t id;
   gma_status_t st = p->dev->ops->stream_id(p->dev, stream, &id);
   if (st != GMA_OK) return st;
-  pthread_mutex_lock(&p->lock);
+  gma__lock(&p->lock, GMA__RANK_POOL);
   gma__stream_t *u = gma__stream_resolve(p, stream, id);
   uint32_t n = gma__load_relaxed(&sl->nusers), i = 0;
   while (u && i < n && sl->users[i] != u) i++;
@@ -253,7 +254,7 @@ gma_status_t gma__plan_record_stream(gma__planner_t *pl, void *ptr, gma_stream_t
       gma__store_relaxed(&sl->nusers, n + 1);
     }
   }
-  pthread_mutex_unlock(&p->lock);
+  gma__unlock(&p->lock);
   return st;
 }
 

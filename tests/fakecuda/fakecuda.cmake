@@ -21,7 +21,8 @@ add_library(gma_fakecuda SHARED
   ${PROJECT_SOURCE_DIR}/runtime/device/sim_memory.c
   ${PROJECT_SOURCE_DIR}/runtime/device/sim_stream.c
   ${PROJECT_SOURCE_DIR}/runtime/device/sim_cost.c
-  ${PROJECT_SOURCE_DIR}/runtime/base/error.c)
+  ${PROJECT_SOURCE_DIR}/runtime/base/error.c
+  ${PROJECT_SOURCE_DIR}/runtime/base/lock.c)
 target_include_directories(gma_fakecuda PRIVATE
   ${PROJECT_SOURCE_DIR}/include
   ${PROJECT_SOURCE_DIR}/runtime

@@ -111,8 +111,8 @@ for f in $files; do
     "$cmakedir"/gmaConfig.cmake | "$cmakedir"/gmaConfigVersion.cmake | "$cmakedir"/gmaTargets*.cmake) ;;
     "$libdir/pkgconfig/gma.pc") ;;
     "$libdir/libgma_torch.so" | "$libdir/libgma_torch_shim.so") ;;
-    bin/gma-replay | bin/gma-viz | bin/gma-import-torch | bin/gma-torch-policy-model) ;;
-    *) fail "unexpected installed file: $f (only headers, libgma, the CMake package, gma.pc, the PyTorch plug-ins and the four tools belong)" ;;
+    bin/gma-replay | bin/gma-estimate | bin/gma-viz | bin/gma-import-torch | bin/gma-torch-policy-model) ;;
+    *) fail "unexpected installed file: $f (only headers, libgma, the CMake package, gma.pc, the PyTorch plug-ins and the five tools belong)" ;;
   esac
 done
 # The package files must not point back into the source or build tree.

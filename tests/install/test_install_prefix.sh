@@ -3,10 +3,11 @@
 # it installed from there, outside the source tree, with no environment
 # variable pointing anywhere (no GMA_LIBRARY, GMA_TORCH_LIBRARY,
 # LD_LIBRARY_PATH or PYTHONPATH into the build or source tree):
-#   the four commands in PREFIX/bin: gma-import-torch converts a small PyTorch
+#   the commands in PREFIX/bin: gma-import-torch converts a small PyTorch
 #   snapshot (tests/data/small_snapshot.pickle), gma-replay replays it (and
-#   writes a timeline and a peak snapshot), gma-viz draws them (SVG, and PNG
-#   where rsvg-convert is installed), gma-torch-policy-model sizes it;
+#   writes a timeline and a peak snapshot), gma-estimate finds its smallest
+#   capacity, gma-viz draws them (SVG, and PNG where rsvg-convert is
+#   installed), gma-torch-policy-model sizes it;
 #   the PyTorch plug-in: the Python package (python/gma) copied where
 #   pip install --prefix PREFIX would put it finds libgma in PREFIX/lib* and
 #   gma.torch finds libgma_torch.so beside it and loads it (ctypes only; torch
@@ -53,6 +54,9 @@ lib="$prefix/$libdir" bin="$prefix/$bindir"
 for f in "$bin/gma-replay" "$bin/gma-viz" "$bin/gma-import-torch" "$bin/gma-torch-policy-model"; do
   [ -x "$f" ] || fail "not installed as a command: $f"
 done
+if [ -x "$build/gma-estimate" ] && [ ! -x "$bin/gma-estimate" ]; then
+  fail "the build has gma-estimate but the install lacks $bin/gma-estimate"
+fi
 [ -f "$lib/libgma_torch.so" ] || fail "the plug-in is not installed beside libgma: $lib/libgma_torch.so"
 if [ -e "$build/libgma_torch_shim.so" ] && [ ! -f "$lib/libgma_torch_shim.so" ]; then
   fail "the build has libgma_torch_shim.so but the install lacks $lib/libgma_torch_shim.so"
@@ -85,6 +89,13 @@ if command -v readelf >/dev/null; then
   rp=$(readelf -d "$bin/gma-replay" | sed -n 's/.*(\(RUNPATH\|RPATH\)).*\[\(.*\)\]/\2/p')
   case "$rp" in *'$ORIGIN'*) ;; *) fail "the installed gma-replay's RUNPATH is '$rp', not \$ORIGIN-relative" ;; esac
   case "$rp" in *"$build"*) fail "the installed gma-replay has a RUNPATH into the build tree: $rp" ;; esac
+fi
+
+if [ -x "$bin/gma-estimate" ]; then
+  step "gma-estimate --trace small.csv"
+  out=$(run gma-estimate --trace small.csv --precision 5 2>&1) || fail "gma-estimate failed:"$'\n'"$out"
+  printf '%s\n' "$out" | grep -E '^  expandable ' >/dev/null ||
+    fail "gma-estimate printed no expandable row:"$'\n'"$out"
 fi
 
 step "gma-viz"

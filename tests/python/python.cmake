@@ -84,7 +84,7 @@ else()
     "GMA_TORCH_SHIM_LIBRARY=$<TARGET_FILE:gma_torch_shim_standin>")
 endif()
 
-foreach(t binding sizes torch_plugin adapters cupy torch torch_oom)
+foreach(t binding sizes estimate torch_plugin adapters cupy torch torch_oom)
   add_test(NAME python_${t}
            COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_${t}.py
                    $<TARGET_FILE:gma_py_sizes> ${PROJECT_SOURCE_DIR}/include/gma.h)
@@ -95,6 +95,9 @@ foreach(t binding sizes torch_plugin adapters cupy torch torch_oom)
     ENVIRONMENT "${gma_py_env}")
 endforeach()
 set_property(TEST python_torch_oom APPEND PROPERTY ENVIRONMENT "${gma_torch_oom_env}")
+if(TARGET gma-estimate)
+  set_property(TEST python_estimate APPEND PROPERTY ENVIRONMENT "GMA_ESTIMATE=$<TARGET_FILE:gma-estimate>")
+endif()
 
 # `pip install ./python` (python/pyproject.toml, the in-tree standard-library
 # backend) into a temporary --target, offline; the installed package imported

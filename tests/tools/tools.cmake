@@ -83,3 +83,14 @@ set_tests_properties(tools_layers PROPERTIES LABELS tools TIMEOUT 60)
 add_test(NAME tools_layers_planted
          COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_layers_planted.py ${PROJECT_SOURCE_DIR})
 set_tests_properties(tools_layers_planted PROPERTIES LABELS tools TIMEOUT 120)
+
+# gma-estimate from the outside (tests/tools/test_estimate.py): the table and
+# JSON of a model, refusals and usage, --trace's capacity search on a small
+# trace, and the estimate of the shipped CS336 trace within 10% of its peak.
+if(TARGET gma-estimate)
+  add_test(NAME tools_estimate
+           COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_estimate.py
+                   $<TARGET_FILE:gma-estimate> ${PROJECT_SOURCE_DIR})
+  set_tests_properties(tools_estimate PROPERTIES LABELS tools TIMEOUT 180
+    ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=1;TSAN_OPTIONS=suppressions=${GMA_TSAN_SUPPRESSIONS} halt_on_error=1;GMA_CONF=")
+endif()
