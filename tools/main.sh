@@ -2,7 +2,7 @@
 # gma's main job: build a Release gma, replay real workloads and a synthetic
 # one on it, and show what gma does with them, in numbers and pictures.
 #
-#  1. takes the five real workloads shipped in traces/ (PyTorch memory
+#  1. takes the sixteen real workloads shipped in traces/ (PyTorch memory
 #     snapshots already converted to gma's trace CSV, gzip-compressed;
 #     traces/README.md) and decompresses them into build/release/traces/,
 #     and imports the PyTorch snapshots (*.pickle) in $GMA_TRACES_DIR, if set,
@@ -15,7 +15,8 @@
 #     attempted; and, per trace and configuration, the smallest simulated
 #     device capacity it replays in with no failed allocation (--min-capacity:
 #     a bisection to 0.05%, about fifteen fast replays each), next to PyTorch's
-#     peak reserved and the trace's peak live bytes;
+#     peak reserved and the trace's peak live bytes; and the smallest device
+#     a model of PyTorch's own policy needs for each (tools/torch-policy-model);
 #  3. draws memory over time and the segment map at the peak with
 #     tools/gma-viz (PNG, SVG and HTML under build/release/pictures/; the PNG
 #     needs rsvg-convert, which tools/bootstrap.sh installs);
@@ -23,7 +24,10 @@
 #     a training loop, a pipeline, a service and varying sequence lengths), then the GPU
 #     benchmarks, which say so and skip when there is no GPU;
 #  5. ends with a summary (tools/main_summary.py): gma against PyTorch on the
-#     traces' memory (this run's figures), the benchmarks' goals met or
+#     traces' memory (this run's figures: peak reserved, and the capacity
+#     table of every trace: peak live, PyTorch's peak reserved, its policy's
+#     smallest device, gma's under both configurations and their ratio to
+#     the peak live bytes), the benchmarks' goals met or
 #     missed, and gma against cudaMallocAsync, CUB and PyTorch on a GPU from
 #     docs/gpu/RESULTS.md (that run's date and commit, read from the file).
 #
@@ -91,7 +95,14 @@ echo "    the smallest capacity each replays in (bisection, --min-capacity)"
 ${lb[@]+"${lb[@]}"} "$out/gma-replay" --config default= --config expandable=expandable_segments:true \
   --recorded-label PyTorch --min-capacity --precision 0.05 \
   --json "$out/replay.json" --timeline-dir "$out/replay" --snapshot-dir "$out/replay" \
-  --workload pipeline "${inputs[@]}"
+  --workload pipeline ${inputs[@]+"${inputs[@]}"}
+rm -f "$out/torch_policy.json"
+if [ ${#inputs[@]} -gt 0 ]; then
+  echo
+  echo "=== PyTorch's policy on the same traces: the smallest device a model of PyTorch's"
+  echo "    caching allocator (expandable_segments off) needs, from gma-replay's start (tools/torch-policy-model)"
+  ${lb[@]+"${lb[@]}"} python3 tools/torch-policy-model --precision 0.05 --json "$out/torch_policy.json" "${inputs[@]}"
+fi
 
 cat <<'LEGEND'
 
@@ -119,6 +130,8 @@ Legend of the replay tables (docs/tools.md#gma-replay, docs/stats.md):
                          allocation (bisection); / rec: over PyTorch's peak reserved,
                          / live: over the trace's peak live bytes (1.000x is the floor)
   replays, time          replays the bisection ran, and their wall time
+  torch-policy-model     peak live; peak reserved of the model on a roomy device; min capacity:
+                         the smallest device the model fits in (docs/tools.md#torch-policy-model)
 LEGEND
 
 echo
@@ -170,14 +183,15 @@ Legend of the benchmark tables (docs/benchmarks.md):
   failed                 allocations that got no memory
 LEGEND
 echo
-echo "results (JSON): $out/replay.json (replays and smallest capacities), $out/bench_alloc.json, $out/bench_hotpath.json," \
+echo "results (JSON): $out/replay.json (replays and smallest capacities), $out/torch_policy.json," \
+     "$out/bench_alloc.json, $out/bench_hotpath.json," \
      "$out/bench_worker.json, $out/bench_scenarios.json; pictures: $out/pictures/"
 echo
 echo "=== GPU benchmarks (tools/bench_gpu.sh)"
 bash tools/bench_gpu.sh
 echo
 echo "=== summary: gma against PyTorch and the GPU allocators"
-python3 tools/main_summary.py --replay "$out/replay.json" --hotpath "$out/bench_hotpath.json" \
+python3 tools/main_summary.py --replay "$out/replay.json" --policy-model "$out/torch_policy.json" --hotpath "$out/bench_hotpath.json" \
   --worker "$out/bench_worker.json" --gpu-results docs/gpu/RESULTS.md
 echo
 echo "main.sh took $((SECONDS - start)) s"

@@ -5,7 +5,10 @@ PyTorch, from figures computed in this run and from the last GPU run.
 1. Memory on the traces (this run's gma-replay --json): per trace, the
    reserved memory PyTorch recorded at its peak against gma's peak reserved
    (default and growable segments) on the simulated device, and the
-   smallest device each fits in (--min-capacity), when measured.
+   smallest device each fits in (--min-capacity), when measured: per trace
+   and configuration, against the peak live bytes (the floor), PyTorch's
+   recorded peak reserved and tools/torch-policy-model's answer (its JSON,
+   --policy-model).
 2. Goals of the benchmarks (their JSON, when present): each goal, the
    measured figure, met or missed.
 3. On a GPU (docs/gpu/RESULTS.md, written by tools/gpu_check.sh): the date,
@@ -13,8 +16,8 @@ PyTorch, from figures computed in this run and from the last GPU run.
    time per alloc+free pair against cudaMallocAsync, CUB and PyTorch's
    allocator; how many scenarios gma was faster in.
 
-Usage: main_summary.py --replay REPLAY.json [--hotpath JSON] [--worker JSON]
-                       [--gpu-results RESULTS.md]
+Usage: main_summary.py --replay REPLAY.json [--policy-model JSON] [--hotpath JSON]
+                       [--worker JSON] [--gpu-results RESULTS.md]
 Missing inputs are named and skipped; exit 0 unless an input is unreadable.
 """
 import argparse
@@ -42,7 +45,7 @@ def memory(path):
     caps = {}
     for c in data.get("min_capacity", []):
         caps.setdefault(c["trace"], {})[c["config"]] = c["search"]["min_capacity"]
-    print("   %-34s %12s %12s %12s %9s %12s %9s" % ("trace", "PyTorch", "gma", "gma growable",
+    print("   %-40s %12s %12s %12s %9s %12s %9s" % ("trace", "PyTorch", "gma", "gma growable",
                                                   "best/PT", "min device", "min/PT"))
     better = worse = 0
     for trace, cfgs in rows.items():
@@ -55,14 +58,66 @@ def memory(path):
         ratio = best / recorded
         better += ratio < 1
         worse += ratio > 1
-        print("   %-34s %12s %12s %12s %8.3fx %12s %9s" % (
-            trace[:34], mib(recorded), mib(d["peak_reserved"]),
+        print("   %-40s %12s %12s %12s %8.3fx %12s %9s" % (
+            trace[:40], mib(recorded), mib(d["peak_reserved"]),
             mib(e["peak_reserved"]) if e else "-", ratio, mib(cap) if cap else "-",
             "%.3fx" % (cap / recorded) if cap else "-"))
     print("   gma reserved less than PyTorch recorded on %d trace(s), more on %d "
           "(best/PT: gma's better configuration / PyTorch; below 1: gma needed less)"
           % (better, worse))
     print("   (synthetic workloads have no PyTorch figure and are not listed)")
+
+
+def capacity(path, policy_path):
+    """The smallest device each trace fits in: gma's configurations (this run's
+    --min-capacity) against the peak live bytes, PyTorch's recorded peak
+    reserved and tools/torch-policy-model's answer (its --json)."""
+    with open(path) as f:
+        data = json.load(f)
+    caps, order = {}, []
+    for c in data.get("min_capacity", []):
+        if c["trace"] not in caps:
+            order.append(c["trace"])
+        caps.setdefault(c["trace"], {})[c["config"]] = c["search"]
+    if not caps:
+        return
+    model = {}
+    if policy_path and os.path.exists(policy_path):
+        with open(policy_path) as f:
+            model = {t["trace"]: t["min_capacity"] for t in json.load(f).get("traces", [])}
+    configs = [k for k in ("default", "expandable")
+               if any(k in v for v in caps.values())]
+    print("\n   the smallest simulated device each trace replays in with no failed allocation "
+          "(--min-capacity),\n   against the floor (peak live), PyTorch's recorded peak reserved "
+          "and PyTorch's policy (torch-policy-model)")
+    head = "   %-40s %11s %11s %11s" % ("trace", "peak live", "PyTorch", "PT policy")
+    for k in configs:
+        head += " %11s %7s" % (k, "/live")
+    print(head + " %9s" % "best/ref")
+    within = {k: 0 for k in configs}
+    real = 0  # traces with PyTorch's figure (not the synthetic workloads)
+    for trace in order:
+        s = caps[trace]
+        any_s = next(iter(s.values()))
+        live, rec = any_s.get("lower_bound_peak_live", 0), any_s.get("recorded_peak_reserved", 0)
+        pol = model.get(trace, 0)
+        line = "   %-40s %11s %11s %11s" % (trace[:40], mib(live) if live else "-",
+                                            mib(rec) if rec else "-", mib(pol) if pol else "-")
+        best = 0
+        real += rec > 0
+        for k in configs:
+            m = s.get(k, {}).get("min_capacity", 0)
+            line += " %11s %7s" % (mib(m) if m else "-",
+                                   "%.3fx" % (m / live) if m and live else "-")
+            if m:
+                best = m if not best else min(best, m)
+                within[k] += rec > 0 and live > 0 and m <= 1.02 * live
+        refs = [x for x in (rec, pol) if x]
+        line += " %9s" % ("%.3fx" % (best / min(refs)) if best and refs else "-")
+        print(line)
+    print("   best/ref: gma's smaller capacity over the smaller of PyTorch's recorded peak and "
+          "its policy's answer\n   (below 1: gma fits in less); within 1.02x of peak live, of the "
+          "%d real traces: " % real + ", ".join("%s %d" % (k, within[k]) for k in configs))
 
 
 def goals(hotpath, worker):
@@ -167,11 +222,13 @@ def gpu(path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--replay", required=True)
+    ap.add_argument("--policy-model", help="tools/torch-policy-model --json output")
     ap.add_argument("--hotpath")
     ap.add_argument("--worker")
     ap.add_argument("--gpu-results")
     a = ap.parse_args()
     memory(a.replay)
+    capacity(a.replay, a.policy_model)
     goals(a.hotpath, a.worker)
     gpu(a.gpu_results)
     return 0

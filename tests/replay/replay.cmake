@@ -42,3 +42,15 @@ if(Python3_Interpreter_FOUND AND TARGET gma-replay AND GMA_SANITIZE STREQUAL "")
   set_tests_properties(replay_torch_snapshot PROPERTIES TIMEOUT 120 LABELS tools
     ENVIRONMENT "GMA_LIBRARY=$<TARGET_FILE:gma>;GMA_CONF=")
 endif()
+
+# replay_vm_fields (label tools): the physical-memory fields of a replay's
+# JSON (mapped_peak, vm_maps, vm_unmaps, vm_creates, growable) on a small
+# trace that grows, trims and grows again, under ordinary and growable
+# segments, and --min-capacity's search object with exactly its fields.
+if(Python3_Interpreter_FOUND AND TARGET gma-replay)
+  add_test(NAME replay_vm_fields
+    COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_replay_vm.py
+            $<TARGET_FILE:gma-replay>)
+  set_tests_properties(replay_vm_fields PROPERTIES TIMEOUT 120 LABELS tools
+    ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=1;TSAN_OPTIONS=suppressions=${GMA_TSAN_SUPPRESSIONS} halt_on_error=1;GMA_CONF=")
+endif()

@@ -3,7 +3,7 @@
 inputs (each told apart: empty, not a pickle and what it looks like,
 truncated, damaged, formats it cannot read), damaged numbers in a snapshot
 refused by name (part 5), exact CSV rows for small
-hand-made snapshots (PyTorch 2.1+ and 2.0 formats), the five workloads
+hand-made snapshots (PyTorch 2.1+ and 2.0 formats), the sixteen workloads
 shipped in traces/ against the peaks their README lists, and, when the
 recorded PyTorch snapshots are in TRACES_DIR (shared/traces), their import
 against the same peaks and, byte for byte, against the shipped CSVs.
@@ -40,6 +40,18 @@ SHARED = [
     ("transformer_ctx128_forward.pickle", 8227, 16.39, 16.65, 6084),
     ("transformer_ctx512_forward_mixed.pickle", 6765, 37.12, 37.73, 5677),
     ("llama_finetune_notebook.pickle", 10307, 5.47, 6.03, 7605),
+    # The eleven added later (shared/traces/README.md, second table).
+    ("wedsonlin_medium_ctx512_train.pickle", 22332, 11.57, 11.79, 15627),
+    ("nothanmin_large_ctx256_train.pickle", 19464, 21.26, 22.21, 14290),
+    ("silmont_small_ctx128_fwd_bf16.pickle", 2811, 0.73, 0.80, 2012),
+    ("charan_small_ctx512.pickle", 9670, 0.71, 0.87, 6564),
+    ("rishabh_lm_init_plus_inference.pickle", 12684, 9.89, 10.21, 8613),
+    ("niu_tiny_ctx200_train_bf16.pickle", 12976, 0.91, 1.12, 8734),
+    ("sidsoc12_2p7b_ctx128_fp32_train.pickle", 27358, 51.32, 62.46, 19471),
+    ("kkaitlyn_2p7b_forward.pickle", 8694, 31.57, 48.29, 7516),
+    ("bolongcheng_2p7b_ctx2048_fwd_expandable.pickle", 5112, 21.17, 21.25, 3703),
+    ("select_n_1f2f548_bert_validate.pickle", 4496, 2.24, 2.59, 3400),
+    ("octree_nca_peso_wsi_inference.pickle", 2375, 17.23, 22.69, 1674),
 ]
 
 

@@ -60,7 +60,14 @@ def main():
         {"trace": "pipeline", "config": "default", "result": {"peak_reserved": 5 * MiB,
                                                                "recorded_peak_reserved": 0}}],
         "min_capacity": [{"trace": "t1", "config": "default",
-                          "search": {"min_capacity": 70 * MiB}}]}
+                          "search": {"min_capacity": 70 * MiB, "lower_bound_peak_live": 50 * MiB,
+                                     "recorded_peak_reserved": 100 * MiB}},
+                         {"trace": "t1", "config": "expandable",
+                          "search": {"min_capacity": 51 * MiB, "lower_bound_peak_live": 50 * MiB,
+                                     "recorded_peak_reserved": 100 * MiB}}]}
+    policy = {"tool": "torch-policy-model", "traces": [
+        {"trace": "t1", "peak_live": 50 * MiB, "peak_reserved": 90 * MiB,
+         "min_capacity": 60 * MiB}]}
     hot = {"scaling_4KiB_pairs_per_s": [{"name": "gma, bins", "ratio": 1.51, "goal_ratio": 1.8},
                                         {"name": "glibc malloc", "ratio": 1.9, "goal_ratio": 1.8}],
            "training_loop": [{"name": "gma, bins", "device_allocs_after_first": 0,
@@ -69,15 +76,16 @@ def main():
               "async_ns": {"submit_at_once": 50.0, "worker_p50": 30000, "worker_p99": 1000,
                            "batch64": 100.0}}
     paths = {}
-    for name, obj in (("replay.json", replay), ("hot.json", hot), ("worker.json", worker)):
+    for name, obj in (("replay.json", replay), ("hot.json", hot), ("worker.json", worker),
+                      ("policy.json", policy)):
         paths[name] = os.path.join(tmp, name)
         with open(paths[name], "w") as f:
             json.dump(obj, f)
     paths["RESULTS.md"] = os.path.join(tmp, "RESULTS.md")
     with open(paths["RESULTS.md"], "w") as f:
         f.write(RESULTS)
-    p = subprocess.run([sys.executable, TOOL, "--replay", paths["replay.json"], "--hotpath",
-                        paths["hot.json"], "--worker", paths["worker.json"], "--gpu-results",
+    p = subprocess.run([sys.executable, TOOL, "--replay", paths["replay.json"], "--policy-model",
+                        paths["policy.json"], "--hotpath", paths["hot.json"], "--worker", paths["worker.json"], "--gpu-results",
                         paths["RESULTS.md"]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                        universal_newlines=True)
     out = p.stdout
@@ -85,8 +93,15 @@ def main():
     check(p.returncode == 0, "exit 0")
     lines = out.splitlines()
     t1 = [l for l in lines if l.strip().startswith("t1 ")]
-    check(len(t1) == 1 and "100.0 MiB" in t1[0] and "0.800x" in t1[0] and "70.0 MiB" in t1[0]
-          and "0.700x" in t1[0], "t1: PyTorch 100 MiB, best gma 0.800x, min device 70 MiB 0.700x")
+    check(len(t1) == 2 and "100.0 MiB" in t1[0] and "0.800x" in t1[0] and "51.0 MiB" in t1[0]
+          and "0.510x" in t1[0], "t1: PyTorch 100 MiB, best gma 0.800x, min device 51 MiB 0.510x")
+    # The capacity table: peak live, PyTorch, its policy, each configuration
+    # and its ratio to live, gma's best over the smaller reference (60 MiB).
+    check(len(t1) == 2 and t1[1].split() == [
+        "t1", "50.0", "MiB", "100.0", "MiB", "60.0", "MiB", "70.0", "MiB", "1.400x", "51.0", "MiB",
+        "1.020x", "0.850x"], "t1's capacity row: %r" % (t1[1:],))
+    check("within 1.02x of peak live, of the 1 real traces: default 0, expandable 1" in out,
+          "the count within 1.02x of peak live")
     t2 = [l for l in lines if l.strip().startswith("t2 ")]
     check(len(t2) == 1 and "1.200x" in t2[0], "t2: gma 1.200x of PyTorch")
     check(not any(l.strip().startswith("pipeline") for l in lines),

@@ -2,10 +2,11 @@
 """Tests tools/torch-policy-model on hand-made traces whose answers follow from
 the modelled policy: a 3 MiB request takes a shared 20 MiB segment, so it needs
 a 20 MiB device; a freed 12 MiB segment is released and its room reused when a
-14 MiB request would not fit; the small pool's 2 MiB segments.
+14 MiB request would not fit; the small pool's 2 MiB segments; --json.
 
 Usage: test_torch_policy_model.py TOOL
 """
+import json
 import os
 import subprocess
 import sys
@@ -50,6 +51,24 @@ def main():
         ("allocate", "0xc", 14 * MIB)]), (26.0, 38.0, 26.0))
     check("small pool", run(tool, [("allocate", "0x%x" % i, 512 << 10) for i in range(5)]),
           (2.5, 4.0, 4.0))
+    # --json: the same figures, in bytes, per trace.
+    path = trace([("allocate", "0xa", 3 * MIB)])
+    out = path + ".json"
+    try:
+        subprocess.run([sys.executable, tool, "--precision", "0.01", "--json", out, path],
+                       capture_output=True, text=True, check=True)
+        with open(out) as f:
+            got = json.load(f)
+        t = got["traces"][0] if len(got.get("traces", [])) == 1 else {}
+        name = os.path.basename(path)[:-len(".csv")]
+        if (t.get("trace") != name or t.get("peak_live") != 3 * MIB or
+                t.get("peak_reserved") != 20 * MIB or
+                not 20 * MIB <= t.get("min_capacity", 0) <= 20 * MIB * 1.001):
+            fails.append("--json: %r" % got)
+    finally:
+        os.unlink(path)
+        if os.path.exists(out):
+            os.unlink(out)
     # Damaged numbers are refused by row and column, exit 2 (int() took
     # '-4096', ' 4096' and '+4096', and an empty field crashed it).
     for bad in ("-4096", " 4096", "+4096", "", "18446744073709551616", "4k"):

@@ -618,7 +618,7 @@ int main(int argc, char **argv) {
     printf("\nsummary (%s device): peak reserved against peak allocated and against the recording "
            "allocator (%s)\n",
            strcmp(device, "sim") == 0 ? "simulated" : "CUDA", recorded_label);
-    printf("%-34s %-11s %12s %11s %11s %8s %11s %8s %7s %9s %8s\n", "trace", "config", "allocated",
+    printf("%-40s %-11s %12s %11s %11s %8s %11s %8s %7s %9s %8s\n", "trace", "config", "allocated",
            "reserved", "recorded", "res/all", "res/rec", "frag", "failed", "oom r/g", "Mev/s");
     int starred = 0;
     for (int i = 0; i < nall; i++) {
@@ -632,7 +632,7 @@ int main(int argc, char **argv) {
       snprintf(al, sizeof al, "%s%s", human(a, sizeof a, r->peak_allocated),
                r->failed_allocs ? "*" : " ");
       starred |= r->failed_allocs > 0;
-      printf("%-34.34s %-11.11s %12s %11s %11s %7.3fx %11s %7.1f%% %7" PRIu64 " %9s %8.2f\n",
+      printf("%-40.40s %-11.11s %12s %11s %11s %7.3fx %11s %7.1f%% %7" PRIu64 " %9s %8.2f\n",
              all[i].trace, all[i].config, al, human(b, sizeof b, r->peak_reserved),
              all[i].has_recorded ? human(c, sizeof c, r->recorded_peak_reserved) : "-",
              r->peak_allocated ? (double)r->peak_reserved / (double)r->peak_allocated : 0, rr,
@@ -649,7 +649,7 @@ int main(int argc, char **argv) {
            "peak reserved of the first and the last repetition, device allocations after "
            "repetition 1 and after the plan became active, plan statistics\n",
            repeat);
-    printf("%-34s %-11s %5s %11s %11s %11s %8s %6s %6s %6s %6s %9s %9s %11s %7s\n", "trace",
+    printf("%-40s %-11s %5s %11s %11s %11s %8s %6s %6s %6s %6s %9s %9s %11s %7s\n", "trace",
            "config", "reps", "rep1 res", "last res", "max 2..N", "last/all", "dev1", "dev>1",
            "active", "dev>a", "hits", "misses", "arena", "marks!");
     for (int i = 0; i < nall; i++) {
@@ -660,7 +660,7 @@ int main(int argc, char **argv) {
         snprintf(deva, sizeof deva, "%" PRIu64, r->device_allocs_after_plan_active);
       }
       if (r->plan_arena_bytes) human(ar, sizeof ar, r->plan_arena_bytes);
-      printf("%-34.34s %-11.11s %5" PRIu64 " %11s %11s %11s %7.3fx %6" PRIu64 " %6" PRIu64
+      printf("%-40.40s %-11.11s %5" PRIu64 " %11s %11s %11s %7.3fx %6" PRIu64 " %6" PRIu64
              " %6s %6s %9" PRIu64 " %9" PRIu64 " %11s %7" PRIu64 "\n",
              all[i].trace, all[i].config, r->reps_completed,
              human(a, sizeof a, r->peak_reserved_first_rep),
@@ -687,7 +687,7 @@ int main(int argc, char **argv) {
     printf("\nsmallest simulated capacity with no failed allocation (bisection to %.2g%%), against "
            "the recording allocator's (%s) peak reserved and the trace's peak live bytes\n",
            precision * 100, recorded_label);
-    printf("%-34s %-11s %11s %11s %11s %9s %9s %7s %7s\n", "trace", "config", "min cap",
+    printf("%-40s %-11s %11s %11s %11s %9s %9s %7s %7s\n", "trace", "config", "min cap",
            "recorded", "peak live", "/ rec", "/ live", "replays", "time");
     int unstable = 0, budget_hit = 0;
     for (int i = 0; i < ncapall; i++) {
@@ -695,7 +695,7 @@ int main(int argc, char **argv) {
       char a[32], b[32], c[32], d[16], e[16];
       ratio(d, sizeof d, m->min_capacity, m->recorded_peak_reserved);
       ratio(e, sizeof e, m->min_capacity, m->lower_bound);
-      printf("%-34.34s %-11.11s %11s %11s %11s %9s %9s %7d %6.1fs%s%s\n", capall[i].trace,
+      printf("%-40.40s %-11.11s %11s %11s %11s %9s %9s %7d %6.1fs%s%s\n", capall[i].trace,
              capall[i].config, m->min_capacity ? human(a, sizeof a, m->min_capacity) : "none",
              m->recorded_peak_reserved ? human(b, sizeof b, m->recorded_peak_reserved) : "-",
              human(c, sizeof c, m->lower_bound), d, e, m->replays, m->wall_s,

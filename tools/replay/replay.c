@@ -751,6 +751,37 @@ static void end_rep(run_t *x, gma_stats_t *prev, uint64_t *dev_at_first, uint64_
   x->rep_allocated = s.allocated.current;
 }
 
+/* The run's figures that gma_stats gives, read at its end. */
+static void result_from_stats(replay_result_t *r, const gma_stats_t *s, bool growable) {
+  r->peak_allocated = s->allocated.peak;
+  r->peak_reserved = s->reserved.peak;
+  r->device_allocs = s->num_device_allocs;
+  r->device_frees = s->num_device_frees;
+  /* Reserved bytes are the bytes backed by device memory, and under growable
+   * ranges each device allocation or free is one chunk's map (which creates
+   * it) or unmap (replay.h, replay_result_t). */
+  r->mapped_peak = s->reserved.peak;
+  r->growable = growable;
+  if (growable) {
+    r->vm_maps = s->num_device_allocs;
+    r->vm_unmaps = s->num_device_frees;
+    r->vm_creates = s->num_device_allocs;
+  }
+  r->hits_bin = s->hits_bin;
+  r->hits_stream = s->hits_stream;
+  r->hits_pool = s->hits_pool;
+  r->hits_device = s->hits_device;
+  r->oom_retries = s->num_oom_retries;
+  r->plan_state = s->plan_state;
+  r->plan_hits = s->plan_hits;
+  r->plan_misses = s->plan_misses;
+  r->plan_replans = s->plan_replans;
+  r->plan_arena_bytes = s->plan_arena_bytes;
+  r->plan_lower_bound = s->plan_lower_bound;
+  r->plan_slots = s->plan_slots;
+  r->plan_iterations = s->plan_iterations;
+}
+
 int replay_run(const replay_trace_t *t, const char *conf, const replay_options_t *o,
                replay_result_t *r, char *err, size_t errlen) {
   replay_options_t defaults = {0};
@@ -955,23 +986,7 @@ int replay_run(const replay_trace_t *t, const char *conf, const replay_options_t
   r->recorded_peak_reserved = t->recorded_peak;
   gma_stats_t s = GMA_STATS_INIT;
   gma_stats(x.g, &s); /* with --repeat, after the last repetition's mark */
-  r->peak_allocated = s.allocated.peak;
-  r->peak_reserved = s.reserved.peak;
-  r->device_allocs = s.num_device_allocs;
-  r->device_frees = s.num_device_frees;
-  r->hits_bin = s.hits_bin;
-  r->hits_stream = s.hits_stream;
-  r->hits_pool = s.hits_pool;
-  r->hits_device = s.hits_device;
-  r->oom_retries = s.num_oom_retries;
-  r->plan_state = s.plan_state;
-  r->plan_hits = s.plan_hits;
-  r->plan_misses = s.plan_misses;
-  r->plan_replans = s.plan_replans;
-  r->plan_arena_bytes = s.plan_arena_bytes;
-  r->plan_lower_bound = s.plan_lower_bound;
-  r->plan_slots = s.plan_slots;
-  r->plan_iterations = s.plan_iterations;
+  result_from_stats(r, &s, c.expandable_segments != 0);
   if (r->reps_completed) r->device_allocs_after_first_rep = s.num_device_allocs - dev_at_first;
   if (r->plan_active_rep) r->device_allocs_after_plan_active = s.num_device_allocs - dev_at_active;
   int torch_rc = 0;
@@ -1014,6 +1029,8 @@ void replay_result_json(FILE *f, const replay_result_t *r) {
           ", \"peak_allocated\": %" PRIu64 ", \"peak_reserved\": %" PRIu64
           ", \"recorded_peak_reserved\": %" PRIu64 ", \"fragmentation_at_peak\": %.4f"
           ", \"device_allocs\": %" PRIu64 ", \"device_frees\": %" PRIu64
+          ", \"mapped_peak\": %" PRIu64 ", \"vm_maps\": %" PRIu64 ", \"vm_unmaps\": %" PRIu64
+          ", \"vm_creates\": %" PRIu64 ", \"growable\": %s"
           ", \"hits\": {\"bin\": %" PRIu64 ", \"stream\": %" PRIu64 ", \"pool\": %" PRIu64
           ", \"device\": %" PRIu64 "}, \"failed_allocs\": %" PRIu64 ", \"unmatched\": %" PRIu64
           ", \"oom_retries\": %" PRIu64 ", \"trace_peak_live\": %" PRIu64
@@ -1027,6 +1044,7 @@ void replay_result_json(FILE *f, const replay_result_t *r) {
           ", \"events_per_s\": %.0f",
           r->events, r->replayed, r->peak_requested, r->peak_allocated, r->peak_reserved,
           r->recorded_peak_reserved, r->fragmentation_at_peak, r->device_allocs, r->device_frees,
+          r->mapped_peak, r->vm_maps, r->vm_unmaps, r->vm_creates, r->growable ? "true" : "false",
           r->hits_bin, r->hits_stream, r->hits_pool, r->hits_device, r->failed_allocs,
           r->unmatched, r->oom_retries, r->trace_peak_live, r->failed_allocs ? "true" : "false",
           r->recorded_failed, r->oom_attempts, r->oom_served, r->oom_attempts - r->oom_served,
