@@ -244,7 +244,36 @@ static gma_status_t side_free_cross(side_t *sd, void *p, size_t size, gma_stream
 
 typedef struct logs {
   samples_t alloc, free, calls;
+  samples_t overhead; /* per allocation: its calls less the device memory calls */
+  /* the calls those allocations made, by kind; [GMA__SIM_COST_NOPS]: more
+   * in one call than the thread's log keeps */
+  uint64_t by_kind[GMA__SIM_COST_NOPS + 1];
 } logs_t;
+
+/* Device memory: what growth and release cost (allocations and frees,
+ * mappings, the free memory an OOM path asks), counted apart from the
+ * calls an allocation makes around them. */
+static int memory_call(gma__sim_cost_op_t op) {
+  switch (op) {
+    case GMA__SIM_COST_MEM_ALLOC: case GMA__SIM_COST_MEM_FREE: case GMA__SIM_COST_MEM_INFO:
+    case GMA__SIM_COST_VM_RESERVE: case GMA__SIM_COST_VM_RELEASE: case GMA__SIM_COST_VM_MAP:
+    case GMA__SIM_COST_VM_UNMAP: case GMA__SIM_COST_POOL_ALLOC: return 1;
+    default: return 0;
+  }
+}
+
+/* Counts the calling thread's calls c0 .. c0 + n - 1 by kind, after the
+ * timed region, and the allocation's calls less its memory calls (a call
+ * older than the thread's log counts as not one). */
+static void log_kinds(logs_t *lg, uint64_t c0, uint64_t n) {
+  uint64_t overhead = 0;
+  for (uint64_t k = c0; k < c0 + n; k++) {
+    gma__sim_cost_op_t op = gma__sim_cost_thread_op(k);
+    lg->by_kind[op]++;
+    overhead += !memory_call(op);
+  }
+  push(&lg->overhead, (double)overhead);
+}
 
 static gma_status_t t_alloc(side_t *sd, logs_t *lg, size_t size, gma_stream_t s, void **p) {
   uint64_t c0 = gma__sim_cost_thread_calls(), t0 = now_ns();
@@ -253,6 +282,7 @@ static gma_status_t t_alloc(side_t *sd, logs_t *lg, size_t size, gma_stream_t s,
   if (lg && st == GMA_OK) {
     push(&lg->alloc, (double)t);
     push(&lg->calls, (double)c);
+    if (c) log_kinds(lg, c0, c); else push(&lg->overhead, 0);
   }
   return st;
 }
@@ -281,6 +311,7 @@ static gma_status_t t_alloc_async(side_t *sd, logs_t *lg, size_t size, gma_strea
     if (lg) {
       push(&lg->alloc, (double)t);
       push(&lg->calls, (double)c);
+      if (c) log_kinds(lg, c0, c); else push(&lg->overhead, 0);
     }
   }
   return st;
@@ -558,6 +589,8 @@ static int batch_threads(batch_t *b) {
       append(&b->lg->alloc, &t[i].lg.alloc);
       append(&b->lg->free, &t[i].lg.free);
       append(&b->lg->calls, &t[i].lg.calls);
+      append(&b->lg->overhead, &t[i].lg.overhead);
+      for (int k = 0; k <= GMA__SIM_COST_NOPS; k++) b->lg->by_kind[k] += t[i].lg.by_kind[k];
     }
     stream_gone(b->sd, t[i].s);
   }
@@ -607,7 +640,10 @@ typedef struct result {
   double ns_per_pair;
   double alloc_p50, alloc_p99, alloc_max, free_p50, free_p99, free_max;
   double calls_p50, calls_p99, events_per_alloc;
+  double overhead_p50, overhead_p99; /* calls less the device memory calls */
   uint64_t footprint, peak_live, device_allocs, device_frees, device_maps, failed, allocs;
+  uint64_t slow_allocs; /* gma sides: timed allocations no bin served */
+  uint64_t by_kind[GMA__SIM_COST_NOPS + 1];
 } result_t;
 
 static double units_of(const scenario_t *sc, const batch_t *b) {
@@ -634,6 +670,7 @@ static void device_counts(side_t *sd, result_t *r) {
     r->device_allocs = s.num_device_allocs - sd->s0.num_device_allocs;
     r->device_frees = s.num_device_frees - sd->s0.num_device_frees;
     r->device_maps = strstr(sd->id, "growable") ? r->device_allocs : 0;
+    r->slow_allocs = (s.num_allocs - sd->s0.num_allocs) - (s.hits_bin - sd->s0.hits_bin);
   } else if (sd->pm) {
     pool_model_stats_t s;
     pool_model_stats(sd->pm, &s);
@@ -649,7 +686,7 @@ static void device_counts(side_t *sd, result_t *r) {
 }
 
 static void timed(const scenario_t *sc, side_t *sd, result_t *r, gma_stream_t s, gma_stream_t use) {
-  logs_t lg = {{0}, {0}, {0}};
+  logs_t lg = {{0}, {0}, {0}, {0}, {0}};
   int nb = sc->kind == K_PRESSURE ? opt.rounds : opt.reps;
   double *per = calloc((size_t)nb, sizeof *per);
   int ok = 0;
@@ -679,6 +716,10 @@ static void timed(const scenario_t *sc, side_t *sd, result_t *r, gma_stream_t s,
   r->free_p99 = rank_of(&lg.free, 99);
   r->calls_p50 = rank_of(&lg.calls, 50);
   r->calls_p99 = rank_of(&lg.calls, 99);
+  r->overhead_p50 = rank_of(&lg.overhead, 50);
+  r->overhead_p99 = rank_of(&lg.overhead, 99);
+  free(lg.overhead.v);
+  memcpy(r->by_kind, lg.by_kind, sizeof r->by_kind);
   free(lg.alloc.v), free(lg.free.v), free(lg.calls.v);
   r->ran = ok > 0;
 }
@@ -736,6 +777,47 @@ static void print_row(const scenario_t *sc, const side_t *sd, const result_t *r)
          r->device_frees, r->failed, r->calls_p50, r->calls_p99);
 }
 
+/* Allocations that could call the driver: gma's bin hits make no call. */
+static uint64_t slow_of(const side_t *sd, const result_t *r) {
+  return sd->raw || r->slow_allocs > r->allocs ? r->allocs : r->slow_allocs;
+}
+
+/* The timed allocations' calls by kind, per allocation a bin did not serve. */
+static void print_kinds(result_t (*res)[NSIDES], const int *ran_sc) {
+  printf("\ndriver calls per slow-path allocation, by kind (slow: allocations no bin served;\n"
+         " a bin hit makes no driver call); excl. mem p50/p99: calls per allocation less the\n"
+         " device memory calls (allocations, frees, maps, memory info)\n");
+  printf("%-30s %-13s %9s %9s %5s %5s  %s\n", "scenario", "side", "allocs", "slow", "p50", "p99",
+         "calls by kind");
+  for (int s = 0; s < NSC; s++)
+    for (int i = 0; ran_sc[s] && i < NSIDES; i++) {
+      const result_t *r = &res[s][i];
+      if (!r->ran) continue;
+      uint64_t slow = slow_of(&sides[i], r);
+      printf("%-30s %-13s %9" PRIu64 " %9" PRIu64 " %5.0f %5.0f ", scenarios[s].name, sides[i].id,
+             r->allocs, slow, r->overhead_p50, r->overhead_p99);
+      for (int k = 0; k <= GMA__SIM_COST_NOPS; k++)
+        if (r->by_kind[k])
+          printf(" %s %.2f", k < GMA__SIM_COST_NOPS ? gma__sim_cost_op_name(k) : "(unlogged)",
+                 slow ? (double)r->by_kind[k] / (double)slow : 0.0);
+      printf("\n");
+    }
+}
+
+static void json_kinds(FILE *f, const side_t *sd, const result_t *r) {
+  fprintf(f, ", \"overhead_calls_p50\": %.0f, \"overhead_calls_p99\": %.0f",
+          r->overhead_p50, r->overhead_p99);
+  fprintf(f, ", \"slow_allocs\": %" PRIu64 ", \"calls_by_kind\": {", slow_of(sd, r));
+  int first = 1;
+  for (int k = 0; k <= GMA__SIM_COST_NOPS; k++) {
+    if (!r->by_kind[k]) continue;
+    fprintf(f, "%s\"%s\": %" PRIu64, first ? "" : ", ",
+            k < GMA__SIM_COST_NOPS ? gma__sim_cost_op_name(k) : "unlogged", r->by_kind[k]);
+    first = 0;
+  }
+  fprintf(f, "}");
+}
+
 static void write_json(result_t (*res)[NSIDES], const int *ran_sc) {
   FILE *f = fopen(opt.json, "w");
   if (!f) {
@@ -758,11 +840,13 @@ static void write_json(result_t (*res)[NSIDES], const int *ran_sc) {
               ", \"device_maps\": %" PRIu64 ", \"failed_allocs\": %" PRIu64
               ", \"driver_calls_p50\": %.0f, \"driver_calls_p99\": %.0f, "
               "\"events_per_alloc\": %.3f, \"alloc_ns\": {\"p50\": %.0f, \"p99\": %.0f, \"max\": "
-              "%.0f}, \"free_ns\": {\"p50\": %.0f, \"p99\": %.0f, \"max\": %.0f}}",
+              "%.0f}, \"free_ns\": {\"p50\": %.0f, \"p99\": %.0f, \"max\": %.0f}",
               first ? "" : ",\n", scenarios[s].id, sides[i].id, r->ns_per_pair, r->footprint,
               r->peak_live, r->device_allocs, r->device_frees, r->device_maps, r->failed,
               r->calls_p50, r->calls_p99, r->events_per_alloc, r->alloc_p50, r->alloc_p99,
               r->alloc_max, r->free_p50, r->free_p99, r->free_max);
+      json_kinds(f, &sides[i], r);
+      fprintf(f, "}");
       first = 0;
     }
   }
@@ -868,6 +952,7 @@ int main(int argc, char **argv) {
          " reserved peak, direct's live bytes peak, pool-model's mapped peak. dev+/dev-: device\n"
          " allocations (growable: chunks mapped) and frees. calls/p99: priced driver calls made\n"
          " inside one allocation call, median and p99)\n");
+  print_kinds(res, ran_sc);
   write_json(res, ran_sc);
   printf("wrote %s\n", opt.json);
   free(sizes);

@@ -24,6 +24,13 @@ gma__stream_t *gma__stream_live(gma__pool_t *p, gma_stream_t stream, uint64_t id
  * wait-free apart from the ck_stack pop. */
 gma_status_t gma__bin_alloc_cached(gma__pool_t *p, size_t size, gma_stream_t stream,
                                    void **out);
+/* The device's id of stream: from the calling thread's stream cache when it
+ * holds a live record of it (no device call, relying on streams being
+ * retired before they are destroyed, as a bin hit does), else asked of the
+ * device (which, on CUDA, asks whether it captures first). The slow path's
+ * capture check (gma__pool_refuse_capture) does not depend on it. Any
+ * thread; wait-free on a cache hit. */
+gma_status_t gma__stream_id(gma__pool_t *p, gma_stream_t stream, uint64_t *id);
 /* The record the calling thread's stream cache holds for handle in p, or
  * NULL when it has none that may be used (for tests: what a bin hit would
  * pop from, without popping). */

@@ -153,6 +153,18 @@ gma_status_t gma__bin_alloc_cached(gma__pool_t *p, size_t size, gma_stream_t str
   return s ? bin_pop(p, s, size, out) : MISS;
 }
 
+gma_status_t gma__stream_id(gma__pool_t *p, gma_stream_t stream, uint64_t *id) {
+  uint64_t owner;
+  gma__stream_t *s = tl_stream_get(p, gma__stream_key(stream, &owner));
+  if (s) { /* by the rule above, still the stream the handle names */
+    *id = s->id;
+    return GMA_OK;
+  }
+  gma_status_t st = p->dev->ops->stream_id(p->dev, stream, id);
+  if (st == GMA_OK) gma__stream_live(p, stream, *id); /* cached, when gma has a record */
+  return st;
+}
+
 gma__stream_t *gma__stream_live(gma__pool_t *p, gma_stream_t stream, uint64_t id) {
   uint64_t owner;
   uintptr_t key = gma__stream_key(stream, &owner);

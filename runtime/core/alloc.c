@@ -65,6 +65,7 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t
     gma_status_t refused = gma__pool_refuse_capture(p, stream, "gma_alloc");
     if (refused != GMA_OK) return refused;
   }
+  bool asked = !capture && p->dev->ops->stream_capture;
   /* Requests the bins serve get their class's size, so the block can go
    * into a bin when freed; an arena is served at its own size. */
   uint64_t size = requested <= p->bin_max && !(flags & GMA__ALLOC_ARENA)
@@ -77,6 +78,7 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t
   else if (!gma__trylock(&p->lock, GMA__RANK_POOL)) return GMA_ERR_BUSY; /* the worker serves it */
   unsigned kept = gma__error_keep(); /* a failure inside a call that succeeds is not said */
   gma__stream_t *s = gma__stream_resolve(p, stream, stream_id);
+  if (asked) p->uncaptured = s; /* not capturing when asked above */
   gma__block_t *b = NULL;
   uint64_t *level = NULL;
   gma__oom_waiting_t w = {.device_errors = p->c.device_errors};
@@ -102,6 +104,7 @@ gma_status_t gma__pool_alloc_slow(gma__pool_t *p, size_t requested, gma_stream_t
     }
     gma__stats_sample(p);
   }
+  if (!(p->test_flags & GMA__TEST_KEEP_UNCAPTURED)) p->uncaptured = NULL;
   GMA__VALIDATE(p);
   gma__unlock(&p->lock);
   gma__error_done(kept, st);
@@ -282,8 +285,10 @@ gma_status_t gma__pool_alloc_batch(gma__pool_t *p, size_t n, const size_t *sizes
     st = gma__set_error(GMA_ERR_OOM, "host memory for a stream record");
     goto out;
   }
+  if (p->dev->ops->stream_capture) p->uncaptured = s; /* not capturing when asked above */
   st = batch_locked(p, s, n, sizes, stream, flags, taken, levels, ptrs);
 out:
+  p->uncaptured = NULL;
   p->keep_lock = false;
   GMA__VALIDATE(p);
   gma__unlock(&p->lock);

@@ -460,6 +460,35 @@ static gma_status_t grow_or_other(gma__pool_t *p, gma__stream_t *s, int kind, ui
   return st;
 }
 
+/* Lock held, no fit found yet: searches again after making what it can
+ * reusable, cheapest first: what completed device work freed, the bins
+ * left alone (they serve the hot path); then, while the pool holds less
+ * than half the device, a small request in a small hole of the large pool;
+ * only then every stream's bins drained (no device call), and then, before
+ * the pool grows, every stream's epochs closed and observed. A training loop's
+ * small misses would otherwise drain the bins at every step. Above half,
+ * memory comes first: the drain puts binned small blocks (any stream's,
+ * once their work completed) back in the small pool before a small
+ * request eats into a hole that a large request may need. */
+static gma__block_t *fit_after_settling(gma__pool_t *p, gma__stream_t *s, int kind, uint64_t size,
+                                        bool capture) {
+  gma__block_t *b = NULL;
+  if (p->c.reserved.current < p->limit / 2) {
+    gma__streams_observe(p);
+    b = find_fit_in(p, s, kind, size, capture);
+    if (!b) b = small_in_large_hole(p, kind, size);
+  }
+  if (!b) {
+    gma__streams_drain(p);
+    b = find_fit_in(p, s, kind, size, capture);
+  }
+  if (!b) {
+    gma__streams_poll(p, false);
+    b = find_fit_in(p, s, kind, size, capture);
+  }
+  return b;
+}
+
 gma_status_t gma__find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uint64_t size,
                                gma__block_t **out, uint64_t **level, bool may_grow,
                                bool capture) {
@@ -485,23 +514,7 @@ gma_status_t gma__find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uint6
     if (!b && p->pending_head) waited = (b = pending_wait_fit(p, s, kind, size, true)) != NULL;
   }
   if (!b && passed_by) b = find_fit_in(p, s, kind, size, capture);
-  /* Cheapest first: what completed device work freed, the bins left alone
-   * (they serve the hot path); then, while the pool holds less than half the
-   * device, a small request in a small hole of the large pool; only then
-   * every stream's bins drained, before the pool grows. A training loop's
-   * small misses would otherwise drain the bins at every step. Above half,
-   * memory comes first: the drain puts binned small blocks (any stream's,
-   * once their work completed) back in the small pool before a small
-   * request eats into a hole that a large request may need. */
-  if (!b && p->c.reserved.current < p->limit / 2) {
-    gma__streams_observe(p);
-    b = find_fit_in(p, s, kind, size, capture);
-    if (!b) b = small_in_large_hole(p, kind, size);
-  }
-  if (!b) {
-    gma__streams_poll(p, false);
-    b = find_fit_in(p, s, kind, size, capture);
-  }
+  if (!b) b = fit_after_settling(p, s, kind, size, capture);
   if (!b && p->reuse == GMA_REUSE_WAIT && !capture) {
     b = gma__streams_wait_fit(p, s, kind, size);
     if (!b) b = wait_join_fit(p, s, kind, size);

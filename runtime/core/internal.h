@@ -331,9 +331,13 @@ void gma__stream_drain_bins(gma__pool_t *p, gma__stream_t *s);
  * force is false). Never waits for the device. */
 void gma__streams_poll(gma__pool_t *p, bool force);
 /* As gma__streams_poll(p, false), but leaves the streams' bins alone: the
- * worker's periodic look while freed memory waits for device work (draining
- * the bins every few milliseconds would leave them nothing to hit). */
+ * slow path's look before a small request takes a hole of the large pool
+ * (draining the bins at every miss would leave them nothing to hit). */
 void gma__streams_observe(gma__pool_t *p);
+/* Drains every stream's bins and, unless reuse:none, moves the cached
+ * blocks whose epochs are already known complete to the free pool: the
+ * part of gma__streams_poll(p, false) that makes no device call. */
+void gma__streams_drain(gma__pool_t *p);
 /* Closes epochs and moves PENDING blocks whose gates passed, without
  * draining bins: lets a block used by other streams return to its place
  * before the slow path searches (cheap: O(streams)). */

@@ -181,6 +181,7 @@ bool gma__oom_wait(gma__pool_t *p, gma__oom_waiting_t *w, uint64_t need) {
   if (!w->start_ns) w->start_ns = gma__now_ns();
   if (p->leaving) { /* a trim is giving memory back to the device right now */
     p->c.oom_waits += w->rounds++ == 0;
+    p->uncaptured = NULL; /* the lock is dropped: a capture may begin meanwhile */
     while (p->leaving) pthread_cond_wait(&p->settled, &p->lock);
     return true;
   }
@@ -196,6 +197,7 @@ bool gma__oom_wait(gma__pool_t *p, gma__oom_waiting_t *w, uint64_t need) {
     return false;
   }
   p->c.oom_waits += w->rounds++ == 0; /* one per call that waited */
+  p->uncaptured = NULL; /* the lock is dropped: a capture may begin meanwhile */
   gma__unlock(&p->lock);
   /* 0: the deadline; the next call says so. */
   int got = gma__streams_wait_any(p, evs, n, deadline);

@@ -4,6 +4,7 @@
  * of reuse:wait, retiring streams (and rescuing frees that raced a retire),
  * the epochs a synchronize through gma completes, and the OOM path's host
  * wait for device work. Every function here runs under the pool lock. */
+#include <limits.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,21 +88,57 @@ void gma__stream_drain_bins(gma__pool_t *p, gma__stream_t *s) {
   }
 }
 
-/* Advances safe_epoch past every completed epoch event, oldest first. */
-static void observe_epochs(gma__pool_t *p, gma__stream_t *s) {
-  while (s->ev_count) {
-    bool done = false;
-    if (p->dev->ops->event_query(p->dev, s->ev[s->ev_head], &done) != GMA_OK) {
-      gma__pool_device_error(p, NULL);
-      return;
-    }
-    if (!done) return;
-    /* A synchronize through gma may have advanced it further already. */
-    if (s->ev_epoch[s->ev_head] > s->safe_epoch) s->safe_epoch = s->ev_epoch[s->ev_head];
+/* Whether the event of s's i-th outstanding epoch (0: the oldest) has
+ * completed; false, with the error counted, when the query failed. */
+static bool event_done(gma__pool_t *p, const gma__stream_t *s, unsigned i, bool *failed) {
+  bool done = false;
+  if (p->dev->ops->event_query(p->dev, s->ev[(s->ev_head + i) % GMA__EPOCH_EVENTS], &done) !=
+      GMA_OK) {
+    gma__pool_device_error(p, NULL);
+    *failed = true;
+    return false;
+  }
+  return done;
+}
+
+/* Gives back s's n oldest epoch events, completed: safe_epoch passes them. */
+static void retire_events(gma__pool_t *p, gma__stream_t *s, unsigned n) {
+  unsigned last = (s->ev_head + n - 1) % GMA__EPOCH_EVENTS;
+  /* A synchronize through gma may have advanced it further already. */
+  if (n && s->ev_epoch[last] > s->safe_epoch) s->safe_epoch = s->ev_epoch[last];
+  for (; n; n--) {
     event_put(p, s, s->ev[s->ev_head]);
     s->ev_head = (s->ev_head + 1) % GMA__EPOCH_EVENTS;
     s->ev_count--;
   }
+}
+
+/* Advances safe_epoch past every completed epoch event, spending at most
+ * *budget queries (UINT_MAX: no bound). Events of one stream complete in the
+ * order they were recorded, so the completed ones are a prefix: the oldest
+ * is asked first (not complete: nothing is), then the newest (complete: all
+ * are), then the boundary is found by halving. */
+static void observe_within(gma__pool_t *p, gma__stream_t *s, unsigned *budget) {
+  if (!s->ev_count || !*budget) return;
+  bool failed = false;
+  (*budget)--;
+  if (!event_done(p, s, 0, &failed)) return;
+  unsigned lo = 0, hi = s->ev_count; /* lo: known complete; hi: not complete (or past the end) */
+  if (hi > 1 && *budget) {
+    (*budget)--;
+    if (event_done(p, s, hi - 1, &failed)) lo = hi - 1; else hi--;
+  }
+  while (!failed && hi - lo > 1 && *budget) {
+    unsigned mid = lo + (hi - lo) / 2;
+    (*budget)--;
+    if (event_done(p, s, mid, &failed)) lo = mid; else hi = mid;
+  }
+  retire_events(p, s, lo + 1);
+}
+
+static void observe_epochs(gma__pool_t *p, gma__stream_t *s) {
+  unsigned unbounded = UINT_MAX;
+  observe_within(p, s, &unbounded);
 }
 
 /* Closes the open epoch of s by recording one event, if anything was freed
@@ -123,6 +160,7 @@ static bool capturing(gma__pool_t *p, const gma__stream_t *s) {
   if (p->test_flags & GMA__TEST_NO_CAPTURE_CHECK) return false;
   if (s->captures) return true;
   if (!p->dev->ops->stream_capture) return false;
+  if (s == p->uncaptured) return false; /* asked by this locked call already */
   bool on = false;
   uint64_t id = 0;
   return p->dev->ops->stream_capture(p->dev, s->handle, &on, &id) != GMA_OK || on;
@@ -200,6 +238,12 @@ void gma__streams_poll(gma__pool_t *p, bool force) {
 
 void gma__streams_observe(gma__pool_t *p) {
   gma__streams_settle_pending(p);
+  if (p->reuse == GMA_REUSE_NONE) return;
+  for (gma__stream_t *s = p->stream_list; s; s = s->next_all) release_safe_cached(p, s);
+}
+
+void gma__streams_drain(gma__pool_t *p) {
+  for (gma__stream_t *s = p->stream_list; s; s = s->next_all) gma__stream_drain_bins(p, s);
   if (p->reuse == GMA_REUSE_NONE) return;
   for (gma__stream_t *s = p->stream_list; s; s = s->next_all) release_safe_cached(p, s);
 }

@@ -48,6 +48,7 @@ static uint64_t give_back_unlocked(gma__pool_t *p, gma__span_t *out, size_t n) {
   p->leaving += leaving;
   GMA__VALIDATE(p);
   bool unlock = !p->keep_lock;
+  if (unlock) p->uncaptured = NULL; /* a capture may begin while the lock is dropped */
   if (unlock) gma__unlock(&p->lock);
   for (size_t i = 0; i < n; i++) p->src->ops->give_back(p->src, &out[i]);
   if (unlock) gma__lock(&p->lock, GMA__RANK_POOL);

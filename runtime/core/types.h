@@ -235,6 +235,8 @@ enum {
   GMA__TEST_NO_SERVE_CLAIM = 1u << 2,   /* a waiter serves a request without claiming it
                                            from the worker (future.c: both serve it) */
   GMA__TEST_NO_CAPTURE_CHECK = 1u << 3, /* epoch events are recorded on capturing streams */
+  GMA__TEST_KEEP_UNCAPTURED = 1u << 5,  /* the slow path's "not capturing" answer
+                                           (p->uncaptured) outlives its call */
   GMA__TEST_NO_CONSUMER_WAIT = 1u << 4  /* reuse:auto hands a consumer a pending block
                                            without making it wait for the block's stream,
                                            and an owner its own (reclaim_own_pending)
@@ -267,6 +269,12 @@ typedef struct gma__pool {
   gma__segment_t **segs;        /* sorted by base */
   size_t nsegs, segs_cap;
   gma__stream_t *stream_list;   /* live records, and retired ones still referenced */
+  /* The stream of the locked call running now whose capture state that call
+   * asked just before it took the lock (gma__pool_refuse_capture said "not
+   * capturing"): its epoch may be closed without asking again. Set after the
+   * lock is taken, cleared before it is dropped (also where a call drops it
+   * to wait), so no other call ever sees it. */
+  gma__stream_t *uncaptured;
   gma__stream_t *graveyard;     /* retired, unreferenced records: kept (lock-free readers
                                    may still hold them) but no longer walked; freed at destroy */
   gma__tcount_t graveyard_counts; /* the graveyard's counters, folded in */

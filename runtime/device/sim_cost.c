@@ -86,10 +86,14 @@ void gma__sim_spin_ns(uint64_t ns) {
 /* The driver's own lock: calls of every thread (and device) take turns. */
 static pthread_mutex_t driver_lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread uint64_t thread_calls;
+/* The calling thread's last GMA__SIM_COST_LOG calls, by kind: the n-th call
+ * is at n % GMA__SIM_COST_LOG. */
+static __thread uint8_t thread_ops[GMA__SIM_COST_LOG];
 static _Atomic uint64_t totals[GMA__SIM_COST_NOPS];
 
 void gma__sim_cost_pay(const gma__sim_costs_t *c, gma__sim_cost_op_t op, uint64_t bytes) {
   if (!c) return;
+  thread_ops[thread_calls % GMA__SIM_COST_LOG] = (uint8_t)op;
   thread_calls++;
   gma__faa_relaxed(&totals[op], 1);
   uint64_t ns = gma__sim_cost_ns(c, op, bytes);
@@ -103,6 +107,20 @@ void gma__sim_cost_pay(const gma__sim_costs_t *c, gma__sim_cost_op_t op, uint64_
 }
 
 uint64_t gma__sim_cost_thread_calls(void) { return thread_calls; }
+
+gma__sim_cost_op_t gma__sim_cost_thread_op(uint64_t n) {
+  if (n >= thread_calls || thread_calls - n > GMA__SIM_COST_LOG) return GMA__SIM_COST_NOPS;
+  return (gma__sim_cost_op_t)thread_ops[n % GMA__SIM_COST_LOG];
+}
+
+const char *gma__sim_cost_op_name(gma__sim_cost_op_t op) {
+  static const char *const names[] = {
+#define GMA__SIM_COST_NAME_(NAME) #NAME,
+      GMA__SIM_COST_OPS(GMA__SIM_COST_NAME_)
+#undef GMA__SIM_COST_NAME_
+  };
+  return op < GMA__SIM_COST_NOPS ? names[op] : "?";
+}
 
 uint64_t gma__sim_cost_total(gma__sim_cost_op_t op) {
   return op < GMA__SIM_COST_NOPS ? gma__load_relaxed(&totals[op]) : 0;

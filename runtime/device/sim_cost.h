@@ -65,6 +65,15 @@ void gma__sim_cost_pay(const gma__sim_costs_t *c, gma__sim_cost_op_t op, uint64_
 /* Driver calls paid on the calling thread so far (every op, NULL c
  * excluded): the benchmark's "driver calls per gma_alloc". */
 uint64_t gma__sim_cost_thread_calls(void);
+/* How many of the calling thread's latest calls gma__sim_cost_thread_op
+ * still knows. */
+#define GMA__SIM_COST_LOG 64
+/* The kind of the calling thread's n-th priced call (n counts from 0, as
+ * gma__sim_cost_thread_calls does), for one of its last GMA__SIM_COST_LOG
+ * calls; GMA__SIM_COST_NOPS for any other n. */
+gma__sim_cost_op_t gma__sim_cost_thread_op(uint64_t n);
+/* op's name as the X-macro spells it ("STREAM_CAPTURE"); "?" past the end. */
+const char *gma__sim_cost_op_name(gma__sim_cost_op_t op);
 /* Priced calls of op made so far in the process, all threads and devices. */
 uint64_t gma__sim_cost_total(gma__sim_cost_op_t op);
 /* Takes ns nanoseconds on the calling thread: spins below 200 us (nanosleep

@@ -93,6 +93,13 @@ if(TARGET gma_fakecuda)
   target_include_directories(fakecuda_capture_planted PRIVATE ${gma_gpu_dir})
   target_compile_definitions(fakecuda_capture_planted PRIVATE GMA_CAPTURE_PLANT=1)
   add_dependencies(fakecuda_capture_planted gma_fakecuda)
+  # The same with the slow path's capture answer kept past its call: the
+  # untold case must be stopped by the strict fake (a child, SIGABRT).
+  gma_test(NAME fakecuda_capture_planted_stale INTERNAL SOURCES ${gma_gpu_dir}/test_gpu_capture.c
+    LABELS fakecuda ENV ${gma_fake_env})
+  target_include_directories(fakecuda_capture_planted_stale PRIVATE ${gma_gpu_dir})
+  target_compile_definitions(fakecuda_capture_planted_stale PRIVATE GMA_CAPTURE_PLANT=2)
+  add_dependencies(fakecuda_capture_planted_stale gma_fakecuda)
   # Growable chunks on a device without GPUDirect RDMA or POSIX fd handles:
   # gma asks for neither (the fake refuses what the device lacks).
   gma_test(NAME fakecuda_backend_growable_plain EXE fakecuda_backend_errors LABELS fakecuda

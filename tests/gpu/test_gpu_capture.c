@@ -36,6 +36,13 @@
  *   counts     a pool whose blocks take two chunks, released: the
  *              statistics balance with nothing allocated, and the trace
  *              rows carry the blocks' own sizes and stream.
+ *   untold     a capture gma is not told of begins between two slow-path
+ *              allocations (s and another stream u are then in this
+ *              thread's stream cache, and the last allocation asked s's
+ *              capture state): a request on s is refused; s's open epoch,
+ *              which gates a block pending on u and holds a free, is not
+ *              closed on the capturing stream by gma_empty_cache's poll or
+ *              by u's slow path; the capture stays valid.
  *   host       a pinned block (gma_host_alloc) that a capture copies into:
  *              its free during the capture is refused (GMA_ERR_INVALID_ARGUMENT)
  *              without invalidating the capture; after the graph's launch
@@ -43,11 +50,15 @@
  * Skips (77) without a CUDA device; a driver without capture entry points
  * fails.
  *
- * Built with GMA_CAPTURE_PLANT (fakecuda_capture_planted, an internal test),
- * gma records epoch events on capturing streams (GMA__TEST_NO_CAPTURE_CHECK)
- * and the run passes only if the busy case, in a child process, is stopped
- * by the strict fake (SIGABRT): proof that the case reaches the worker's
- * epoch close on a capturing stream. */
+ * Built with GMA_CAPTURE_PLANT=1 (fakecuda_capture_planted, an internal
+ * test), gma records epoch events on capturing streams
+ * (GMA__TEST_NO_CAPTURE_CHECK) and the run passes only if the busy case, in
+ * a child process, is stopped by the strict fake (SIGABRT): proof that the
+ * case reaches the worker's epoch close on a capturing stream. With
+ * GMA_CAPTURE_PLANT=2 (fakecuda_capture_planted_stale), the slow path's "not
+ * capturing" answer outlives its call (GMA__TEST_KEEP_UNCAPTURED) and the
+ * untold case must be stopped the same way: proof that it would catch a
+ * cached capture answer that nothing invalidates. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -361,6 +372,32 @@ static void case_refused_and_errors(void) {
   printf("refused and errors: ok\n");
 }
 
+/* ---- untold: a capture begun between two slow-path allocations ------------------------ */
+
+static void case_untold(void) {
+  gma_stream_t u = NULL;
+  CHECK_OK(gma_stream_create(g, &u));
+  void *a = NULL, *x = NULL, *y = NULL, *p = NULL;
+  CHECK_OK(gma_alloc(g, 24 * MiB, u, &x)); /* no bin serves these */
+  CHECK_OK(gma_alloc(g, 24 * MiB, s, &a)); /* the last slow path asked about s */
+  CHECK_OK(gma_record_stream(g, x, s));
+  CHECK_OK(gma_free(g, x)); /* pending: gated by s's open epoch */
+  CHECK_OK(gma_free(g, a)); /* s's open epoch holds a free */
+  DRV_CHECK(cap.begin(s, CAPTURE_MODE_GLOBAL)); /* gma is not told */
+  gma_status_t st = gma_alloc(g, 24 * MiB, s, &p);
+  CHECK(st == GMA_ERR_INVALID_ARGUMENT && p == NULL);
+  CHECK_OK(gma_empty_cache(g)); /* a poll of every stream */
+  CHECK_OK(gma_alloc(g, 24 * MiB, u, &y)); /* settles what s gates (no fit: all of it) */
+  graph_t graph = NULL;
+  DRV_CHECK(cap.end(s, &graph)); /* nothing invalidated the capture */
+  DRV_CHECK(cap.destroy(graph));
+  CHECK_OK(gma_free(g, y));
+  CHECK_OK(gma_stream_synchronize(g, s));
+  CHECK_OK(gma_stream_synchronize(g, u));
+  CHECK_OK(gma_stream_destroy(g, u));
+  printf("untold: ok\n");
+}
+
 /* ---- counts and trace rows ------------------------------------------------------- */
 
 static size_t count_of(const char *text, const char *what) {
@@ -480,8 +517,8 @@ static void case_host(void) {
 }
 
 #ifdef GMA_CAPTURE_PLANT
-/* The busy case with the planted bug, in a child: it must die by the
- * strict fake's abort. */
+/* The busy case (plant 1) or the untold case (plant 2) with the planted
+ * bug, in a child: it must die by the strict fake's abort. */
 static int planted(void) {
   fflush(NULL);
   pid_t pid = fork();
@@ -491,9 +528,14 @@ static int planted(void) {
     drv_open();
     drv_bind_thread();
     load_capture();
-    gma__pool_of(g)->test_flags = GMA__TEST_NO_CAPTURE_CHECK;
     CHECK_OK(gma_stream_create(g, &s));
+#if GMA_CAPTURE_PLANT == 2
+    gma__pool_of(g)->test_flags = GMA__TEST_KEEP_UNCAPTURED;
+    case_untold();
+#else
+    gma__pool_of(g)->test_flags = GMA__TEST_NO_CAPTURE_CHECK;
     case_busy();
+#endif
     _exit(0);
   }
   int status = 0;
@@ -522,6 +564,7 @@ int main(void) {
   case_fork();
   case_busy();
   case_refused_and_errors();
+  case_untold();
   case_host();
   case_counts_and_trace();
   CHECK_OK(gma_stream_destroy(g, s));

@@ -79,6 +79,42 @@ static outcome_t epoch_scenario(unsigned test_flags) {
   return o;
 }
 
+/* X is allocated on A and used by a held kernel on A, and by B too
+ * (record_stream), then freed; B's work is done. C allocates the same size:
+ * its slow path settles pending blocks (B's gate has passed), and must not
+ * hand X to C while A's kernel still runs. */
+static outcome_t owner_busy_scenario(unsigned test_flags) {
+  gma_t *g = sim_allocator(NULL);
+  gma__pool_of(g)->test_flags = test_flags;
+  gma_stream_t a, b, c;
+  CHECK_OK(gma_stream_create(g, &a));
+  CHECK_OK(gma_stream_create(g, &b));
+  CHECK_OK(gma_stream_create(g, &c));
+  atomic_int gate = 0, corruptions = 0;
+  const size_t len = 256 << 10;
+
+  void *x, *y;
+  CHECK_OK(gma_alloc(g, len, a, &x));
+  pattern_kernel_t ka = {x, len, 0xA2, &gate, 0, &corruptions, 0};
+  CHECK_OK(gma_sim_launch(g, a, pattern_kernel_run, &ka));
+  pattern_kernel_wait_started(&ka);
+  CHECK_OK(gma_record_stream(g, x, b));
+  CHECK_OK(gma_free(g, x)); /* pending: gated by b's open epoch */
+  CHECK_OK(gma_stream_synchronize(g, b));
+
+  CHECK_OK(gma_alloc(g, len, c, &y));
+  pattern_kernel_t kc = {y, len, 0xC2, NULL, 0, &corruptions, 0};
+  CHECK_OK(gma_sim_launch(g, c, pattern_kernel_run, &kc));
+  CHECK_OK(gma_stream_synchronize(g, c));
+  atomic_store(&gate, 1);
+  CHECK_OK(gma_stream_synchronize(g, a));
+
+  outcome_t o = {atomic_load(&corruptions), x == y};
+  CHECK_OK(gma_free(g, y));
+  CHECK_OK(gma_destroy(g));
+  return o;
+}
+
 /* Once A's and B's work is done, the same block is reused across streams:
  * gating must delay reuse, not forbid it. The block fills its segment, so
  * nothing else fits and the allocator must look at its pending blocks. */
@@ -165,6 +201,13 @@ int main(void) {
   bug = epoch_scenario(GMA__TEST_NO_EPOCH_GATING);
   CHECK(bug.reused_same_address && bug.corruptions > 0);
   printf("epoch gating: clean with gating; %d corruption(s) caught without it\n", bug.corruptions);
+
+  ok = owner_busy_scenario(0);
+  CHECK(ok.corruptions == 0 && !ok.reused_same_address);
+  bug = owner_busy_scenario(GMA__TEST_NO_EPOCH_GATING);
+  CHECK(bug.reused_same_address && bug.corruptions > 0);
+  printf("a settled block's owner still busy: clean with gating; %d corruption(s) caught "
+         "without it\n", bug.corruptions);
 
   reuse_after_completion();
   settled_block_returns_to_owner();
