@@ -191,8 +191,15 @@ bool gma__oom_wait(gma__pool_t *p, gma__oom_waiting_t *w, uint64_t need) {
     return false;
   }
   gma__event_t evs[GMA__OOM_WAIT_EVENTS];
+  uint64_t gated = p->c.pending + p->c.stream_cached;
   size_t n = gma__streams_wait_begin(p, evs, GMA__OOM_WAIT_EVENTS);
   if (!n) {
+    /* Every event that gated freed memory may have completed since the
+     * caller's search (wait_begin observed them): what they gated is
+     * settled now, and the caller searches again. Each such round frees
+     * gated bytes, so the rounds end. */
+    gma__streams_poll(p, false);
+    if (p->c.pending + p->c.stream_cached < gated) return true;
     w->stop = GMA__OOM_NOTHING;
     return false;
   }
