@@ -141,14 +141,6 @@ static void observe_epochs(gma__pool_t *p, gma__stream_t *s) {
   observe_within(p, s, &unbounded);
 }
 
-/* Closes the open epoch of s by recording one event, if anything was freed
- * in it; true when it did. The epoch is raised before the record (see
- * gma__bin_free for why). When all GMA__EPOCH_EVENTS slots hold events that
- * have not completed, the newest one is recorded again and takes the new
- * epoch: a later record covers all earlier work, so its older epoch is still
- * covered (only later). A failed device call leaves blocks where they are
- * (safe); the next poll tries again. Another thread's per-thread stream
- * cannot be named from here. */
 /* Whether s is capturing a CUDA graph now: a capture gma was told of
  * (gma_capture_begin), or one the device reports (a stream that joined a
  * capture through an event, or a capture begun without telling gma). An
@@ -171,6 +163,14 @@ static bool capturing(gma__pool_t *p, const gma__stream_t *s) {
  * for it, so a record the program did not make could hold its streams up. */
 static bool is_legacy(gma_stream_t h) { return h == NULL || h == (gma_stream_t)(uintptr_t)0x1; }
 
+/* Closes the open epoch of s by recording one event, if anything was freed
+ * in it; true when it did. The epoch is raised before the record (see
+ * gma__bin_free for why). When all GMA__EPOCH_EVENTS slots hold events that
+ * have not completed, the newest one is recorded again and takes the new
+ * epoch: a later record covers all earlier work, so its older epoch is still
+ * covered (only later). A failed device call leaves blocks where they are
+ * (safe); the next poll tries again. Another thread's per-thread stream
+ * cannot be named from here. */
 static bool close_epoch(gma__pool_t *p, gma__stream_t *s) {
   if (!gma__load_relaxed(&s->dirty)) return false;
   if (s->owner_tid && s->owner_tid != gma__thread_id()) return false;
