@@ -14,20 +14,19 @@
 #define US(x) ((uint64_t)((x) * 1000.0))
 
 /* Hopper, driver 580: each line's base and slope fit gma-driver-probe's
- * medians over sizes on an idle device; the busy factors are the probe's
- * calls beside a running kernel over the idle line, the full factors come
- * from the GPU benchmark's p99 calls at 89% fill (memory pressure: direct
- * side for allocations and frees, gma expandable and cudaMallocAsync for
- * maps; H100 and H200). docs/gpu/cost-model.md names the runs and compares
- * each line with its source. */
+ * medians over sizes on an idle device; the busy extras are the probe's
+ * calls beside a running kernel less the idle price (64 MiB); the full
+ * factors come from the GPU benchmark's calls at 89% fill (memory
+ * pressure, H100 and H200). docs/gpu/cost-model.md names the runs and
+ * compares each line with its source. */
 #define HOPPER_LINES                                                                 \
-  [GMA__SIM_COST_MEM_ALLOC] = {US(33), 72.0, 3.7, 15.5},                             \
-  [GMA__SIM_COST_MEM_FREE] = {US(30), 300.0, 1.0, 3.0},                              \
+  [GMA__SIM_COST_MEM_ALLOC] = {US(33), 72.0, US(100), 15.5},                             \
+  [GMA__SIM_COST_MEM_FREE] = {US(30), 300.0, 0, 3.0},                              \
   [GMA__SIM_COST_MEM_INFO] = {US(4.3), 0},                                           \
   [GMA__SIM_COST_VM_RESERVE] = {US(1.0), 0},                                         \
   [GMA__SIM_COST_VM_RELEASE] = {US(1.0), 0},                                         \
-  [GMA__SIM_COST_VM_MAP] = {US(35), 40.0, 12.2, 10.0},                               \
-  [GMA__SIM_COST_VM_UNMAP] = {US(22), 280.0, 1.8, 3.0},                              \
+  [GMA__SIM_COST_VM_MAP] = {US(35), 40.0, US(420), 1.0},                               \
+  [GMA__SIM_COST_VM_UNMAP] = {US(22), 280.0, US(30), 3.0},                              \
   [GMA__SIM_COST_HOST_ALLOC] = {US(300), 350000.0},                                  \
   [GMA__SIM_COST_HOST_FREE] = {US(200), 90000.0},                                    \
   [GMA__SIM_COST_EVENT_CREATE] = {110, 0},                                           \
@@ -79,11 +78,10 @@ uint64_t gma__sim_cost_ns_at(const gma__sim_costs_t *c, gma__sim_cost_op_t op, u
   uint64_t ns = gma__sim_cost_ns(c, op, bytes);
   if (!ns) return 0;
   const gma__sim_cost_line_t *l = &c->op[op];
-  double x = 1.0;
-  if (load.busy && l->busy_factor > 0) x *= l->busy_factor;
-  double fill = load.fill > c->fill_top ? c->fill_top : load.fill;
+  if (load.busy) ns += l->busy_extra_ns;
+  double x = 1.0, fill = load.fill > c->fill_top ? c->fill_top : load.fill;
   if (l->full_factor > 1.0 && fill > c->fill_knee)
-    x *= 1.0 + (l->full_factor - 1.0) * (fill - c->fill_knee) / (c->fill_top - c->fill_knee);
+    x += (l->full_factor - 1.0) * (fill - c->fill_knee) / (c->fill_top - c->fill_knee);
   return (uint64_t)((double)ns * x);
 }
 

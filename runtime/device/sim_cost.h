@@ -5,8 +5,8 @@
  * take the host time it takes on a GPU, and the device behave as a GPU does
  * where that changes a policy's cost:
  *   - a call costs base_ns + ns_per_mib * MiB of the memory it concerns,
- *     times busy_factor when a kernel is queued or running on the device,
- *     times a fill factor that rises from 1 at fill_knee (the device's used
+ *     plus busy_extra_ns when a kernel is queued or running on the device,
+ *     all times a fill factor that rises from 1 at fill_knee (the device's used
  *     fraction) in a straight line to full_factor at fill_top, and stays
  *     there above it (no GPU figure was measured above);
  *   - device frees (and pinned host allocations and frees) first wait for
@@ -45,7 +45,7 @@ typedef enum gma__sim_cost_op {
 typedef struct gma__sim_cost_line {
   uint64_t base_ns;
   double ns_per_mib;
-  double busy_factor; /* while a kernel is queued or running (0: 1) */
+  uint64_t busy_extra_ns; /* added while a kernel is queued or running */
   double full_factor; /* at fill_top and above, fill_knee's 1 rising to it (0: 1) */
 } gma__sim_cost_line_t;
 
@@ -74,7 +74,7 @@ const char *gma__sim_costs_names(void);
 /* The host time one call of op on bytes takes under c on an idle, empty
  * device (0 when c is NULL). */
 uint64_t gma__sim_cost_ns(const gma__sim_costs_t *c, gma__sim_cost_op_t op, uint64_t bytes);
-/* The same under load: times op's busy and fill factors. */
+/* The same under load: plus op's busy extra, times its fill factor. */
 uint64_t gma__sim_cost_ns_at(const gma__sim_costs_t *c, gma__sim_cost_op_t op, uint64_t bytes,
                              gma__sim_load_t load);
 /* Takes gma__sim_cost_ns's time on the calling thread, holding the
