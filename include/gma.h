@@ -120,17 +120,18 @@ typedef enum gma_reuse {
   GMA_REUSE_AUTO = 0,  /* as QUERY, and a block freed after gma_record_stream(ptr, U) for
                           one stream U serves U before that, when that saves growing the
                           pool: U waits on S's event on the device (U already waited for
-                          S's work on the block); ordinary segments serve the stream
-                          that made them first (default) */
+                          S's work on the block); S itself takes back its blocks that
+                          wait for other streams' work, behind a device-side wait on
+                          them, once they hold as much as is allocated (the host is a
+                          working set ahead; a program that holds a stream on the host
+                          for another thread must use QUERY: docs/streams.md);
+                          ordinary segments serve the stream that made them first
+                          (default) */
   GMA_REUSE_WAIT = 1,  /* as AUTO, and also before that: U is made to wait on S's event
                           on the device (no host blocking), when that saves growing the
                           pool (a block cached on S, alone or joined with the free memory
-                          beside it); a block
-                          freed after gma_record_stream too, U then waiting on the event
-                          of S and of every recorded stream; and S itself takes back its
-                          blocks that wait for other streams' work, behind a device-side
-                          wait on them, once they hold as much as is allocated (the host
-                          is a working set ahead) */
+                          beside it); a block freed after gma_record_stream too, U then
+                          waiting on the event of S and of every recorded stream */
   GMA_REUSE_NONE = 2,  /* never automatically: S keeps its freed blocks until
                           gma_empty_cache or gma_stream_retire */
   GMA_REUSE_QUERY = 3  /* once the host has seen S's work on it complete (no device-side

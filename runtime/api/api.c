@@ -379,11 +379,12 @@ static gma_status_t alloc_pool(gma_t *g, size_t size, gma_stream_t stream, unsig
    * are destroyed). */
   bool binnable = size <= g->pool.bin_max;
   if (binnable && gma__bin_alloc_cached(&g->pool, size, stream, out) == GMA_OK) return GMA_OK;
-  /* Otherwise the stream's id tells a recycled handle from the stream it
-   * used to name; asked once, for the bin (which caches the record) and, on
-   * a miss, the pool. */
+  /* Otherwise the stream's id, from the same cache when it holds the
+   * stream (no device call), else from the device, which tells a recycled
+   * handle from the stream it used to name; asked once, for the bin (which
+   * caches the record) and, on a miss, the pool. */
   uint64_t id;
-  gma_status_t st = g->dev->ops->stream_id(g->dev, stream, &id);
+  gma_status_t st = gma__stream_id(&g->pool, stream, &id);
   if (st != GMA_OK) return st;
   if (binnable && gma__bin_alloc(&g->pool, size, stream, id, out) == GMA_OK) return GMA_OK;
   return gma__pool_alloc_slow(&g->pool, size, stream, id, GMA__ALLOC_WAIT | flags, out);

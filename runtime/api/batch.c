@@ -47,7 +47,7 @@ gma_status_t gma_alloc_batch(gma_t *g, size_t n, const size_t *sizes, gma_stream
 static gma_status_t batch_pool(gma_t *g, size_t n, const size_t *sizes, gma_stream_t stream,
                                void **ptrs) {
   uint64_t id;
-  gma_status_t st = g->dev->ops->stream_id(g->dev, stream, &id);
+  gma_status_t st = gma__stream_id(&g->pool, stream, &id);
   if (st != GMA_OK) return st;
   bool observed = gma__oom_observed(g);
   unsigned kept = observed ? gma__error_keep() : 0;

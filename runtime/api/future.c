@@ -295,7 +295,7 @@ static bool help(gma_future_t *f) {
   if (!gma__load_relaxed(&g->worker.memory_wanted) &&
       (planted || gma__cas_seq_cst(&f->owner, &o, OWN_HELPER))) {
     uint64_t id;
-    gma_status_t st = g->dev->ops->stream_id(g->dev, f->stream, &id);
+    gma_status_t st = gma__stream_id(&g->pool, f->stream, &id);
     if (st == GMA_OK)
       st = f->n == 1 && !f->sizes
                ? gma__pool_alloc_slow(&g->pool, f->size, f->stream, id, GMA__ALLOC_ATTEMPT, &f->ptr)
@@ -326,7 +326,7 @@ static bool serve_op(gma__request_t *r, uint64_t now) {
   }
   gma_t *g = f->g;
   uint64_t id;
-  gma_status_t st = g->dev->ops->stream_id(g->dev, f->stream, &id);
+  gma_status_t st = gma__stream_id(&g->pool, f->stream, &id);
   if (st == GMA_OK)
     st = f->n == 1 && !f->sizes
              ? gma__pool_alloc_slow(&g->pool, f->size, f->stream, id, GMA__ALLOC_ATTEMPT, &f->ptr)
@@ -415,7 +415,7 @@ static bool submit_at_once(gma_t *g, gma_future_t *f, const gma_async_options_t 
     complete(f, GMA_OK);
     return true;
   }
-  *st = g->dev->ops->stream_id(g->dev, f->stream, id);
+  *st = gma__stream_id(&g->pool, f->stream, id);
   if (*st == GMA_OK && binnable &&
       gma__bin_alloc(&g->pool, f->size, f->stream, *id, &f->ptr) == GMA_OK) {
     complete(f, GMA_OK);

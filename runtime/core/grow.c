@@ -342,7 +342,7 @@ static gma__block_t *pending_wait_fit(gma__pool_t *p, gma__stream_t *s, int kind
   return gma__cache_block(p, best);
 }
 
-/* Lock held, reuse:wait, the pool about to grow for s: when
+/* Lock held, reuse:auto or wait, the pool about to grow for s: when
  * s's own PENDING blocks of this kind (freed on s after gma_record_stream,
  * the other streams' work on them not yet seen to complete) hold at least
  * the request and at least the bytes allocated now, the host has run that
@@ -355,13 +355,12 @@ static gma__block_t *pending_wait_fit(gma__pool_t *p, gma__stream_t *s, int kind
  * RECLAIM_STREAMS, or by one with no event to wait on, stay pending. Below
  * the bound s grows: a short lead keeps its overlap. Without it, a stream
  * that hands every buffer to a slower stream grows by the whole lead the
- * host has over the device (docs/streams.md). Not under
- * reuse:auto: s's wait on its consumers is a dependency the program never
- * made. A consumer's work may itself wait on the host for s's thread (the
- * GPU pipeline test holds each consumer stream until its stage's next
- * buffer is served); with the reclaim on by default, a stage synchronizing
- * its own stream then waited for a consumer that waited for it, and
- * fakecuda_pipeline hung under ASan. True when anything came back. */
+ * host has over the device. s's wait on its consumers is a dependency the
+ * program never made: a consumer whose work waits on the host for s's
+ * thread (a stream held until s's next buffer is served) while that thread
+ * synchronizes s hangs the program (docs/streams.md#the-one-hazard;
+ * api_test_reclaim_hazard); such programs use reuse:query. True when
+ * anything came back. */
 #define RECLAIM_STREAMS 16 /* distinct gating streams handled in one call */
 /* The slot of gating stream u among newest[0..n), or n. */
 static size_t gate_slot(const gma__gate_t *newest, size_t n, const gma__stream_t *u) {
@@ -522,9 +521,10 @@ gma_status_t gma__find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uint6
     waited = b != NULL;
   }
   if (!b) b = small_in_large_hole(p, kind, size);
-  /* Only under reuse:wait: the owner's wait on its consumers is a dependency
-   * the program never made (see reclaim_own_pending). */
-  if (!b && p->reuse == GMA_REUSE_WAIT && !capture && p->pending_head &&
+  /* Not under reuse:query: the owner's wait on its consumers is a
+   * dependency the program never made (see reclaim_own_pending). */
+  if (!b && (p->reuse == GMA_REUSE_AUTO || p->reuse == GMA_REUSE_WAIT) && !capture &&
+      p->pending_head &&
       reclaim_own_pending(p, s, kind, size)) {
     b = find_fit_in(p, s, kind, size, capture);
     waited = b != NULL;

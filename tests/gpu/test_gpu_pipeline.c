@@ -220,7 +220,12 @@ int main(int argc, char **argv) {
   CHECK(batches > 0);
   printf("gpu pipeline: seed %llu, %u micro-batches x %d stages (rerun: %s %llu %u)\n",
          (unsigned long long)seed, batches, STAGES, argv[0], (unsigned long long)seed, batches);
-  g = drv_cuda_allocator(NULL); /* skips without a CUDA device */
+  /* reuse:query: the stages hold their streams on the host until another
+   * thread's buffer is served, which is the owner reclaim's one hazard
+   * (docs/streams.md#the-one-hazard): under the default a producer could take
+   * back a buffer behind a wait on a held consumer and then synchronize its
+   * own stream. Skips without a CUDA device. */
+  g = drv_cuda_allocator("reuse:query");
 #ifdef GMA_PIPELINE_PLANT
   gma__pool_of(g)->test_flags = GMA__TEST_NO_EPOCH_GATING;
 #endif

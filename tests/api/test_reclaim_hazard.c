@@ -1,0 +1,106 @@
+/* The one hazard of the owner reclaim (docs/streams.md#the-one-hazard).
+ *
+ * Stream a hands eight 4 MiB blocks to stream u (gma_record_stream, then
+ * gma_free on a) while u is held on the host: u's kernels, which use the
+ * blocks, wait for a gate that only this thread opens. When a then asks for
+ * 16 MiB, its pending blocks hold the request and more than it has
+ * allocated, so under the default (reuse:auto) a takes them back behind a
+ * device-side wait on u: no new device memory, and a's next kernel waits for
+ * u's held work. This thread then synchronizes a before it opens the gate:
+ * a program shaped like this waits for ever. Here a watchdog thread reports
+ * that hang after HANG_MS and opens the gate, so the test ends either way.
+ *
+ * Checked: under reuse:auto the reclaim happens (no growth, one wait) and
+ * the watchdog sees the hang, with no corruption; under reuse:query, the
+ * mode for programs that hold streams on the host, a grows and nothing
+ * hangs. */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "gma.h"
+#include "simkit.h"
+
+#define MiB ((size_t)1 << 20)
+#define HANG_MS 1000
+
+typedef struct watch {
+  atomic_int *gate; /* u's hold: opened by the watchdog on a hang */
+  atomic_int done;  /* set by the main thread once a's synchronize returned */
+  atomic_int hung;  /* set by the watchdog when it had to open the gate */
+} watch_t;
+
+static void *watchdog(void *arg) {
+  watch_t *w = arg;
+  for (int i = 0; i < HANG_MS && !atomic_load(&w->done); i++) sleep_us(1000);
+  if (!atomic_load(&w->done)) {
+    atomic_store(&w->hung, 1);
+    fprintf(stderr, "watchdog: a's synchronize still waits after %d ms: it waits for u's held "
+                    "work (the reclaim's hazard); opening u's hold\n",
+            HANG_MS);
+  }
+  atomic_store(w->gate, 1);
+  return NULL;
+}
+
+/* One run under conf; *grew, *waits: whether a's 16 MiB request made a
+ * device allocation, and the device-side waits it made; *hung: whether
+ * the watchdog had to open u's hold. Returns the corruptions seen. */
+static int run(const char *conf, bool *grew, uint64_t *waits, bool *hung) {
+  gma_t *g = sim_allocator(conf);
+  gma_stream_t a, u;
+  CHECK_OK(gma_stream_create(g, &a));
+  CHECK_OK(gma_stream_create(g, &u));
+  atomic_int gate = 0, corruptions = 0;
+  pattern_kernel_t ku[8];
+  void *x[8];
+  for (int i = 0; i < 8; i++) CHECK_OK(gma_alloc(g, 4 * MiB, a, &x[i]));
+  for (int i = 0; i < 8; i++) {
+    ku[i] = (pattern_kernel_t){x[i], 4 * MiB, (uint8_t)(0x20 + i), &gate, 0, &corruptions, 0};
+    CHECK_OK(gma_sim_launch(g, u, pattern_kernel_run, &ku[i]));
+    CHECK_OK(gma_record_stream(g, x[i], u));
+    CHECK_OK(gma_free(g, x[i]));
+  }
+  pattern_kernel_wait_started(&ku[0]); /* u is held from here on */
+  gma_stats_t s0 = GMA_STATS_INIT, s1 = GMA_STATS_INIT;
+  CHECK_OK(gma_stats(g, &s0));
+  CHECK(s0.pending_bytes == 32 * MiB);
+  void *y;
+  CHECK_OK(gma_alloc(g, 16 * MiB, a, &y));
+  CHECK_OK(gma_stats(g, &s1));
+  *grew = s1.num_device_allocs > s0.num_device_allocs;
+  *waits = s1.num_cross_stream_waits - s0.num_cross_stream_waits;
+  pattern_kernel_t ky = {y, 16 * MiB, 0xEE, NULL, 1000, &corruptions, 0};
+  CHECK_OK(gma_sim_launch(g, a, pattern_kernel_run, &ky));
+  watch_t w = {&gate, 0, 0};
+  pthread_t t;
+  CHECK(pthread_create(&t, NULL, watchdog, &w) == 0);
+  CHECK_OK(gma_stream_synchronize(g, a)); /* the program's wait, before it opens the gate */
+  atomic_store(&w.done, 1);
+  CHECK(pthread_join(t, NULL) == 0);
+  *hung = atomic_load(&w.hung);
+  CHECK_OK(gma_stream_synchronize(g, u));
+  CHECK_OK(gma_free(g, y));
+  CHECK_OK(gma_stream_destroy(g, a));
+  CHECK_OK(gma_stream_destroy(g, u));
+  gma_stats_t s2 = GMA_STATS_INIT;
+  CHECK_OK(gma_stats(g, &s2));
+  CHECK(s2.allocated.current == 0 && s2.pending_bytes == 0);
+  CHECK_OK(gma_destroy(g));
+  return atomic_load(&corruptions);
+}
+
+int main(void) {
+  bool grew, hung;
+  uint64_t waits;
+  int c = run(NULL, &grew, &waits, &hung);
+  printf("reuse:auto: grew %d, waits %" PRIu64 ", hung %d, corruptions %d\n", grew, waits, hung, c);
+  CHECK(!grew && waits == 1 && hung && c == 0);
+  c = run("reuse:query", &grew, &waits, &hung);
+  printf("reuse:query: grew %d, waits %" PRIu64 ", hung %d, corruptions %d\n", grew, waits, hung,
+         c);
+  CHECK(grew && waits == 0 && !hung && c == 0);
+  printf("ok\n");
+  return 0;
+}
