@@ -15,8 +15,10 @@
  *                 (cudaMallocAsync's default pool, bench/pool_model.h).
  *
  * Kernels: every buffer is "touched" by a simulated kernel on its stream
- * that takes the time a GPU kernel touching one byte every 256 would (2 us
- * plus 44 ns per MiB) without touching memory, so that a working set of
+ * that takes the time gma-bench-gpu's kernel touching one byte every 256
+ * took (2 us plus 257 ns per MiB on the H100, 223 on the H200: the large
+ * scenario's time per pair on the GPU, where pool hits leave only the
+ * kernel) without touching memory, so that a working set of
  * tens of GiB replays on a small machine; a spin of --spin-us holds a
  * second stream where a buffer is used across streams. Every batch ends
  * with a synchronization of its streams, inside its timed region.
@@ -93,7 +95,11 @@ static double rank_of(samples_t *s, double p) {
 /* A kernel's duration rides in its argument: nothing to free. */
 static void kernel_wait(void *arg) { gma__sim_spin_ns((uint64_t)(uintptr_t)arg); }
 
-static uint64_t touch_ns(size_t bytes) { return 2000 + (uint64_t)(44.0 * (double)bytes / MiB); }
+static double touch_ns_per_mib = 257.0; /* the preset's GPU (parse) */
+
+static uint64_t touch_ns(size_t bytes) {
+  return 2000 + (uint64_t)(touch_ns_per_mib * (double)bytes / MiB);
+}
 
 /* ---- sides -------------------------------------------------------------------------------- */
 
@@ -923,6 +929,7 @@ static void parse(int argc, char **argv) {
   }
   capacity = !strcmp(opt.preset, "h200") ? (uint64_t)(139.3 * 1024) * MiB
                                          : (uint64_t)(78.7 * 1024) * MiB;
+  touch_ns_per_mib = !strcmp(opt.preset, "h200") ? 223.0 : 257.0;
 }
 
 int main(int argc, char **argv) {

@@ -4,7 +4,11 @@
  * sim_*_ns knobs, which unit tests rely on. A preset makes each driver call
  * take the host time it takes on a GPU, and the device behave as a GPU does
  * where that changes a policy's cost:
- *   - a call costs base_ns + ns_per_mib * MiB of the memory it concerns;
+ *   - a call costs base_ns + ns_per_mib * MiB of the memory it concerns,
+ *     plus busy_extra_ns when a kernel is queued or running on the device,
+ *     all times a fill factor that rises from 1 at fill_knee (the device's used
+ *     fraction) in a straight line to full_factor at fill_top, and stays
+ *     there above it (no GPU figure was measured above);
  *   - device frees (and pinned host allocations and frees) first wait for
  *     all work queued on the device, as cuMemFree and cuMemHostAlloc do;
  *   - an event recorded behind queued work completes event_latency_ns after
@@ -41,11 +45,21 @@ typedef enum gma__sim_cost_op {
 typedef struct gma__sim_cost_line {
   uint64_t base_ns;
   double ns_per_mib;
+  uint64_t busy_extra_ns; /* added while a kernel is queued or running */
+  double full_factor; /* at fill_top and above, fill_knee's 1 rising to it (0: 1) */
 } gma__sim_cost_line_t;
+
+/* What the device is doing when a call is made. */
+typedef struct gma__sim_load {
+  double fill; /* used bytes / capacity, after an allocation's own bytes */
+  bool busy;   /* a kernel is queued or running on some stream */
+} gma__sim_load_t;
 
 typedef struct gma__sim_costs {
   const char *name;
   gma__sim_cost_line_t op[GMA__SIM_COST_NOPS];
+  double fill_knee;          /* fill below which a call costs its idle price */
+  double fill_top;           /* fill from which it costs full_factor times that */
   uint64_t event_latency_ns; /* after the work an event follows has run */
   bool free_waits;           /* MEM_FREE, HOST_ALLOC, HOST_FREE wait for the device first */
   bool one_lock;             /* driver calls of all threads serialize */
@@ -57,11 +71,18 @@ const gma__sim_costs_t *gma__sim_costs_find(const char *name);
 const gma__sim_costs_t *gma__sim_costs_preset(int preset);
 /* The names of the presets, for messages: "none, h100, h200". */
 const char *gma__sim_costs_names(void);
-/* The host time one call of op on bytes takes under c (0 when c is NULL). */
+/* The host time one call of op on bytes takes under c on an idle, empty
+ * device (0 when c is NULL). */
 uint64_t gma__sim_cost_ns(const gma__sim_costs_t *c, gma__sim_cost_op_t op, uint64_t bytes);
-/* Takes that time on the calling thread, holding the process-wide driver
- * lock meanwhile when c->one_lock. No-op when c is NULL. */
+/* The same under load: plus op's busy extra, times its fill factor. */
+uint64_t gma__sim_cost_ns_at(const gma__sim_costs_t *c, gma__sim_cost_op_t op, uint64_t bytes,
+                             gma__sim_load_t load);
+/* Takes gma__sim_cost_ns's time on the calling thread, holding the
+ * process-wide driver lock meanwhile when c->one_lock. No-op when c is NULL. */
 void gma__sim_cost_pay(const gma__sim_costs_t *c, gma__sim_cost_op_t op, uint64_t bytes);
+/* The same with gma__sim_cost_ns_at's time. */
+void gma__sim_cost_pay_at(const gma__sim_costs_t *c, gma__sim_cost_op_t op, uint64_t bytes,
+                          gma__sim_load_t load);
 /* Driver calls paid on the calling thread so far (every op, NULL c
  * excluded): the benchmark's "driver calls per gma_alloc". */
 uint64_t gma__sim_cost_thread_calls(void);

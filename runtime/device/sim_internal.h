@@ -18,6 +18,7 @@
 #include "device/device.h"
 #include "device/sim_cost.h"
 #include "base/atomics.h"
+#include "base/lock.h"
 
 #if defined(GMA_DEBUG) && GMA_DEBUG >= 1
 #include <assert.h>
@@ -187,6 +188,9 @@ struct sim_device {
   /* Calls so far, for fault injection; written concurrently, relaxed is
    * enough because each only needs a unique ticket number. */
   _Atomic uint64_t alloc_calls, event_calls;
+  /* Kernels queued or running on any stream (the cost model's busy
+   * device); relaxed: a price needs no ordering with the work itself. */
+  _Atomic uint64_t kernels;
   /* Per-site fault injection (gma__sim_fault). counting goes from false to
    * true only; its release store (sim_create, gma__sim_fault) pairs with the
    * acquire load in gma__sim_site_fault, which then sees the settings made before it.
@@ -268,6 +272,20 @@ gma_status_t gma__sim_device_synchronize(gma__device_t *d);
  * without one. Any thread. */
 static inline void sim_pay(const sim_device_t *dev, gma__sim_cost_op_t op, uint64_t bytes) {
   if (dev->costs && !dev->unpriced) gma__sim_cost_pay(dev->costs, op, bytes);
+}
+
+/* The same for a device memory call: priced at the device's fill (used
+ * bytes plus `adding`, over the capacity) and whether a kernel is queued or
+ * running. Any thread; takes mem_mu briefly, so not under it. */
+static inline void sim_pay_mem(sim_device_t *dev, gma__sim_cost_op_t op, uint64_t bytes,
+                               uint64_t adding) {
+  if (!dev->costs || dev->unpriced) return;
+  gma__lock(&dev->mem_mu, GMA__RANK_SIM_MEM);
+  uint64_t used = dev->used;
+  gma__unlock(&dev->mem_mu);
+  gma__sim_load_t load = {dev->capacity ? (double)(used + adding) / (double)dev->capacity : 0.0,
+                          gma__load_relaxed(&dev->kernels) > 0};
+  gma__sim_cost_pay_at(dev->costs, op, bytes, load);
 }
 
 /* Under a preset whose frees wait for the device (cuMemFree,

@@ -41,7 +41,7 @@ gma_status_t gma__sim_mem_alloc(gma__device_t *d, uint64_t size, uintptr_t *out)
     return gma__set_error(GMA_ERR_DEVICE, "injected failure of device allocation #%llu on the simulated device",
                           (unsigned long long)t);
   }
-  sim_pay(dev, GMA__SIM_COST_MEM_ALLOC, size);
+  sim_pay_mem(dev, GMA__SIM_COST_MEM_ALLOC, size, size);
   gma_status_t fst = gma__sim_site_fault(dev, GMA__SIM_MEM_ALLOC);
   if (fst != GMA_OK) return fst;
   if (!out) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "the simulated device was asked to allocate without an address to return");
@@ -99,7 +99,7 @@ gma_status_t gma__sim_mem_free(gma__device_t *d, uintptr_t addr, uint64_t size) 
   sim_device_t *dev = sim_of(d);
   gma__sim_spin_ns(dev->free_ns);
   sim_wait_device(dev);
-  sim_pay(dev, GMA__SIM_COST_MEM_FREE, size);
+  sim_pay_mem(dev, GMA__SIM_COST_MEM_FREE, size, 0);
   gma_status_t fst = gma__sim_site_fault(dev, GMA__SIM_MEM_FREE);
   if (fst != GMA_OK) return fst;
   gma__lock(&dev->mem_mu, GMA__RANK_SIM_MEM);
@@ -249,7 +249,7 @@ gma_status_t gma__sim_vm_map(gma__device_t *d, uintptr_t addr, uint64_t size, ui
   if (gma__sim_fault_fires(&dev->alloc_calls, dev->fail_alloc, &t))
     return gma__set_error(GMA_ERR_DEVICE, "injected failure of device allocation #%llu "
                                           "(vm_map) on the simulated device", (unsigned long long)t);
-  sim_pay(dev, GMA__SIM_COST_VM_MAP, size);
+  sim_pay_mem(dev, GMA__SIM_COST_VM_MAP, size, size);
   gma_status_t fst = gma__sim_site_fault(dev, GMA__SIM_VM_MAP);
   if (fst != GMA_OK) return fst;
   if (!handle) return gma__set_error(GMA_ERR_INVALID_ARGUMENT, "the simulated device was asked to map memory without a place for its handle");
@@ -309,7 +309,7 @@ gma_status_t gma__sim_vm_map(gma__device_t *d, uintptr_t addr, uint64_t size, ui
 gma_status_t gma__sim_vm_unmap(gma__device_t *d, uintptr_t addr, uint64_t size, uint64_t handle) {
   sim_device_t *dev = sim_of(d);
   gma__sim_spin_ns(dev->free_ns);
-  sim_pay(dev, GMA__SIM_COST_VM_UNMAP, size);
+  sim_pay_mem(dev, GMA__SIM_COST_VM_UNMAP, size, 0);
   gma_status_t fst = gma__sim_site_fault(dev, GMA__SIM_VM_UNMAP);
   if (fst != GMA_OK) return fst;
   gma__lock(&dev->mem_mu, GMA__RANK_SIM_MEM);

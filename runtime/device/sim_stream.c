@@ -99,6 +99,7 @@ static void *stream_main(void *arg) {
     s->running = op;
     gma__unlock(&s->mu);
     op_run(s->dev, op);
+    if (op->kind == SIM_OP_KERNEL) gma__fas_relaxed(&s->dev->kernels, 1);
     gma__lock(&s->mu, GMA__RANK_SIM_STREAM);
     s->busy = false;
     s->running = NULL;
@@ -348,6 +349,7 @@ static gma_status_t stream_push(sim_device_t *dev, gma_stream_t h, sim_op_t *op,
     op->next = NULL;
     *(s->tail ? &s->tail->next : &s->head) = op;
     s->tail = op;
+    if (op->kind == SIM_OP_KERNEL) gma__faa_relaxed(&dev->kernels, 1);
     pthread_cond_signal(&s->work_cv);
   }
   gma__unlock(&s->mu);

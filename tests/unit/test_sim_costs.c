@@ -3,7 +3,9 @@
  * counting as a driver call, a device free waiting for the work queued on
  * another stream while the same free without a preset does not, an event
  * behind work completing only after that work, a stream thread that frees
- * not waiting for itself, and the capture query the CUDA backend makes.
+ * not waiting for itself, the capture query the CUDA backend makes, and
+ * memory calls priced by load: a busy extra beside a kernel and times the
+ * fill factor on a nearly full device.
  * Kernels block on gates, so the waits are observed, not timed guesses. */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -79,6 +81,68 @@ static void test_prices(void) {
   CHECK_OK(plain->ops->mem_free(plain, p, 4 << 20));
   CHECK(gma__sim_cost_thread_calls() == calls && plain->ops->stream_capture == NULL);
   plain->ops->destroy(plain);
+}
+
+/* The price under load: idle below the knee, plus the busy extra beside a
+ * kernel, the fill factor rising in a line from the knee to fill_top and
+ * flat above; calls that are not memory calls ignore the load. */
+static void test_load_prices(void) {
+  const gma__sim_costs_t *c = gma__sim_costs_find("h100");
+  const uint64_t b = 256ull << 20;
+  const gma__sim_cost_op_t a = GMA__SIM_COST_MEM_ALLOC, f = GMA__SIM_COST_MEM_FREE;
+  double idle = (double)gma__sim_cost_ns(c, a, b);
+  CHECK(c->fill_knee > 0.5 && c->fill_top > c->fill_knee && c->fill_top < 1.0);
+  CHECK(gma__sim_cost_ns_at(c, a, b, (gma__sim_load_t){0.0, false}) == (uint64_t)idle);
+  CHECK(gma__sim_cost_ns_at(c, a, b, (gma__sim_load_t){0.5, false}) == (uint64_t)idle);
+  double busy = (double)gma__sim_cost_ns_at(c, a, b, (gma__sim_load_t){0.5, true});
+  CHECK(c->op[a].busy_extra_ns > 0 && busy == idle + (double)c->op[a].busy_extra_ns);
+  double mid = (double)gma__sim_cost_ns_at(
+      c, a, b, (gma__sim_load_t){(c->fill_knee + c->fill_top) / 2, false});
+  double top = (double)gma__sim_cost_ns_at(c, a, b, (gma__sim_load_t){c->fill_top, false});
+  CHECK(top > 15.0 * idle && top < 16.0 * idle);
+  CHECK(mid > 0.99 * (1 + top / idle) / 2 * idle && mid < 1.01 * (1 + top / idle) / 2 * idle);
+  CHECK(gma__sim_cost_ns_at(c, a, b, (gma__sim_load_t){1.0, false}) == (uint64_t)top);
+  uint64_t both = gma__sim_cost_ns_at(c, a, b, (gma__sim_load_t){c->fill_top, true});
+  CHECK((double)both > 0.99 * top * busy / idle && (double)both < 1.01 * top * busy / idle);
+  /* A free waits for the device first: no busy extra; its fill factor is smaller. */
+  double free_idle = (double)gma__sim_cost_ns(c, f, b);
+  CHECK(gma__sim_cost_ns_at(c, f, b, (gma__sim_load_t){0.0, true}) == (uint64_t)free_idle);
+  double free_top = (double)gma__sim_cost_ns_at(c, f, b, (gma__sim_load_t){0.95, false});
+  CHECK(free_top > 2.9 * free_idle && free_top < 3.1 * free_idle);
+  CHECK(gma__sim_cost_ns_at(c, GMA__SIM_COST_EVENT_RECORD, 0, (gma__sim_load_t){0.95, true}) ==
+        gma__sim_cost_ns(c, GMA__SIM_COST_EVENT_RECORD, 0));
+  CHECK(gma__sim_cost_ns_at(NULL, a, b, (gma__sim_load_t){0.95, true}) == 0);
+}
+
+/* The device prices its own memory calls by its load: an allocation that
+ * fills it to 94% takes the fill factor's time, one beside a running
+ * kernel the busy extra's; both are far above the idle price. */
+static void test_device_load(void) {
+  gma__device_t *dev = make_dev("sim_costs:h100,sim_capacity:67108864");
+  const gma__sim_costs_t *c = gma__sim_costs_find("h100");
+  const uint64_t big = 60ull << 20, small = 2ull << 20;
+  uintptr_t p = 0, q = 0;
+  uint64_t t0 = now_ns();
+  CHECK_OK(dev->ops->mem_alloc(dev, big, &p)); /* 94% full after it */
+  uint64_t took = now_ns() - t0;
+  uint64_t full = gma__sim_cost_ns_at(c, GMA__SIM_COST_MEM_ALLOC, big, (gma__sim_load_t){0.94, false});
+  CHECK(full > 10 * gma__sim_cost_ns(c, GMA__SIM_COST_MEM_ALLOC, big) && took >= full);
+  CHECK_OK(dev->ops->mem_free(dev, p, big));
+
+  gma_stream_t s = NULL;
+  CHECK_OK(dev->ops->stream_create(dev, &s));
+  atomic_int gate = 0;
+  CHECK_OK(dev->ops->sim_launch(dev, s, k_gate, &gate));
+  t0 = now_ns();
+  CHECK_OK(dev->ops->mem_alloc(dev, small, &q)); /* 3% full, beside the kernel */
+  took = now_ns() - t0;
+  uint64_t busy = gma__sim_cost_ns_at(c, GMA__SIM_COST_MEM_ALLOC, small, (gma__sim_load_t){0.03, true});
+  CHECK(busy > 3 * gma__sim_cost_ns(c, GMA__SIM_COST_MEM_ALLOC, small) && took >= busy);
+  atomic_store(&gate, 1);
+  CHECK_OK(dev->ops->stream_synchronize(dev, s));
+  CHECK_OK(dev->ops->mem_free(dev, q, small));
+  CHECK_OK(dev->ops->stream_destroy(dev, s));
+  dev->ops->destroy(dev);
 }
 
 typedef struct freer {
@@ -173,6 +237,8 @@ static void test_free_on_stream_thread(void) {
 int main(void) {
   test_config();
   test_prices();
+  test_load_prices();
+  test_device_load();
   check_free_waits("sim_costs:h100", true);
   check_free_waits("sim_costs:none", false);
   test_event_after_work();
