@@ -269,7 +269,7 @@ static gma_status_t grow_once(gma__pool_t *p, const gma__grow_req_t *req, gma__p
     s->ops->ungrow(s, g);
     return st;
   }
-  p->c.device_allocs++;
+  p->c.device_allocs += g->calls;
   GMA__TRACE(p, GMA__TR_SEGMENT_MAP, g->addr, g->size, 0, 0, 0, 0, 0);
   return GMA_OK;
 }

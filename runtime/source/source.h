@@ -78,6 +78,7 @@ typedef struct gma__grown {
   uintptr_t addr;
   uint64_t size;
   const void *range;
+  uint64_t calls; /* device allocations or maps it made */
 } gma__grown_t;
 
 /* Memory on its way back to the device. */

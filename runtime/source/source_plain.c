@@ -17,7 +17,7 @@ static bool plain_plan(gma__source_t *s, const gma__grow_req_t *req, gma__plan_t
 static gma_status_t plain_grow(gma__source_t *s, const gma__grow_req_t *req, gma__plan_t *pl,
                                gma__grown_t *out) {
   (void)pl;
-  *out = (gma__grown_t){.size = req->size};
+  *out = (gma__grown_t){.size = req->size, .calls = 1};
   return s->dev->ops->mem_alloc(s->dev, req->size, &out->addr);
 }
 

@@ -8,13 +8,15 @@
  *
  * Chunk sizes. A growth maps the request's shortfall (what the FREE tail of
  * the segment it extends lacks, or the whole request for a fresh run),
- * rounded to the granularity, in ONE vm_map: a 1 GiB tensor costs one map,
- * not 512. A smaller shortfall maps the kind's minimum chunk instead
- * (chunk[kind]: the large kind's segment size, 20 MiB by default, as
- * PyTorch's expandable segments map for their large pool; four small
- * segments, 8 MiB, for the small kind, whose blocks are at most 1 MiB), so
- * many growths share one map. Near the memory limit a chunk would strand
- * memory the other kind may need: a minimum chunk larger than a quarter of
+ * rounded to the granularity, in at most GROWTH_PIECES vm_maps of equal
+ * size, none smaller than 64 MiB or the kind's minimum chunk: a 1 GiB tensor costs
+ * eight maps, not 512, and when a later, smaller block takes part of its
+ * place, the free rest spans whole chunks that can go back. A smaller
+ * shortfall maps the kind's minimum chunk instead (chunk[kind]: the large
+ * kind's segment size, 20 MiB by default, as PyTorch's expandable segments
+ * map for their large pool; four small segments, 8 MiB, for the small
+ * kind, whose blocks are at most 1 MiB), so many growths share one map. Near the memory limit a chunk would strand
+ * memory the other kind may need: a minimum chunk larger than a sixteenth of
  * what the limit still allows (NEAR_LIMIT_DIV) maps just the shortfall.
  * The pool offers the segment ends it could extend (gma__tail_t); the plan
  * picks one, so the pool can merge the new chunk into that segment.
@@ -301,6 +303,36 @@ static uint64_t chunk_size(const vm_source_t *v, const gma__grow_req_t *req,
   return least > pl->need ? least : pl->need;
 }
 
+/* A growth of size bytes maps pieces of at most this: so that memory a
+ * later free leaves in the middle of a large growth spans whole chunks
+ * and can go back, a growth is cut in up to GROWTH_PIECES chunks, none
+ * smaller than PIECE_MIN or the kind's minimum chunk (at most 16 maps per
+ * GiB of growth). */
+#define GROWTH_PIECES 8u
+#define PIECE_MIN ((uint64_t)64 << 20)
+static uint64_t piece_size(const vm_source_t *v, const gma__region_t *r, int kind, uint64_t size) {
+  uint64_t p = gma__round_up((size + GROWTH_PIECES - 1) / GROWTH_PIECES, r->gran);
+  uint64_t least = v->chunk[kind] > PIECE_MIN ? v->chunk[kind] : PIECE_MIN;
+  return p < least ? gma__round_up(least, r->gran) : p;
+}
+
+/* Unmaps the chunks mapped at [addr, addr + size) of r by a growth that
+ * failed part way; one the device refuses stays, busy (unmapped at fini). */
+static void unmap_pieces(gma__source_t *s, gma__region_t *r, uintptr_t addr, uint64_t size) {
+  size_t i = chunk_lb(r, addr);
+  while (i < r->nchunks && r->chunks[i].addr < addr + size) {
+    gma__chunk_t *c = &r->chunks[i];
+    if (s->dev->ops->vm_unmap(s->dev, c->addr, c->size, c->handle) == GMA_OK) {
+      r->mapped -= c->size;
+      chunks_remove(r, i, 1);
+    } else {
+      c->busy = 1;
+      r->busy += c->size;
+      i++;
+    }
+  }
+}
+
 /* Maps one chunk where pl says (reserving another range first when pl
  * found no room), chunk_size bytes, or pl->need with req->least. */
 static gma_status_t vm_grow(gma__source_t *s, const gma__grow_req_t *req, gma__plan_t *pl,
@@ -318,11 +350,22 @@ static gma_status_t vm_grow(gma__source_t *s, const gma__grow_req_t *req, gma__p
   gma__region_t *r = (gma__region_t *)pl->range;
   uint64_t size = req->least ? pl->need : chunk_size(v, req, pl);
   *out = (gma__grown_t){.addr = pl->addr, .size = size, .range = r};
-  if (!chunks_reserve(r)) return gma__set_error(GMA_ERR_OOM, "host memory for the chunk table");
-  uint64_t h;
-  gma_status_t st = s->dev->ops->vm_map(s->dev, pl->addr, size, &h);
-  if (st != GMA_OK) return st;
-  chunks_insert(r, pl->addr, size, h);
+  uint64_t piece = piece_size(v, r, req->kind, size), done = 0;
+  while (done < size) {
+    uint64_t n = size - done < piece ? size - done : piece;
+    if (size - done - n < piece / 2) n = size - done; /* no sliver at the end */
+    gma_status_t st = chunks_reserve(r) ? GMA_OK
+                                        : gma__set_error(GMA_ERR_OOM, "host memory for the chunk table");
+    uint64_t h;
+    if (st == GMA_OK) st = s->dev->ops->vm_map(s->dev, pl->addr + done, n, &h);
+    if (st != GMA_OK) {
+      unmap_pieces(s, r, pl->addr, done);
+      return st;
+    }
+    chunks_insert(r, pl->addr + done, n, h);
+    done += n;
+    out->calls++;
+  }
   return GMA_OK;
 }
 
@@ -330,15 +373,7 @@ static gma_status_t vm_grow(gma__source_t *s, const gma__grow_req_t *req, gma__p
  * the device refuses that, keep it busy (never handed out, unmapped at
  * fini). */
 static void vm_ungrow(gma__source_t *s, const gma__grown_t *g) {
-  gma__region_t *r = (gma__region_t *)g->range;
-  size_t i = chunk_lb(r, g->addr);
-  if (s->dev->ops->vm_unmap(s->dev, g->addr, g->size, r->chunks[i].handle) == GMA_OK) {
-    chunks_remove(r, i, 1);
-    r->mapped -= g->size;
-  } else {
-    r->chunks[i].busy = 1;
-    r->busy += g->size;
-  }
+  unmap_pieces(s, (gma__region_t *)g->range, g->addr, g->size);
 }
 
 /* ---- Giving back ------------------------------------------------------------------*/

@@ -19,7 +19,7 @@ typedef struct gma__chunk {
  * Each kind has a list of them: one reserved at creation, several times the
  * memory limit, and another whenever no range has an unmapped run for a
  * growth, so address space never limits what memory allows. Physical chunks
- * are mapped into a range as the pool grows, one vm_map per growth, sized to
+ * are mapped into a range as the pool grows, a few vm_maps per growth, sized to
  * the request's shortfall or more.
  * Invariants: chunks[] is sorted by addr, disjoint, inside [base, base +
  * size), granule-aligned; the pool's segments of the range are tiled exactly

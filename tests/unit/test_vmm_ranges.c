@@ -4,6 +4,7 @@
  * Filling a range that large takes a pathological workload, so the test
  * makes the pool believe its first range is 8 MiB (the reservation itself
  * is untouched and restored before destroy). */
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -19,7 +20,53 @@ static bool in_range(const gma__region_t *r, const void *ptr, uint64_t size) {
   return a >= r->base && a + size <= r->base + r->size;
 }
 
+/* A large growth maps up to eight equal chunks, so a smaller block that
+ * later takes its place leaves whole chunks free that go back; a growth
+ * whose third map fails unmaps the two before it and leaves nothing. */
+static void growth_in_pieces(void) {
+  gma_t *g = sim_allocator("expandable_segments:true,worker:off,sim_capacity:4G");
+  gma__pool_t *p = gma__pool_of(g);
+  gma__region_t *r = gma__vm_ranges(p->src, GMA__LARGE);
+  gma_stats_t s0 = stats_of(g);
+  void *a = NULL, *b = NULL;
+  gma__sim_fault(p->dev, GMA__SIM_VM_MAP, 3, GMA_ERR_DEVICE);
+  gma_status_t st = gma_alloc(g, 1024 * MiB, NULL, &a);
+  gma__sim_live_t live;
+  gma__sim_live(p->dev, &live);
+  gma_stats_t s1 = stats_of(g);
+  printf("third map failed: %s; mapped %" PRIu64 " MiB, device bytes %" PRIu64 "\n",
+         gma_status_name(st), r->mapped / MiB, live.device_bytes / MiB);
+  if (st == GMA_OK) { /* the pool may retry the growth: then it got all of it */
+    CHECK(r->mapped == 1024 * MiB && live.device_bytes == 1024 * MiB);
+    CHECK_OK(gma_free(g, a));
+  } else {
+    CHECK(r->mapped == 0 && r->nchunks == 0 && live.device_bytes == 0);
+    CHECK(s1.reserved.current == 0 && s1.num_device_allocs == s0.num_device_allocs);
+  }
+  CHECK_OK(gma_stream_synchronize(g, NULL));
+  CHECK_OK(gma_empty_cache(g));
+  s0 = stats_of(g);
+  CHECK_OK(gma_alloc(g, 1024 * MiB, NULL, &a)); /* eight chunks of 128 MiB */
+  s1 = stats_of(g);
+  CHECK(s1.num_device_allocs - s0.num_device_allocs == 8 && r->nchunks == 8);
+  CHECK_OK(gma_free(g, a));
+  CHECK_OK(gma_stream_synchronize(g, NULL));
+  CHECK_OK(gma_alloc(g, 384 * MiB, NULL, &b)); /* the first three chunks */
+  CHECK_OK(gma_trim(g, 0));                    /* the other five go back */
+  gma_stats_t s2 = stats_of(g);
+  CHECK(s2.reserved.current == 384 * MiB && r->mapped == 384 * MiB);
+  pthread_mutex_lock(&p->lock);
+  CHECK(gma__segs_is_valid(p));
+  pthread_mutex_unlock(&p->lock);
+  CHECK_OK(gma_free(g, b));
+  CHECK_OK(gma_destroy(g));
+  gma__sim_live(NULL, &live);
+  CHECK(live.device_bytes == 0);
+  printf("growth in pieces: 8 maps for 1 GiB; 640 MiB of it went back under a 384 MiB block\n");
+}
+
 int main(void) {
+  growth_in_pieces();
   gma_t *g = sim_allocator("expandable_segments:true,worker:off,sim_capacity:1G,"
                            "memory_limit:256M");
   gma__pool_t *p = gma__pool_of(g);
