@@ -1,5 +1,5 @@
 /* Pool mechanics: best fit, splitting, coalescing (on a stream and in the
- * free pool), small/large segment sizing, the OOM retry, the lock-free bins
+ * free pool), small/large segment sizing, the OOM retry and wait, the lock-free bins
  * (size classes, hits, overflow, draining), and the accounting invariant after
  * a seeded random workload checked by gma__pool_is_valid. The tree tests run
  * with bins off, so that every call reaches the pool's trees. */
@@ -367,7 +367,48 @@ static void oom_wait_ends_on_sticky_errors(void) {
   CHECK_OK(gma_destroy(g));
 }
 
+/* The OOM wait's race: the work that gated a freed block completed after
+ * the caller's last search, so when the wait looks, no event is left to
+ * wait for, yet the block is free to settle. The wait must settle it and
+ * send the caller back to its search, not report that nothing can come
+ * back. Built deterministically: the block's epoch is closed behind a held
+ * kernel (its event recorded, seen incomplete), then the stream runs to
+ * its end on the device alone, so gma has not seen the event complete. */
+static void oom_wait_settles_completed_work(void) {
+  gma_t *g = sim_allocator("memory_limit:64M,worker:off,bins:off");
+  gma__pool_t *pl = gma__pool_of(g);
+  gma_stream_t a;
+  CHECK_OK(gma_stream_create(g, &a));
+  atomic_int gate = 0, corruptions = 0;
+  void *p;
+  CHECK_OK(gma_alloc(g, 48 << 20, a, &p));
+  pattern_kernel_t k = {p, 1 << 20, 0x3d, &gate, 0, &corruptions, 0};
+  CHECK_OK(gma_sim_launch(g, a, pattern_kernel_run, &k));
+  pattern_kernel_wait_started(&k);
+  CHECK_OK(gma_free(g, p));
+  CHECK_OK(gma_empty_cache(g)); /* closes the epoch: its event waits behind k */
+  gma_stats_t s = stats_of(g);
+  CHECK(s.stream_cached_bytes == 48 << 20);
+  atomic_store(&gate, 1);
+  CHECK_OK(pl->dev->ops->stream_synchronize(pl->dev, a)); /* not through gma */
+  pthread_mutex_lock(&pl->lock);
+  gma__oom_waiting_t w = {0};
+  bool again = gma__oom_wait(pl, &w, 48 << 20);
+  uint64_t cached = pl->c.stream_cached;
+  pthread_mutex_unlock(&pl->lock);
+  printf("OOM wait with the gating work already complete: search again %d, stop %d, "
+         "stream-cached %" PRIu64 " MiB after\n", again, w.stop, cached >> 20);
+  CHECK(again && cached == 0);
+  void *q;
+  CHECK_OK(gma_alloc(g, 48 << 20, NULL, &q));
+  CHECK(q == p && atomic_load(&corruptions) == 0);
+  CHECK_OK(gma_free(g, q));
+  CHECK_OK(gma_stream_destroy(g, a));
+  CHECK_OK(gma_destroy(g));
+}
+
 int main(void) {
+  oom_wait_settles_completed_work();
   cached_joins_free_neighbour();
   size_classes();
   bins();
