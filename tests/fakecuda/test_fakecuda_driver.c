@@ -49,6 +49,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "child.h"
 #include "fakecuda.h"
 
 /* Function pointers typed by cuda.h's own prototypes (cuMemAlloc is the
@@ -1454,6 +1455,16 @@ static int child_main(const char *name) {
   return 2;
 }
 
+typedef struct child_exec {
+  char **argv, **envp;
+} child_exec_t;
+
+static void exec_body(void *arg) {
+  child_exec_t *x = arg;
+  execve("/proc/self/exe", x->argv, x->envp);
+  _exit(127);
+}
+
 /* Runs this program as the child for misuse name, GMA_FAKECUDA_STRICT set
  * to strict (NULL: unset); returns its wait status, its stderr in out. */
 static int run_child(const char *name, const char *strict, char *out, size_t cap) {
@@ -1471,26 +1482,8 @@ static int run_child(const char *name, const char *strict, char *out, size_t cap
     envp[k++] = var;
   }
   char *argv[] = {"test_fakecuda_driver", (char *)name, NULL};
-  int fds[2];
-  CHECK(pipe(fds) == 0);
-  fflush(NULL);
-  pid_t pid = fork();
-  CHECK(pid >= 0);
-  if (pid == 0) {
-    dup2(fds[1], 2);
-    close(fds[0]);
-    close(fds[1]);
-    execve("/proc/self/exe", argv, envp);
-    _exit(127);
-  }
-  close(fds[1]);
-  size_t len = 0;
-  ssize_t got;
-  while ((got = read(fds[0], out + len, cap - 1 - len)) > 0) len += (size_t)got;
-  out[len] = '\0';
-  close(fds[0]);
-  int status = 0;
-  CHECK(waitpid(pid, &status, 0) == pid);
+  child_exec_t x = {argv, envp};
+  int status = child_run(exec_body, &x, out, cap);
   free(envp);
   return status;
 }

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "base/lock.h"
+#include "child.h"
 #include "simkit.h"
 
 static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -19,27 +20,12 @@ static pthread_mutex_t sim_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* Runs body in a child with stderr in a pipe; true when the child aborted
  * and its stderr holds want. */
+static void run_body(void *body) { ((void (*)(void))body)(); }
+
 static bool aborts_saying(void (*body)(void), const char *want) {
-  int fds[2];
-  CHECK(pipe(fds) == 0);
-  fflush(NULL);
-  pid_t pid = fork();
-  CHECK(pid >= 0);
-  if (pid == 0) {
-    dup2(fds[1], 2);
-    close(fds[0]);
-    close(fds[1]);
-    body();
-    _exit(0); /* the check let it through */
-  }
-  close(fds[1]);
-  char out[1024] = {0};
-  size_t n = 0;
-  ssize_t r;
-  while (n + 1 < sizeof out && (r = read(fds[0], out + n, sizeof out - 1 - n)) > 0) n += (size_t)r;
-  close(fds[0]);
-  int status = 0;
-  CHECK(waitpid(pid, &status, 0) == pid);
+  char out[1024];
+  /* A child that returns was let through by the check. */
+  int status = child_run(run_body, (void *)body, out, sizeof out);
   bool aborted = WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT;
   if (!aborted || !strstr(out, want))
     fprintf(stderr, "expected an abort saying \"%s\"; the child %s and said: %s\n", want,
