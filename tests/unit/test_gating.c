@@ -11,108 +11,71 @@ typedef struct outcome {
   int reused_same_address;
 } outcome_t;
 
-/* X is allocated on A, used by a held kernel on B (record_stream), freed on A;
- * then A allocates again and writes. Gating must keep X away from A until B's
- * kernel finished. record_stream names X by X + offset: any pointer inside a
- * live allocation records the whole allocation (issue 17; PyTorch records a
+/* One premature-reuse scenario on streams A, B, C (0, 1, 2): X is allocated
+ * on A and used by a held kernel on holder; record_stream names X + offset
+ * for stream recorded (none when -1), whose work is then finished if
+ * recorded_done; X is freed; then taker allocates len bytes and writes
+ * them. Gating must keep X away from taker until the held kernel finished. */
+typedef struct scenario {
+  int holder, recorded, taker;
+  bool recorded_done;
+  size_t len, offset;
+  uint8_t pattern; /* the held kernel's; taker writes pattern ^ 0x10 */
+} scenario_t;
+
+static outcome_t run_scenario(const scenario_t *sc, unsigned test_flags) {
+  gma_t *g = sim_allocator(NULL);
+  gma__pool_of(g)->test_flags = test_flags;
+  gma_stream_t st[3];
+  for (int i = 0; i < 3; i++) CHECK_OK(gma_stream_create(g, &st[i]));
+  atomic_int gate = 0, corruptions = 0;
+  void *x, *y;
+  CHECK_OK(gma_alloc(g, sc->len, st[0], &x));
+  pattern_kernel_t kh = {x, sc->len, sc->pattern, &gate, 0, &corruptions, 0};
+  CHECK_OK(gma_sim_launch(g, st[sc->holder], pattern_kernel_run, &kh));
+  pattern_kernel_wait_started(&kh);
+  if (sc->recorded >= 0) CHECK_OK(gma_record_stream(g, (char *)x + sc->offset, st[sc->recorded]));
+  CHECK_OK(gma_free(g, x));
+  if (sc->recorded >= 0 && sc->recorded_done) CHECK_OK(gma_stream_synchronize(g, st[sc->recorded]));
+
+  CHECK_OK(gma_alloc(g, sc->len, st[sc->taker], &y));
+  pattern_kernel_t kt = {y, sc->len, (uint8_t)(sc->pattern ^ 0x10), NULL, 0, &corruptions, 0};
+  CHECK_OK(gma_sim_launch(g, st[sc->taker], pattern_kernel_run, &kt));
+  CHECK_OK(gma_stream_synchronize(g, st[sc->taker]));
+  atomic_store(&gate, 1);
+  CHECK_OK(gma_stream_synchronize(g, st[sc->holder]));
+
+  outcome_t o = {atomic_load(&corruptions), x == y};
+  CHECK_OK(gma_free(g, y));
+  for (int i = 0; i < 3; i++) CHECK_OK(gma_stream_destroy(g, st[i]));
+  CHECK_OK(gma_destroy(g));
+  return o;
+}
+
+/* B uses X (held kernel, record_stream), A frees it and allocates again.
+ * record_stream names X by X + offset: any pointer inside a live
+ * allocation records the whole allocation (issue 17; PyTorch records a
  * view's storage, whose data pointer may lie inside the block). */
 static outcome_t record_stream_scenario(unsigned test_flags, size_t offset) {
-  gma_t *g = sim_allocator(NULL);
-  gma__pool_of(g)->test_flags = test_flags;
-  gma_stream_t a, b;
-  CHECK_OK(gma_stream_create(g, &a));
-  CHECK_OK(gma_stream_create(g, &b));
-  atomic_int gate = 0, corruptions = 0;
-  const size_t len = 64 << 10;
-
-  void *x, *y;
-  CHECK_OK(gma_alloc(g, len, a, &x));
-  pattern_kernel_t kb = {x, len, 0xB0, &gate, 0, &corruptions, 0};
-  CHECK_OK(gma_sim_launch(g, b, pattern_kernel_run, &kb));
-  pattern_kernel_wait_started(&kb);
-  CHECK_OK(gma_record_stream(g, (char *)x + offset, b));
-  CHECK_OK(gma_free(g, x));
-
-  CHECK_OK(gma_alloc(g, len, a, &y));
-  pattern_kernel_t ka = {y, len, 0xA0, NULL, 0, &corruptions, 0};
-  CHECK_OK(gma_sim_launch(g, a, pattern_kernel_run, &ka));
-  CHECK_OK(gma_stream_synchronize(g, a));
-  atomic_store(&gate, 1);
-  CHECK_OK(gma_stream_synchronize(g, b));
-
-  outcome_t o = {atomic_load(&corruptions), x == y};
-  CHECK_OK(gma_free(g, y));
-  CHECK_OK(gma_stream_destroy(g, a));
-  CHECK_OK(gma_stream_destroy(g, b));
-  CHECK_OK(gma_destroy(g));
-  return o;
+  scenario_t sc = {.holder = 1, .recorded = 1, .taker = 0, .len = 64 << 10, .offset = offset,
+                   .pattern = 0xB0};
+  return run_scenario(&sc, test_flags);
 }
 
-/* X is allocated on A and used by a held kernel on A, then freed; B allocates
- * the same size. Epoch gating must keep X cached on A until A's work is done. */
+/* A's own held kernel uses X; B allocates: epoch gating keeps X cached on
+ * A until A's work is done. */
 static outcome_t epoch_scenario(unsigned test_flags) {
-  gma_t *g = sim_allocator(NULL);
-  gma__pool_of(g)->test_flags = test_flags;
-  gma_stream_t a, b;
-  CHECK_OK(gma_stream_create(g, &a));
-  CHECK_OK(gma_stream_create(g, &b));
-  atomic_int gate = 0, corruptions = 0;
-  const size_t len = 256 << 10;
-
-  void *x, *y;
-  CHECK_OK(gma_alloc(g, len, a, &x));
-  pattern_kernel_t ka = {x, len, 0xA1, &gate, 0, &corruptions, 0};
-  CHECK_OK(gma_sim_launch(g, a, pattern_kernel_run, &ka));
-  pattern_kernel_wait_started(&ka);
-  CHECK_OK(gma_free(g, x));
-
-  CHECK_OK(gma_alloc(g, len, b, &y));
-  pattern_kernel_t kb = {y, len, 0xB1, NULL, 0, &corruptions, 0};
-  CHECK_OK(gma_sim_launch(g, b, pattern_kernel_run, &kb));
-  CHECK_OK(gma_stream_synchronize(g, b));
-  atomic_store(&gate, 1);
-  CHECK_OK(gma_stream_synchronize(g, a));
-
-  outcome_t o = {atomic_load(&corruptions), x == y};
-  CHECK_OK(gma_free(g, y));
-  CHECK_OK(gma_destroy(g));
-  return o;
+  scenario_t sc = {.holder = 0, .recorded = -1, .taker = 1, .len = 256 << 10, .pattern = 0xA1};
+  return run_scenario(&sc, test_flags);
 }
 
-/* X is allocated on A and used by a held kernel on A, and by B too
- * (record_stream), then freed; B's work is done. C allocates the same size:
- * its slow path settles pending blocks (B's gate has passed), and must not
- * hand X to C while A's kernel still runs. */
+/* A's held kernel uses X, and B too (record_stream), whose work is done;
+ * C allocates: its slow path settles pending blocks (B's gate has passed)
+ * and must not hand X to C while A's kernel still runs. */
 static outcome_t owner_busy_scenario(unsigned test_flags) {
-  gma_t *g = sim_allocator(NULL);
-  gma__pool_of(g)->test_flags = test_flags;
-  gma_stream_t a, b, c;
-  CHECK_OK(gma_stream_create(g, &a));
-  CHECK_OK(gma_stream_create(g, &b));
-  CHECK_OK(gma_stream_create(g, &c));
-  atomic_int gate = 0, corruptions = 0;
-  const size_t len = 256 << 10;
-
-  void *x, *y;
-  CHECK_OK(gma_alloc(g, len, a, &x));
-  pattern_kernel_t ka = {x, len, 0xA2, &gate, 0, &corruptions, 0};
-  CHECK_OK(gma_sim_launch(g, a, pattern_kernel_run, &ka));
-  pattern_kernel_wait_started(&ka);
-  CHECK_OK(gma_record_stream(g, x, b));
-  CHECK_OK(gma_free(g, x)); /* pending: gated by b's open epoch */
-  CHECK_OK(gma_stream_synchronize(g, b));
-
-  CHECK_OK(gma_alloc(g, len, c, &y));
-  pattern_kernel_t kc = {y, len, 0xC2, NULL, 0, &corruptions, 0};
-  CHECK_OK(gma_sim_launch(g, c, pattern_kernel_run, &kc));
-  CHECK_OK(gma_stream_synchronize(g, c));
-  atomic_store(&gate, 1);
-  CHECK_OK(gma_stream_synchronize(g, a));
-
-  outcome_t o = {atomic_load(&corruptions), x == y};
-  CHECK_OK(gma_free(g, y));
-  CHECK_OK(gma_destroy(g));
-  return o;
+  scenario_t sc = {.holder = 0, .recorded = 1, .recorded_done = true, .taker = 2,
+                   .len = 256 << 10, .pattern = 0xA2};
+  return run_scenario(&sc, test_flags);
 }
 
 /* Once A's and B's work is done, the same block is reused across streams:
