@@ -780,6 +780,11 @@ typedef struct gma_stats {
   uint64_t graph_pool_bytes;    /* memory graph pools hold (used or not) */
   uint64_t graph_pool_cached_bytes; /* the part of it no live allocation uses */
   uint64_t graph_captures;      /* captures gma was told of and not ended */
+  /* Growable segments (expandable_segments:true; 0 with ordinary ones):
+   * reserved counts the memory mapped into their address ranges; these
+   * count the ranges (virtual address space, no memory). */
+  uint64_t address_ranges;         /* address ranges reserved */
+  uint64_t address_reserved_bytes; /* their virtual bytes */
 } gma_stats_t;
 
 #if defined(__cplusplus) && __cplusplus < 202002L

@@ -180,6 +180,8 @@ class Stats(ctypes.Structure):
         ("graph_pool_bytes", u64),
         ("graph_pool_cached_bytes", u64),
         ("graph_captures", u64),
+        ("address_ranges", u64),
+        ("address_reserved_bytes", u64),
     ]
 
 

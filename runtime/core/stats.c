@@ -194,6 +194,8 @@ void gma__pool_stats(gma__pool_t *p, gma_stats_t *out) {
   st.worker_wakeups = c->worker_wakeups;
   st.pressure_level = c->pressure_level;
   st.fragmentation = fragmentation(p);
+  st.address_ranges = p->src->ranges;
+  st.address_reserved_bytes = p->src->range_bytes;
   gma__unlock(&p->lock);
   /* Copy only what the caller's (possibly older, smaller) struct holds. */
   size_t n = out->size < sizeof st ? out->size : sizeof st;

@@ -137,6 +137,7 @@ struct gma__source {
   const gma__source_ops_t *ops;
   gma__device_t *dev;
   gma__trace_t *_Atomic const *trace;
+  uint64_t ranges, range_bytes; /* address ranges reserved, their bytes (growable) */
 };
 
 /* source_plain.c: ordinary segments; NULL without host memory. */

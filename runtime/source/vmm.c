@@ -177,6 +177,8 @@ static gma_status_t region_add(vm_source_t *v, int kind, uint64_t gran, uint64_t
   gma__region_t **at = &v->region[kind];
   while (*at) at = &(*at)->next;
   *at = r;
+  v->base.ranges++;
+  v->base.range_bytes += r->size;
   *out = r;
   return GMA_OK;
 }

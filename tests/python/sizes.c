@@ -71,6 +71,7 @@ int main(void) {
   F(gma_stats_t, plan_lower_bound); F(gma_stats_t, plan_slots); F(gma_stats_t, plan_iterations);
   F(gma_stats_t, graph_pools); F(gma_stats_t, graph_pool_bytes);
   F(gma_stats_t, graph_pool_cached_bytes); F(gma_stats_t, graph_captures);
+  F(gma_stats_t, address_ranges); F(gma_stats_t, address_reserved_bytes);
   end();
   BEGIN(gma_transformer_t);
   F(gma_transformer_t, size); F(gma_transformer_t, hidden); F(gma_transformer_t, intermediate);

@@ -67,11 +67,17 @@ static void growth_in_pieces(void) {
 
 int main(void) {
   growth_in_pieces();
+  gma_t *plain = sim_allocator("expandable_segments:false"); /* ordinary: no ranges */
+  CHECK(stats_of(plain).address_ranges == 0 && stats_of(plain).address_reserved_bytes == 0);
+  CHECK_OK(gma_destroy(plain));
   gma_t *g = sim_allocator("expandable_segments:true,worker:off,sim_capacity:1G,"
                            "memory_limit:256M");
   gma__pool_t *p = gma__pool_of(g);
   gma__region_t *r = gma__vm_ranges(p->src, GMA__LARGE);
   CHECK(r && !r->next && r->size >= 4 * 256 * MiB); /* far more than the limit */
+  gma_stats_t s0 = stats_of(g); /* one range per kind */
+  gma__region_t *rs = gma__vm_ranges(p->src, GMA__SMALL);
+  CHECK(s0.address_ranges == 2 && s0.address_reserved_bytes == r->size + rs->size);
   pthread_mutex_lock(&p->lock);
   uint64_t real = r->size;
   r->size = 8 * MiB; /* pretend: the first range holds 8 MiB */
@@ -90,6 +96,8 @@ int main(void) {
   s = stats_of(g);
   CHECK(r->next && in_range(r->next, c, 6 * MiB) && !r->next->next);
   CHECK(r->next->size >= 4 * 256 * MiB);
+  CHECK(s.address_ranges == 3 &&
+        s.address_reserved_bytes == s0.address_reserved_bytes + r->next->size);
   CHECK(s.num_device_allocs == 3 && s.reserved.current == 10 * MiB);
   memset(c, 1, 6 * MiB);
   /* A request that fits the hole goes back to the first range. */
