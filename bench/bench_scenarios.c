@@ -897,7 +897,7 @@ static void *stage_main(void *arg) {
 }
 
 enum { PF_BLOCKED_MS, PF_WAIT_P50_US, PF_WAIT_P99_US, PF_WAIT_MAX_US, PF_MB_PER_S, PF_SUBMIT_MS,
-       PF_PEAK_RESERVED, PF_XWAITS, PF_N };
+       PF_PEAK_RESERVED, PF_PEAK_ALLOCATED, PF_RES_OVER_ALLOC, PF_XWAITS, PF_N };
 static const struct {
   const char *key, *label, *fmt;
 } p_fig[PF_N] = {
@@ -908,6 +908,8 @@ static const struct {
     {"micro_batches_per_s", "micro-batches/s", "%16.1f"},
     {"submit_ms", "in gma_alloc_batch_async, ms (sum)", "%16.2f"},
     {"peak_reserved_mib", "peak reserved MiB", "%16.1f"},
+    {"peak_allocated_mib", "peak allocated MiB", "%16.1f"},
+    {"peak_reserved_over_peak_allocated", "peak reserved / peak allocated", "%16.3f"},
     {"cross_stream_waits", "device-side cross-stream waits", "%16.0f"},
 };
 
@@ -956,6 +958,8 @@ static void pipe_once(int async, int run, series_t *f, const size_t sizes[P_STAG
   gma_stats_t gs = GMA_STATS_INIT;
   OK(gma_stats(r->g, &gs));
   put(&f[PF_PEAK_RESERVED], (double)gs.reserved.peak / MiB);
+  put(&f[PF_PEAK_ALLOCATED], (double)gs.allocated.peak / MiB);
+  put(&f[PF_RES_OVER_ALLOC], (double)gs.reserved.peak / (double)gs.allocated.peak);
   put(&f[PF_XWAITS], (double)gs.num_cross_stream_waits);
   for (int i = 0; i < P_STAGES; i++) OK(gma_stream_destroy(r->g, r->st[i].stream));
   for (int i = 0; i < P_STAGES - 1; i++) {
