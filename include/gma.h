@@ -123,8 +123,9 @@ typedef enum gma_reuse {
                           S's work on the block); S itself takes back its blocks that
                           wait for other streams' work, behind a device-side wait on
                           them, once they hold as much as is allocated (the host is a
-                          working set ahead; a program that holds a stream on the host
-                          for another thread must use QUERY: docs/streams.md);
+                          working set ahead; a program whose work on a recorded block
+                          can wait for that thread's later work, a stream held on the
+                          host or a peer's NCCL call, must use QUERY: docs/streams.md);
                           ordinary segments serve the stream that made them first
                           (default) */
   GMA_REUSE_WAIT = 1,  /* as AUTO, and also before that: U is made to wait on S's event

@@ -32,8 +32,10 @@
  * nothing. What that relies on is the documented rule: a stream is retired
  * (gma_stream_retire, or gma_stream_destroy through gma) before it is
  * destroyed, so a handle value is never given to a new stream while a
- * record of the old one is live. A thread's next bin miss still asks the
- * device, which catches a stream destroyed behind gma's back there.
+ * record of the old one is live. The slow path takes the id from the same
+ * entry (gma__stream_id); the device is asked only when the thread has no
+ * entry for the stream (its first allocation there, or after an eviction),
+ * which is where a stream destroyed behind gma's back can be noticed.
  *
  * Invariant (checked by tl_stream_get in debug builds): an entry e is used
  * only when e->pool == p and e->pool_serial == p->serial and e->rec->retired

@@ -128,12 +128,21 @@ static bool free_taken(gma__pool_t *p, gma__block_t *b) {
   if (!retired) gma__store_relaxed(&s->dirty, true);
   uint32_t ngates = gma__load_relaxed(&b->ngates);
   if (ngates && !(p->test_flags & GMA__TEST_NO_RECORD_GATING)) {
-    /* Other streams used it: it waits for the owner's and their open epochs. */
+    /* Other streams used it: it waits for the owner's and their open epochs.
+     * Each user's epoch is closed now, so that its event follows the work
+     * queued there up to this free and no later work: a stream that takes
+     * the block back behind a wait on it (the owner reclaim, consumer reuse)
+     * waits for that much only. Where it cannot be closed now (another
+     * thread's per-thread stream, a capture, every event slot busy), a
+     * later close covers more, which is safe. */
     for (uint32_t i = 0; i < ngates; i++) {
       gma__stream_t *u = b->gates[i].stream;
       bool u_retired = gma__load_relaxed(&u->retired);
       b->gates[i].epoch = u_retired ? u->free_epoch : gma__load_relaxed(&u->epoch);
-      if (!u_retired) gma__store_relaxed(&u->dirty, true);
+      if (!u_retired) {
+        gma__store_relaxed(&u->dirty, true);
+        gma__stream_close_epoch_exact(p, u);
+      }
     }
     gma__pending_link(p, b);
     return true;

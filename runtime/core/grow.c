@@ -521,7 +521,7 @@ gma_status_t gma__find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uint6
     waited = b != NULL;
   }
   if (!b) b = small_in_large_hole(p, kind, size);
-  /* Not under reuse:query: the owner's wait on its consumers is a
+  /* Not under reuse:query or none: the owner's wait on its consumers is a
    * dependency the program never made (see reclaim_own_pending). */
   if (!b && (p->reuse == GMA_REUSE_AUTO || p->reuse == GMA_REUSE_WAIT) && !capture &&
       p->pending_head &&

@@ -365,6 +365,11 @@ gma__block_t *gma__streams_wait_fit(gma__pool_t *p, gma__stream_t *u, int kind, 
  * so far, if something was freed in it (false otherwise, or when s is
  * retired or another thread's per-thread stream). Lock held. */
 bool gma__stream_close_epoch(gma__pool_t *p, gma__stream_t *s);
+/* The same, except that when all of s's event slots hold events that have
+ * not completed it leaves the epoch open (false) instead of recording the
+ * newest event again, whose completion would also wait for work queued
+ * later. Lock held. */
+bool gma__stream_close_epoch_exact(gma__pool_t *p, gma__stream_t *s);
 /* Whether the work gate g covers is ordered before stream u's next work:
  * completed (its epoch is closed first if still open, and its events are
  * observed), or, with wait, u made to wait on the device for the event

@@ -171,13 +171,14 @@ static bool is_legacy(gma_stream_t h) { return h == NULL || h == (gma_stream_t)(
  * covered (only later). A failed device call leaves blocks where they are
  * (safe); the next poll tries again. Another thread's per-thread stream
  * cannot be named from here. */
-static bool close_epoch(gma__pool_t *p, gma__stream_t *s) {
+static bool close_epoch_as(gma__pool_t *p, gma__stream_t *s, bool exact) {
   if (!gma__load_relaxed(&s->dirty)) return false;
   if (s->owner_tid && s->owner_tid != gma__thread_id()) return false;
   if (gma__tl_background && is_legacy(s->handle)) return false; /* the program's own calls close it */
   if (capturing(p, s)) return false; /* closed by the first poll after the capture */
   if (s->ev_count == GMA__EPOCH_EVENTS) observe_epochs(p, s);
   bool reuse_newest = s->ev_count == GMA__EPOCH_EVENTS;
+  if (reuse_newest && exact) return false; /* its event would cover later work too */
   unsigned slot = (s->ev_head + s->ev_count - (reuse_newest ? 1 : 0)) % GMA__EPOCH_EVENTS;
   gma__event_t ev = reuse_newest ? s->ev[slot] : event_get(p, s);
   if (!ev) return false;
@@ -197,6 +198,8 @@ static bool close_epoch(gma__pool_t *p, gma__stream_t *s) {
   p->c.epoch_events++;
   return true;
 }
+
+static bool close_epoch(gma__pool_t *p, gma__stream_t *s) { return close_epoch_as(p, s, false); }
 
 /* Moves the stream's cached blocks whose epoch completed to the free pool. */
 static void release_safe_cached(gma__pool_t *p, gma__stream_t *s) {
@@ -332,6 +335,10 @@ static bool wait_for_epoch(gma__pool_t *p, gma__stream_t *u, gma__stream_t *s, u
 
 bool gma__stream_close_epoch(gma__pool_t *p, gma__stream_t *s) {
   return !gma__load_relaxed(&s->retired) && close_epoch(p, s);
+}
+
+bool gma__stream_close_epoch_exact(gma__pool_t *p, gma__stream_t *s) {
+  return !gma__load_relaxed(&s->retired) && close_epoch_as(p, s, true);
 }
 
 bool gma__gate_settle(gma__pool_t *p, const gma__gate_t *g, gma__stream_t *u, bool wait) {

@@ -8,9 +8,9 @@
  *
  * Chunk sizes. A growth maps the request's shortfall (what the FREE tail of
  * the segment it extends lacks, or the whole request for a fresh run),
- * rounded to the granularity, in at most GROWTH_PIECES vm_maps of equal
- * size, none smaller than 64 MiB or the kind's minimum chunk: a 1 GiB tensor costs
- * eight maps, not 512, and when a later, smaller block takes part of its
+ * rounded to the granularity, in up to GROWTH_PIECES vm_maps of equal
+ * size, none smaller than 64 MiB or the kind's minimum chunk: a 1 GiB
+ * tensor costs eight maps, not 512, and when a later, smaller block takes part of its
  * place, the free rest spans whole chunks that can go back. A smaller
  * shortfall maps the kind's minimum chunk instead (chunk[kind]: the large
  * kind's segment size, 20 MiB by default, as PyTorch's expandable segments
@@ -33,9 +33,11 @@
  * Everything here runs under the pool lock except vm_give_back, which works
  * on copies of taken (busy) chunk records that no other thread touches. */
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "base/round.h"
 #include "source/vmm.h"
 
@@ -305,22 +307,26 @@ static uint64_t chunk_size(const vm_source_t *v, const gma__grow_req_t *req,
   return least > pl->need ? least : pl->need;
 }
 
-/* A growth of size bytes maps pieces of at most this: so that memory a
- * later free leaves in the middle of a large growth spans whole chunks
- * and can go back, a growth is cut in up to GROWTH_PIECES chunks, none
- * smaller than PIECE_MIN or the kind's minimum chunk (at most 16 maps per
- * GiB of growth). */
+/* How many equal chunks a growth of size bytes is mapped in: so that memory
+ * a later free leaves in the middle of a large growth spans whole chunks
+ * and can go back, up to GROWTH_PIECES, none smaller than PIECE_MIN or the
+ * kind's minimum chunk (so at most 16 maps per GiB of growth). */
 #define GROWTH_PIECES 8u
 #define PIECE_MIN ((uint64_t)64 << 20)
-static uint64_t piece_size(const vm_source_t *v, const gma__region_t *r, int kind, uint64_t size) {
-  uint64_t p = gma__round_up((size + GROWTH_PIECES - 1) / GROWTH_PIECES, r->gran);
+static uint64_t pieces_of(const vm_source_t *v, int kind, uint64_t size) {
   uint64_t least = v->chunk[kind] > PIECE_MIN ? v->chunk[kind] : PIECE_MIN;
-  return p < least ? gma__round_up(least, r->gran) : p;
+  uint64_t n = size / least;
+  return n < 1 ? 1 : n > GROWTH_PIECES ? GROWTH_PIECES : n;
 }
 
 /* Unmaps the chunks mapped at [addr, addr + size) of r by a growth that
- * failed part way; one the device refuses stays, busy (unmapped at fini). */
-static void unmap_pieces(gma__source_t *s, gma__region_t *r, uintptr_t addr, uint64_t size) {
+ * failed part way with status failed (or that the pool could not adopt:
+ * GMA_OK); one the device refuses stays, busy (unmapped at fini). The
+ * failure's message is kept. */
+static void unmap_pieces(gma__source_t *s, gma__region_t *r, uintptr_t addr, uint64_t size,
+                         gma_status_t failed) {
+  char why[512];
+  snprintf(why, sizeof why, "%s", gma__error_detail(gma_last_error()));
   size_t i = chunk_lb(r, addr);
   while (i < r->nchunks && r->chunks[i].addr < addr + size) {
     gma__chunk_t *c = &r->chunks[i];
@@ -333,10 +339,37 @@ static void unmap_pieces(gma__source_t *s, gma__region_t *r, uintptr_t addr, uin
       i++;
     }
   }
+  if (failed != GMA_OK) gma__set_error(failed, "%s", why);
 }
 
-/* Maps one chunk where pl says (reserving another range first when pl
- * found no room), chunk_size bytes, or pl->need with req->least. */
+/* Maps [addr, addr + size) of r in n equal chunks (the last takes the
+ * rest); all or nothing. */
+static gma_status_t map_pieces(gma__source_t *s, gma__region_t *r, uintptr_t addr, uint64_t size,
+                               uint64_t n, gma__grown_t *out) {
+  uint64_t piece = gma__round_up((size + n - 1) / n, r->gran), done = 0;
+  while (done < size) {
+    uint64_t len = size - done < piece ? size - done : piece;
+    gma_status_t st = chunks_reserve(r) ? GMA_OK
+                                        : gma__set_error(GMA_ERR_OOM, "host memory for the chunk table");
+    uint64_t h;
+    if (st == GMA_OK) st = s->dev->ops->vm_map(s->dev, addr + done, len, &h);
+    if (st != GMA_OK) {
+      unmap_pieces(s, r, addr, done, st);
+      return st;
+    }
+    chunks_insert(r, addr + done, len, h);
+    done += len;
+    out->calls++;
+  }
+  return GMA_OK;
+}
+
+/* Maps a growth where pl says (reserving another range first when pl
+ * found no room): chunk_size bytes, or pl->need with req->least, in
+ * pieces_of chunks. Before a growth of several chunks the device is asked
+ * for its free memory, so that one it cannot hold is refused before any
+ * map (a map failing part way unmaps the pieces before it, under the pool
+ * lock). */
 static gma_status_t vm_grow(gma__source_t *s, const gma__grow_req_t *req, gma__plan_t *pl,
                             gma__grown_t *out) {
   vm_source_t *v = vm_of(s);
@@ -352,30 +385,20 @@ static gma_status_t vm_grow(gma__source_t *s, const gma__grow_req_t *req, gma__p
   gma__region_t *r = (gma__region_t *)pl->range;
   uint64_t size = req->least ? pl->need : chunk_size(v, req, pl);
   *out = (gma__grown_t){.addr = pl->addr, .size = size, .range = r};
-  uint64_t piece = piece_size(v, r, req->kind, size), done = 0;
-  while (done < size) {
-    uint64_t n = size - done < piece ? size - done : piece;
-    if (size - done - n < piece / 2) n = size - done; /* no sliver at the end */
-    gma_status_t st = chunks_reserve(r) ? GMA_OK
-                                        : gma__set_error(GMA_ERR_OOM, "host memory for the chunk table");
-    uint64_t h;
-    if (st == GMA_OK) st = s->dev->ops->vm_map(s->dev, pl->addr + done, n, &h);
-    if (st != GMA_OK) {
-      unmap_pieces(s, r, pl->addr, done);
-      return st;
-    }
-    chunks_insert(r, pl->addr + done, n, h);
-    done += n;
-    out->calls++;
-  }
-  return GMA_OK;
+  uint64_t n = pieces_of(v, req->kind, size), dev_free = 0, dev_total = 0;
+  if (n > 1 && s->dev->ops->mem_info(s->dev, &dev_free, &dev_total) == GMA_OK && dev_free < size)
+    return gma__set_error(GMA_ERR_OOM,
+                          "the device has %" PRIu64 " bytes free; a growth of %" PRIu64
+                          " bytes does not fit",
+                          dev_free, size);
+  return map_pieces(s, r, pl->addr, size, n, out);
 }
 
-/* The pool could not take the chunk just mapped: unmap it again, or, if
- * the device refuses that, keep it busy (never handed out, unmapped at
- * fini). */
+/* The pool could not take the chunks just mapped: unmap them again, or,
+ * where the device refuses that, keep them busy (never handed out,
+ * unmapped at fini). */
 static void vm_ungrow(gma__source_t *s, const gma__grown_t *g) {
-  unmap_pieces(s, (gma__region_t *)g->range, g->addr, g->size);
+  unmap_pieces(s, (gma__region_t *)g->range, g->addr, g->size, GMA_OK);
 }
 
 /* ---- Giving back ------------------------------------------------------------------*/

@@ -332,20 +332,24 @@ static void trim_keeps_partly_used_chunks(void) {
 }
 
 /* A large request is a few map calls (at most eight, none under 64 MiB),
- * not one per granule. */
+ * not one per granule; one under two pieces' worth is one map. */
 static void large_request_few_maps(void) {
   gma_t *g = expandable("sim_capacity:2G");
   void *p = NULL;
   CHECK_OK(gma_alloc(g, 700 * MiB + 123, NULL, &p));
   gma_stats_t s = stats_of(g);
   CHECK(s.num_device_allocs == 8 && s.reserved.current == 702 * MiB);
+  void *q = NULL; /* under two pieces' worth: one map */
+  CHECK_OK(gma_alloc(g, 100 * MiB, NULL, &q));
+  CHECK(stats_of(g).num_device_allocs == 9);
+  CHECK_OK(gma_free(g, q));
   memset(p, 1, 4096);
   memset((char *)p + 700 * MiB - 4096, 1, 4096);
   CHECK_OK(gma_free(g, p));
   settle(g, NULL);
   CHECK_OK(gma_empty_cache(g));
   s = stats_of(g);
-  CHECK(s.num_device_frees == 8 && s.reserved.current == 0);
+  CHECK(s.num_device_frees == 9 && s.reserved.current == 0);
   CHECK_OK(gma_destroy(g));
 }
 

@@ -13,7 +13,8 @@
  * Checked: under reuse:auto the reclaim happens (no growth, one wait) and
  * the watchdog sees the hang, with no corruption; under reuse:query, the
  * mode for programs that hold streams on the host, a grows and nothing
- * hangs. */
+ * hangs; and work queued on u after the frees does not hold a up (u's
+ * epoch is closed at each free). */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -23,9 +24,17 @@
 #include "simkit.h"
 
 #define MiB ((size_t)1 << 20)
+/* How long the watchdog waits: a hang that must happen is reported after
+ * HANG_MS; where none may happen, only a real one outlasts NO_HANG_MS. */
 #define HANG_MS 1000
+#define NO_HANG_MS 30000
+/* later_work_run's: below the 5 s a held pattern kernel gives up after,
+ * far above what a's own work takes (milliseconds; under TSan well under
+ * a second). */
+#define LATER_MS 3000
 
 typedef struct watch {
+  int ms;           /* how long to wait before it opens the gate */
   atomic_int *gate; /* u's hold: opened by the watchdog on a hang */
   atomic_int done;  /* set by the main thread once a's synchronize returned */
   atomic_int hung;  /* set by the watchdog when it had to open the gate */
@@ -33,12 +42,12 @@ typedef struct watch {
 
 static void *watchdog(void *arg) {
   watch_t *w = arg;
-  for (int i = 0; i < HANG_MS && !atomic_load(&w->done); i++) sleep_us(1000);
+  for (int i = 0; i < w->ms && !atomic_load(&w->done); i++) sleep_us(1000);
   if (!atomic_load(&w->done)) {
     atomic_store(&w->hung, 1);
     fprintf(stderr, "watchdog: a's synchronize still waits after %d ms: it waits for u's held "
                     "work (the reclaim's hazard); opening u's hold\n",
-            HANG_MS);
+            w->ms);
   }
   atomic_store(w->gate, 1);
   return NULL;
@@ -73,7 +82,7 @@ static int run(const char *conf, bool *grew, uint64_t *waits, bool *hung) {
   *waits = s1.num_cross_stream_waits - s0.num_cross_stream_waits;
   pattern_kernel_t ky = {y, 16 * MiB, 0xEE, NULL, 1000, &corruptions, 0};
   CHECK_OK(gma_sim_launch(g, a, pattern_kernel_run, &ky));
-  watch_t w = {&gate, 0, 0};
+  watch_t w = {conf ? NO_HANG_MS : HANG_MS, &gate, 0, 0}; /* the default hangs */
   pthread_t t;
   CHECK(pthread_create(&t, NULL, watchdog, &w) == 0);
   CHECK_OK(gma_stream_synchronize(g, a)); /* the program's wait, before it opens the gate */
@@ -91,6 +100,54 @@ static int run(const char *conf, bool *grew, uint64_t *waits, bool *hung) {
   return atomic_load(&corruptions);
 }
 
+/* The wait covers only the work queued on u up to each free: u's reads of
+ * the blocks wait for gate `used`, then a kernel queued on u after the
+ * frees waits for gate `later`. a takes the blocks back, `used` opens,
+ * and a's synchronize must return while `later` is still shut (u's epoch
+ * was closed at each free, so a's wait is on the event after the reads).
+ * *hung: the watchdog had to open `later`. */
+static int later_work_run(bool *grew, uint64_t *waits, bool *hung) {
+  gma_t *g = sim_allocator("worker:off"); /* its timed closes would close u's epoch too */
+  gma_stream_t a, u;
+  CHECK_OK(gma_stream_create(g, &a));
+  CHECK_OK(gma_stream_create(g, &u));
+  atomic_int used = 0, later = 0, corruptions = 0;
+  pattern_kernel_t ku[8], kl = {NULL, 0, 0, &later, 0, &corruptions, 0};
+  void *x[8];
+  for (int i = 0; i < 8; i++) CHECK_OK(gma_alloc(g, 4 * MiB, a, &x[i]));
+  for (int i = 0; i < 8; i++) {
+    ku[i] = (pattern_kernel_t){x[i], 4 * MiB, (uint8_t)(0x40 + i), &used, 0, &corruptions, 0};
+    CHECK_OK(gma_sim_launch(g, u, pattern_kernel_run, &ku[i]));
+    CHECK_OK(gma_record_stream(g, x[i], u));
+    CHECK_OK(gma_free(g, x[i]));
+  }
+  CHECK_OK(gma_sim_launch(g, u, pattern_kernel_run, &kl)); /* queued after the frees */
+  pattern_kernel_wait_started(&ku[0]);
+  gma_stats_t s0 = GMA_STATS_INIT, s1 = GMA_STATS_INIT;
+  CHECK_OK(gma_stats(g, &s0));
+  void *y;
+  CHECK_OK(gma_alloc(g, 16 * MiB, a, &y));
+  CHECK_OK(gma_stats(g, &s1));
+  *grew = s1.num_device_allocs > s0.num_device_allocs;
+  *waits = s1.num_cross_stream_waits - s0.num_cross_stream_waits;
+  pattern_kernel_t ky = {y, 16 * MiB, 0xEF, NULL, 1000, &corruptions, 0};
+  CHECK_OK(gma_sim_launch(g, a, pattern_kernel_run, &ky));
+  atomic_store(&used, 1);
+  watch_t w = {LATER_MS, &later, 0, 0};
+  pthread_t t;
+  CHECK(pthread_create(&t, NULL, watchdog, &w) == 0);
+  CHECK_OK(gma_stream_synchronize(g, a));
+  atomic_store(&w.done, 1);
+  CHECK(pthread_join(t, NULL) == 0);
+  *hung = atomic_load(&w.hung);
+  CHECK_OK(gma_stream_synchronize(g, u));
+  CHECK_OK(gma_free(g, y));
+  CHECK_OK(gma_stream_destroy(g, a));
+  CHECK_OK(gma_stream_destroy(g, u));
+  CHECK_OK(gma_destroy(g));
+  return atomic_load(&corruptions);
+}
+
 int main(void) {
   bool grew, hung;
   uint64_t waits;
@@ -101,6 +158,10 @@ int main(void) {
   printf("reuse:query: grew %d, waits %" PRIu64 ", hung %d, corruptions %d\n", grew, waits, hung,
          c);
   CHECK(grew && waits == 0 && !hung && c == 0);
+  c = later_work_run(&grew, &waits, &hung);
+  printf("work queued on u after the frees: grew %d, waits %" PRIu64 ", hung %d, "
+         "corruptions %d\n", grew, waits, hung, c);
+  CHECK(!grew && waits == 1 && !hung && c == 0);
   printf("ok\n");
   return 0;
 }
