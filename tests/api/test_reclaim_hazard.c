@@ -53,24 +53,30 @@ static void *watchdog(void *arg) {
   return NULL;
 }
 
-/* One run under conf; *grew, *waits: whether a's 16 MiB request made a
- * device allocation, and the device-side waits it made; *hung: whether
- * the watchdog had to open u's hold. Returns the corruptions seen. */
-static int run(const char *conf, bool *grew, uint64_t *waits, bool *hung) {
+/* One run under conf. u's kernels read the eight blocks behind gate `use`;
+ * with later, a kernel queued on u after the frees waits behind gate
+ * `late`, and this thread opens `use` before it synchronizes a; without,
+ * nothing opens `use` but the watchdog. *grew, *waits: whether a's 16 MiB
+ * request made a device allocation, and the device-side waits it made;
+ * *hung: whether the watchdog had to open the gate a waited behind.
+ * Returns the corruptions seen. */
+static int run(const char *conf, bool later, int watch_ms, bool *grew, uint64_t *waits,
+               bool *hung) {
   gma_t *g = sim_allocator(conf);
   gma_stream_t a, u;
   CHECK_OK(gma_stream_create(g, &a));
   CHECK_OK(gma_stream_create(g, &u));
-  atomic_int gate = 0, corruptions = 0;
-  pattern_kernel_t ku[8];
+  atomic_int use = 0, late = 0, corruptions = 0;
+  pattern_kernel_t ku[8], kl = {NULL, 0, 0, &late, 0, &corruptions, 0};
   void *x[8];
   for (int i = 0; i < 8; i++) CHECK_OK(gma_alloc(g, 4 * MiB, a, &x[i]));
   for (int i = 0; i < 8; i++) {
-    ku[i] = (pattern_kernel_t){x[i], 4 * MiB, (uint8_t)(0x20 + i), &gate, 0, &corruptions, 0};
+    ku[i] = (pattern_kernel_t){x[i], 4 * MiB, (uint8_t)(0x20 + i), &use, 0, &corruptions, 0};
     CHECK_OK(gma_sim_launch(g, u, pattern_kernel_run, &ku[i]));
     CHECK_OK(gma_record_stream(g, x[i], u));
     CHECK_OK(gma_free(g, x[i]));
   }
+  if (later) CHECK_OK(gma_sim_launch(g, u, pattern_kernel_run, &kl)); /* after the frees */
   pattern_kernel_wait_started(&ku[0]); /* u is held from here on */
   gma_stats_t s0 = GMA_STATS_INIT, s1 = GMA_STATS_INIT;
   CHECK_OK(gma_stats(g, &s0));
@@ -82,10 +88,11 @@ static int run(const char *conf, bool *grew, uint64_t *waits, bool *hung) {
   *waits = s1.num_cross_stream_waits - s0.num_cross_stream_waits;
   pattern_kernel_t ky = {y, 16 * MiB, 0xEE, NULL, 1000, &corruptions, 0};
   CHECK_OK(gma_sim_launch(g, a, pattern_kernel_run, &ky));
-  watch_t w = {conf ? NO_HANG_MS : HANG_MS, &gate, 0, 0}; /* the default hangs */
+  if (later) atomic_store(&use, 1);
+  watch_t w = {watch_ms, later ? &late : &use, 0, 0};
   pthread_t t;
   CHECK(pthread_create(&t, NULL, watchdog, &w) == 0);
-  CHECK_OK(gma_stream_synchronize(g, a)); /* the program's wait, before it opens the gate */
+  CHECK_OK(gma_stream_synchronize(g, a)); /* the program's wait, before it opens a gate */
   atomic_store(&w.done, 1);
   CHECK(pthread_join(t, NULL) == 0);
   *hung = atomic_load(&w.hung);
@@ -100,65 +107,19 @@ static int run(const char *conf, bool *grew, uint64_t *waits, bool *hung) {
   return atomic_load(&corruptions);
 }
 
-/* The wait covers only the work queued on u up to each free: u's reads of
- * the blocks wait for gate `used`, then a kernel queued on u after the
- * frees waits for gate `later`. a takes the blocks back, `used` opens,
- * and a's synchronize must return while `later` is still shut (u's epoch
- * was closed at each free, so a's wait is on the event after the reads).
- * *hung: the watchdog had to open `later`. */
-static int later_work_run(bool *grew, uint64_t *waits, bool *hung) {
-  gma_t *g = sim_allocator("worker:off"); /* its timed closes would close u's epoch too */
-  gma_stream_t a, u;
-  CHECK_OK(gma_stream_create(g, &a));
-  CHECK_OK(gma_stream_create(g, &u));
-  atomic_int used = 0, later = 0, corruptions = 0;
-  pattern_kernel_t ku[8], kl = {NULL, 0, 0, &later, 0, &corruptions, 0};
-  void *x[8];
-  for (int i = 0; i < 8; i++) CHECK_OK(gma_alloc(g, 4 * MiB, a, &x[i]));
-  for (int i = 0; i < 8; i++) {
-    ku[i] = (pattern_kernel_t){x[i], 4 * MiB, (uint8_t)(0x40 + i), &used, 0, &corruptions, 0};
-    CHECK_OK(gma_sim_launch(g, u, pattern_kernel_run, &ku[i]));
-    CHECK_OK(gma_record_stream(g, x[i], u));
-    CHECK_OK(gma_free(g, x[i]));
-  }
-  CHECK_OK(gma_sim_launch(g, u, pattern_kernel_run, &kl)); /* queued after the frees */
-  pattern_kernel_wait_started(&ku[0]);
-  gma_stats_t s0 = GMA_STATS_INIT, s1 = GMA_STATS_INIT;
-  CHECK_OK(gma_stats(g, &s0));
-  void *y;
-  CHECK_OK(gma_alloc(g, 16 * MiB, a, &y));
-  CHECK_OK(gma_stats(g, &s1));
-  *grew = s1.num_device_allocs > s0.num_device_allocs;
-  *waits = s1.num_cross_stream_waits - s0.num_cross_stream_waits;
-  pattern_kernel_t ky = {y, 16 * MiB, 0xEF, NULL, 1000, &corruptions, 0};
-  CHECK_OK(gma_sim_launch(g, a, pattern_kernel_run, &ky));
-  atomic_store(&used, 1);
-  watch_t w = {LATER_MS, &later, 0, 0};
-  pthread_t t;
-  CHECK(pthread_create(&t, NULL, watchdog, &w) == 0);
-  CHECK_OK(gma_stream_synchronize(g, a));
-  atomic_store(&w.done, 1);
-  CHECK(pthread_join(t, NULL) == 0);
-  *hung = atomic_load(&w.hung);
-  CHECK_OK(gma_stream_synchronize(g, u));
-  CHECK_OK(gma_free(g, y));
-  CHECK_OK(gma_stream_destroy(g, a));
-  CHECK_OK(gma_stream_destroy(g, u));
-  CHECK_OK(gma_destroy(g));
-  return atomic_load(&corruptions);
-}
-
 int main(void) {
   bool grew, hung;
   uint64_t waits;
-  int c = run(NULL, &grew, &waits, &hung);
+  /* worker:off: its timed epoch closes would close u's epoch at times of
+   * their own. */
+  int c = run("worker:off", false, HANG_MS, &grew, &waits, &hung);
   printf("reuse:auto: grew %d, waits %" PRIu64 ", hung %d, corruptions %d\n", grew, waits, hung, c);
   CHECK(!grew && waits == 1 && hung && c == 0);
-  c = run("reuse:query", &grew, &waits, &hung);
+  c = run("worker:off,reuse:query", false, NO_HANG_MS, &grew, &waits, &hung);
   printf("reuse:query: grew %d, waits %" PRIu64 ", hung %d, corruptions %d\n", grew, waits, hung,
          c);
   CHECK(grew && waits == 0 && !hung && c == 0);
-  c = later_work_run(&grew, &waits, &hung);
+  c = run("worker:off", true, LATER_MS, &grew, &waits, &hung);
   printf("work queued on u after the frees: grew %d, waits %" PRIu64 ", hung %d, "
          "corruptions %d\n", grew, waits, hung, c);
   CHECK(!grew && waits == 1 && !hung && c == 0);
