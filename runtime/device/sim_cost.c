@@ -20,32 +20,32 @@
  * pressure, H100 and H200). docs/gpu/cost-model.md names the runs and
  * compares each line with its source. */
 #define HOPPER_LINES                                                                 \
-  [GMA__SIM_COST_MEM_ALLOC] = {US(33), 72.0, US(100), 15.5},                             \
-  [GMA__SIM_COST_MEM_FREE] = {US(30), 300.0, 0, 3.0},                              \
-  [GMA__SIM_COST_MEM_INFO] = {US(4.3), 0},                                           \
-  [GMA__SIM_COST_VM_RESERVE] = {US(1.0), 0},                                         \
-  [GMA__SIM_COST_VM_RELEASE] = {US(1.0), 0},                                         \
-  [GMA__SIM_COST_VM_MAP] = {US(35), 40.0, US(420), 1.0},                               \
-  [GMA__SIM_COST_VM_UNMAP] = {US(22), 280.0, US(30), 3.0},                              \
-  [GMA__SIM_COST_HOST_ALLOC] = {US(300), 350000.0},                                  \
-  [GMA__SIM_COST_HOST_FREE] = {US(200), 90000.0},                                    \
-  [GMA__SIM_COST_EVENT_CREATE] = {110, 0},                                           \
-  [GMA__SIM_COST_EVENT_DESTROY] = {110, 0},                                          \
-  [GMA__SIM_COST_EVENT_RECORD] = {190, 0},                                           \
-  [GMA__SIM_COST_EVENT_QUERY] = {180, 0},                                            \
-  [GMA__SIM_COST_EVENT_SYNCHRONIZE] = {330, 0},                                      \
-  [GMA__SIM_COST_STREAM_WAIT_EVENT] = {160, 0},                                      \
-  [GMA__SIM_COST_STREAM_CREATE] = {US(5), 0},                                        \
-  [GMA__SIM_COST_STREAM_DESTROY] = {US(5), 0},                                       \
-  [GMA__SIM_COST_STREAM_ID] = {44, 0},                                               \
-  [GMA__SIM_COST_STREAM_CAPTURE] = {49, 0},                                          \
-  [GMA__SIM_COST_STREAM_QUERY] = {US(1.3), 0},                                       \
-  [GMA__SIM_COST_STREAM_SYNCHRONIZE] = {US(1.3), 0},                                 \
-  [GMA__SIM_COST_DEVICE_SYNCHRONIZE] = {US(1.3), 0},                                 \
-  [GMA__SIM_COST_CTX_CURRENT] = {39, 0},                                             \
-  [GMA__SIM_COST_LAUNCH] = {US(3.1), 0},                                             \
-  [GMA__SIM_COST_POOL_ALLOC] = {286, 0},                                             \
-  [GMA__SIM_COST_POOL_FREE] = {373, 0}
+  [GMA__SIM_COST_MEM_ALLOC] = {US(33), 72.0, US(100), 15.5},                         \
+  [GMA__SIM_COST_MEM_FREE] = {US(30), 300.0, 0, 3.0},                                \
+  [GMA__SIM_COST_MEM_INFO] = {US(4.3), 0, 0, 0},                                     \
+  [GMA__SIM_COST_VM_RESERVE] = {US(1.0), 0, 0, 0},                                   \
+  [GMA__SIM_COST_VM_RELEASE] = {US(1.0), 0, 0, 0},                                   \
+  [GMA__SIM_COST_VM_MAP] = {US(35), 40.0, US(420), 1.0},                             \
+  [GMA__SIM_COST_VM_UNMAP] = {US(22), 280.0, US(30), 3.0},                           \
+  [GMA__SIM_COST_HOST_ALLOC] = {US(300), 350000.0, 0, 0},                            \
+  [GMA__SIM_COST_HOST_FREE] = {US(200), 90000.0, 0, 0},                              \
+  [GMA__SIM_COST_EVENT_CREATE] = {110, 0, 0, 0},                                     \
+  [GMA__SIM_COST_EVENT_DESTROY] = {110, 0, 0, 0},                                    \
+  [GMA__SIM_COST_EVENT_RECORD] = {190, 0, 0, 0},                                     \
+  [GMA__SIM_COST_EVENT_QUERY] = {180, 0, 0, 0},                                      \
+  [GMA__SIM_COST_EVENT_SYNCHRONIZE] = {330, 0, 0, 0},                                \
+  [GMA__SIM_COST_STREAM_WAIT_EVENT] = {160, 0, 0, 0},                                \
+  [GMA__SIM_COST_STREAM_CREATE] = {US(5), 0, 0, 0},                                  \
+  [GMA__SIM_COST_STREAM_DESTROY] = {US(5), 0, 0, 0},                                 \
+  [GMA__SIM_COST_STREAM_ID] = {44, 0, 0, 0},                                         \
+  [GMA__SIM_COST_STREAM_CAPTURE] = {49, 0, 0, 0},                                    \
+  [GMA__SIM_COST_STREAM_QUERY] = {US(1.3), 0, 0, 0},                                 \
+  [GMA__SIM_COST_STREAM_SYNCHRONIZE] = {US(1.3), 0, 0, 0},                           \
+  [GMA__SIM_COST_DEVICE_SYNCHRONIZE] = {US(1.3), 0, 0, 0},                           \
+  [GMA__SIM_COST_CTX_CURRENT] = {39, 0, 0, 0},                                       \
+  [GMA__SIM_COST_LAUNCH] = {US(3.1), 0, 0, 0},                                       \
+  [GMA__SIM_COST_POOL_ALLOC] = {286, 0, 0, 0},                                       \
+  [GMA__SIM_COST_POOL_FREE] = {373, 0, 0, 0}
 
 static const gma__sim_costs_t presets[] = {
     {.name = "h100", .op = {HOPPER_LINES}, .fill_knee = 0.64, .fill_top = 0.90, .event_latency_ns = US(2),

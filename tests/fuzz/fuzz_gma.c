@@ -3786,6 +3786,17 @@ static tlog_t *trace_next(tlog_t *const *idx, const trow_t *r) {
   return NULL;
 }
 
+/* The model's last allocate event for r's pointer that a row already
+ * took, or NULL. */
+static tlog_t *trace_last_taken(tlog_t *const *idx, const trow_t *r) {
+  tlog_t *last = NULL;
+  for (size_t i = 0; i < F.ntlog; i++)
+    if (idx[i]->act == 'A' && idx[i]->p == r->p && idx[i]->used &&
+        (!last || idx[i]->seq > last->seq))
+      last = idx[i];
+  return last;
+}
+
 /* gma_reserve's allocations whose free row has not come yet. */
 typedef struct tunknown {
   tlog_t v[64];
@@ -3822,6 +3833,20 @@ static void trace_match(tlog_t *const *idx, const trow_t *r, tunknown_t *un) {
     un->v[un->n++] = (tlog_t){.p = r->p, .size = r->size, .stream = r->stream, .block = r->block,
                               .act = 'A'};
     return;
+  }
+  if (r->act == 'F' && F.trace_unknown) {
+    /* One of gma_reserve's blocks, at an address where a block of the model
+     * (same size, stream and block) comes later: its allocate row took that
+     * block's event. This free shows it was gma_reserve's: the event goes
+     * back to the allocate row still to come. */
+    trow_t a = *r;
+    a.act = 'A';
+    tlog_t *m = trace_last_taken(idx, &a);
+    if (m && trace_fits(&a, m)) {
+      m->used = false;
+      F.trace_unknown--;
+      return;
+    }
   }
   if (e)
     FAIL("trace line %d: %s of %#" PRIxPTR " says Size %" PRIu64 ", Stream %#" PRIx64
