@@ -180,29 +180,38 @@ static uint64_t segment_size_for(const gma__pool_t *p, int kind, uint64_t size) 
 }
 
 /* Growable segments: maps just enough chunks (segments.c), with the same
- * retry after releasing safe cached memory; the fit then comes from the
- * free tree. */
-static gma_status_t grow_region(gma__pool_t *p, int kind, uint64_t size, uint64_t home,
+ * retry after releasing safe cached memory. The fit is the FREE memory the
+ * growth made, joined with own's cached block where the growth extended it
+ * (own then takes its old place and the new memory as one block). */
+static gma_status_t grow_region(gma__pool_t *p, int kind, uint64_t size, gma__stream_t *own,
                                 gma__block_t **out) {
-  gma_status_t st = gma__segs_grow(p, kind, size, home);
+  uint64_t home = own ? own->serial : 0;
+  gma__block_t *c;
+  gma_status_t st = gma__segs_grow(p, kind, size, home, own, &c);
   if (st == GMA_ERR_OOM) {
     gma__oom_release(p, size);
     if ((*out = gma__treap_best_fit(p->free_tree[kind], size))) return GMA_OK;
-    st = gma__segs_grow(p, kind, size, home);
+    st = gma__segs_grow(p, kind, size, home, own, &c);
   }
-  if (st == GMA_OK && !(*out = gma__treap_best_fit(p->free_tree[kind], size)))
+  if (st != GMA_OK) return st;
+  if (c && joined_size(c) >= size) {
+    *out = join_free(p, c);
+    return GMA_OK;
+  }
+  if (!(*out = gma__treap_best_fit(p->free_tree[kind], size)))
     st = gma__set_error(GMA_ERR_INTERNAL, "growable segment grew but holds no fit for %" PRIu64,
                         size);
   return st;
 }
 
-/* Grows the pool by one segment that can hold size bytes, the memory of the
- * stream of serial home (gma__segment_t.home). On device OOM it
+/* Grows the pool by one segment that can hold size bytes, the memory of
+ * stream own (its serial is the segment's home, gma__segment_t.home). On device OOM it
  * releases cached memory that is already safe (never waiting for the device)
  * and retries, the second time with the smallest segment that fits. */
-static gma_status_t grow(gma__pool_t *p, int kind, uint64_t size, uint64_t home,
+static gma_status_t grow(gma__pool_t *p, int kind, uint64_t size, gma__stream_t *own,
                          gma__block_t **out) {
-  if (p->growable) return grow_region(p, kind, size, home, out);
+  if (p->growable) return grow_region(p, kind, size, own, out);
+  uint64_t home = own->serial;
   uint64_t seg_size = segment_size_for(p, kind, size);
   gma_status_t st = gma__seg_create(p, kind, seg_size, home, out);
   if (st != GMA_ERR_OOM) return st;
@@ -450,7 +459,7 @@ static gma_status_t grow_or_other(gma__pool_t *p, gma__stream_t *s, int kind, ui
                                   gma__block_t **out, uint64_t **level, bool may_grow) {
   *level = &p->c.hits_device;
   if (!may_grow) return GMA_ERR_OOM; /* the caller has another plan; no message */
-  gma_status_t st = grow(p, kind, size, s->serial, out);
+  gma_status_t st = grow(p, kind, size, s, out);
   p->c.grows_inline += st == GMA_OK;
   if (st == GMA_ERR_OOM && (*out = other_kind_fit(p, kind, size))) {
     *level = &p->c.hits_pool;

@@ -225,20 +225,28 @@ void gma__segs_release_free(gma__pool_t *p) {
 /* ---- Growth -----------------------------------------------------------------------*/
 
 /* The pool's offer to a growth of size bytes of kind for home: the growable
- * segments of kind and a matching home that end in a FREE block smaller than
- * size (which the source may extend), in segment order; the blocks in
- * p->tail_blocks. */
+ * segments of kind and a matching home that end in free memory smaller
+ * than size (which the source may extend), in segment order. Free memory at
+ * a segment's end is its last block if FREE, plus the block before it (or
+ * the last block itself) when that is cached on own: own may use its own
+ * cached memory at once (stream order), so a growth for own extends it by
+ * what the two lack, where a growth behind them alone would leave own's old
+ * block stranded beside a new one. p->tail_blocks[i] is that cached block
+ * (NULL: none). */
 static void collect_tails(gma__pool_t *p, int kind, uint64_t size, uint64_t home,
-                          gma__grow_req_t *req) {
+                          const gma__stream_t *own, gma__grow_req_t *req) {
   req->tails = NULL;
   req->ntails = 0;
   size_t n = 0;
   for (size_t i = 0; i < p->nsegs; i++) {
     gma__segment_t *seg = p->segs[i];
-    if (!seg->range || seg->kind != kind || state_of(seg->last) != GMA__FREE ||
-        !homes_match(seg->home, home))
-      continue;
-    if (seg->last->size >= size) continue;
+    if (!seg->range || seg->kind != kind || !homes_match(seg->home, home)) continue;
+    gma__block_t *last = seg->last;
+    bool free_end = state_of(last) == GMA__FREE;
+    gma__block_t *c = free_end ? last->prev : last;
+    if (!own || !c || state_of(c) != GMA__CACHED || c->stream != own) c = NULL;
+    uint64_t free = (free_end ? last->size : 0) + (c ? c->size : 0);
+    if (!free || free >= size) continue; /* nothing to extend, or a search's fit */
     if (n == p->tails_cap) {
       size_t cap = p->tails_cap ? p->tails_cap * 2 : 16;
       gma__tail_t *t = realloc(p->tails, cap * sizeof *t);
@@ -248,9 +256,8 @@ static void collect_tails(gma__pool_t *p, int kind, uint64_t size, uint64_t home
       if (!t || !bs) break; /* without host memory: offer what fits (fresh runs still work) */
       p->tails_cap = cap;
     }
-    p->tails[n] = (gma__tail_t){.range = seg->range, .end = seg->base + seg->size,
-                                .free = seg->last->size};
-    p->tail_blocks[n++] = seg->last;
+    p->tails[n] = (gma__tail_t){.range = seg->range, .end = seg->base + seg->size, .free = free};
+    p->tail_blocks[n++] = c;
   }
   req->tails = p->tails;
   req->ntails = n;
@@ -274,30 +281,33 @@ static gma_status_t grow_once(gma__pool_t *p, const gma__grow_req_t *req, gma__p
   return GMA_OK;
 }
 
-static gma_status_t grow_for(gma__pool_t *p, int kind, uint64_t size, uint64_t home) {
+static gma_status_t grow_for(gma__pool_t *p, int kind, uint64_t size, uint64_t home,
+                             const gma__stream_t *own, gma__block_t **joined) {
   gma__source_t *s = p->src;
   gma__grow_req_t req = {.kind = kind, .size = size};
   gma__plan_t pl;
-  collect_tails(p, kind, size, home, &req);
+  collect_tails(p, kind, size, home, own, &req);
   s->ops->plan(s, &req, &pl); /* no room: grow reserves another range */
   req.left = gma__pool_room(p); /* a trim's bytes still on the device count as held */
   if (pl.need > req.left)
     return gma__set_error(GMA_ERR_OOM, "memory_limit of %" PRIu64 " bytes reached", p->limit);
+  /* Read before the growth: a growth may offer the tails again (req.least). */
+  gma__block_t *c = pl.tail >= 0 ? p->tail_blocks[pl.tail] : NULL;
   gma__grown_t g;
   gma_status_t st = grow_once(p, &req, &pl, &g, home);
   if (st == GMA_ERR_OOM && g.size > pl.need) {
     req.least = true;
     st = grow_once(p, &req, &pl, &g, home);
   }
+  if (st == GMA_OK && joined) *joined = c;
   return st;
 }
 
-/* First as home's own memory, extending only free ends of its segments (or
- * of nobody's); if that finds no room, as nobody's, extending any segment's
- * free end, which may need less: near the limit, memory comes first. */
-gma_status_t gma__segs_grow(gma__pool_t *p, int kind, uint64_t size, uint64_t home) {
-  gma_status_t st = grow_for(p, kind, size, home);
-  if (st == GMA_ERR_OOM && home) st = grow_for(p, kind, size, 0);
+gma_status_t gma__segs_grow(gma__pool_t *p, int kind, uint64_t size, uint64_t home,
+                            const gma__stream_t *own, gma__block_t **joined) {
+  if (joined) *joined = NULL;
+  gma_status_t st = grow_for(p, kind, size, home, own, joined);
+  if (st == GMA_ERR_OOM && home) st = grow_for(p, kind, size, 0, own, joined);
   return st;
 }
 

@@ -353,6 +353,38 @@ static void large_request_few_maps(void) {
   CHECK_OK(gma_destroy(g));
 }
 
+/* A growth for a stream whose own cached block ends a segment extends that
+ * block: the stream may use it at once (stream order), so the new chunk
+ * maps only what it lacks, and the request takes the old place. Another
+ * stream gets none of it while the kernel that used it still runs. */
+static void growth_extends_own_cached_block(void) {
+  gma_t *g = expandable(NULL);
+  gma_stream_t s1, s2;
+  CHECK_OK(gma_stream_create(g, &s1));
+  CHECK_OK(gma_stream_create(g, &s2));
+  void *p = alloc_on(g, 64 * MiB, s1);
+  atomic_int gate = 0, corruptions = 0;
+  pattern_kernel_t k = {.buf = p, .len = 64 * MiB, .value = 3, .gate = &gate,
+                        .corruptions = &corruptions};
+  CHECK_OK(gma_sim_launch(g, s1, pattern_kernel_run, &k));
+  pattern_kernel_wait_started(&k);
+  CHECK_OK(gma_free(g, p)); /* cached on s1: its kernel still runs */
+  void *q = NULL, *r = NULL;
+  CHECK_OK(gma_alloc(g, 126 * MiB, s1, &q)); /* no host write: s1's kernel owns p */
+  CHECK(q == p);
+  CHECK(stats_of(g).reserved.current == 126 * MiB);
+  CHECK_OK(gma_free(g, q));
+  CHECK_OK(gma_alloc(g, 126 * MiB, s2, &r));
+  CHECK((char *)r >= (char *)p + 126 * MiB || (char *)r + 126 * MiB <= (char *)p);
+  atomic_store(&gate, 1);
+  settle(g, s1);
+  CHECK(atomic_load(&corruptions) == 0);
+  CHECK_OK(gma_free(g, r));
+  CHECK_OK(gma_stream_destroy(g, s1));
+  CHECK_OK(gma_stream_destroy(g, s2));
+  CHECK_OK(gma_destroy(g));
+}
+
 /* A training-like loop (a few long-lived weights, activations of varied
  * sizes allocated in a forward pass and freed in reverse, repeated): map
  * calls per GiB of peak reserved stay low, and reserved follows allocated. */
@@ -399,6 +431,7 @@ int main(void) {
   batch_and_async();
   trim_keeps_partly_used_chunks();
   large_request_few_maps();
+  growth_extends_own_cached_block();
   maps_per_gib();
   printf("test_expandable: ok\n");
   return 0;
