@@ -20,9 +20,11 @@ static bool in_range(const gma__region_t *r, const void *ptr, uint64_t size) {
   return a >= r->base && a + size <= r->base + r->size;
 }
 
-/* A large growth maps up to eight equal chunks, so a smaller block that
- * later takes its place leaves whole chunks free that go back; a growth
- * whose third map fails unmaps the two before it and leaves nothing. */
+/* A large growth maps up to sixteen equal chunks of at least 64 MiB and
+ * 1/128 of the memory limit, so a smaller block that later takes its place
+ * leaves whole chunks free that go back; a growth whose third map fails
+ * unmaps the two before it and leaves nothing. Under a limit 4x larger, the
+ * same growth maps a quarter as many chunks. */
 static void growth_in_pieces(void) {
   gma_t *g = sim_allocator("expandable_segments:true,worker:off,sim_capacity:4G");
   gma__pool_t *p = gma__pool_of(g);
@@ -42,13 +44,13 @@ static void growth_in_pieces(void) {
   CHECK_OK(gma_stream_synchronize(g, NULL));
   CHECK_OK(gma_empty_cache(g));
   s0 = stats_of(g);
-  CHECK_OK(gma_alloc(g, 1024 * MiB, NULL, &a)); /* eight chunks of 128 MiB */
+  CHECK_OK(gma_alloc(g, 1024 * MiB, NULL, &a)); /* sixteen chunks of 64 MiB */
   s1 = stats_of(g);
-  CHECK(s1.num_device_allocs - s0.num_device_allocs == 8 && r->nchunks == 8);
+  CHECK(s1.num_device_allocs - s0.num_device_allocs == 16 && r->nchunks == 16);
   CHECK_OK(gma_free(g, a));
   CHECK_OK(gma_stream_synchronize(g, NULL));
-  CHECK_OK(gma_alloc(g, 384 * MiB, NULL, &b)); /* the first three chunks */
-  CHECK_OK(gma_trim(g, 0));                    /* the other five go back */
+  CHECK_OK(gma_alloc(g, 384 * MiB, NULL, &b)); /* the first six chunks */
+  CHECK_OK(gma_trim(g, 0));                    /* the other ten go back */
   gma_stats_t s2 = stats_of(g);
   CHECK(s2.reserved.current == 384 * MiB && r->mapped == 384 * MiB);
   pthread_mutex_lock(&p->lock);
@@ -58,7 +60,14 @@ static void growth_in_pieces(void) {
   CHECK_OK(gma_destroy(g));
   gma__sim_live(NULL, &live);
   CHECK(live.device_bytes == 0);
-  printf("growth in pieces: 8 maps for 1 GiB; 640 MiB of it went back under a 384 MiB block\n");
+  g = sim_allocator("expandable_segments:true,worker:off,sim_capacity:16G");
+  s0 = stats_of(g);
+  CHECK_OK(gma_alloc(g, 1024 * MiB, NULL, &a)); /* chunks of 16 GiB / 128 */
+  CHECK(stats_of(g).num_device_allocs - s0.num_device_allocs == 8);
+  CHECK_OK(gma_free(g, a));
+  CHECK_OK(gma_destroy(g));
+  printf("growth in pieces: 16 maps for 1 GiB under a 4 GiB limit, 8 under 16 GiB; 640 MiB "
+         "went back under a 384 MiB block\n");
 }
 
 /* A growth of several chunks that the device cannot hold (memory used
@@ -79,8 +88,8 @@ static void short_device_maps_nothing(void) {
          " MiB\n", tried, live.device_bytes / MiB);
   CHECK(tried == 0 && live.device_bytes == 512 * MiB);
   CHECK_OK(p->dev->ops->mem_free(p->dev, outside, 512 * MiB));
-  CHECK_OK(gma_alloc(g, 768 * MiB, NULL, &a)); /* now it fits: 768 / 64 = 8 chunks */
-  CHECK(stats_of(g).num_device_allocs == 8);
+  CHECK_OK(gma_alloc(g, 768 * MiB, NULL, &a)); /* now it fits: 768 / 64 = 12 chunks */
+  CHECK(stats_of(g).num_device_allocs == 12);
   CHECK_OK(gma_free(g, a));
   CHECK_OK(gma_destroy(g));
 }
