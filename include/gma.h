@@ -185,8 +185,14 @@ typedef struct gma_config {
                                     for memory (1000; 1..86400000) */
   /* Growable segments: one reserved address range per pool, physical chunks
    * of the device's granularity mapped in as the pool grows and unmapped by
-   * trimming, so neighbouring blocks coalesce across chunks. */
-  int expandable_segments;       /* "expandable_segments": true | false (false) */
+   * trimming, so neighbouring blocks coalesce across chunks. The default
+   * (auto) uses them wherever the device supports virtual memory management
+   * and the memory limit holds one chunk, else ordinary segments (one
+   * device allocation each); true insists on them (gma_create fails where
+   * they are impossible); false selects ordinary segments.
+   * gma_stats' address_ranges says which a pool got. */
+  int expandable_segments;       /* "expandable_segments": auto | true | false (auto);
+                                    gma_segments_t */
   /* Trace recording from gma_create on (see gma_trace_start); "" = off. */
   char trace_path[512];          /* "trace": a file path (the value runs to the next comma) */
   /* CPU fallback: when device memory is exhausted even after releasing cache
@@ -226,6 +232,13 @@ typedef struct gma_config {
 #else
 #define GMA_CONFIG_INIT {.size = sizeof(gma_config_t)}
 #endif
+
+/* gma_config_t.expandable_segments: which segments a pool grows by. */
+typedef enum gma_segments {
+  GMA_SEGMENTS_AUTO = 0,     /* growable where the device supports them (the default) */
+  GMA_SEGMENTS_GROWABLE = 1, /* "true": growable, or gma_create fails */
+  GMA_SEGMENTS_ORDINARY = 2  /* "false": one device allocation per segment */
+} gma_segments_t;
 
 /* Applies "key:value,key:value" to *config, as GMA_CONF does. Sizes are digits
  * with an optional K, M, G or T (powers of 1024) and then an optional B or iB.

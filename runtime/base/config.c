@@ -19,7 +19,7 @@
 #define TiB (1ull << 40)
 
 typedef enum {
-  KIND_SIZE, KIND_COUNT, KIND_DEVICE, KIND_REUSE, KIND_ONOFF, KIND_BOOL, KIND_PATH, KIND_FALLBACK, KIND_DEFSTREAM, KIND_PLAN, KIND_SIMCOSTS,
+  KIND_SIZE, KIND_COUNT, KIND_DEVICE, KIND_REUSE, KIND_ONOFF, KIND_SEGMENTS, KIND_PATH, KIND_FALLBACK, KIND_DEFSTREAM, KIND_PLAN, KIND_SIMCOSTS,
   KIND_THRESHOLD /* a size; "auto" is 0 (the default), "0" is GMA_RELEASE_ALL */
 } value_kind_t;
 
@@ -52,7 +52,7 @@ static const key_spec_t keys[] = {
     {"worker", FIELD(worker_off), KIND_ONOFF, 0, 1},
     {"ring_size", FIELD(ring_size), KIND_COUNT, 2, 1048576},
     {"future_timeout_ms", FIELD(future_timeout_ms), KIND_COUNT, 1, 86400000},
-    {"expandable_segments", FIELD(expandable_segments), KIND_BOOL, 0, 1},
+    {"expandable_segments", FIELD(expandable_segments), KIND_SEGMENTS, 0, 2},
     {"trace", FIELD(trace_path), KIND_PATH, 0, 0},
     {"fallback", FIELD(fallback_host), KIND_FALLBACK, 0, 1},
     {"host_release_threshold", FIELD(host_release_threshold), KIND_SIZE, 0, 1024 * TiB},
@@ -72,7 +72,7 @@ static uint64_t get_field(const gma_config_t *c, const key_spec_t *k) {
   const char *at = (const char *)c + k->offset;
   if (k->kind == KIND_DEVICE) return (uint64_t)*(const gma_device_kind_t *)at;
   if (k->kind == KIND_REUSE) return (uint64_t)*(const gma_reuse_t *)at;
-  if (k->kind == KIND_ONOFF || k->kind == KIND_BOOL || k->kind == KIND_FALLBACK || k->kind == KIND_DEFSTREAM ||
+  if (k->kind == KIND_ONOFF || k->kind == KIND_SEGMENTS || k->kind == KIND_FALLBACK || k->kind == KIND_DEFSTREAM ||
       k->kind == KIND_PLAN || k->kind == KIND_SIMCOSTS ||
       k->offset == FIELD(device_ordinal))
     return (uint64_t)(int64_t)*(const int *)at;
@@ -84,7 +84,7 @@ static size_t field_width(const key_spec_t *k) {
   if (k->kind == KIND_PATH) return sizeof ((gma_config_t *)0)->trace_path;
   if (k->kind == KIND_DEVICE) return sizeof(gma_device_kind_t);
   if (k->kind == KIND_REUSE) return sizeof(gma_reuse_t);
-  if (k->kind == KIND_ONOFF || k->kind == KIND_BOOL || k->kind == KIND_FALLBACK || k->kind == KIND_DEFSTREAM ||
+  if (k->kind == KIND_ONOFF || k->kind == KIND_SEGMENTS || k->kind == KIND_FALLBACK || k->kind == KIND_DEFSTREAM ||
       k->kind == KIND_PLAN || k->kind == KIND_SIMCOSTS || k->offset == FIELD(device_ordinal))
     return sizeof(int);
   return sizeof(uint64_t);
@@ -96,7 +96,7 @@ static void set_field(gma_config_t *c, const key_spec_t *k, uint64_t v) {
     *(gma_device_kind_t *)at = (gma_device_kind_t)v;
   else if (k->kind == KIND_REUSE)
     *(gma_reuse_t *)at = (gma_reuse_t)v;
-  else if (k->kind == KIND_ONOFF || k->kind == KIND_BOOL || k->kind == KIND_FALLBACK || k->kind == KIND_DEFSTREAM ||
+  else if (k->kind == KIND_ONOFF || k->kind == KIND_SEGMENTS || k->kind == KIND_FALLBACK || k->kind == KIND_DEFSTREAM ||
       k->kind == KIND_PLAN || k->kind == KIND_SIMCOSTS ||
       k->offset == FIELD(device_ordinal))
     *(int *)at = (int)v;
@@ -184,7 +184,8 @@ static const char *const device_names[] = {"auto", "sim", "cuda"};
 static const char *const reuse_names[] = {"auto", "wait", "none", "query"};
 /* "bins" sets bins_off: index 0 is "on" (bins_off = 0). */
 static const char *const onoff_names[] = {"on", "off"};
-static const char *const bool_names[] = {"false", "true"};
+/* expandable_segments: gma_segments_t. */
+static const char *const segments_names[] = {"auto", "true", "false"};
 static const char *const fallback_names[] = {"none", "host"};
 static const char *const defstream_names[] = {"legacy", "per_thread"};
 static const char *const plan_names[] = {"off", "on"};
@@ -211,7 +212,7 @@ static const char *const *names_of(const key_spec_t *k, uint64_t *n) {
     case KIND_DEVICE: *n = 3; return device_names;
     case KIND_REUSE: *n = 4; return reuse_names;
     case KIND_ONOFF: *n = 2; return onoff_names;
-    case KIND_BOOL: *n = 2; return bool_names;
+    case KIND_SEGMENTS: *n = 3; return segments_names;
     case KIND_FALLBACK: *n = 2; return fallback_names;
     case KIND_DEFSTREAM: *n = 2; return defstream_names;
     case KIND_PLAN: *n = 2; return plan_names;
@@ -355,9 +356,9 @@ static bool parse_value(const key_spec_t *k, const char *val, size_t vlen, uint6
     case KIND_ONOFF:
       *expected = "on or off";
       return parse_name(val, vlen, onoff_names, 2, v);
-    case KIND_BOOL:
-      *expected = "true or false";
-      return parse_name(val, vlen, bool_names, 2, v);
+    case KIND_SEGMENTS:
+      *expected = "auto, true or false";
+      return parse_name(val, vlen, segments_names, 3, v);
     case KIND_FALLBACK:
       *expected = "none or host";
       return parse_name(val, vlen, fallback_names, 2, v);

@@ -47,10 +47,17 @@ gma_status_t gma__pool_init(gma__pool_t *p, gma__device_t *dev, const gma_config
   p->clock_in_slow_path = cfg->worker_off;
   gma__pool_tick_clock(p);
   gma_status_t st = GMA_OK;
-  p->growable = cfg->expandable_segments;
-  if (p->growable)
+  /* Growable unless told otherwise: auto falls back to ordinary segments
+   * where the device cannot map (no virtual memory management) or the limit
+   * is below one chunk, the two refusals gma__vm_source_new reports. */
+  if (cfg->expandable_segments != GMA_SEGMENTS_ORDINARY) {
     st = gma__vm_source_new(dev, &p->trace, p->limit, p->segment_size, &p->src);
-  else if (!(p->src = gma__plain_source_new(dev, &p->trace)))
+    p->growable = st == GMA_OK;
+    if (cfg->expandable_segments == GMA_SEGMENTS_AUTO &&
+        (st == GMA_ERR_UNSUPPORTED || st == GMA_ERR_CONFIG))
+      st = GMA_OK;
+  }
+  if (st == GMA_OK && !p->growable && !(p->src = gma__plain_source_new(dev, &p->trace)))
     st = gma__set_error(GMA_ERR_OOM, "host memory for the segment source");
   if (st == GMA_OK) gma__pools_add(p); /* exiting threads retire their per-thread streams */
   return st;

@@ -217,7 +217,7 @@ static void summary_bytes(out_t *o, gma_t *g, const gma_stats_t *s, const pool_w
   char a[32], b[32], c[32], title[80];
   put(o, "+=========================================================================+\n");
   snprintf(title, sizeof title, "gma memory summary: device %s%s", g->dev->name,
-           g->cfg.expandable_segments ? ", growable segments" : "");
+           g->pool.growable ? ", growable segments" : "");
   put(o, "| %-71s |\n", title);
   put(o, RULE);
   put(o, "| %-26s | %12s | %12s | %12s |\n", "metric", "current", "peak", "total");

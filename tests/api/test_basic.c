@@ -12,15 +12,18 @@
 #include "check.h"
 #include "gma.h"
 
-static gma_t *new_sim(void) {
+static gma_t *new_sim_with(gma_segments_t segments) {
   gma_config_t c = GMA_CONFIG_INIT;
   c.device = GMA_DEVICE_SIM;
   c.ignore_env = 1; /* the test must not depend on the caller's environment */
+  c.expandable_segments = segments;
   gma_t *g = NULL;
   CHECK_OK(gma_create(&c, &g));
   CHECK(g != NULL);
   return g;
 }
+
+static gma_t *new_sim(void) { return new_sim_with(GMA_SEGMENTS_AUTO); }
 
 /* Every status of the X-macro has its own name and a non-empty text; values
  * outside the map get the documented placeholder rather than NULL, so callers
@@ -263,7 +266,7 @@ static void test_empty_cache(void) {
  * large pool when less than a small segment (2 MiB) would be left of it;
  * a larger hole is left to large requests, and the small pool grows. */
 static void test_small_fills_large_holes(void) {
-  gma_t *g = new_sim();
+  gma_t *g = new_sim_with(GMA_SEGMENTS_ORDINARY); /* counts ordinary segments */
   const size_t MiB = (size_t)1 << 20;
   void *a, *b, *c, *s1, *s2;
   CHECK_OK(gma_alloc(g, 9 * MiB, NULL, &a)); /* one shared 20 MiB segment */
@@ -305,6 +308,7 @@ static void small_miss_bins(uint64_t limit, int want_bin_hit) {
   cfg.device = GMA_DEVICE_SIM;
   cfg.ignore_env = 1;
   cfg.memory_limit = limit;
+  cfg.expandable_segments = GMA_SEGMENTS_ORDINARY; /* one 20 MiB segment, counted */
   gma_t *g = NULL;
   CHECK_OK(gma_create(&cfg, &g));
   const size_t MiB = (size_t)1 << 20;

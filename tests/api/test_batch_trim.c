@@ -13,7 +13,7 @@
 #define MiB ((size_t)1 << 20)
 
 static void batch_is_contiguous(void) {
-  gma_t *g = sim_allocator(NULL);
+  gma_t *g = sim_allocator_ordinary(NULL);
   size_t sizes[64];
   for (int i = 0; i < 64; i++) sizes[i] = 1000 + (size_t)i * 300; /* 1000 .. 19900 bytes */
   void *ptrs[64];
@@ -46,7 +46,7 @@ static void batch_all_or_nothing_injected(void) {
   for (uint64_t fail_at = 1; fail_at <= 3; fail_at++) {
     char conf[64];
     snprintf(conf, sizeof conf, "sim_fail_alloc:%llu", (unsigned long long)fail_at);
-    gma_t *g = sim_allocator(conf);
+    gma_t *g = sim_allocator_ordinary(conf);
     void *warm[2] = {NULL, NULL};
     for (uint64_t k = 1; k < fail_at; k++) CHECK_OK(gma_alloc(g, 30 * MiB, NULL, &warm[k - 1]));
     size_t sizes[3] = {8 * MiB, 8 * MiB, 8 * MiB};
@@ -68,7 +68,7 @@ static void batch_all_or_nothing_injected(void) {
  * rather than into a new segment (a training step's gradient batch would
  * otherwise leave a segment behind every step). */
 static void batch_prefers_held_pieces(void) {
-  gma_t *g = sim_allocator("worker:off");
+  gma_t *g = sim_allocator_ordinary("worker:off");
   void *x1, *x2, *y;
   CHECK_OK(gma_alloc(g, 8 * MiB, NULL, &x1)); /* one shared 20 MiB segment: [0, 8) */
   CHECK_OK(gma_alloc(g, 8 * MiB, NULL, &x2)); /* [8, 16) */
@@ -98,7 +98,7 @@ static void batch_split_and_oom(void) {
    * another (each with a 2 MiB tail). Freeing a and c leaves two 9 MiB holes
    * in segments that stay (b and d are live), and the device has 4 MiB left:
    * 2 x 8 MiB has no contiguous room anywhere, but fits block by block. */
-  gma_t *g = sim_allocator("sim_capacity:44M,bins:off");
+  gma_t *g = sim_allocator_ordinary("sim_capacity:44M,bins:off");
   void *a, *b, *c, *d;
   CHECK_OK(gma_alloc(g, 9 * MiB, NULL, &a));
   CHECK_OK(gma_alloc(g, 9 * MiB, NULL, &b));
@@ -134,7 +134,7 @@ static void batch_split_and_oom(void) {
 }
 
 static void batch_bad_input(void) {
-  gma_t *g = sim_allocator("memory_limit:16M");
+  gma_t *g = sim_allocator_ordinary("memory_limit:16M");
   size_t sizes[2] = {MiB, 0};
   void *ptrs[2];
   CHECK_ST(gma_alloc_batch(g, 2, sizes, NULL, ptrs), GMA_ERR_INVALID_SIZE);
@@ -150,7 +150,7 @@ static void batch_bad_input(void) {
 /* gma_trim keeps at most keep_bytes of cache; live memory and memory a
  * stream may still use (a held kernel) stays. */
 static void trim_keeps(void) {
-  gma_t *g = sim_allocator("bins:off");
+  gma_t *g = sim_allocator_ordinary("bins:off");
   void *p[4];
   for (int i = 0; i < 4; i++) CHECK_OK(gma_alloc(g, 30 * MiB, NULL, &p[i])); /* own segments */
   for (int i = 0; i < 3; i++) CHECK_OK(gma_free(g, p[i]));
@@ -192,7 +192,7 @@ static void trim_keeps(void) {
 /* gma_reserve fills the bins: the workload's first allocations are bin hits
  * and need no device allocation. */
 static void reserve_warms_bins(void) {
-  gma_t *g = sim_allocator(NULL);
+  gma_t *g = sim_allocator_ordinary(NULL);
   gma_stream_t st;
   CHECK_OK(gma_stream_create(g, &st));
   size_t sizes[3] = {4 * KiB, 64 * KiB, MiB};
@@ -220,7 +220,7 @@ static void reserve_warms_bins(void) {
 /* The OOM retry gives free segments back before it fails: bytes_trimmed
  * counts them, as it counts growable chunks given back there and every trim. */
 static void oom_retry_counts_trimmed(void) {
-  gma_t *g = sim_allocator("bins:off,memory_limit:64M");
+  gma_t *g = sim_allocator_ordinary("bins:off,memory_limit:64M");
   void *a, *b, *c;
   CHECK_OK(gma_alloc(g, 30 * MiB, NULL, &a)); /* own segments */
   CHECK_OK(gma_alloc(g, 20 * MiB, NULL, &b));
@@ -240,7 +240,7 @@ static void oom_retry_counts_trimmed(void) {
  * largest, which gave back 80 MiB where 30 did); with growable segments,
  * only the last chunks of a free run (it gave back a whole 120 MiB run). */
 static void trim_gives_back_least(void) {
-  gma_t *g = sim_allocator("bins:off");
+  gma_t *g = sim_allocator_ordinary("bins:off");
   size_t sz[3] = {12 * MiB, 30 * MiB, 80 * MiB};
   void *p[3];
   for (int i = 0; i < 3; i++) CHECK_OK(gma_alloc(g, sz[i], NULL, &p[i])); /* own segments */
@@ -253,7 +253,7 @@ static void trim_gives_back_least(void) {
   CHECK(s.reserved.current == 92 * MiB);
   CHECK_OK(gma_destroy(g));
 
-  g = sim_allocator("bins:off,expandable_segments:true");
+  g = sim_allocator_ordinary("bins:off,expandable_segments:true");
   for (int i = 0; i < 3; i++) CHECK_OK(gma_alloc(g, 40 * MiB, NULL, &p[i])); /* a chunk each */
   for (int i = 0; i < 3; i++) CHECK_OK(gma_free(g, p[i]));
   CHECK_OK(gma_stream_synchronize(g, NULL));

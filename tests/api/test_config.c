@@ -48,12 +48,15 @@ static void test_parse_every_key(void) {
   CHECK(c.device == GMA_DEVICE_AUTO && c.memory_limit == GiB);
   CHECK_OK(gma_config_parse(&c, "device:cuda"));
   CHECK(c.device == GMA_DEVICE_CUDA);
+  CHECK(c.expandable_segments == GMA_SEGMENTS_AUTO);
   CHECK_OK(gma_config_parse(&c, "expandable_segments:true"));
-  CHECK(c.expandable_segments == 1);
+  CHECK(c.expandable_segments == GMA_SEGMENTS_GROWABLE && c.expandable_segments == 1);
   CHECK_OK(gma_config_parse(&c, "expandable_segments:false"));
-  CHECK(c.expandable_segments == 0);
+  CHECK(c.expandable_segments == GMA_SEGMENTS_ORDINARY);
+  CHECK_OK(gma_config_parse(&c, "expandable_segments:auto"));
+  CHECK(c.expandable_segments == GMA_SEGMENTS_AUTO);
   CHECK_ST(gma_config_parse(&c, "expandable_segments:yes"), GMA_ERR_CONFIG);
-  CHECK(strstr(gma_last_error(), "true or false") != NULL);
+  CHECK(strstr(gma_last_error(), "auto, true or false") != NULL);
 
   /* Empty text changes nothing (GMA_CONF= is the empty string). */
   gma_config_t before = c;

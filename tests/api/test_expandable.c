@@ -266,7 +266,7 @@ static uint64_t growing_workload(const char *conf) {
 }
 
 static void growing_does_not_fragment(void) {
-  uint64_t plain = growing_workload("worker:off,sim_capacity:1G");
+  uint64_t plain = growing_workload("worker:off,sim_capacity:1G,expandable_segments:false");
   uint64_t grow = growing_workload("worker:off,sim_capacity:1G,expandable_segments:true");
   uint64_t exact = growing_workload(
       "worker:off,sim_capacity:1G,expandable_segments:true,large_segment:2M");

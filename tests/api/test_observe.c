@@ -40,7 +40,7 @@ static void tmp_path(char *buf, const char *suffix) {
 }
 
 static void snapshot(void) {
-  gma_t *g = sim_allocator("worker:off");
+  gma_t *g = sim_allocator_ordinary("worker:off");
   gma_stream_t s;
   CHECK_OK(gma_stream_create(g, &s));
   void *a, *b, *c;
@@ -81,7 +81,7 @@ static void snapshot(void) {
 }
 
 static void summary(void) {
-  gma_t *g = sim_allocator("worker:off");
+  gma_t *g = sim_allocator_ordinary("worker:off");
   void *a;
   CHECK_OK(gma_alloc(g, 5 * MiB, NULL, &a));
   char buf[8192];
@@ -121,7 +121,7 @@ static void trace(void) {
   char path[128], path2[128];
   tmp_path(path, ".csv");
   tmp_path(path2, ".csv");
-  gma_t *g = sim_allocator("worker:off");
+  gma_t *g = sim_allocator_ordinary("worker:off");
   CHECK_ST(gma_trace_start(g, "/nonexistent-dir/t.csv"), GMA_ERR_CONFIG);
   CHECK(strstr(gma_last_error(), "cannot create '/nonexistent-dir/t.csv'") != NULL);
   CHECK_OK(gma_trace_stop(g)); /* none running: fine */
@@ -172,7 +172,7 @@ static void trace(void) {
 
   /* gma_record_stream of a pointer inside an allocation is traced with the
    * allocation's start, which is what a replay knows it by. */
-  g = sim_allocator("worker:off");
+  g = sim_allocator_ordinary("worker:off");
   gma_stream_t s;
   CHECK_OK(gma_stream_create(g, &s));
   CHECK_OK(gma_trace_start(g, path));
@@ -192,7 +192,7 @@ static void trace(void) {
   /* The config key: trace:PATH starts recording at gma_create. */
   char conf[200];
   snprintf(conf, sizeof conf, "worker:off,trace:%s", path);
-  g = sim_allocator(conf);
+  g = sim_allocator_ordinary(conf);
   CHECK_OK(gma_alloc(g, 100, NULL, &a));
   CHECK_OK(gma_free(g, a));
   CHECK_OK(gma_destroy(g)); /* closes the trace */
@@ -212,7 +212,7 @@ static void trace(void) {
 /* Tags are one line of printable text, ASCII or UTF-8; a quote or
  * backslash in one stays valid JSON in a snapshot. */
 static void tag_text(void) {
-  gma_t *g = sim_allocator("worker:off");
+  gma_t *g = sim_allocator_ordinary("worker:off");
   void *p = NULL, *q = NULL;
   CHECK_ST(gma_alloc_tagged(g, 1000, NULL, "two\nlines", &p), GMA_ERR_INVALID_ARGUMENT);
   CHECK(strstr(gma_last_error(), "control character") != NULL && p == NULL);
@@ -267,7 +267,7 @@ static void tag_text(void) {
 /* cached.peak is the highest reserved - allocated seen, not reserved's peak;
  * a call that succeeds after failing inside leaves gma_last_error alone. */
 static void cached_peak_and_last_error(void) {
-  gma_t *g = sim_allocator("worker:off,memory_limit:64M,oom_wait_ms:1");
+  gma_t *g = sim_allocator_ordinary("worker:off,memory_limit:64M,oom_wait_ms:1");
   void *a = NULL, *b = NULL;
   CHECK_OK(gma_alloc(g, 30 * MiB, NULL, &a));
   gma_stats_t st = stats_of(g);

@@ -24,7 +24,7 @@ static uint64_t now_ms(void) {
 }
 
 static void only_what_is_missing(void) {
-  gma_t *g = sim_allocator("sim_capacity:100M,sim_costs:h100,bins:off,worker:off");
+  gma_t *g = sim_allocator_ordinary("sim_capacity:100M,sim_costs:h100,bins:off,worker:off");
   void *small[4], *live, *big;
   for (int i = 0; i < 4; i++) CHECK_OK(gma_alloc(g, 12 * MiB, NULL, &small[i]));
   CHECK_OK(gma_alloc(g, 30 * MiB, NULL, &live));
@@ -66,7 +66,7 @@ static void *watchdog(void *arg) {
 }
 
 static void others_go_on(void) {
-  gma_t *g = sim_allocator("sim_capacity:56M,sim_costs:h100,bins:off,worker:off");
+  gma_t *g = sim_allocator_ordinary("sim_capacity:56M,sim_costs:h100,bins:off,worker:off");
   gma_stream_t busy;
   CHECK_OK(gma_stream_create(g, &busy));
   void *seg, *held, *small;

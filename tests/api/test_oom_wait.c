@@ -45,7 +45,7 @@ static pattern_kernel_t *busy_freed(gma_t *g, gma_stream_t on, size_t size, long
 /* The issue's case: 48 MiB on A under a 64 MiB limit, A runs a 200 ms
  * kernel on it, the block is freed, then B asks for 48 MiB. */
 static void busy_own_stream(void) {
-  gma_t *g = sim_allocator("memory_limit:64M,worker:off");
+  gma_t *g = sim_allocator_ordinary("memory_limit:64M,worker:off");
   gma_stream_t a, b;
   CHECK_OK(gma_stream_create(g, &a));
   CHECK_OK(gma_stream_create(g, &b));
@@ -72,7 +72,7 @@ static void busy_own_stream(void) {
 /* The same with the work on another stream, named by gma_record_stream:
  * the block is pending on that stream's work; a batch has to wait too. */
 static void busy_record_stream(void) {
-  gma_t *g = sim_allocator("memory_limit:64M,worker:off");
+  gma_t *g = sim_allocator_ordinary("memory_limit:64M,worker:off");
   gma_stream_t a, b, c;
   CHECK_OK(gma_stream_create(g, &a));
   CHECK_OK(gma_stream_create(g, &b));
@@ -108,7 +108,7 @@ static void busy_record_stream(void) {
  * memory while a third waited and then freed it under running kernels);
  * counted once. */
 static void real_shortage(void) {
-  gma_t *g = sim_allocator("memory_limit:64M,worker:off");
+  gma_t *g = sim_allocator_ordinary("memory_limit:64M,worker:off");
   void *p, *q;
   CHECK_OK(gma_alloc(g, 48 * MiB, NULL, &p));
   uint64_t t0 = now_ms();
@@ -128,7 +128,7 @@ static void real_shortage(void) {
 /* oom_wait_ms bounds the wait: work longer than it gives an OOM that says
  * memory is still in use by device work, not a shortage. */
 static void bounded_wait(void) {
-  gma_t *g = sim_allocator("memory_limit:64M,worker:off,oom_wait_ms:20");
+  gma_t *g = sim_allocator_ordinary("memory_limit:64M,worker:off,oom_wait_ms:20");
   gma_stream_t a;
   CHECK_OK(gma_stream_create(g, &a));
   atomic_int corruptions = 0;
@@ -152,7 +152,7 @@ static void bounded_wait(void) {
 /* Free memory in pieces too small for the request, no room to grow: the
  * message says fragmentation, with the figures. */
 static void fragmentation_message(void) {
-  gma_t *g = sim_allocator("memory_limit:40M,worker:off");
+  gma_t *g = sim_allocator_ordinary("memory_limit:40M,worker:off");
   void *p[6];
   for (int i = 0; i < 6; i++) CHECK_OK(gma_alloc(g, 6 * MiB, NULL, &p[i])); /* two 20 MiB segments */
   CHECK(stats_of(g).reserved.current == 40 * MiB);
@@ -172,7 +172,7 @@ static void fragmentation_message(void) {
    * but smaller chunks. Near the limit each growth maps what it lacks, so
    * 3 MiB blocks lie across 2 MiB-granular chunks; the freed ones leave
    * pieces whose chunks still hold live neighbours. */
-  g = sim_allocator("memory_limit:40M,worker:off,expandable_segments:true,sim_capacity:1G");
+  g = sim_allocator_ordinary("memory_limit:40M,worker:off,expandable_segments:true,sim_capacity:1G");
   void *r[13];
   for (int i = 0; i < 13; i++) CHECK_OK(gma_alloc(g, 3 * MiB, NULL, &r[i]));
   for (int i = 1; i < 13; i += 3) CHECK_OK(gma_free(g, r[i]));
@@ -189,7 +189,7 @@ static void fragmentation_message(void) {
 /* An async request that waits for memory and then gets it is not an OOM;
  * one that times out counts once (before: once per retry, hundreds). */
 static void async_counts_once(void) {
-  gma_t *g = sim_allocator("memory_limit:64M");
+  gma_t *g = sim_allocator_ordinary("memory_limit:64M");
   void *p;
   CHECK_OK(gma_alloc(g, 48 * MiB, NULL, &p));
   gma_async_options_t o = GMA_ASYNC_OPTIONS_INIT;
@@ -232,7 +232,7 @@ static void *oom_waiter(void *arg) {
 }
 
 static void others_go_on(void) {
-  gma_t *g = sim_allocator("memory_limit:80M,worker:off"); /* 20 MiB segment + 48 MiB */
+  gma_t *g = sim_allocator_ordinary("memory_limit:80M,worker:off"); /* 20 MiB segment + 48 MiB */
   gma_stream_t a, b;
   CHECK_OK(gma_stream_create(g, &a));
   CHECK_OK(gma_stream_create(g, &b));
@@ -270,7 +270,7 @@ static void others_go_on(void) {
 /* Right below memory_limit a small request gets a segment of what is left
  * (before: it failed with a megabyte of the limit left). */
 static void small_room_left(void) {
-  gma_t *g = sim_allocator("memory_limit:65M,worker:off");
+  gma_t *g = sim_allocator_ordinary("memory_limit:65M,worker:off");
   void *big, *p;
   CHECK_OK(gma_alloc(g, 64 * MiB, NULL, &big));
   CHECK_OK(gma_alloc(g, 512, NULL, &p));
@@ -293,7 +293,7 @@ static void *trim_all(void *arg) {
 
 static void trim_in_flight(void) {
   for (int growable = 0; growable < 2; growable++) {
-    trim_g = sim_allocator(growable ? "expandable_segments:true,worker:off,sim_capacity:64M,"
+    trim_g = sim_allocator_ordinary(growable ? "expandable_segments:true,worker:off,sim_capacity:64M,"
                                       "sim_free_ns:200000000"
                                     : "worker:off,sim_capacity:64M,sim_free_ns:200000000");
     void *a, *b;
@@ -316,7 +316,7 @@ static void trim_in_flight(void) {
  * once the kernel is done only 24 MiB could be had, so it fails at once
  * (before: it waited for the kernel, then failed). */
 static void shortage_under_busy_work(void) {
-  gma_t *g = sim_allocator("memory_limit:64M,worker:off");
+  gma_t *g = sim_allocator_ordinary("memory_limit:64M,worker:off");
   gma_stream_t a;
   CHECK_OK(gma_stream_create(g, &a));
   atomic_int corruptions = 0;
@@ -346,7 +346,7 @@ static void shortage_under_busy_work(void) {
  * message names the deadline, not oom_wait_ms (which bounds only the
  * synchronous calls' wait). */
 static void async_deadline_message(void) {
-  gma_t *g = sim_allocator("memory_limit:64M");
+  gma_t *g = sim_allocator_ordinary("memory_limit:64M");
   gma_stream_t a;
   CHECK_OK(gma_stream_create(g, &a));
   atomic_int corruptions = 0;
@@ -373,7 +373,7 @@ static void async_deadline_message(void) {
  * (12 MiB free in a split 24 MiB segment, the small segments filled), and
  * with growable segments a large request in a small chunk's free part. */
 static void other_pool_holds_it(void) {
-  gma_t *g = sim_allocator("memory_limit:64M,worker:off");
+  gma_t *g = sim_allocator_ordinary("memory_limit:64M,worker:off");
   void *x, *y, *p[64];
   CHECK_OK(gma_alloc(g, 24 * MiB, NULL, &x));
   CHECK_OK(gma_free(g, x));
@@ -390,7 +390,7 @@ static void other_pool_holds_it(void) {
   CHECK(s.allocated.current == 0);
   CHECK_OK(gma_destroy(g));
 
-  g = sim_allocator("expandable_segments:true,worker:off,sim_capacity:256M");
+  g = sim_allocator_ordinary("expandable_segments:true,worker:off,sim_capacity:256M");
   void *small, *big, *q;
   CHECK_OK(gma_alloc(g, 512 * 1024, NULL, &small)); /* maps the small kind's chunk */
   CHECK_OK(gma_alloc(g, 248 * MiB, NULL, &big));
@@ -457,7 +457,7 @@ static void *take_turns(void *arg) {
 }
 
 static void threads_take_turns(void) {
-  gma_t *g = sim_allocator("memory_limit:24M,reuse:query,oom_wait_ms:60000");
+  gma_t *g = sim_allocator_ordinary("memory_limit:24M,reuse:query,oom_wait_ms:60000");
   gma_stream_t streams[TURN_THREADS];
   for (int i = 0; i < TURN_THREADS; i++) CHECK_OK(gma_stream_create(g, &streams[i]));
   atomic_int corruptions = 0;
@@ -492,7 +492,7 @@ static void *sync_stream(void *arg) {
 }
 
 static void waits_during_synchronize(void) {
-  gma_t *g = sync_g = sim_allocator("memory_limit:64M,worker:off");
+  gma_t *g = sync_g = sim_allocator_ordinary("memory_limit:64M,worker:off");
   gma_stream_t b;
   CHECK_OK(gma_stream_create(g, &sync_a));
   CHECK_OK(gma_stream_create(g, &b));

@@ -43,7 +43,7 @@ static uint64_t settle_reserved(gma_t *g) {
 /* 1. Counts that wrap, and counts no allocator could hold: a clear error,
  * nothing allocated (before: a heap overflow in gma_reserve). */
 static void reserve_overflow(void) {
-  gma_t *g = sim_allocator("memory_limit:64M");
+  gma_t *g = sim_allocator_ordinary("memory_limit:64M");
   size_t sizes[2] = {4096, 4096};
   CHECK_ST(gma_reserve(g, NULL, 2, sizes, (size_t[]){SIZE_MAX, 2}), GMA_ERR_INVALID_SIZE);
   CHECK(strstr(gma_last_error(), "memory_limit") != NULL);
@@ -84,7 +84,7 @@ static void *free_all(void *arg) {
 }
 
 static void free_vs_stream_destroy(void) {
-  gma_t *g = sim_allocator("memory_limit:1G");
+  gma_t *g = sim_allocator_ordinary("memory_limit:1G");
   int rounds = 4000 / ROUNDS_DIV;
   void *ptrs[32];
   for (int r = 0; r < rounds; r++) {
@@ -124,7 +124,7 @@ static void *ptds_worker(void *arg) {
 static void ptds_thread_exit(void) {
   /* Room for all eight threads at once (about 18 MiB each, segments
    * rounded), so none of them can run out while the others still hold. */
-  gma_t *g = sim_allocator("memory_limit:400M,worker:off");
+  gma_t *g = sim_allocator_ordinary("memory_limit:400M,worker:off");
   pthread_t t[8];
   for (int i = 0; i < 8; i++) CHECK(pthread_create(&t[i], NULL, ptds_worker, g) == 0);
   for (int i = 0; i < 8; i++) pthread_join(t[i], NULL);
@@ -161,7 +161,7 @@ static void slow_cb(gma_t *g, gma_pressure_t level, void *user) {
 }
 
 static void pressure_callback_unset(void) {
-  gma_t *g = sim_allocator("trim_interval_ms:1");
+  gma_t *g = sim_allocator_ordinary("trim_interval_ms:1");
   atomic_int running = 0, calls = 0;
   for (int round = 0; round < 3; round++) {
     cb_ctx_t *c = malloc(sizeof *c);
@@ -219,7 +219,7 @@ static void *report_loop(void *arg) {
 }
 
 static void reporters_concurrent(void) {
-  gma_t *g = sim_allocator(NULL);
+  gma_t *g = sim_allocator_ordinary(NULL);
   void *keep;
   CHECK_OK(gma_alloc(g, 4 * KiB, NULL, &keep)); /* one block stays live throughout */
   atomic_int stop = 0;
@@ -244,7 +244,7 @@ static void reporters_concurrent(void) {
 /* 6. timeout_ns = UINT64_MAX means no limit, as for gma_future_wait (before:
  * the deadline wrapped and the request timed out at once). */
 static void async_timeout_max(void) {
-  gma_t *g = sim_allocator("memory_limit:16M");
+  gma_t *g = sim_allocator_ordinary("memory_limit:16M");
   void *big;
   CHECK_OK(gma_alloc(g, 12 * MiB, NULL, &big));
   gma_async_options_t o = GMA_ASYNC_OPTIONS_INIT;
@@ -268,7 +268,7 @@ static void async_timeout_max(void) {
 static void limit_below_segment(void) {
   const char *confs[] = {"memory_limit:1M", "sim_capacity:1M", "memory_limit:3M"};
   for (int i = 0; i < 3; i++) {
-    gma_t *g = sim_allocator(confs[i]);
+    gma_t *g = sim_allocator_ordinary(confs[i]);
     void *a, *b;
     CHECK_OK(gma_alloc(g, 4 * KiB, NULL, &a));
     CHECK_OK(gma_alloc(g, 512 * KiB, NULL, &b));
@@ -309,7 +309,7 @@ static void limit_below_segment(void) {
 /* 8. gma_find_old_allocations with room but nothing live (before: memcpy
  * from NULL, which UBSan halts on). */
 static void old_allocations_none(void) {
-  gma_t *g = sim_allocator(NULL);
+  gma_t *g = sim_allocator_ordinary(NULL);
   gma_allocation_info_t info[4];
   size_t n = 99;
   CHECK_OK(gma_find_old_allocations(g, 0, info, 4, &n));
@@ -322,7 +322,7 @@ static void old_allocations_none(void) {
 /* 9. Host sizes that would wrap when rounded to pages (before: SIZE_MAX
  * became a 0-byte block, stopped only by the simulated device). */
 static void host_alloc_huge(void) {
-  gma_t *g = sim_allocator(NULL);
+  gma_t *g = sim_allocator_ordinary(NULL);
   void *p = (void *)1;
   size_t bad[3] = {SIZE_MAX, SIZE_MAX - 4000, (SIZE_MAX >> 1) + 1};
   for (int i = 0; i < 3; i++) {
@@ -354,7 +354,7 @@ static void *wait_one(void *arg) {
 }
 
 static void many_waiters(void) {
-  gma_t *g = sim_allocator("memory_limit:64M");
+  gma_t *g = sim_allocator_ordinary("memory_limit:64M");
   for (int round = 0; round < 20; round++) {
     gma_future_t *f;
     CHECK_OK(gma_alloc_async(g, 8 * MiB, NULL, NULL, &f)); /* above bin_max: the worker serves */
@@ -395,7 +395,7 @@ static void many_waiters(void) {
  * synchronized through gma, one gma_empty_cache gives everything back
  * (before: it took two calls). */
 static void reuse_none_record_stream(void) {
-  gma_t *g = sim_allocator("reuse:none");
+  gma_t *g = sim_allocator_ordinary("reuse:none");
   gma_stream_t a, b;
   CHECK_OK(gma_stream_create(g, &a));
   CHECK_OK(gma_stream_create(g, &b));
@@ -452,7 +452,7 @@ static void small_points(void) {
   /* Retiring a stream gma has no record of does nothing and succeeds (so a
    * framework may retire every stream it destroys); it makes no device call
    * with the handle, which may not be a live stream. */
-  gma_t *g = sim_allocator(NULL);
+  gma_t *g = sim_allocator_ordinary(NULL);
   gma_stream_t s;
   CHECK_OK(gma_stream_create(g, &s));
   CHECK_OK(gma_stream_retire(g, s)); /* never used with gma */

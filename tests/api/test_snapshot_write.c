@@ -51,7 +51,7 @@ static void tmp_path(char *buf, const char *suffix) {
 }
 
 int main(void) {
-  gma_t *g = sim_allocator(NULL);
+  gma_t *g = sim_allocator_ordinary(NULL);
   char trace[128], snap[128], json[128];
   tmp_path(trace, ".csv");
   tmp_path(snap, ".pickle");

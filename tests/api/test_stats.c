@@ -61,7 +61,11 @@ static void check_invariants(const gma_stats_t *s, int line) {
   INV_(s->cached.total >= s->cached.current && s->active.total >= s->active.current);
   INV_(s->reserved.peak >= s->allocated.peak);
   INV_(s->num_device_allocs >= s->num_device_frees);
-  INV_(s->num_segments == s->num_device_allocs - s->num_device_frees);
+  /* Ordinary: one device allocation per segment; growable: a segment is a
+   * run of one or more mapped chunks (a map each). */
+  INV_(s->address_ranges != 0 ||
+       s->num_segments == s->num_device_allocs - s->num_device_frees);
+  INV_(s->num_segments <= s->num_device_allocs - s->num_device_frees);
   INV_((s->num_segments == 0) == (s->reserved.current == 0));
   INV_(s->largest_free_block <= s->stream_cached_bytes + s->free_bytes);
   INV_(s->largest_free_block % 512 == 0);

@@ -66,7 +66,7 @@ static int overlaps(const void *a, size_t alen, const void *b, size_t blen) {
 /* ---- (a) handle recycling ----------------------------------------------- */
 
 static void test_handle_recycling(void) {
-  gma_t *g = sim_allocator(NULL);
+  gma_t *g = sim_allocator_ordinary(NULL);
   const size_t len = 256 * KiB;
   atomic_int gate = 0, corruptions = 0;
 
@@ -152,7 +152,7 @@ static void test_handle_recycling(void) {
  * (gma_free's contract), whose kernel still holds the block. gma must not
  * put it into the new stream's cache just because the handle matches. */
 static void test_free_after_recycling(void) {
-  gma_t *g = sim_allocator(NULL);
+  gma_t *g = sim_allocator_ordinary(NULL);
   const size_t len = 256 * KiB;
   atomic_int gate = 0, corruptions = 0;
   gma_stream_t a, b;
@@ -191,7 +191,7 @@ static void test_free_after_recycling(void) {
  * stream V; then X is freed. X's gate is U's work, not V's: S must not get X
  * back while U's kernel holds it, however idle V is. */
 static void test_record_on_recycled_stream(void) {
-  gma_t *g = sim_allocator(NULL);
+  gma_t *g = sim_allocator_ordinary(NULL);
   const size_t len = 256 * KiB;
   atomic_int gate = 0, corruptions = 0;
   gma_stream_t s, u, v;
@@ -298,7 +298,7 @@ static void *ptds_thread2(void *arg) {
 static void test_per_thread_stream(const char *conf) {
   static ptds_shared_t sh;
   memset(&sh, 0, sizeof sh);
-  sh.g = sim_allocator(conf);
+  sh.g = sim_allocator_ordinary(conf);
   sh.s = conf ? NULL : GMA_STREAM_PER_THREAD;
   sh.len = 128 * KiB;
   pthread_t t1, t2;
@@ -324,7 +324,7 @@ static void test_per_thread_stream(const char *conf) {
 /* ---- (c) gma_stream_retire ------------------------------------------------- */
 
 static void test_retire(void) {
-  gma_t *g = sim_allocator(NULL);
+  gma_t *g = sim_allocator_ordinary(NULL);
   enum { N = 8 };
   const size_t len = 1 * MiB; /* in the bins' range; 2 per small segment */
   atomic_int corruptions = 0;
@@ -383,7 +383,7 @@ static void test_retire(void) {
  * must be releasable. Variant 1 retires while the kernel is still held;
  * variant 2 drains the stream first, then destroys it. */
 static void test_retire_busy(int drain_first) {
-  gma_t *g = sim_allocator(NULL);
+  gma_t *g = sim_allocator_ordinary(NULL);
   atomic_int gate = 0, corruptions = 0;
   gma_stream_t s;
   CHECK_OK(gma_stream_create(g, &s));
@@ -465,7 +465,7 @@ static int in_range(uint64_t v, uint64_t lo, uint64_t hi) { return lo <= v && v 
  * but comes back from the stream's cache in the pool, or from the free pool
  * once the stream's epoch has completed. */
 static void stream_stats_sequence(const char *conf, int bins) {
-  gma_t *g = sim_allocator(conf);
+  gma_t *g = sim_allocator_ordinary(conf);
   gma_stream_t s;
   CHECK_OK(gma_stream_create(g, &s));
   const uint64_t k64 = 64 * KiB, m8 = 8 * MiB;
@@ -524,7 +524,7 @@ static void test_stream_stats(void) {
 /* reuse:none: a block freed on S never serves U, even once S is idle; after
  * S is retired (and its work done) it goes to the pool. */
 static void test_reuse_none(void) {
-  gma_t *g = sim_allocator("reuse:none");
+  gma_t *g = sim_allocator_ordinary("reuse:none");
   gma_stream_t s, u, v;
   CHECK_OK(gma_stream_create(g, &s));
   CHECK_OK(gma_stream_create(g, &u));
@@ -606,7 +606,7 @@ static void *watchdog_main(void *arg) {
  * the device for every holder's event) saves growing the pool; under
  * reuse:query it must not. */
 static void reuse_held_block(const char *conf, int wait_policy, int holders) {
-  gma_t *g = sim_allocator(conf);
+  gma_t *g = sim_allocator_ordinary(conf);
   const size_t len = 12 * MiB;
   atomic_int gate = 0, gate2 = 0, corruptions = 0;
   gma_stream_t s, u, r;

@@ -28,7 +28,7 @@ static uint64_t now_ms(void) {
  * which it never does on the legacy default stream (test_worker_streams). */
 static gma_stream_t S;
 static gma_t *worker_g(const char *conf) {
-  gma_t *g = sim_allocator(conf);
+  gma_t *g = sim_allocator_ordinary(conf);
   CHECK_OK(gma_stream_create(g, &S));
   return g;
 }

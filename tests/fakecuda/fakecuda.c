@@ -527,6 +527,7 @@ static struct {
   uint64_t sim_gran; /* immutable after cuInit: the sim's granularity (divides gran) */
   bool vmm;      /* immutable after cuInit: the sim has vm ops */
   bool vmm_rdma, vmm_posix_fd; /* immutable after cuInit: GMA_FAKECUDA_VMM_FEATURES */
+  bool vmm_off;  /* immutable after cuInit: GMA_FAKECUDA_VMM_FEATURES=off */
   /* immutable after cuInit: GMA_FAKECUDA_COSTS, the simulated device's cost
    * preset (NULL: none) and its sim_costs value */
   const gma__sim_costs_t *costs;
@@ -1595,12 +1596,14 @@ static bool read_env(void) {
     fc.dev[i].capacity = mem;
   }
   fc.vmm_rdma = fc.vmm_posix_fd = true; /* as an H100 with a current driver */
+  fc.vmm_off = false;
   e = getenv("GMA_FAKECUDA_VMM_FEATURES");
   if (e && *e) {
-    if (strcmp(e, "none") == 0) {
+    if (strcmp(e, "none") == 0 || strcmp(e, "off") == 0) {
       fc.vmm_rdma = fc.vmm_posix_fd = false;
+      fc.vmm_off = strcmp(e, "off") == 0;
     } else if (strcmp(e, "all") != 0) {
-      fprintf(stderr, "fakecuda: GMA_FAKECUDA_VMM_FEATURES=%s: expected all or none\n", e);
+      fprintf(stderr, "fakecuda: GMA_FAKECUDA_VMM_FEATURES=%s: expected all, none or off\n", e);
       return false;
     }
   }
@@ -1648,7 +1651,7 @@ CUresult CUDAAPI cuInit(unsigned int Flags) {
   }
   fc.vmm = probe->ops->vm_granularity && probe->ops->vm_reserve && probe->ops->vm_map &&
            probe->ops->vm_unmap && probe->ops->vm_release &&
-           probe->ops->vm_granularity(probe, &fc.sim_gran) == GMA_OK;
+           probe->ops->vm_granularity(probe, &fc.sim_gran) == GMA_OK && !fc.vmm_off;
   probe->ops->destroy(probe);
   /* A granularity the sim cannot map in whole granules is refused rather
    * than emulated: the sim's pieces would not line up with the fake's. */

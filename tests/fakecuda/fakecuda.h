@@ -18,7 +18,8 @@
  *                             support GPUDirect RDMA with VMM memory and POSIX
  *                             file descriptor handles (their attributes; a
  *                             cuMemCreate asking for an unsupported one gets
- *                             CUDA_ERROR_NOT_SUPPORTED)
+ *                             CUDA_ERROR_NOT_SUPPORTED); off: no virtual
+ *                             memory management at all (the attribute says 0)
  *
  * Environment, read when the library is loaded:
  *   GMA_FAKECUDA_STRICT       the misuse checks that abort the process (see

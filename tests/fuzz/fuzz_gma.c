@@ -2425,7 +2425,7 @@ static void op_config(rd_t *r) {
    * device's reasons: growable segments map the simulated device's 2 MiB
    * chunks, more than a smaller limit. */
   uint64_t lim = c.memory_limit && c.memory_limit < c.sim_capacity ? c.memory_limit : c.sim_capacity;
-  bool device_refuses = c.expandable_segments && lim < 2 * MiB;
+  bool device_refuses = c.expandable_segments == GMA_SEGMENTS_GROWABLE && lim < 2 * MiB;
   EXPECT(st == GMA_OK || (st == GMA_ERR_CONFIG && device_refuses) ||
              (st == GMA_ERR_DEVICE && c.sim_fail_alloc),
          "gma_create of a parsed config (\"%s\") returned %s: %s", text, gma_status_name(st),
@@ -3576,7 +3576,7 @@ static void configure(rd_t *r) {
   static const uint64_t ticks[4] = {1, 2, 5, 50};
   c.sim_capacity = caps[b1 & 3];
   c.worker_off = !(b0 & 1);
-  c.expandable_segments = (b0 >> 1) & 1;
+  c.expandable_segments = (b0 >> 1) & 1 ? GMA_SEGMENTS_GROWABLE : GMA_SEGMENTS_ORDINARY;
   c.bins_off = (b0 >> 2) & 1;
   c.reuse = ((b0 >> 3) & 3) == 3 ? GMA_REUSE_QUERY : (gma_reuse_t)((b0 >> 3) & 3);
   c.fallback_host = (b0 >> 5) & 1;

@@ -104,6 +104,12 @@ if(TARGET gma_fakecuda)
   # gma asks for neither (the fake refuses what the device lacks).
   gma_test(NAME fakecuda_backend_growable_plain EXE fakecuda_backend_errors LABELS fakecuda
     ARGS growable ENV ${gma_fake_env} GMA_FAKECUDA_VMM_FEATURES=none)
+  # The default segments: growable on a device with virtual memory
+  # management, ordinary on one without.
+  gma_test(NAME fakecuda_backend_segments EXE fakecuda_backend_errors LABELS fakecuda
+    ARGS segments ENV ${gma_fake_env})
+  gma_test(NAME fakecuda_backend_segments_novmm EXE fakecuda_backend_errors LABELS fakecuda
+    ARGS segments ENV ${gma_fake_env} GMA_FAKECUDA_VMM_FEATURES=off)
   # Two devices of 1 GiB and 4 GiB.
   foreach(scenario devices context)
     gma_test(NAME fakecuda_backend_${scenario} EXE fakecuda_backend_errors LABELS fakecuda

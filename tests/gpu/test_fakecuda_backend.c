@@ -116,10 +116,14 @@ static void fail(const char *entry, unsigned long long nth, CUresult r) {
 }
 
 
+/* Ordinary segments unless conf says otherwise: most checks here inject
+ * cuMemAlloc failures; the growable path's calls have checks of their own
+ * (expandable_segments:true). */
 static gma_config_t cuda_config(const char *conf) {
   gma_config_t c = GMA_CONFIG_INIT;
   c.device = GMA_DEVICE_CUDA;
   c.ignore_env = 1;
+  c.expandable_segments = GMA_SEGMENTS_ORDINARY;
   if (conf) CHECK_OK(gma_config_parse(&c, conf));
   return c;
 }
@@ -924,6 +928,34 @@ static void scenario_hotpath(void) {
   CHECK(fc_used(0) == 0);
 }
 
+/* The default segments follow the device: growable where it reports
+ * virtual memory management, ordinary where it does not
+ * (GMA_FAKECUDA_VMM_FEATURES=off), and there expandable_segments:true is
+ * refused at gma_create, saying what to use instead. */
+static void scenario_segments(void) {
+  const char *features = getenv("GMA_FAKECUDA_VMM_FEATURES");
+  bool vmm = !(features && strcmp(features, "off") == 0);
+  gma_t *g = bound_allocator("worker:off");
+  void *p;
+  CHECK_OK(gma_alloc(g, 3 * MiB, NULL, &p));
+  gma_stats_t st = stats_of(g);
+  CHECK((st.address_ranges != 0) == vmm);
+  CHECK((fc_calls("cuMemCreate") > 0) == vmm && (fc_calls("cuMemAlloc") > 0) == !vmm);
+  CHECK_OK(gma_free(g, p));
+  CHECK_OK(gma_destroy(g));
+  gma_config_t c = cuda_config("expandable_segments:true");
+  g = NULL;
+  gma_status_t s = gma_create(&c, &g);
+  if (vmm) {
+    CHECK_OK(s);
+    CHECK_OK(gma_destroy(g));
+  } else {
+    CHECK(s == GMA_ERR_UNSUPPORTED && g == NULL);
+    CHECK(has("virtual memory management") && has("expandable_segments:false"));
+  }
+  printf("segments: %s by default\n", vmm ? "growable" : "ordinary");
+}
+
 int main(int argc, char **argv) {
   const char *scenario = argc > 1 ? argv[1] : "";
   controls();
@@ -949,9 +981,11 @@ int main(int argc, char **argv) {
     scenario_contexts();
   } else if (strcmp(scenario, "outside") == 0) {
     scenario_outside();
+  } else if (strcmp(scenario, "segments") == 0) {
+    scenario_segments();
   } else {
     fprintf(stderr, "usage: %s errors|events|growable|reuse|retired|devices|context|hotpath|"
-            "waitstream|contexts|outside\n",
+            "waitstream|contexts|outside|segments\n",
             argv[0]);
     return 2;
   }

@@ -3,10 +3,10 @@
 has mapped_peak (peak bytes backed by device memory), vm_maps, vm_unmaps and
 vm_creates (the growable ranges' map, unmap and chunk-create calls) and
 growable. On a small trace that grows, frees, trims and grows again:
-under expandable_segments:true at least one chunk is mapped and one
-unmapped, creates never outnumber maps, unmaps never outnumber maps and the
+under the default config (growable segments on the simulated device) at
+least one chunk is mapped and one unmapped, creates never outnumber maps, unmaps never outnumber maps and the
 mapped peak lies between the peak allocated and the peak reserved; under
-ordinary segments the three counts are 0 and the mapped peak is the peak
+ordinary segments (expandable_segments:false) the three counts are 0 and the mapped peak is the peak
 reserved. --min-capacity's search object keeps exactly its fields.
 
 Usage: test_replay_vm.py PATH/TO/gma-replay
@@ -51,8 +51,8 @@ def check(cond, what):
 
 
 def replay(tool, trace, out, extra):
-    cmd = [tool, "--quiet", "--json", out, "--config", "default=",
-           "--config", "expandable=expandable_segments:true"] + extra + [trace]
+    cmd = [tool, "--quiet", "--json", out, "--config", "ordinary=expandable_segments:false",
+           "--config", "default="] + extra + [trace]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                        universal_newlines=True, timeout=120)
     check(p.returncode == 0, "%s: exit %d, stderr %r" % (" ".join(cmd), p.returncode, p.stderr))
@@ -73,24 +73,24 @@ def check_result(config, r):
     check(r["peak_allocated"] <= r["mapped_peak"] <= r["peak_reserved"],
           "%s: mapped_peak %d not between peak_allocated %d and peak_reserved %d"
           % (config, r["mapped_peak"], r["peak_allocated"], r["peak_reserved"]))
-    if config == "default":
-        check(r.get("growable") is False, "default: growable is %r" % r.get("growable"))
+    if config == "ordinary":
+        check(r.get("growable") is False, "ordinary: growable is %r" % r.get("growable"))
         check(r["vm_maps"] == r["vm_unmaps"] == r["vm_creates"] == 0,
-              "default: vm counts %d/%d/%d, want 0" % (r["vm_maps"], r["vm_unmaps"],
-                                                      r["vm_creates"]))
-        check(r["mapped_peak"] == r["peak_reserved"], "default: mapped_peak %d != peak_reserved %d"
+              "ordinary: vm counts %d/%d/%d, want 0" % (r["vm_maps"], r["vm_unmaps"],
+                                                       r["vm_creates"]))
+        check(r["mapped_peak"] == r["peak_reserved"], "ordinary: mapped_peak %d != peak_reserved %d"
               % (r["mapped_peak"], r["peak_reserved"]))
-        check(r["device_allocs"] >= 1, "default: no device allocation")
-    else:
-        check(r.get("growable") is True, "expandable: growable is %r" % r.get("growable"))
-        check(r["vm_maps"] >= 1, "expandable: vm_maps %d, want >= 1" % r["vm_maps"])
-        check(1 <= r["vm_creates"] <= r["vm_maps"], "expandable: vm_creates %d, vm_maps %d"
+        check(r["device_allocs"] >= 1, "ordinary: no device allocation")
+    else:  # the default: growable on the simulated device
+        check(r.get("growable") is True, "default: growable is %r" % r.get("growable"))
+        check(r["vm_maps"] >= 1, "default: vm_maps %d, want >= 1" % r["vm_maps"])
+        check(1 <= r["vm_creates"] <= r["vm_maps"], "default: vm_creates %d, vm_maps %d"
               % (r["vm_creates"], r["vm_maps"]))
         check(1 <= r["vm_unmaps"] <= r["vm_maps"],
-              "expandable: vm_unmaps %d after an explicit trim (vm_maps %d), want 1..maps"
+              "default: vm_unmaps %d after an explicit trim (vm_maps %d), want 1..maps"
               % (r["vm_unmaps"], r["vm_maps"]))
         check(r["vm_maps"] == r["device_allocs"] and r["vm_unmaps"] == r["device_frees"],
-              "expandable: vm counts %d/%d, device calls %d/%d" % (
+              "default: vm counts %d/%d, device calls %d/%d" % (
                   r["vm_maps"], r["vm_unmaps"], r["device_allocs"], r["device_frees"]))
 
 
@@ -106,7 +106,7 @@ def main():
         print("a replay's JSON: mapped_peak and the vm counts")
         data = replay(tool, trace, os.path.join(tmp, "r.json"), [])
         results = {r["config"]: r["result"] for r in data.get("results", [])}
-        check(set(results) == {"default", "expandable"}, "results for %r" % sorted(results))
+        check(set(results) == {"ordinary", "default"}, "results for %r" % sorted(results))
         for config in sorted(results):
             check_result(config, results[config])
 

@@ -90,7 +90,7 @@ static void alloc_counted(gma_t *g, size_t size, gma_stream_t s, void **y, bool 
 
 /* Returns the corruptions seen; *same says whether U got x. */
 static int consumer_run(unsigned flags, bool *same, uint64_t *waits) {
-  gma_t *g = sim_allocator(NULL);
+  gma_t *g = sim_allocator_ordinary(NULL);
   gma__pool_of(g)->test_flags = flags;
   gma_stream_t a, u;
   CHECK_OK(gma_stream_create(g, &a));
@@ -123,7 +123,7 @@ static void consumer_waits(void) {
 
 /* x as in consumer_waits; then the stream given asks for x's size. */
 static bool early(const char *conf, int who, bool second_user) {
-  gma_t *g = sim_allocator(conf);
+  gma_t *g = sim_allocator_ordinary(conf);
   gma_stream_t s[3];
   for (int i = 0; i < 3; i++) CHECK_OK(gma_stream_create(g, &s[i]));
   atomic_int gate = 0, corruptions = 0;
@@ -153,7 +153,7 @@ static void only_the_consumer(void) {
 
 /* a makes a 14 MiB segment, b an 18 MiB one; both FREE; b asks for 12 MiB. */
 static void home_case(const char *conf, bool want_own) {
-  gma_t *g = sim_allocator(conf);
+  gma_t *g = sim_allocator_ordinary(conf);
   gma_stream_t a, b, c;
   CHECK_OK(gma_stream_create(g, &a));
   CHECK_OK(gma_stream_create(g, &b));
@@ -194,7 +194,7 @@ static void home_case(const char *conf, bool want_own) {
  * range; before homes, they formed one segment, their FREE memory one
  * block, and b's request took a's place at its start. */
 static void growable_homes(void) {
-  gma_t *g = sim_allocator("expandable_segments:true,reuse:auto");
+  gma_t *g = sim_allocator_ordinary("expandable_segments:true,reuse:auto");
   gma__pool_t *p = gma__pool_of(g);
   gma_stream_t a, b, c;
   CHECK_OK(gma_stream_create(g, &a));
@@ -259,7 +259,7 @@ static void home_segment_first(void) {
  * device-side waits it made; *first: whether it got the first block's place. */
 static int reclaim_run(const char *conf, unsigned flags, size_t live, bool *grew,
                        uint64_t *waits, bool *first) {
-  gma_t *g = sim_allocator(conf);
+  gma_t *g = sim_allocator_ordinary(conf);
   gma__pool_of(g)->test_flags = flags;
   gma_stream_t a, u, v;
   CHECK_OK(gma_stream_create(g, &a));
@@ -328,7 +328,7 @@ static void owner_reclaims(void) {
  * seen; *grew, *waits, *same: whether the request made a device
  * allocation, the device-side waits it made, whether it got x's place. */
 static int join_run(const char *conf, unsigned flags, bool *grew, uint64_t *waits, bool *same) {
-  gma_t *g = sim_allocator(conf);
+  gma_t *g = sim_allocator_ordinary(conf);
   gma__pool_of(g)->test_flags = flags;
   gma_stream_t a, u;
   CHECK_OK(gma_stream_create(g, &a));

@@ -24,7 +24,7 @@ typedef struct scenario {
 } scenario_t;
 
 static outcome_t run_scenario(const scenario_t *sc, unsigned test_flags) {
-  gma_t *g = sim_allocator(NULL);
+  gma_t *g = sim_allocator_ordinary(NULL);
   gma__pool_of(g)->test_flags = test_flags;
   gma_stream_t st[3];
   for (int i = 0; i < 3; i++) CHECK_OK(gma_stream_create(g, &st[i]));
@@ -82,7 +82,7 @@ static outcome_t owner_busy_scenario(unsigned test_flags) {
  * gating must delay reuse, not forbid it. The block fills its segment, so
  * nothing else fits and the allocator must look at its pending blocks. */
 static void reuse_after_completion(void) {
-  gma_t *g = sim_allocator(NULL);
+  gma_t *g = sim_allocator_ordinary(NULL);
   gma_stream_t a, b;
   CHECK_OK(gma_stream_create(g, &a));
   CHECK_OK(gma_stream_create(g, &b));
@@ -111,7 +111,7 @@ static void reuse_after_completion(void) {
  * bins on a training loop polled once per iteration for good). Any stream
  * still gets it from a poll when nothing else fits. */
 static void settled_block_returns_to_owner(void) {
-  gma_t *g = sim_allocator(NULL);
+  gma_t *g = sim_allocator_ordinary(NULL);
   gma_stream_t a, b, c;
   CHECK_OK(gma_stream_create(g, &a));
   CHECK_OK(gma_stream_create(g, &b));

@@ -25,7 +25,7 @@ static void check_valid(gma_t *g) {
 }
 
 static void best_fit_prefers_smallest(void) {
-  gma_t *g = sim_allocator("bins:off");
+  gma_t *g = sim_allocator_ordinary("bins:off");
   void *p[6];
   size_t sizes[6] = {4096, 8192, 4096, 16384, 4096, 6144};
   for (int i = 0; i < 6; i++) CHECK_OK(gma_alloc(g, sizes[i], NULL, &p[i]));
@@ -52,7 +52,7 @@ static void best_fit_prefers_smallest(void) {
 }
 
 static void coalesce_then_release(void) {
-  gma_t *g = sim_allocator("bins:off");
+  gma_t *g = sim_allocator_ordinary("bins:off");
   void *a, *b, *c;
   CHECK_OK(gma_alloc(g, 512, NULL, &a));
   CHECK_OK(gma_alloc(g, 1000, NULL, &b)); /* 1024 */
@@ -83,7 +83,7 @@ static void coalesce_then_release(void) {
 }
 
 static void segment_sizes(void) {
-  gma_t *g = sim_allocator("bins:off");
+  gma_t *g = sim_allocator_ordinary("bins:off");
   void *s1, *l1, *l2, *l3;
   CHECK_OK(gma_alloc(g, 1 << 20, NULL, &s1));        /* small pool: 2 MiB segment */
   CHECK_OK(gma_alloc(g, (1 << 20) + 1, NULL, &l1));  /* large: shared 20 MiB segment */
@@ -101,7 +101,7 @@ static void segment_sizes(void) {
 }
 
 static void oom_retry_releases_cache(void) {
-  gma_t *g = sim_allocator("sim_capacity:64M,bins:off");
+  gma_t *g = sim_allocator_ordinary("sim_capacity:64M,bins:off");
   void *a, *b;
   CHECK_OK(gma_alloc(g, 40 << 20, NULL, &a));
   CHECK_OK(gma_free(g, a)); /* cached on the default stream */
@@ -129,7 +129,7 @@ static void oom_retry_releases_cache(void) {
  * 19 lives there) fails the fifth; a fresh 20 MiB segment per request, the
  * free 48s given back when the device is full, serves all five. */
 static void oversize_segments_stay_whole(void) {
-  gma_t *g = sim_allocator("sim_capacity:100M,bins:off");
+  gma_t *g = sim_allocator_ordinary("sim_capacity:100M,bins:off");
   const size_t M = (size_t)1 << 20;
   void *a[2], *b[5];
   for (int i = 0; i < 2; i++) CHECK_OK(gma_alloc(g, 48 * M, NULL, &a[i]));
@@ -169,7 +169,7 @@ static void oversize_segments_stay_whole(void) {
 }
 
 static void memory_limit_is_honoured(void) {
-  gma_t *g = sim_allocator("memory_limit:8M,bins:off");
+  gma_t *g = sim_allocator_ordinary("memory_limit:8M,bins:off");
   void *a, *b;
   CHECK_ST(gma_alloc(g, 9 << 20, NULL, &a), GMA_ERR_INVALID_SIZE);
   CHECK_OK(gma_alloc(g, 6 << 20, NULL, &a)); /* 20 MiB segment won't fit: 6 MiB one */
@@ -186,7 +186,7 @@ static void random_workload(uint64_t seed, const char *bins) {
   char conf[160];
   snprintf(conf, sizeof conf, "small_size:256K,small_segment:1M,large_segment:4M,"
            "sim_capacity:512M,bin_max:256K,bin_depth:4,%s", bins);
-  gma_t *g = sim_allocator(conf);
+  gma_t *g = sim_allocator_ordinary(conf);
   gma_stream_t st[3] = {NULL};
   CHECK_OK(gma_stream_create(g, &st[1]));
   CHECK_OK(gma_stream_create(g, &st[2]));
@@ -256,7 +256,7 @@ static void size_classes(void) {
  * class takes it without the lock; a full bin overflows into the stream's
  * tree; a poll drains bins into the pool. */
 static void bins(void) {
-  gma_t *g = sim_allocator("bin_depth:2");
+  gma_t *g = sim_allocator_ordinary("bin_depth:2");
   void *a, *b, *c, *d;
   CHECK_OK(gma_alloc(g, 5000, NULL, &a)); /* class 5120 */
   gma_stats_t s = stats_of(g);
@@ -300,7 +300,7 @@ static void bins(void) {
  * another stream's larger block (which that stream would then have to grow
  * for). */
 static void cached_joins_free_neighbour(void) {
-  gma_t *g = sim_allocator("bins:off");
+  gma_t *g = sim_allocator_ordinary("bins:off");
   gma_stream_t a, b;
   CHECK_OK(gma_stream_create(g, &a));
   CHECK_OK(gma_stream_create(g, &b));
@@ -340,7 +340,7 @@ static void cached_joins_free_neighbour(void) {
  * fails instead of repeating the same round forever (it did, once the cap
  * on all rounds was lifted). */
 static void oom_wait_ends_on_sticky_errors(void) {
-  gma_t *g = sim_allocator("memory_limit:64M,worker:off");
+  gma_t *g = sim_allocator_ordinary("memory_limit:64M,worker:off");
   gma_stream_t a;
   CHECK_OK(gma_stream_create(g, &a));
   atomic_int gate = 0, corruptions = 0;
@@ -375,7 +375,7 @@ static void oom_wait_ends_on_sticky_errors(void) {
  * kernel (its event recorded, seen incomplete), then the stream runs to
  * its end on the device alone, so gma has not seen the event complete. */
 static void oom_wait_settles_completed_work(void) {
-  gma_t *g = sim_allocator("memory_limit:64M,worker:off,bins:off");
+  gma_t *g = sim_allocator_ordinary("memory_limit:64M,worker:off,bins:off");
   gma__pool_t *pl = gma__pool_of(g);
   gma_stream_t a;
   CHECK_OK(gma_stream_create(g, &a));

@@ -997,7 +997,7 @@ int replay_run(const replay_trace_t *t, const char *conf, const replay_options_t
   r->recorded_peak_reserved = t->recorded_peak;
   gma_stats_t s = GMA_STATS_INIT;
   gma_stats(x.g, &s); /* with --repeat, after the last repetition's mark */
-  result_from_stats(r, &s, c.expandable_segments != 0);
+  result_from_stats(r, &s, s.address_ranges != 0);
   if (r->reps_completed) r->device_allocs_after_first_rep = s.num_device_allocs - dev_at_first;
   if (r->plan_active_rep) r->device_allocs_after_plan_active = s.num_device_allocs - dev_at_active;
   int torch_rc = 0;
