@@ -3,8 +3,10 @@
  * cost-model.md), so that what a policy costs on a GPU shows without one.
  *
  * Sides, each in a turn of its own per scenario on a fresh simulated device:
- *   gma           gma, default configuration;
- *   gma-growable  gma with expandable_segments:true;
+ *   gma           gma, default configuration (growable segments);
+ *   gma-growable  gma with expandable_segments:true (the same on the sim);
+ *   gma-ordinary  gma with expandable_segments:false (one device allocation
+ *                 per segment, the default before growable segments);
  *   gma-wait      gma's default with the peers' cross-stream mechanism (the
  *                 allocating stream waits for the using stream, then an
  *                 ordinary free): cross-stream scenarios only, the like-for-
@@ -121,6 +123,7 @@ struct side {
 static side_t sides[] = {
     {.id = "gma"},
     {.id = "gma-growable", .gma_extra = "expandable_segments:true"},
+    {.id = "gma-ordinary", .gma_extra = "expandable_segments:false"},
     {.id = "gma-wait", .cross_only = 1},
     {.id = "direct", .raw = 1},
     {.id = "pool-model", .raw = 1, .pool = 1},
@@ -675,7 +678,7 @@ static void device_counts(side_t *sd, result_t *r) {
     r->footprint = s.reserved.peak;
     r->device_allocs = s.num_device_allocs - sd->s0.num_device_allocs;
     r->device_frees = s.num_device_frees - sd->s0.num_device_frees;
-    r->device_maps = strstr(sd->id, "growable") ? r->device_allocs : 0;
+    r->device_maps = s.address_ranges ? r->device_allocs : 0;
     r->slow_allocs = (s.num_allocs - sd->s0.num_allocs) - (s.hits_bin - sd->s0.hits_bin);
   } else if (sd->pm) {
     pool_model_stats_t s;

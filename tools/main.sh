@@ -8,8 +8,8 @@
 #     and imports the PyTorch snapshots (*.pickle) in $GMA_TRACES_DIR, if set,
 #     with tools/gma-import-torch (tools/traces.sh does both);
 #  2. replays them, and the synthetic 1F1B pipeline workload, with
-#     tools/gma-replay under two configurations side by side (default and
-#     growable segments) on the SIMULATED device (no GPU needed), next to the
+#     tools/gma-replay under two configurations side by side (the default,
+#     growable segments, and ordinary ones) on the SIMULATED device (no GPU needed), next to the
 #     reserved memory PyTorch recorded for the same workload, with failed
 #     allocations counted and PyTorch's own failed requests (oom rows)
 #     attempted; and, per trace and configuration, the smallest simulated
@@ -90,9 +90,9 @@ if [ ${#inputs[@]} -eq 0 ]; then
 fi
 
 echo
-echo "=== replaying on the simulated device: default segments and growable segments;"
+echo "=== replaying on the simulated device: the default (growable segments) and ordinary segments;"
 echo "    the smallest capacity each replays in (bisection, --min-capacity)"
-${lb[@]+"${lb[@]}"} "$out/gma-replay" --config default= --config expandable=expandable_segments:true \
+${lb[@]+"${lb[@]}"} "$out/gma-replay" --config default= --config ordinary=expandable_segments:false \
   --recorded-label PyTorch --min-capacity --precision 0.05 \
   --json "$out/replay.json" --timeline-dir "$out/replay" --snapshot-dir "$out/replay" \
   --workload pipeline ${inputs[@]+"${inputs[@]}"}
@@ -107,8 +107,8 @@ fi
 cat <<'LEGEND'
 
 Legend of the replay tables (docs/tools.md#gma-replay, docs/stats.md):
-  default / expandable   gma's configurations: ordinary segments / growable segments
-                         (expandable_segments:true); PyTorch: what PyTorch's allocator
+  default / ordinary     gma's configurations: growable segments (the default) / ordinary
+                         segments (expandable_segments:false); PyTorch: what PyTorch's allocator
                          recorded for the same workload (imported from its snapshot)
   trace peak live        the most bytes the program held at once (the floor for any allocator)
   peak requested         the most bytes asked for at once; allocated (blocks): after gma's
@@ -141,7 +141,7 @@ for tl in "$out"/replay/*.default.timeline.csv; do
   # Exit status 3: no PNG (gma-viz said why), the SVG and HTML were written.
   rc=0
   python3 tools/gma-viz --title "$name" --recorded-label PyTorch \
-    --timeline default="$tl" --timeline expandable="$out/replay/$name.expandable.timeline.csv" \
+    --timeline default="$tl" --timeline ordinary="$out/replay/$name.ordinary.timeline.csv" \
     --snapshot "$out/replay/$name.default.peak.json" --snapshot-label default \
     --svg "$out/pictures/$name.svg" --html "$out/pictures/$name.html" \
     --png "$out/pictures/$name.png" || rc=$?

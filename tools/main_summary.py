@@ -4,7 +4,7 @@ PyTorch, from figures computed in this run and from the last GPU run.
 
 1. Memory on the traces (this run's gma-replay --json): per trace, the
    reserved memory PyTorch recorded at its peak against gma's peak reserved
-   (default and growable segments) on the simulated device, and the
+   (the default, growable segments, and ordinary segments) on the simulated device, and the
    smallest device each fits in (--min-capacity), when measured: per trace
    and configuration, against the peak live bytes (the floor), PyTorch's
    recorded peak reserved and tools/torch-policy-model's answer (its JSON,
@@ -45,12 +45,12 @@ def memory(path):
     caps = {}
     for c in data.get("min_capacity", []):
         caps.setdefault(c["trace"], {})[c["config"]] = c["search"]["min_capacity"]
-    print("   %-40s %12s %12s %12s %9s %12s %9s" % ("trace", "PyTorch", "gma", "gma growable",
+    print("   %-40s %12s %12s %12s %9s %12s %9s" % ("trace", "PyTorch", "gma", "gma ordinary",
                                                   "best/PT", "min device", "min/PT"))
     better = worse = 0
     for trace, cfgs in rows.items():
         recorded = max((c.get("recorded_peak_reserved", 0) for c in cfgs.values()), default=0)
-        d, e = cfgs.get("default"), cfgs.get("expandable")
+        d, e = cfgs.get("default"), cfgs.get("ordinary")
         if not recorded or not d:
             continue
         best = min(x["peak_reserved"] for x in (d, e) if x)
@@ -85,7 +85,7 @@ def capacity(path, policy_path):
     if policy_path and os.path.exists(policy_path):
         with open(policy_path) as f:
             model = {t["trace"]: t["min_capacity"] for t in json.load(f).get("traces", [])}
-    configs = [k for k in ("default", "expandable")
+    configs = [k for k in ("default", "ordinary")
                if any(k in v for v in caps.values())]
     print("\n   the smallest simulated device each trace replays in with no failed allocation "
           "(--min-capacity),\n   against the floor (peak live), PyTorch's recorded peak reserved "

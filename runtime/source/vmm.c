@@ -9,9 +9,9 @@
  * Chunk sizes. A growth maps the request's shortfall (what the FREE tail of
  * the segment it extends lacks, or the whole request for a fresh run),
  * rounded to the granularity, in up to GROWTH_PIECES vm_maps of equal
- * size, none smaller than 64 MiB, the kind's minimum chunk or 1/128 of the
- * memory limit (pieces_of): a 1 GiB tensor costs at most sixteen maps, not
- * 512, and when a later, smaller block takes part of its
+ * size, none smaller than the kind's minimum chunk or 1/128 of the memory
+ * limit (pieces_of): a 1 GiB tensor costs at most 51 maps, not 512 (and one
+ * on an 80 GiB device), and when a later, smaller block takes part of its
  * place, the free rest spans whole chunks that can go back. A smaller
  * shortfall maps the kind's minimum chunk instead (chunk[kind]: the large
  * kind's segment size, 20 MiB by default, as PyTorch's expandable segments
@@ -310,16 +310,16 @@ static uint64_t chunk_size(const vm_source_t *v, const gma__grow_req_t *req,
 
 /* How many equal chunks a growth of size bytes is mapped in: so that memory
  * a later free leaves in the middle of a large growth spans whole chunks
- * and can go back, up to GROWTH_PIECES, none smaller than PIECE_MIN, the
- * kind's minimum chunk or 1/PIECE_LIMIT_DIV of the memory limit. What a
- * chunk partly in use strands matters only against the limit, and each
- * map costs a device call (tens of us, hundreds beside running work): on
- * an 80 GiB device a 1 GiB growth is one map, in a 16 GiB pool sixteen. */
-#define GROWTH_PIECES 16u
-#define PIECE_MIN ((uint64_t)64 << 20)
+ * and can go back, up to GROWTH_PIECES, none smaller than the kind's
+ * minimum chunk or 1/PIECE_LIMIT_DIV of the memory limit. What a chunk
+ * partly in use strands matters only against the limit, and each map costs
+ * a device call (tens of us, hundreds beside running work): on an 80 GiB
+ * device a 1 GiB growth is one map, in a 4 GiB pool 32 (at most 51 maps
+ * per GiB with the default 20 MiB chunk). */
+#define GROWTH_PIECES 64u
 #define PIECE_LIMIT_DIV 128u
 static uint64_t pieces_of(const vm_source_t *v, int kind, uint64_t size) {
-  uint64_t least = v->chunk[kind] > PIECE_MIN ? v->chunk[kind] : PIECE_MIN;
+  uint64_t least = v->chunk[kind];
   if (v->limit / PIECE_LIMIT_DIV > least) least = v->limit / PIECE_LIMIT_DIV;
   uint64_t n = size / least;
   return n < 1 ? 1 : n > GROWTH_PIECES ? GROWTH_PIECES : n;

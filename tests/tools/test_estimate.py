@@ -76,12 +76,12 @@ class Tool(unittest.TestCase):
                 f.write("\n".join(rows) + "\n")
             r = tool("--trace", path, "--precision", "2", "--json", out)
             self.assertEqual(r.returncode, 0, r.stderr)
-            self.assertIn("expandable", r.stdout)
+            self.assertIn("ordinary", r.stdout)
             with open(out) as f:
                 j = json.load(f)
         tr = j["traces"][0]
         self.assertEqual(tr["peak_live_bytes"], 21 * (3 << 20))
-        self.assertEqual([c["config"] for c in tr["configs"]], ["default", "expandable"])
+        self.assertEqual([c["config"] for c in tr["configs"]], ["default", "ordinary"])
         for c in tr["configs"]:
             self.assertGreaterEqual(c["search"]["min_capacity"], tr["peak_live_bytes"])
 

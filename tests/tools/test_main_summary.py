@@ -53,7 +53,7 @@ def main():
     replay = {"device": "sim", "results": [
         {"trace": "t1", "config": "default", "result": {"peak_reserved": 90 * MiB,
                                                          "recorded_peak_reserved": 100 * MiB}},
-        {"trace": "t1", "config": "expandable", "result": {"peak_reserved": 80 * MiB,
+        {"trace": "t1", "config": "ordinary", "result": {"peak_reserved": 80 * MiB,
                                                             "recorded_peak_reserved": 100 * MiB}},
         {"trace": "t2", "config": "default", "result": {"peak_reserved": 120 * MiB,
                                                          "recorded_peak_reserved": 100 * MiB}},
@@ -62,7 +62,7 @@ def main():
         "min_capacity": [{"trace": "t1", "config": "default",
                           "search": {"min_capacity": 70 * MiB, "lower_bound_peak_live": 50 * MiB,
                                      "recorded_peak_reserved": 100 * MiB}},
-                         {"trace": "t1", "config": "expandable",
+                         {"trace": "t1", "config": "ordinary",
                           "search": {"min_capacity": 51 * MiB, "lower_bound_peak_live": 50 * MiB,
                                      "recorded_peak_reserved": 100 * MiB}}]}
     policy = {"tool": "torch-policy-model", "traces": [
@@ -100,7 +100,7 @@ def main():
     check(len(t1) == 2 and t1[1].split() == [
         "t1", "50.0", "MiB", "100.0", "MiB", "60.0", "MiB", "70.0", "MiB", "1.400x", "51.0", "MiB",
         "1.020x", "0.850x"], "t1's capacity row: %r" % (t1[1:],))
-    check("within 1.02x of peak live, of the 1 real traces: default 0, expandable 1" in out,
+    check("within 1.02x of peak live, of the 1 real traces: default 0, ordinary 1" in out,
           "the count within 1.02x of peak live")
     t2 = [l for l in lines if l.strip().startswith("t2 ")]
     check(len(t2) == 1 and "1.200x" in t2[0], "t2: gma 1.200x of PyTorch")

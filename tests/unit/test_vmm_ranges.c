@@ -20,11 +20,11 @@ static bool in_range(const gma__region_t *r, const void *ptr, uint64_t size) {
   return a >= r->base && a + size <= r->base + r->size;
 }
 
-/* A large growth maps up to sixteen equal chunks of at least 64 MiB and
- * 1/128 of the memory limit, so a smaller block that later takes its place
- * leaves whole chunks free that go back; a growth whose third map fails
- * unmaps the two before it and leaves nothing. Under a limit 4x larger, the
- * same growth maps a quarter as many chunks. */
+/* A large growth maps equal chunks of at least the minimum chunk (20 MiB)
+ * and 1/128 of the memory limit, so a smaller block that later takes its
+ * place leaves whole chunks free that go back; a growth whose third map
+ * fails unmaps the two before it and leaves nothing. Under a limit 4x
+ * larger, the same growth maps a quarter as many chunks. */
 static void growth_in_pieces(void) {
   gma_t *g = sim_allocator("expandable_segments:true,worker:off,sim_capacity:4G");
   gma__pool_t *p = gma__pool_of(g);
@@ -44,13 +44,13 @@ static void growth_in_pieces(void) {
   CHECK_OK(gma_stream_synchronize(g, NULL));
   CHECK_OK(gma_empty_cache(g));
   s0 = stats_of(g);
-  CHECK_OK(gma_alloc(g, 1024 * MiB, NULL, &a)); /* sixteen chunks of 64 MiB */
+  CHECK_OK(gma_alloc(g, 1024 * MiB, NULL, &a)); /* 32 chunks of 4 GiB / 128 */
   s1 = stats_of(g);
-  CHECK(s1.num_device_allocs - s0.num_device_allocs == 16 && r->nchunks == 16);
+  CHECK(s1.num_device_allocs - s0.num_device_allocs == 32 && r->nchunks == 32);
   CHECK_OK(gma_free(g, a));
   CHECK_OK(gma_stream_synchronize(g, NULL));
-  CHECK_OK(gma_alloc(g, 384 * MiB, NULL, &b)); /* the first six chunks */
-  CHECK_OK(gma_trim(g, 0));                    /* the other ten go back */
+  CHECK_OK(gma_alloc(g, 384 * MiB, NULL, &b)); /* the first twelve chunks */
+  CHECK_OK(gma_trim(g, 0));                    /* the other twenty go back */
   gma_stats_t s2 = stats_of(g);
   CHECK(s2.reserved.current == 384 * MiB && r->mapped == 384 * MiB);
   pthread_mutex_lock(&p->lock);
@@ -66,7 +66,7 @@ static void growth_in_pieces(void) {
   CHECK(stats_of(g).num_device_allocs - s0.num_device_allocs == 8);
   CHECK_OK(gma_free(g, a));
   CHECK_OK(gma_destroy(g));
-  printf("growth in pieces: 16 maps for 1 GiB under a 4 GiB limit, 8 under 16 GiB; 640 MiB "
+  printf("growth in pieces: 32 maps for 1 GiB under a 4 GiB limit, 8 under 16 GiB; 640 MiB "
          "went back under a 384 MiB block\n");
 }
 
@@ -74,7 +74,7 @@ static void growth_in_pieces(void) {
  * outside gma) is refused before any map, not mapped part way and unmapped
  * again under the pool lock. */
 static void short_device_maps_nothing(void) {
-  gma_t *g = sim_allocator("expandable_segments:true,worker:off,sim_capacity:1G");
+  gma_t *g = sim_allocator("expandable_segments:true,worker:off,sim_capacity:1G,large_segment:64M");
   gma__pool_t *p = gma__pool_of(g);
   uintptr_t outside = 0;
   CHECK_OK(p->dev->ops->mem_alloc(p->dev, 512 * MiB, &outside)); /* another user's */

@@ -1,7 +1,7 @@
 /* gma-estimate: the memory a transformer needs, before it runs, from its
  * dimensions (gma_estimate_transformer), with the device that has room for it
  * (gma_select_device); or, for a recorded trace, the smallest simulated device
- * it replays in under gma's default and growable-segment configurations (the
+ * it replays in under gma's default (growable) and ordinary-segment configurations (the
  * search of gma-replay --min-capacity, from tools/replay/replay.c). Prints a
  * table; --json writes the same as JSON. */
 #define _GNU_SOURCE
@@ -48,7 +48,8 @@ static void usage(FILE *f) {
           "                       (gma_select_device)\n"
           "Traces (gma's trace CSV; tools/gma-import-torch converts PyTorch snapshots):\n"
           "  --trace FILE         the smallest simulated capacity FILE replays in, under the\n"
-          "                       configurations default and expandable_segments:true\n"
+          "                       configurations default (growable segments) and\n"
+          "                       ordinary (expandable_segments:false)\n"
           "  --precision PCT      the search's width in percent (default 0.2)\n"
           "  --budget SECONDS     time per trace and configuration (default: none)\n"
           "Both:\n"
@@ -295,7 +296,7 @@ typedef struct cap_config {
 } cap_config_t;
 
 static const cap_config_t CAP_CONFIGS[] = {{"default", ""},
-                                           {"expandable", "expandable_segments:true"}};
+                                           {"ordinary", "expandable_segments:false"}};
 
 /* One trace: its floor and the smallest capacity under each configuration,
  * as a table on tf and, when jf is set, JSON. */

@@ -34,7 +34,7 @@ static void usage(FILE *f) {
           "usage: gma-replay [options] [TRACE.csv ...]\n"
           "  --config NAME=CONF   a gma configuration to replay under (GMA_CONF syntax); repeat\n"
           "                       to compare side by side (default: default= and\n"
-          "                       expandable=expandable_segments:true)\n"
+          "                       ordinary=expandable_segments:false)\n"
           "  --workload NAME[:SCALE]  add a built-in synthetic workload (dp, pipeline, server)\n"
           "  --device sim|cuda    the device to replay on (default sim: the simulated device)\n"
           "  --json PATH          write every result as JSON\n"
@@ -442,8 +442,8 @@ int main(int argc, char **argv) {
   if (ncfg == 0) {
     snprintf(cfg[0].name, sizeof cfg[0].name, "default");
     cfg[0].conf = "";
-    snprintf(cfg[1].name, sizeof cfg[1].name, "expandable");
-    cfg[1].conf = "expandable_segments:true";
+    snprintf(cfg[1].name, sizeof cfg[1].name, "ordinary");
+    cfg[1].conf = "expandable_segments:false";
     ncfg = 2;
   }
   if (torch_snap && (nin != 1 || min_cap)) {
