@@ -40,6 +40,20 @@ static void *alloc_on(gma_t *g, size_t size, gma_stream_t s) {
 /* Frees become reusable elsewhere once the stream's work is done. */
 static void settle(gma_t *g, gma_stream_t s) { CHECK_OK(gma_stream_synchronize(g, s)); }
 
+/* A block of size bytes on s, a pattern kernel held on it (*k, *gate and
+ * *corruptions stay the caller's until the kernel ends: store 1 to *gate),
+ * then freed: stream-ordered, the kernel still owns it. */
+static void *freed_under_kernel(gma_t *g, gma_stream_t s, size_t size, pattern_kernel_t *k,
+                                atomic_int *gate, atomic_int *corruptions) {
+  void *p = alloc_on(g, size, s);
+  *k = (pattern_kernel_t){.buf = p, .len = size, .value = 7, .gate = gate,
+                          .corruptions = corruptions};
+  CHECK_OK(gma_sim_launch(g, s, pattern_kernel_run, k));
+  pattern_kernel_wait_started(k);
+  CHECK_OK(gma_free(g, p));
+  return p;
+}
+
 static void grows_by_chunks_and_coalesces(void) {
   gma_t *g = expandable(NULL);
   void *a = alloc_on(g, 3 * MiB, NULL); /* one map of two granules */
@@ -113,13 +127,9 @@ static void trim_waits_for_stream_work(void) {
   gma_stream_t s1, s2;
   CHECK_OK(gma_stream_create(g, &s1));
   CHECK_OK(gma_stream_create(g, &s2));
-  void *busy = alloc_on(g, 4 * MiB, s1);
   atomic_int gate = 0, corruptions = 0;
-  pattern_kernel_t k = {.buf = busy, .len = 4 * MiB, .value = 7, .gate = &gate,
-                        .corruptions = &corruptions};
-  CHECK_OK(gma_sim_launch(g, s1, pattern_kernel_run, &k));
-  pattern_kernel_wait_started(&k);
-  CHECK_OK(gma_free(g, busy)); /* stream-ordered: the kernel still owns it */
+  pattern_kernel_t k;
+  freed_under_kernel(g, s1, 4 * MiB, &k, &gate, &corruptions);
   void *done = alloc_on(g, 4 * MiB, s2);
   CHECK_OK(gma_free(g, done));
   settle(g, s2);
@@ -363,13 +373,9 @@ static void growth_extends_own_cached_block(void) {
   gma_stream_t s1, s2;
   CHECK_OK(gma_stream_create(g, &s1));
   CHECK_OK(gma_stream_create(g, &s2));
-  void *p = alloc_on(g, 64 * MiB, s1);
   atomic_int gate = 0, corruptions = 0;
-  pattern_kernel_t k = {.buf = p, .len = 64 * MiB, .value = 3, .gate = &gate,
-                        .corruptions = &corruptions};
-  CHECK_OK(gma_sim_launch(g, s1, pattern_kernel_run, &k));
-  pattern_kernel_wait_started(&k);
-  CHECK_OK(gma_free(g, p)); /* cached on s1: its kernel still runs */
+  pattern_kernel_t k;
+  void *p = freed_under_kernel(g, s1, 64 * MiB, &k, &gate, &corruptions);
   void *q = NULL, *r = NULL;
   CHECK_OK(gma_alloc(g, 126 * MiB, s1, &q)); /* no host write: s1's kernel owns p */
   CHECK(q == p);
