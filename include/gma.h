@@ -186,10 +186,11 @@ typedef struct gma_config {
   /* Growable segments: one reserved address range per pool, physical chunks
    * of the device's granularity mapped in as the pool grows and unmapped by
    * trimming, so neighbouring blocks coalesce across chunks. The default
-   * (auto) uses them wherever the device supports virtual memory management
-   * and the memory limit holds one chunk, else ordinary segments (one
-   * device allocation each); true insists on them (gma_create fails where
-   * they are impossible); false selects ordinary segments.
+   * (auto) uses them wherever the device supports virtual memory management,
+   * the memory limit holds one chunk and the address range can be reserved,
+   * else ordinary segments (one device allocation each); true insists on
+   * them (gma_create fails where they are impossible); false selects
+   * ordinary segments.
    * gma_stats' address_ranges says which a pool got. */
   int expandable_segments;       /* "expandable_segments": auto | true | false (auto);
                                     gma_segments_t */

@@ -48,14 +48,13 @@ gma_status_t gma__pool_init(gma__pool_t *p, gma__device_t *dev, const gma_config
   gma__pool_tick_clock(p);
   gma_status_t st = GMA_OK;
   /* Growable unless told otherwise: auto falls back to ordinary segments
-   * where the device cannot map (no virtual memory management) or the limit
-   * is below one chunk, the two refusals gma__vm_source_new reports. */
+   * wherever growable ones cannot be made (a device without virtual memory
+   * management, a limit below one chunk, address space the device will not
+   * reserve), so the default never fails where ordinary segments work. */
   if (cfg->expandable_segments != GMA_SEGMENTS_ORDINARY) {
     st = gma__vm_source_new(dev, &p->trace, p->limit, p->segment_size, &p->src);
     p->growable = st == GMA_OK;
-    if (cfg->expandable_segments == GMA_SEGMENTS_AUTO &&
-        (st == GMA_ERR_UNSUPPORTED || st == GMA_ERR_CONFIG))
-      st = GMA_OK;
+    if (cfg->expandable_segments == GMA_SEGMENTS_AUTO) st = GMA_OK;
   }
   if (st == GMA_OK && !p->growable && !(p->src = gma__plain_source_new(dev, &p->trace)))
     st = gma__set_error(GMA_ERR_OOM, "host memory for the segment source");

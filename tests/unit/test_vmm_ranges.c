@@ -94,8 +94,41 @@ static void short_device_maps_nothing(void) {
   CHECK_OK(gma_destroy(g));
 }
 
+/* The default (expandable_segments:auto) falls back to ordinary segments
+ * when the device will not reserve the address range (as a sanitizer's
+ * runtime refuses 16 TiB); expandable_segments:true fails there, saying
+ * why. */
+static void auto_falls_back(void) {
+  for (int insist = 0; insist < 2; insist++) {
+    gma__sim_fault(NULL, GMA__SIM_NSITES, 0, 0);
+    gma__sim_fault(NULL, GMA__SIM_VM_RESERVE, 1 | GMA__SIM_STICKY, GMA_ERR_OOM); /* every call */
+    gma_config_t c = GMA_CONFIG_INIT;
+    c.device = GMA_DEVICE_SIM;
+    c.ignore_env = 1;
+    c.worker_off = 1;
+    c.expandable_segments = insist ? GMA_SEGMENTS_GROWABLE : GMA_SEGMENTS_AUTO;
+    gma_t *g = NULL;
+    gma_status_t st = gma_create(&c, &g);
+    gma__sim_fault(NULL, GMA__SIM_NSITES, 0, 0);
+    if (insist) {
+      CHECK(st == GMA_ERR_OOM && g == NULL && strstr(gma_last_error(), "vm_reserve") != NULL);
+      continue;
+    }
+    CHECK_OK(st);
+    void *p = NULL;
+    CHECK_OK(gma_alloc(g, 3 * MiB, NULL, &p));
+    gma_stats_t s = stats_of(g);
+    CHECK(s.address_ranges == 0 && s.num_device_allocs == 1 && s.num_segments == 1);
+    CHECK_OK(gma_free(g, p));
+    CHECK_OK(gma_destroy(g));
+  }
+  printf("auto: ordinary segments when the range cannot be reserved; true: %s\n",
+         "GMA_ERR_OOM");
+}
+
 int main(void) {
   growth_in_pieces();
+  auto_falls_back();
   short_device_maps_nothing();
   gma_t *plain = sim_allocator("expandable_segments:false"); /* ordinary: no ranges */
   CHECK(stats_of(plain).address_ranges == 0 && stats_of(plain).address_reserved_bytes == 0);
