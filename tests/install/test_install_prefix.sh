@@ -94,8 +94,8 @@ fi
 if [ -x "$bin/gma-estimate" ]; then
   step "gma-estimate --trace small.csv"
   out=$(run gma-estimate --trace small.csv --precision 5 2>&1) || fail "gma-estimate failed:"$'\n'"$out"
-  printf '%s\n' "$out" | grep -E '^  expandable ' >/dev/null ||
-    fail "gma-estimate printed no expandable row:"$'\n'"$out"
+  printf '%s\n' "$out" | grep -E '^  ordinary ' >/dev/null ||
+    fail "gma-estimate printed no ordinary row:"$'\n'"$out"
 fi
 
 step "gma-viz"
