@@ -367,29 +367,41 @@ static void large_request_few_maps(void) {
 /* A growth for a stream whose own cached block ends a segment extends that
  * block: the stream may use it at once (stream order), so the new chunk
  * maps only what it lacks, and the request takes the old place. Another
- * stream gets none of it while the kernel that used it still runs. */
+ * stream gets none of it while the kernel that used it still runs: on a
+ * roomy device it gets new memory, on one too small for both it fails
+ * (oom_wait_ms bounds the wait for the held kernel) and succeeds once the
+ * kernel is done. Offering the block to any stream's growth fails the
+ * tight case (planted and checked by hand). */
 static void growth_extends_own_cached_block(void) {
-  gma_t *g = expandable(NULL);
-  gma_stream_t s1, s2;
-  CHECK_OK(gma_stream_create(g, &s1));
-  CHECK_OK(gma_stream_create(g, &s2));
-  atomic_int gate = 0, corruptions = 0;
-  pattern_kernel_t k;
-  void *p = freed_under_kernel(g, s1, 64 * MiB, &k, &gate, &corruptions);
-  void *q = NULL, *r = NULL;
-  CHECK_OK(gma_alloc(g, 126 * MiB, s1, &q)); /* no host write: s1's kernel owns p */
-  CHECK(q == p);
-  CHECK(stats_of(g).reserved.current == 126 * MiB);
-  CHECK_OK(gma_free(g, q));
-  CHECK_OK(gma_alloc(g, 126 * MiB, s2, &r));
-  CHECK((char *)r >= (char *)p + 126 * MiB || (char *)r + 126 * MiB <= (char *)p);
-  atomic_store(&gate, 1);
-  settle(g, s1);
-  CHECK(atomic_load(&corruptions) == 0);
-  CHECK_OK(gma_free(g, r));
-  CHECK_OK(gma_stream_destroy(g, s1));
-  CHECK_OK(gma_stream_destroy(g, s2));
-  CHECK_OK(gma_destroy(g));
+  for (int tight = 0; tight < 2; tight++) {
+    gma_t *g = expandable(tight ? "sim_capacity:200M,oom_wait_ms:1" : NULL);
+    gma_stream_t s1, s2;
+    CHECK_OK(gma_stream_create(g, &s1));
+    CHECK_OK(gma_stream_create(g, &s2));
+    atomic_int gate = 0, corruptions = 0;
+    pattern_kernel_t k;
+    void *p = freed_under_kernel(g, s1, 64 * MiB, &k, &gate, &corruptions);
+    void *q = NULL, *r = NULL;
+    CHECK_OK(gma_alloc(g, 126 * MiB, s1, &q)); /* no host write: s1's kernel owns p */
+    CHECK(q == p);
+    CHECK(stats_of(g).reserved.current == 126 * MiB);
+    CHECK_OK(gma_free(g, q));
+    /* Larger than q: a growth that extended q's block would fit. */
+    if (tight) {
+      CHECK_ST(gma_alloc(g, 130 * MiB, s2, &r), GMA_ERR_OOM);
+    } else {
+      CHECK_OK(gma_alloc(g, 130 * MiB, s2, &r));
+      CHECK((char *)r >= (char *)p + 126 * MiB || (char *)r + 130 * MiB <= (char *)p);
+    }
+    atomic_store(&gate, 1);
+    settle(g, s1);
+    CHECK(atomic_load(&corruptions) == 0);
+    if (tight) CHECK_OK(gma_alloc(g, 130 * MiB, s2, &r)); /* the kernel is done now */
+    CHECK_OK(gma_free(g, r));
+    CHECK_OK(gma_stream_destroy(g, s1));
+    CHECK_OK(gma_stream_destroy(g, s2));
+    CHECK_OK(gma_destroy(g));
+  }
 }
 
 /* A training-like loop (a few long-lived weights, activations of varied
