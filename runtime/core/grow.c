@@ -185,13 +185,12 @@ static uint64_t segment_size_for(const gma__pool_t *p, int kind, uint64_t size) 
  * (own then takes its old place and the new memory as one block). */
 static gma_status_t grow_region(gma__pool_t *p, int kind, uint64_t size, gma__stream_t *own,
                                 gma__block_t **out) {
-  uint64_t home = own ? own->serial : 0;
   gma__block_t *c;
-  gma_status_t st = gma__segs_grow(p, kind, size, home, own, &c);
+  gma_status_t st = gma__segs_grow(p, kind, size, own, &c);
   if (st == GMA_ERR_OOM) {
     gma__oom_release(p, size);
     if ((*out = gma__treap_best_fit(p->free_tree[kind], size))) return GMA_OK;
-    st = gma__segs_grow(p, kind, size, home, own, &c);
+    st = gma__segs_grow(p, kind, size, own, &c);
   }
   if (st != GMA_OK) return st;
   if (c && joined_size(c) >= size) {

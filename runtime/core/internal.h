@@ -294,9 +294,9 @@ bool gma__pool_is_valid(gma__pool_t *p);
  * nothing changed. */
 gma_status_t gma__segs_adopt(gma__pool_t *p, const void *range, int kind, uintptr_t addr,
                              uint64_t size, uint64_t home);
-/* Grows kind so that it holds a block of at least size bytes, for the
- * stream of serial home (0: none): offers the source the segments of that
- * home (or none) ending in free memory (FREE, or cached on own), then, if
+/* Grows kind so that it holds a block of at least size bytes, for stream
+ * own (NULL: none; its serial is the home): offers the source the segments
+ * of that home (or none) ending in free memory (FREE, or cached on own), then, if
  * that finds no room, those of any home; has it map one chunk (at least its
  * minimum chunk, vmm.c) and adopts it, merged with its neighbours of the
  * same home. When the growth extended a segment whose end was own's cached
@@ -304,8 +304,8 @@ gma_status_t gma__segs_adopt(gma__pool_t *p, const void *range, int kind, uintpt
  * after it, it holds size bytes); else NULL and the free tree holds the
  * fit. Free chunks elsewhere stay mapped: growth never unmaps (the OOM retry
  * gives them back, then grows again). */
-gma_status_t gma__segs_grow(gma__pool_t *p, int kind, uint64_t size, uint64_t home,
-                            const gma__stream_t *own, gma__block_t **joined);
+gma_status_t gma__segs_grow(gma__pool_t *p, int kind, uint64_t size, const gma__stream_t *own,
+                            gma__block_t **joined);
 /* Takes what the source can give back inside FREE block b of a growable
  * segment out of the pool (want > 0: only its last chunks that hold want
  * bytes, see the source's releasable), splitting its segment, and has the

@@ -291,20 +291,22 @@ static gma_status_t grow_for(gma__pool_t *p, int kind, uint64_t size, uint64_t h
   req.left = gma__pool_room(p); /* a trim's bytes still on the device count as held */
   if (pl.need > req.left)
     return gma__set_error(GMA_ERR_OOM, "memory_limit of %" PRIu64 " bytes reached", p->limit);
-  /* Read before the growth: a growth may offer the tails again (req.least). */
-  gma__block_t *c = pl.tail >= 0 ? p->tail_blocks[pl.tail] : NULL;
   gma__grown_t g;
   gma_status_t st = grow_once(p, &req, &pl, &g, home);
   if (st == GMA_ERR_OOM && g.size > pl.need) {
     req.least = true;
     st = grow_once(p, &req, &pl, &g, home);
   }
-  if (st == GMA_OK && joined) *joined = c;
+  if (st == GMA_OK && joined) *joined = pl.tail >= 0 ? p->tail_blocks[pl.tail] : NULL;
   return st;
 }
 
-gma_status_t gma__segs_grow(gma__pool_t *p, int kind, uint64_t size, uint64_t home,
-                            const gma__stream_t *own, gma__block_t **joined) {
+/* First as own's memory, extending only free ends of its segments (or of
+ * nobody's); if that finds no room, as nobody's, extending any segment's
+ * free end, which may need less: near the limit, memory comes first. */
+gma_status_t gma__segs_grow(gma__pool_t *p, int kind, uint64_t size, const gma__stream_t *own,
+                            gma__block_t **joined) {
+  uint64_t home = own ? own->serial : 0;
   if (joined) *joined = NULL;
   gma_status_t st = grow_for(p, kind, size, home, own, joined);
   if (st == GMA_ERR_OOM && home) st = grow_for(p, kind, size, 0, own, joined);

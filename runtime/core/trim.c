@@ -271,7 +271,7 @@ gma_status_t gma__pool_grow_ahead(gma__pool_t *p, uint64_t want_free) {
     gma__block_t *b;
     uint64_t size = p->segment_size[GMA__LARGE];
     if (want_free - p->c.free > size) size = gma__round_up(want_free - p->c.free, GMA__SEGMENT_ROUND);
-    st = p->growable ? gma__segs_grow(p, GMA__LARGE, want_free - p->c.free, 0, NULL, NULL)
+    st = p->growable ? gma__segs_grow(p, GMA__LARGE, want_free - p->c.free, NULL, NULL)
                      : gma__seg_create(p, GMA__LARGE, size, 0, &b);
     if (st == GMA_OK) p->c.grows_worker++;
   }

@@ -286,7 +286,8 @@ typedef struct gma__pool {
                                    lock except give_back */
   bool growable;                /* immutable: src is growable ranges (expandable_segments) */
   gma__tail_t *tails;           /* segments.c: a growth's offer to the source (scratch) */
-  gma__block_t **tail_blocks;   /* the FREE blocks ending those segments */
+  gma__block_t **tail_blocks;   /* per tail, the growing stream's cached block it
+                                   counts as free (NULL: none) */
   size_t tails_cap;
   gma__event_t *spare_events;   /* created, unused events for reuse */
   size_t nspare, spare_cap;

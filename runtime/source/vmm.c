@@ -331,8 +331,8 @@ static uint64_t pieces_of(const vm_source_t *v, int kind, uint64_t size) {
  * failure's message is kept. */
 static void unmap_pieces(gma__source_t *s, gma__region_t *r, uintptr_t addr, uint64_t size,
                          gma_status_t failed) {
-  char why[512];
-  snprintf(why, sizeof why, "%s", gma__error_detail(gma_last_error()));
+  char why[512] = "";
+  if (failed != GMA_OK) snprintf(why, sizeof why, "%s", gma__error_detail(gma_last_error()));
   size_t i = chunk_lb(r, addr);
   while (i < r->nchunks && r->chunks[i].addr < addr + size) {
     gma__chunk_t *c = &r->chunks[i];

@@ -11,29 +11,29 @@
 
 #include "check.h"
 
-static inline gma_t *sim_allocator(const char *conf) {
+/* An allocator on the simulated device with segments as given, then conf
+ * applied (conf may name expandable_segments itself). */
+static inline gma_t *sim_allocator_with(gma_segments_t segments, const char *conf) {
   gma_config_t c = GMA_CONFIG_INIT;
   c.device = GMA_DEVICE_SIM;
   c.ignore_env = 1;
+  c.expandable_segments = segments;
   if (conf) CHECK_OK(gma_config_parse(&c, conf));
   gma_t *g = NULL;
   CHECK_OK(gma_create(&c, &g));
   return g;
 }
 
-/* The same with ordinary segments unless conf says otherwise: for tests
- * whose figures count ordinary segments (one device allocation each, a
- * small segment's 2 MiB, segment_alloc trace rows); the default grows by
- * mapping chunks (expandable_segments:auto). */
+static inline gma_t *sim_allocator(const char *conf) {
+  return sim_allocator_with(GMA_SEGMENTS_AUTO, conf);
+}
+
+/* Ordinary segments unless conf says otherwise: for tests whose figures
+ * count ordinary segments (one device allocation each, a small segment's
+ * 2 MiB, segment_alloc trace rows); the default grows by mapping chunks
+ * (expandable_segments:auto). */
 static inline gma_t *sim_allocator_ordinary(const char *conf) {
-  gma_config_t c = GMA_CONFIG_INIT;
-  c.device = GMA_DEVICE_SIM;
-  c.ignore_env = 1;
-  c.expandable_segments = GMA_SEGMENTS_ORDINARY;
-  if (conf) CHECK_OK(gma_config_parse(&c, conf));
-  gma_t *g = NULL;
-  CHECK_OK(gma_create(&c, &g));
-  return g;
+  return sim_allocator_with(GMA_SEGMENTS_ORDINARY, conf);
 }
 
 
