@@ -211,25 +211,20 @@ static range_t *best_fit(pool_model_t *m, uint64_t size) {
   return best;
 }
 
-/* A free range of at least size bytes at the end of what is tiled: the last
- * range extended, or a new one. */
+/* A new free range of size bytes (rounded to chunks) at the end of what is
+ * tiled. A free range already at the end is not extended in place: the
+ * growth maps the whole request, and the two merge once both are free. */
 static range_t *grow(pool_model_t *m, uint64_t size) {
   range_t *last = m->head;
   while (last && last->next) last = last->next;
-  uint64_t have = last && last->free ? last->size : 0;
-  uint64_t add = round_chunk(size - have);
+  uint64_t add = round_chunk(size);
   if (m->end + add > m->va) return NULL;
-  if (last && last->free) {
-    last->size += add;
-  } else {
-    range_t *r = range_new(m->end, add, 1);
-    if (!r) return NULL;
-    r->prev = last;
-    if (last) last->next = r; else m->head = r;
-    last = r;
-  }
+  range_t *r = range_new(m->end, add, 1);
+  if (!r) return NULL;
+  r->prev = last;
+  if (last) last->next = r; else m->head = r;
   m->end += add;
-  return last;
+  return r;
 }
 
 /* Cuts the first size bytes of free r off as a live range; the rest keeps

@@ -8,6 +8,11 @@
  *   - one reserved address range; physical memory is mapped into it in
  *     chunks of POOL_MODEL_CHUNK (32 MiB: the footprint cudaMallocAsync
  *     showed for small blocks), grown at the end of what is mapped;
+ *   - a request that no free range holds maps a new range of its own size
+ *     (in chunks), even where a free range ends the pool: the large
+ *     scenario's footprint on an H100 (416 MiB for at most 256 MiB live,
+ *     the sum of two such growths) needs this; extending the free end in
+ *     place gave 256 MiB;
  *   - a free is stream-ordered: the block becomes a free range tagged with
  *     an event recorded on its stream; adjacent free ranges merge (carrying
  *     both gates), so freed memory is reused whatever the next size is;
