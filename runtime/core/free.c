@@ -128,20 +128,21 @@ static bool free_taken(gma__pool_t *p, gma__block_t *b) {
   if (!retired) gma__store_relaxed(&s->dirty, true);
   uint32_t ngates = gma__load_relaxed(&b->ngates);
   if (ngates && !(p->test_flags & GMA__TEST_NO_RECORD_GATING)) {
-    /* Other streams used it: it waits for the owner's and their open epochs.
-     * Each user's epoch is closed now, so that its event follows the work
-     * queued there up to this free and no later work: a stream that takes
-     * the block back behind a wait on it (the owner reclaim, consumer reuse)
-     * waits for that much only. Where it cannot be closed now (another
-     * thread's per-thread stream, a capture, every event slot busy), a
-     * later close covers more, which is safe. */
+    /* Other streams used it: it waits for their open epochs. Each user's
+     * epoch is closed now, so that its event follows the work queued there
+     * up to this free and no later work: a stream that takes the block back
+     * behind a wait on it (the owner reclaim, consumer reuse) waits for that
+     * much only. With every event slot busy the newest event is recorded
+     * again: the epochs it closed before are then covered up to this free
+     * too. Where it cannot be closed now (another thread's per-thread
+     * stream, a capture), a later close covers more, which is safe. */
     for (uint32_t i = 0; i < ngates; i++) {
       gma__stream_t *u = b->gates[i].stream;
       bool u_retired = gma__load_relaxed(&u->retired);
       b->gates[i].epoch = u_retired ? u->free_epoch : gma__load_relaxed(&u->epoch);
       if (!u_retired) {
         gma__store_relaxed(&u->dirty, true);
-        gma__stream_close_epoch_exact(p, u);
+        gma__stream_close_epoch(p, u);
       }
     }
     gma__pending_link(p, b);
@@ -252,6 +253,12 @@ void gma__pool_hold(gma__pool_t *p, void *ptr, bool held) {
  * gates have passed (FREE if the owner is retired). The block is safe for
  * every stream now: a poll's release moves it to the free pool with the
  * owner's other completed blocks (under reuse:none it stays the owner's).
+ * A block of `asking` (the stream whose slow path polls, or NULL) needs
+ * only its gates: in its owner's cache it keeps its epoch, so the owner
+ * reuses it in stream order, and other streams only once that epoch
+ * completed. Another stream's block whose owner is still busy stays
+ * pending, where a stream that consumed it may take it behind a wait
+ * (pending_wait_fit).
  * Why not FREE at once: the slow path settles pending blocks before it
  * searches (gma__find_or_grow), so that a training loop's next iteration finds
  * the same places; settled into the free pool, the place went to whichever
@@ -261,21 +268,20 @@ void gma__pool_hold(gma__pool_t *p, void *ptr, bool held) {
  * for good (bench_hotpath, section 4: 6.7% bin hits, 0.74-0.83x the
  * iterations per second of bins:off). In its owner's cache the owner finds
  * it first, and any stream still gets it from the next poll. */
-void gma__pending_poll(gma__pool_t *p) {
-  gma__block_t *b = p->pending_head;
-  while (b) {
-    gma__block_t *next = b->qnext;
-    bool ready = b->stream->safe_epoch >= b->epoch;
+void gma__pending_poll(gma__pool_t *p, const gma__stream_t *asking) {
+  bool planted = p->test_flags & GMA__TEST_NO_EPOCH_GATING;
+  for (gma__block_t *b = p->pending_head, *next; b; b = next) {
+    next = b->qnext;
+    bool retired = gma__load_relaxed(&b->stream->retired);
+    bool ready = (b->stream == asking && !retired) || b->stream->safe_epoch >= b->epoch;
     uint32_t n = gma__load_relaxed(&b->ngates);
     for (uint32_t i = 0; ready && i < n; i++) ready = gma__gate_passed(&b->gates[i]);
-    if (ready || (p->test_flags & GMA__TEST_NO_EPOCH_GATING)) {
-      gma__pending_unlink(p, b);
-      gma__store_relaxed(&b->ngates, 0);
-      if (ready && !gma__load_relaxed(&b->stream->retired))
-        gma__cache_block(p, b); /* its owner's again; polls release it to every stream */
-      else
-        gma__block_make_free(p, b); /* (a planted bug frees it unready, as before) */
-    }
-    b = next;
+    if (!ready && !planted) continue;
+    gma__pending_unlink(p, b);
+    gma__store_relaxed(&b->ngates, 0);
+    if (ready && !retired)
+      gma__cache_block(p, b); /* its owner's again; polls release it to every stream */
+    else
+      gma__block_make_free(p, b); /* (a planted bug frees it unready, as before) */
   }
 }

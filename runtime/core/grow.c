@@ -502,8 +502,9 @@ gma_status_t gma__find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uint6
   /* Blocks freed after record_stream wait in the pending list; if their
    * gates passed, put them back first, so a request of the same size finds
    * the same place and the layout does not drift from one iteration of a
-   * training loop to the next. */
-  if (p->pending_head) gma__streams_settle_pending(p);
+   * training loop to the next. With epoch marks that asks the device
+   * nothing. */
+  if (p->pending_head) gma__streams_settle_pending(p, s);
   gma__block_t *b = NULL;
   bool waited = false; /* reached through a device-side wait: counts as pool */
   /* reuse:auto and reuse:wait: first s's own cache and the FREE blocks of
@@ -521,6 +522,15 @@ gma_status_t gma__find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uint6
     if (!b && p->pending_head) waited = (b = pending_wait_fit(p, s, kind, size, true)) != NULL;
   }
   if (!b && passed_by) b = find_fit_in(p, s, kind, size, capture);
+  /* The host ran ahead of the device: s takes its own pending blocks back
+   * behind device-side waits (reclaim_own_pending's bound), which no query
+   * needs to precede. Not under reuse:query or none: the owner's wait on
+   * its consumers is a dependency the program never made. */
+  if (!b && (p->reuse == GMA_REUSE_AUTO || p->reuse == GMA_REUSE_WAIT) && !capture &&
+      p->pending_head && reclaim_own_pending(p, s, kind, size)) {
+    b = find_fit_in(p, s, kind, size, capture);
+    waited = b != NULL;
+  }
   if (!b) b = fit_after_settling(p, s, kind, size, capture);
   if (!b && p->reuse == GMA_REUSE_WAIT && !capture) {
     b = gma__streams_wait_fit(p, s, kind, size);
@@ -529,14 +539,6 @@ gma_status_t gma__find_or_grow(gma__pool_t *p, gma__stream_t *s, int kind, uint6
     waited = b != NULL;
   }
   if (!b) b = small_in_large_hole(p, kind, size);
-  /* Not under reuse:query or none: the owner's wait on its consumers is a
-   * dependency the program never made (see reclaim_own_pending). */
-  if (!b && (p->reuse == GMA_REUSE_AUTO || p->reuse == GMA_REUSE_WAIT) && !capture &&
-      p->pending_head &&
-      reclaim_own_pending(p, s, kind, size)) {
-    b = find_fit_in(p, s, kind, size, capture);
-    waited = b != NULL;
-  }
   if (b && may_grow && !capture && splits_whole_oversize(p, s, b, kind, size)) {
     gma__block_t *f = fresh_for_oversize(p, kind, size, s->serial, &b);
     if (f) {

@@ -62,7 +62,7 @@ void gma__pool_note_wakeup(gma__pool_t *p) {
 bool gma__pool_poll_pending(gma__pool_t *p) {
   gma__lock(&p->lock, GMA__RANK_POOL);
   if (p->c.pending) {
-    gma__streams_settle_pending(p);
+    gma__streams_settle_pending(p, NULL);
     gma__stats_sample(p);
   }
   bool gated = p->c.pending != 0;

@@ -158,7 +158,7 @@ gma_status_t gma__pool_free_after(gma__pool_t *p, void *ptr, gma__stream_t *cons
 void gma__pool_settle(gma__pool_t *p, uint64_t deadline_ns);
 /* Marks (or unmarks) the live block at ptr as held by an uncollected future. */
 void gma__pool_hold(gma__pool_t *p, void *ptr, bool held);
-void gma__pending_poll(gma__pool_t *p);
+void gma__pending_poll(gma__pool_t *p, const gma__stream_t *asking);
 
 /* ---- trim.c: release, trim, growth ahead ------------------------------------------ */
 static inline bool gma__trim_done(const gma__trim_budget_t *b) {
@@ -342,10 +342,13 @@ void gma__streams_observe(gma__pool_t *p);
  * blocks whose epochs are already known complete to the free pool: the
  * part of gma__streams_poll(p, false) that makes no device call. */
 void gma__streams_drain(gma__pool_t *p);
-/* Closes epochs and moves PENDING blocks whose gates passed, without
- * draining bins: lets a block used by other streams return to its place
- * before the slow path searches (cheap: O(streams)). */
-void gma__streams_settle_pending(gma__pool_t *p);
+/* Moves PENDING blocks whose gates (and, but for the asking stream's own,
+ * owner epochs) passed back to their owners' caches, without draining
+ * bins: lets a block used by other streams return to its place before the
+ * slow path searches. Asks only the streams those blocks wait for, and
+ * with epoch marks asks the device nothing. asking: the slow path's
+ * stream, or NULL. */
+void gma__streams_settle_pending(gma__pool_t *p, const gma__stream_t *asking);
 /* The OOM path's wait for device work, in three steps, so that the pool
  * lock is not held while the host waits (other callers, the worker, and a
  * free the awaited work may itself depend on go on meanwhile).
@@ -369,11 +372,6 @@ gma__block_t *gma__streams_wait_fit(gma__pool_t *p, gma__stream_t *u, int kind, 
  * so far, if something was freed in it (false otherwise, or when s is
  * retired or another thread's per-thread stream). Lock held. */
 bool gma__stream_close_epoch(gma__pool_t *p, gma__stream_t *s);
-/* The same, except that when all of s's event slots hold events that have
- * not completed it leaves the epoch open (false) instead of recording the
- * newest event again, whose completion would also wait for work queued
- * later. Lock held. */
-bool gma__stream_close_epoch_exact(gma__pool_t *p, gma__stream_t *s);
 /* Whether the work gate g covers is ordered before stream u's next work:
  * completed (its epoch is closed first if still open, and its events are
  * observed), or, with wait, u made to wait on the device for the event
@@ -390,6 +388,11 @@ gma_status_t gma__stream_retire(gma__pool_t *p, gma__stream_t *s, bool orphan);
  * walking them. O(blocks); run when retired records have doubled. */
 void gma__streams_sweep_retired(gma__pool_t *p);
 void gma__streams_fini(gma__pool_t *p);
+/* The pool's epoch marks (streams.c), where the device writes them: at
+ * init; a new stream record takes one (none left, or a foreign stream:
+ * its events are queried). Lock held for take. */
+void gma__streams_init(gma__pool_t *p);
+void gma__stream_mark_take(gma__pool_t *p, gma__stream_t *s);
 /* A lock-free free pushed into a bin of s and then saw s retired: the
  * retire may have drained before the push, so drain again (lock held). */
 void gma__stream_rescue(gma__pool_t *p, gma__stream_t *s);

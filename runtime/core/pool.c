@@ -58,6 +58,7 @@ gma_status_t gma__pool_init(gma__pool_t *p, gma__device_t *dev, const gma_config
   }
   if (st == GMA_OK && !p->growable && !(p->src = gma__plain_source_new(dev, &p->trace)))
     st = gma__set_error(GMA_ERR_OOM, "host memory for the segment source");
+  if (st == GMA_OK) gma__streams_init(p);
   if (st == GMA_OK) gma__pools_add(p); /* exiting threads retire their per-thread streams */
   return st;
 }

@@ -1,4 +1,5 @@
-/* Owns stream epochs: closing them with events, observing their completion,
+/* Owns stream epochs: closing them with events, observing their completion
+ * (through epoch marks where the device writes them, else event queries),
  * the spare-event pool, draining the lock-free bins into the pool, moving
  * blocks whose epochs completed to the shared free pool, the device-side wait
  * of reuse:wait, retiring streams (and rescuing frees that raced a retire),
@@ -13,6 +14,11 @@
 #include "core/internal.h"
 #include "base/lock.h"
 #include "base/tsan.h"
+
+/* Event queries per stream when the slow path settles pending blocks or
+ * makes room for an epoch event: the newest event, the oldest and one
+ * halving step. A poll before the pool grows asks without bound. */
+#define SETTLE_QUERIES 3u
 
 /* An event to record on s: from the spare pool, or made for s when s is of
  * another context (foreign) and takes only its own. */
@@ -113,21 +119,98 @@ static void retire_events(gma__pool_t *p, gma__stream_t *s, unsigned n) {
   }
 }
 
+/* Epoch marks. Where the device can write a word of pinned memory in
+ * stream order (stream_write_value), each close queues, right after its
+ * event, a write of the epoch it closed into the stream's mark: once the
+ * word says epoch k, the event closing k and every one before it has
+ * completed. Observing a stream is then a load, not a driver call per
+ * event: what the slow path and the worker ask most costs nothing. The
+ * events stay, for the device-side waits and the OOM path. A stream of
+ * another context, one whose write failed, and the records beyond
+ * GMA__MARKS have no mark: their events are queried. */
+void gma__streams_init(gma__pool_t *p) {
+  const gma__device_ops_t *ops = p->dev->ops;
+  if (!ops->stream_write_value || !ops->host_alloc) return;
+  void *host = NULL;
+  uintptr_t dev_addr = 0;
+  uint32_t *idx = malloc(GMA__MARKS * sizeof *idx);
+  if (!idx || ops->host_alloc(p->dev, GMA__MARKS * sizeof(uint64_t), &host, &dev_addr) != GMA_OK) {
+    free(idx); /* no marks: events are queried, which is correct too */
+    return;
+  }
+  p->marks = host;
+  p->marks_dev = dev_addr;
+  p->marks_free = idx;
+  for (uint32_t i = 0; i < GMA__MARKS; i++) idx[i] = GMA__MARKS - 1 - i;
+  p->nmarks_free = GMA__MARKS;
+}
+
+void gma__stream_mark_take(gma__pool_t *p, gma__stream_t *s) {
+  if (!p->nmarks_free || s->foreign) return;
+  uint32_t i = p->marks_free[--p->nmarks_free];
+  s->mark = &p->marks[i];
+  gma__store_relaxed(s->mark, 0); /* no device write is queued to it (see mark_give) */
+  s->mark_dev = p->marks_dev + i * sizeof(uint64_t);
+  s->mark_written = 0;
+}
+
+/* Gives s's mark back for another record, once no write to it is still
+ * queued on the device (else it stays s's, unused). */
+static void mark_give(gma__pool_t *p, gma__stream_t *s) {
+  if (!s->mark || gma__load_acquire(s->mark) < s->mark_written) return;
+  p->marks_free[p->nmarks_free++] = (uint32_t)(s->mark - p->marks);
+  s->mark = NULL;
+}
+
+/* Queues the write of closing into s's mark after the event that closed
+ * it; without it (a failed write) s's events are queried from now on. */
+static void mark_write(gma__pool_t *p, gma__stream_t *s, uint64_t closing) {
+  if (!s->mark) return;
+  gma_status_t st = p->test_flags & GMA__TEST_MARK_EARLY
+                        ? (gma__store_release(s->mark, closing), GMA_OK)
+                        : p->dev->ops->stream_write_value(p->dev, s->handle, s->mark_dev, closing);
+  if (st == GMA_OK) {
+    s->mark_written = closing;
+    return;
+  }
+  gma__pool_device_error(p, NULL);
+  s->mark = NULL; /* a write may still be queued: the word is not used again */
+}
+
+/* Gives back the events of s whose epochs its mark says completed. */
+static void observe_mark(gma__pool_t *p, gma__stream_t *s) {
+  uint64_t done = gma__load_acquire(s->mark);
+  unsigned n = 0;
+  while (n < s->ev_count && s->ev_epoch[(s->ev_head + n) % GMA__EPOCH_EVENTS] <= done) n++;
+  retire_events(p, s, n);
+}
+
 /* Advances safe_epoch past every completed epoch event, spending at most
  * *budget queries (UINT_MAX: no bound). Events of one stream complete in the
- * order they were recorded, so the completed ones are a prefix: the oldest
- * is asked first (not complete: nothing is), then the newest (complete: all
- * are), then the boundary is found by halving. */
+ * order they were recorded, so the completed ones are a prefix: the newest
+ * is asked first (complete: all are), then the oldest (not complete: none
+ * is), then the boundary is found by halving. A stream with a mark asks
+ * nothing: a load says how far it got. */
 static void observe_within(gma__pool_t *p, gma__stream_t *s, unsigned *budget) {
+  if (s->mark) {
+    observe_mark(p, s);
+    return;
+  }
   if (!s->ev_count || !*budget) return;
   bool failed = false;
+  unsigned hi = s->ev_count; /* not complete (or past the end) */
+  if (hi > 1) {
+    (*budget)--;
+    if (event_done(p, s, hi - 1, &failed)) {
+      retire_events(p, s, hi);
+      return;
+    }
+    if (failed || !*budget) return;
+    hi--;
+  }
   (*budget)--;
   if (!event_done(p, s, 0, &failed)) return;
-  unsigned lo = 0, hi = s->ev_count; /* lo: known complete; hi: not complete (or past the end) */
-  if (hi > 1 && *budget) {
-    (*budget)--;
-    if (event_done(p, s, hi - 1, &failed)) lo = hi - 1; else hi--;
-  }
+  unsigned lo = 0; /* known complete */
   while (!failed && hi - lo > 1 && *budget) {
     unsigned mid = lo + (hi - lo) / 2;
     (*budget)--;
@@ -171,14 +254,14 @@ static bool is_legacy(gma_stream_t h) { return h == NULL || h == (gma_stream_t)(
  * covered (only later). A failed device call leaves blocks where they are
  * (safe); the next poll tries again. Another thread's per-thread stream
  * cannot be named from here. */
-static bool close_epoch_as(gma__pool_t *p, gma__stream_t *s, bool exact) {
+static bool close_epoch(gma__pool_t *p, gma__stream_t *s) {
   if (!gma__load_relaxed(&s->dirty)) return false;
   if (s->owner_tid && s->owner_tid != gma__thread_id()) return false;
   if (gma__tl_background && is_legacy(s->handle)) return false; /* the program's own calls close it */
   if (capturing(p, s)) return false; /* closed by the first poll after the capture */
-  if (s->ev_count == GMA__EPOCH_EVENTS) observe_epochs(p, s);
+  unsigned budget = SETTLE_QUERIES;
+  if (s->ev_count == GMA__EPOCH_EVENTS) observe_within(p, s, &budget);
   bool reuse_newest = s->ev_count == GMA__EPOCH_EVENTS;
-  if (reuse_newest && exact) return false; /* its event would cover later work too */
   unsigned slot = (s->ev_head + s->ev_count - (reuse_newest ? 1 : 0)) % GMA__EPOCH_EVENTS;
   gma__event_t ev = reuse_newest ? s->ev[slot] : event_get(p, s);
   if (!ev) return false;
@@ -196,10 +279,9 @@ static bool close_epoch_as(gma__pool_t *p, gma__stream_t *s, bool exact) {
   s->ev_epoch[slot] = closing;
   if (!reuse_newest) s->ev_count++;
   p->c.epoch_events++;
+  mark_write(p, s, closing);
   return true;
 }
-
-static bool close_epoch(gma__pool_t *p, gma__stream_t *s) { return close_epoch_as(p, s, false); }
 
 /* Moves the stream's cached blocks whose epoch completed to the free pool. */
 static void release_safe_cached(gma__pool_t *p, gma__stream_t *s) {
@@ -210,12 +292,37 @@ static void release_safe_cached(gma__pool_t *p, gma__stream_t *s) {
   }
 }
 
-void gma__streams_settle_pending(gma__pool_t *p) {
-  for (gma__stream_t *s = p->stream_list; s; s = s->next_all) {
-    if (!gma__load_relaxed(&s->retired)) close_epoch(p, s);
-    observe_epochs(p, s);
+/* Marks s as one a pending block waits for until epoch (2: that epoch is
+ * still open, so no event covers it yet). */
+static void mark_gating(gma__stream_t *s, uint64_t epoch) {
+  if (s->safe_epoch >= epoch) return;
+  uint8_t g = gma__load_relaxed(&s->epoch) <= epoch ? 2 : 1;
+  if (g > s->gating) s->gating = g;
+}
+
+/* Only the streams a pending block waits for are asked: a gate's epoch was
+ * closed by the free (exact), so it is observed, and closed here only where
+ * the free could not close it. The asking stream's own blocks need only
+ * their gates (gma__pending_poll), so its own open epoch is left alone;
+ * another owner's epoch is closed and observed as a gate's is. */
+void gma__streams_settle_pending(gma__pool_t *p, const gma__stream_t *asking) {
+  for (gma__stream_t *s = p->stream_list; s; s = s->next_all) s->gating = 0;
+  for (gma__block_t *b = p->pending_head; b; b = b->qnext) {
+    if (b->stream != asking || gma__load_relaxed(&b->stream->retired))
+      mark_gating(b->stream, b->epoch);
+    uint32_t n = gma__load_relaxed(&b->ngates);
+    for (uint32_t i = 0; i < n; i++) mark_gating(b->gates[i].stream, b->gates[i].epoch);
   }
-  gma__pending_poll(p);
+  for (gma__stream_t *s = p->stream_list; s; s = s->next_all) {
+    if (!s->gating) continue;
+    /* With every event slot busy the device is far behind: re-recording the
+     * newest event would only add a call (the next close covers it). */
+    if (s->gating == 2 && s->ev_count < GMA__EPOCH_EVENTS && !gma__load_relaxed(&s->retired))
+      close_epoch(p, s);
+    unsigned budget = SETTLE_QUERIES;
+    observe_within(p, s, &budget);
+  }
+  gma__pending_poll(p, asking);
 }
 
 /* Drains every stream's bins, closes each open epoch that holds frees, and
@@ -234,13 +341,17 @@ static void close_all(gma__pool_t *p) {
  * (gma_empty_cache) must then release it in the same call. */
 void gma__streams_poll(gma__pool_t *p, bool force) {
   close_all(p);
-  gma__pending_poll(p);
+  gma__pending_poll(p, NULL);
   if (!force && p->reuse == GMA_REUSE_NONE) return;
   for (gma__stream_t *s = p->stream_list; s; s = s->next_all) release_safe_cached(p, s);
 }
 
 void gma__streams_observe(gma__pool_t *p) {
-  gma__streams_settle_pending(p);
+  for (gma__stream_t *s = p->stream_list; s; s = s->next_all) {
+    if (!gma__load_relaxed(&s->retired)) close_epoch(p, s);
+    observe_epochs(p, s);
+  }
+  gma__pending_poll(p, NULL);
   if (p->reuse == GMA_REUSE_NONE) return;
   for (gma__stream_t *s = p->stream_list; s; s = s->next_all) release_safe_cached(p, s);
 }
@@ -273,7 +384,7 @@ void gma__stream_sync_end(gma__pool_t *p, gma__stream_t *s, uint64_t closed) {
    * the closed epoch; let that event say when. */
   if (closed > s->safe_epoch && !gma__load_relaxed(&s->retired)) s->safe_epoch = closed;
   observe_epochs(p, s); /* events of epochs <= closed completed too: reuse them */
-  gma__pending_poll(p);
+  gma__pending_poll(p, NULL);
   if (p->reuse != GMA_REUSE_NONE || gma__load_relaxed(&s->retired)) release_safe_cached(p, s);
 }
 
@@ -316,29 +427,28 @@ void gma__streams_wait_end(gma__pool_t *p) {
   gma__streams_poll(p, true); /* what the completed work gated becomes free */
 }
 
-/* Makes u wait on the device for the event that closed s's epoch (the
- * first recorded at or after it covers every block freed on s up to
- * epoch); false when no recorded event covers it yet, or the wait failed. */
-static bool wait_for_epoch(gma__pool_t *p, gma__stream_t *u, gma__stream_t *s, uint64_t epoch) {
-  for (unsigned i = 0; i < s->ev_count; i++) {
-    unsigned slot = (s->ev_head + i) % GMA__EPOCH_EVENTS;
-    if (s->ev_epoch[slot] < epoch) continue;
-    if (p->dev->ops->stream_wait_event(p->dev, u->handle, s->ev[slot]) != GMA_OK) {
-      gma__pool_device_error(p, NULL);
-      return false;
-    }
-    p->c.cross_stream_waits++;
-    return true;
+/* The place (0: the oldest) of s's first event recorded at or after the
+ * close of epoch, which covers every block freed on s up to it; ev_count
+ * when none does yet. */
+static unsigned covering(const gma__stream_t *s, uint64_t epoch) {
+  unsigned i = 0;
+  while (i < s->ev_count && s->ev_epoch[(s->ev_head + i) % GMA__EPOCH_EVENTS] < epoch) i++;
+  return i;
+}
+
+/* Makes u wait on the device for s's i-th event; false when the wait failed. */
+static bool wait_on(gma__pool_t *p, gma__stream_t *u, gma__stream_t *s, unsigned i) {
+  if (p->dev->ops->stream_wait_event(p->dev, u->handle,
+                                     s->ev[(s->ev_head + i) % GMA__EPOCH_EVENTS]) != GMA_OK) {
+    gma__pool_device_error(p, NULL);
+    return false;
   }
-  return false;
+  p->c.cross_stream_waits++;
+  return true;
 }
 
 bool gma__stream_close_epoch(gma__pool_t *p, gma__stream_t *s) {
   return !gma__load_relaxed(&s->retired) && close_epoch(p, s);
-}
-
-bool gma__stream_close_epoch_exact(gma__pool_t *p, gma__stream_t *s) {
-  return !gma__load_relaxed(&s->retired) && close_epoch_as(p, s, true);
 }
 
 bool gma__gate_settle(gma__pool_t *p, const gma__gate_t *g, gma__stream_t *u, bool wait) {
@@ -348,11 +458,21 @@ bool gma__gate_settle(gma__pool_t *p, const gma__gate_t *g, gma__stream_t *u, bo
    * so that completion can be seen at all. */
   if (!gma__load_relaxed(&s->retired) && gma__load_relaxed(&s->epoch) <= g->epoch)
     close_epoch(p, s);
-  observe_epochs(p, s);
-  if (s->safe_epoch >= g->epoch) return true;
   /* Not closed (another thread's per-thread stream) or its event failed:
    * no event to wait on. */
-  return wait && s != u && wait_for_epoch(p, u, s, g->epoch);
+  unsigned i = covering(s, g->epoch);
+  if (i == s->ev_count) return false;
+  /* A device-side wait costs what a query does and holds either way: a
+   * completed event's wait is nothing to the device. */
+  if (wait && s != u) return wait_on(p, u, s, i);
+  if (s->mark) {
+    observe_mark(p, s);
+    return s->safe_epoch >= g->epoch;
+  }
+  bool failed = false;
+  if (!event_done(p, s, i, &failed)) return false;
+  retire_events(p, s, i + 1);
+  return true;
 }
 
 /* Best fit for size among the CACHED blocks of streams other than u; its
@@ -438,7 +558,7 @@ gma_status_t gma__stream_retire(gma__pool_t *p, gma__stream_t *s, bool orphan) {
   gma__stable_remove(p, s);
   observe_epochs(p, s);
   release_safe_cached(p, s);
-  gma__pending_poll(p);
+  gma__pending_poll(p, NULL);
   if (++p->retired_listed >= p->sweep_at) gma__streams_sweep_retired(p);
   return st;
 }
@@ -501,6 +621,7 @@ void gma__streams_sweep_retired(gma__pool_t *p) {
      * (gma__stream_rescue buries those too). */
     *link = s->next_all;
     gma__stats_bury(s, &p->graveyard_counts);
+    mark_give(p, s);
     s->swept = true;
     s->next_all = p->graveyard;
     p->graveyard = s;
@@ -510,6 +631,17 @@ void gma__streams_sweep_retired(gma__pool_t *p) {
 }
 
 void gma__streams_fini(gma__pool_t *p) {
+  /* A mark's write may still be queued (on a stream the program destroyed,
+   * say): the page goes back only once the device has done it. A fork()
+   * child's device is gone, and so is its copy of the page. */
+  bool queued = false;
+  for (gma__stream_t *s = p->stream_list; s && !p->inherited; s = s->next_all)
+    queued = queued || (s->mark && gma__load_acquire(s->mark) < s->mark_written);
+  if (queued) p->dev->ops->device_synchronize(p->dev);
+  if (p->marks) p->dev->ops->host_free(p->dev, (void *)p->marks, GMA__MARKS * sizeof(uint64_t));
+  free(p->marks_free);
+  p->marks = NULL;
+  p->marks_free = NULL;
   for (gma__stream_t *s = p->stream_list, *next; s; s = next) {
     next = s->next_all;
     for (unsigned i = 0; i < s->ev_count; i++)

@@ -187,6 +187,7 @@ static gma__stream_t *stream_new(gma__pool_t *p, gma_stream_t handle, uintptr_t 
   if (p->dev->ops->stream_foreign && p->dev->ops->stream_foreign(p->dev, handle, &s->foreign) != GMA_OK)
     s->foreign = true;
   s->id = id;
+  gma__stream_mark_take(p, s);
   s->serial = gma__faa_relaxed(&next_serial, 1);
   gma__atomic_init(&s->epoch, 1); /* epochs start at 1: safe_epoch 0 means "none yet" */
   s->next_all = p->stream_list;

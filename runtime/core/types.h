@@ -33,7 +33,8 @@
 #include "source/source.h"
 
 #define GMA__MIN_SPLIT 512u   /* a split leaves a remainder at least this large */
-#define GMA__EPOCH_EVENTS 16u /* outstanding epoch events per stream */
+#define GMA__EPOCH_EVENTS 64u /* outstanding epoch events per stream */
+#define GMA__MARKS 512u       /* epoch marks per pool (one 4 KiB page) */
 #define GMA__TL_SLOTS 8u      /* per-thread cache of (stream -> counters) */
 #define GMA__TL_STREAMS 8u    /* per-thread cache of ((pool, stream key) -> record) */
 #define GMA__MAX_TAGS 256u    /* tag ids fit a uint8_t; 0 is "untagged" */
@@ -174,6 +175,12 @@ typedef struct gma__stream {
   gma__event_t ev[GMA__EPOCH_EVENTS];
   uint64_t ev_epoch[GMA__EPOCH_EVENTS];
   unsigned ev_head, ev_count;
+  /* The stream's epoch mark (streams.c): after each event recorded here,
+   * the device writes the epoch that event closed into *mark, so every
+   * event of an epoch <= *mark has completed. NULL: the events are queried. */
+  _Atomic uint64_t *mark;
+  uintptr_t mark_dev;        /* its device address */
+  uint64_t mark_written;     /* the epoch of the last write queued */
   gma__block_t *cached_tree[GMA__NKINDS];
   gma__block_t *fifo_head, *fifo_tail;
   uint64_t cached_bytes;     /* CACHED bytes (bins not included) */
@@ -181,6 +188,8 @@ typedef struct gma__stream {
   uint32_t captures;         /* captures gma was told of with this stream as origin
                                 (gma__pool_capture_mark): no epoch event while nonzero */
   bool referenced;           /* scratch of the retired-record sweep (streams.c) */
+  uint8_t gating;            /* scratch of gma__streams_settle_pending: 1 a pending block
+                                waits for this stream, 2 in its open epoch */
   bool swept;                /* moved to the graveyard (retired, nothing referenced it) */
   gma__tcount_t *_Atomic counts; /* atomic: per-thread counters, append-only */
   gma__tcount_t buried;      /* swept: the totals already added to graveyard_counts */
@@ -237,6 +246,8 @@ enum {
   GMA__TEST_NO_CAPTURE_CHECK = 1u << 3, /* epoch events are recorded on capturing streams */
   GMA__TEST_KEEP_UNCAPTURED = 1u << 5,  /* the slow path's "not capturing" answer
                                            (p->uncaptured) outlives its call */
+  GMA__TEST_MARK_EARLY = 1u << 6,       /* the host writes an epoch mark when the epoch
+                                           closes, not the device after its work */
   GMA__TEST_NO_CONSUMER_WAIT = 1u << 4  /* reuse:auto hands a consumer a pending block
                                            without making it wait for the block's stream,
                                            and an owner its own (reclaim_own_pending)
@@ -289,6 +300,14 @@ typedef struct gma__pool {
   gma__block_t **tail_blocks;   /* per tail, the growing stream's cached block it
                                    counts as free (NULL: none) */
   size_t tails_cap;
+  /* Epoch marks (streams.c): GMA__MARKS words of pinned host memory, one
+   * per stream record that has one, which the device sets to each epoch a
+   * close ends once the work before it ran; NULL when the device cannot
+   * write them. marks_free: the indices no record holds. */
+  _Atomic uint64_t *marks;
+  uintptr_t marks_dev;          /* their device address */
+  uint32_t *marks_free;
+  uint32_t nmarks_free;
   gma__event_t *spare_events;   /* created, unused events for reuse */
   size_t nspare, spare_cap;
   uint32_t event_pins;          /* OOM waiters querying copied events without the lock */

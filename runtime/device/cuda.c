@@ -205,6 +205,16 @@ static gma_status_t cuda_event_record(gma__device_t *d, gma__event_t ev, gma_str
   return GMA_OK;
 }
 
+/* Flags 0: the write follows the work queued before it, with a memory
+ * barrier, as an event record would. */
+static gma_status_t cuda_stream_write_value(gma__device_t *d, gma_stream_t stream,
+                                            uintptr_t dev_addr, uint64_t value) {
+  CU_STREAM_CALL(cuda_of(d), stream, "cuStreamWriteValue64",
+                 gma__cuda_drv.cuStreamWriteValue64((CUstream)stream, (CUdeviceptr)dev_addr,
+                                                    (cuuint64_t)value, 0));
+  return GMA_OK;
+}
+
 static gma_status_t cuda_event_query_now(gma__device_t *d, gma__event_t ev, bool *done) {
   (void)d;
   /* An event belongs to its context: no switch needed to query it. */
@@ -635,36 +645,40 @@ static void cuda_destroy(gma__device_t *d) {
  * struct is freed. */
 static void cuda_forget(gma__device_t *d) { free(cuda_of(d)); }
 
-static const gma__device_ops_t cuda_ops = {
-    .mem_alloc = cuda_mem_alloc,
-    .mem_free = cuda_mem_free,
-    .mem_info = cuda_mem_info,
-    .event_create = cuda_event_create,
-    .event_create_for = cuda_event_create_for,
-    .stream_foreign = cuda_stream_foreign,
-    .event_destroy = cuda_event_destroy,
-    .event_record = cuda_event_record,
-    .event_query = cuda_event_query,
-    .event_synchronize = cuda_event_synchronize,
-    .stream_wait_event = cuda_stream_wait_event,
-    .stream_wait_stream = cuda_stream_wait_stream,
-    .stream_create = cuda_stream_create,
-    .stream_destroy = cuda_stream_destroy,
-    .stream_id = cuda_stream_id,
-    .stream_synchronize = cuda_stream_synchronize,
-    .stream_capture = cuda_stream_capture,
-    .device_synchronize = cuda_device_synchronize,
-    .vm_granularity = cuda_vm_granularity,
-    .vm_reserve = cuda_vm_reserve,
-    .vm_release = cuda_vm_release,
-    .vm_map = cuda_vm_map,
-    .vm_unmap = cuda_vm_unmap,
-    .host_alloc = cuda_host_alloc,
-    .host_free = cuda_host_free,
-    .sim_launch = NULL,
-    .destroy = cuda_destroy,
+#define CUDA_OPS_COMMON \
+    .mem_alloc = cuda_mem_alloc, \
+    .mem_free = cuda_mem_free, \
+    .mem_info = cuda_mem_info, \
+    .event_create = cuda_event_create, \
+    .event_create_for = cuda_event_create_for, \
+    .stream_foreign = cuda_stream_foreign, \
+    .event_destroy = cuda_event_destroy, \
+    .event_record = cuda_event_record, \
+    .event_query = cuda_event_query, \
+    .event_synchronize = cuda_event_synchronize, \
+    .stream_wait_event = cuda_stream_wait_event, \
+    .stream_wait_stream = cuda_stream_wait_stream, \
+    .stream_create = cuda_stream_create, \
+    .stream_destroy = cuda_stream_destroy, \
+    .stream_id = cuda_stream_id, \
+    .stream_synchronize = cuda_stream_synchronize, \
+    .stream_capture = cuda_stream_capture, \
+    .device_synchronize = cuda_device_synchronize, \
+    .vm_granularity = cuda_vm_granularity, \
+    .vm_reserve = cuda_vm_reserve, \
+    .vm_release = cuda_vm_release, \
+    .vm_map = cuda_vm_map, \
+    .vm_unmap = cuda_vm_unmap, \
+    .host_alloc = cuda_host_alloc, \
+    .host_free = cuda_host_free, \
+    .sim_launch = NULL, \
+    .destroy = cuda_destroy, \
     .forget = cuda_forget,
-};
+static const gma__device_ops_t cuda_ops = {CUDA_OPS_COMMON};
+/* With 64-bit stream memory operations (CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS). */
+static const gma__device_ops_t cuda_ops_memops = {CUDA_OPS_COMMON
+                                                  .stream_write_value = cuda_stream_write_value};
+#undef CUDA_OPS_COMMON
 
 /* Loads the driver, initializes it, and checks the ordinal. */
 static gma_status_t open_ordinal(int ordinal, CUdevice *out) {
@@ -708,6 +722,10 @@ gma_status_t gma__cuda_create(const gma_config_t *config, gma__device_t **out) {
   r = gma__cuda_drv.cuDeviceGetAttribute(&fd, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
                                cudev);
   dev->vmm_posix_fd = r == CUDA_SUCCESS && fd;
+  int memops = 0;
+  r = gma__cuda_drv.cuDeviceGetAttribute(&memops, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS,
+                                         cudev);
+  if (r == CUDA_SUCCESS && memops) dev->base.ops = &cuda_ops_memops;
   *out = &dev->base;
   return GMA_OK;
 }

@@ -32,6 +32,7 @@
   X(cuStreamGetId)                   \
   X(cuStreamGetCtx)                  \
   X(cuStreamSynchronize)             \
+  X(cuStreamWriteValue64)            \
   X(cuThreadExchangeStreamCaptureMode) \
   X(cuMemGetAllocationGranularity)   \
   X(cuMemAddressReserve)             \

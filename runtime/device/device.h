@@ -82,6 +82,13 @@ typedef struct gma__device_ops {
                                  uint64_t *id);
   /* Blocks until every stream's queued work has finished. */
   gma_status_t (*device_synchronize)(gma__device_t *dev);
+  /* Queues on stream a write of value to the 8-byte word at dev_addr, the
+   * device address of host_alloc memory: it happens once the work queued on
+   * stream before it has finished, and the host then sees it with a plain
+   * load (cuStreamWriteValue64). The host does not block. NULL where the
+   * device cannot (CUDA without 64-bit stream memory operations). */
+  gma_status_t (*stream_write_value)(gma__device_t *dev, gma_stream_t stream, uintptr_t dev_addr,
+                                     uint64_t value);
 
   /* Virtual memory, for growable segments (expandable_segments:true); all
    * five are NULL on a backend without it. Sizes and addresses are multiples
@@ -160,6 +167,7 @@ gma_status_t gma__sim_create(const gma_config_t *config, gma__device_t **out);
   X(STREAM_WAIT_STREAM, stream_wait_stream)                                                   \
   X(STREAM_CREATE, stream_create) X(STREAM_DESTROY, stream_destroy) X(STREAM_ID, stream_id)  \
   X(STREAM_SYNCHRONIZE, stream_synchronize) X(DEVICE_SYNCHRONIZE, device_synchronize)         \
+  X(STREAM_WRITE_VALUE, stream_write_value)                                                   \
   X(VM_GRANULARITY, vm_granularity) X(VM_RESERVE, vm_reserve) X(VM_RELEASE, vm_release)       \
   X(VM_MAP, vm_map) X(VM_UNMAP, vm_unmap) X(HOST_ALLOC, host_alloc) X(HOST_FREE, host_free)   \
   X(SIM_LAUNCH, sim_launch)

@@ -279,6 +279,7 @@ static gma_status_t sim_stream_capture(gma__device_t *d, gma_stream_t stream, bo
     .stream_id = gma__sim_stream_id, \
     .stream_synchronize = gma__sim_stream_synchronize, \
     .device_synchronize = gma__sim_device_synchronize, \
+    .stream_write_value = gma__sim_stream_write_value, \
     .vm_granularity = gma__sim_vm_granularity, \
     .vm_reserve = gma__sim_vm_reserve, \
     .vm_release = gma__sim_vm_release, \

@@ -102,7 +102,7 @@ typedef struct sim_event {
   sim_mark_t *last;
 } sim_event_t;
 
-typedef enum sim_op_kind { SIM_OP_KERNEL, SIM_OP_RECORD, SIM_OP_WAIT } sim_op_kind_t;
+typedef enum sim_op_kind { SIM_OP_KERNEL, SIM_OP_RECORD, SIM_OP_WAIT, SIM_OP_WRITE } sim_op_kind_t;
 
 /* A queued op. RECORD and WAIT hold a reference on mark until they have run. */
 typedef struct sim_op {
@@ -111,6 +111,8 @@ typedef struct sim_op {
   gma_sim_kernel_fn fn; /* KERNEL */
   void *arg;            /* KERNEL */
   sim_mark_t *mark;     /* RECORD: the mark it completes; WAIT: the one it awaits */
+  _Atomic uint64_t *word; /* WRITE: where value goes (host memory) */
+  uint64_t value;         /* WRITE */
 } sim_op_t;
 
 /* A simulated stream: the legacy default stream (dev->legacy), a per-thread
@@ -259,6 +261,8 @@ sim_stream_t *gma__sim_stream_new(sim_device_t *dev);
 void gma__sim_stream_stop(sim_stream_t *s);
 gma_status_t gma__sim_device_wait_all(sim_device_t *dev);
 gma_status_t gma__sim_event_record(gma__device_t *d, gma__event_t ev, gma_stream_t stream);
+gma_status_t gma__sim_stream_write_value(gma__device_t *d, gma_stream_t stream, uintptr_t dev_addr,
+                                         uint64_t value);
 gma_status_t gma__sim_stream_wait_event(gma__device_t *d, gma_stream_t stream, gma__event_t ev);
 gma_status_t gma__sim_stream_wait_stream(gma__device_t *d, gma_stream_t waiter, gma_stream_t waitee);
 gma_status_t gma__sim_launch(gma__device_t *d, gma_stream_t stream, gma_sim_kernel_fn fn, void *arg);

@@ -36,8 +36,13 @@ static void op_run(sim_device_t *dev, sim_op_t *op) {
     op->fn(op->arg);
     return;
   }
-  /* Under a preset, an event behind work completes a little after it. */
-  if (op->kind == SIM_OP_RECORD && dev->costs) gma__sim_spin_ns(dev->costs->event_latency_ns);
+  /* Under a preset, an event or a write behind work completes a little
+   * after it. */
+  if (op->kind != SIM_OP_WAIT && dev->costs) gma__sim_spin_ns(dev->costs->event_latency_ns);
+  if (op->kind == SIM_OP_WRITE) {
+    atomic_store_explicit(op->word, op->value, memory_order_release);
+    return;
+  }
   gma__lock(&dev->ev_mu, GMA__RANK_SIM_EVENTS);
   if (op->kind == SIM_OP_RECORD) {
     op->mark->done = true;
@@ -319,6 +324,9 @@ static gma_status_t stream_push(sim_device_t *dev, gma_stream_t h, sim_op_t *op,
   if (s->stop) {
     st = gma__set_error(GMA_ERR_INVALID_ARGUMENT,
                         "stream %p was destroyed while the call was queueing work on it", h);
+  } else if (op->kind == SIM_OP_WRITE) {
+    /* An idle stream has no work the write must follow: it happens now. */
+    if (idle) atomic_store_explicit(op->word, op->value, memory_order_release);
   } else if (op->kind != SIM_OP_KERNEL) {
     gma__lock(&dev->ev_mu, GMA__RANK_SIM_EVENTS);
     sim_event_t *ev = gma__sim_event_find(dev, evh);
@@ -344,7 +352,8 @@ static gma_status_t stream_push(sim_device_t *dev, gma_stream_t h, sim_op_t *op,
     }
     gma__unlock(&dev->ev_mu);
   }
-  bool queue = st == GMA_OK && (op->kind == SIM_OP_KERNEL || op->mark);
+  bool queue = st == GMA_OK && (op->kind == SIM_OP_KERNEL || op->mark ||
+                                (op->kind == SIM_OP_WRITE && !idle));
   if (queue) {
     op->next = NULL;
     *(s->tail ? &s->tail->next : &s->head) = op;
@@ -376,6 +385,25 @@ gma_status_t gma__sim_event_record(gma__device_t *d, gma__event_t ev, gma_stream
   gma__sim_spin_ns(dev->event_ns);
   sim_op_t *op = op_new(SIM_OP_RECORD);
   return op ? stream_push(dev, stream, op, ev) : GMA_ERR_DEVICE;
+}
+
+/* Any thread; never blocks. The word is host memory (the device address of
+ * host_alloc memory is its host address here). */
+gma_status_t gma__sim_stream_write_value(gma__device_t *d, gma_stream_t stream, uintptr_t dev_addr,
+                                         uint64_t value) {
+  sim_device_t *dev = sim_of(d);
+  sim_pay(dev, GMA__SIM_COST_STREAM_WRITE_VALUE, 0);
+  gma_status_t st = gma__sim_site_fault(dev, GMA__SIM_STREAM_WRITE_VALUE);
+  if (st != GMA_OK) return st;
+  if (!dev_addr || dev_addr % 8)
+    return gma__set_error(GMA_ERR_INVALID_ARGUMENT,
+                          "stream_write_value: address %p is not an 8-byte aligned word",
+                          (void *)dev_addr);
+  sim_op_t *op = op_new(SIM_OP_WRITE);
+  if (!op) return GMA_ERR_DEVICE;
+  op->word = (_Atomic uint64_t *)dev_addr;
+  op->value = value;
+  return stream_push(dev, stream, op, NULL);
 }
 
 /* Any thread; the host never blocks, only the stream's thread does. */

@@ -419,7 +419,13 @@ typedef struct fc_wait_value {
  * replays it: a kernel of fakecuda_launch, a memset or copy, or a wait on a
  * value. Device pointers stay as recorded: a replay touches whatever memory
  * is at that address then, as a real graph does. */
-typedef enum fc_op_kind { FC_OP_KERNEL, FC_OP_COPY, FC_OP_WAIT_VALUE } fc_op_kind_t;
+/* cuStreamWriteValue64's write: a 64-bit word of pinned memory. */
+typedef struct fc_write_value {
+  uint64_t *word;
+  uint64_t value;
+} fc_write_value_t;
+
+typedef enum fc_op_kind { FC_OP_KERNEL, FC_OP_COPY, FC_OP_WAIT_VALUE, FC_OP_WRITE_VALUE } fc_op_kind_t;
 
 typedef struct fc_op {
   fc_op_kind_t kind;
@@ -430,6 +436,7 @@ typedef struct fc_op {
     } kernel;
     fc_copy_t copy;       /* prev/next unused until a launch queues a copy of it */
     fc_wait_value_t wait;
+    fc_write_value_t write;
   } u;
 } fc_op_t;
 
@@ -528,6 +535,8 @@ static struct {
   bool vmm;      /* immutable after cuInit: the sim has vm ops */
   bool vmm_rdma, vmm_posix_fd; /* immutable after cuInit: GMA_FAKECUDA_VMM_FEATURES */
   bool vmm_off;  /* immutable after cuInit: GMA_FAKECUDA_VMM_FEATURES=off */
+  bool memops;   /* immutable after cuInit: 64-bit stream memory operations
+                    (GMA_FAKECUDA_STREAM_MEM_OPS) */
   /* immutable after cuInit: GMA_FAKECUDA_COSTS, the simulated device's cost
    * preset (NULL: none) and its sim_costs value */
   const gma__sim_costs_t *costs;
@@ -599,6 +608,7 @@ static gma__sim_cost_op_t fc_cost_op(int e) {
     case FC_cuStreamIsCapturing: return GMA__SIM_COST_STREAM_CAPTURE;
     case FC_cuStreamQuery: return GMA__SIM_COST_STREAM_QUERY;
     case FC_cuStreamSynchronize: return GMA__SIM_COST_STREAM_SYNCHRONIZE;
+    case FC_cuStreamWriteValue64: return GMA__SIM_COST_STREAM_WRITE_VALUE;
     case FC_cuCtxSynchronize: return GMA__SIM_COST_DEVICE_SYNCHRONIZE;
     case FC_cuCtxGetCurrent:
     case FC_cuCtxSetCurrent:
@@ -1607,6 +1617,12 @@ static bool read_env(void) {
       return false;
     }
   }
+  e = getenv("GMA_FAKECUDA_STREAM_MEM_OPS");
+  fc.memops = !e || !*e || strcmp(e, "on") == 0;
+  if (e && *e && strcmp(e, "on") != 0 && strcmp(e, "off") != 0) {
+    fprintf(stderr, "fakecuda: GMA_FAKECUDA_STREAM_MEM_OPS=%s: expected on or off\n", e);
+    return false;
+  }
   e = getenv("GMA_FAKECUDA_COSTS");
   fc.costs = e && *e && strcmp(e, "none") != 0 ? gma__sim_costs_find(e) : NULL;
   if (e && *e && strcmp(e, "none") != 0 && !fc.costs) {
@@ -1748,6 +1764,7 @@ CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevi
     case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: v = fc.vmm_posix_fd; break;
     case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: v = fc.vmm_rdma; break;
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS: v = fc.memops; break;
     default: return CUDA_ERROR_INVALID_VALUE;
   }
   *pi = v;
@@ -2773,6 +2790,43 @@ CUresult CUDAAPI cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, cuuint32
   return r;
 }
 
+/* cuStreamWriteValue64: the 64-bit word at addr gets value once the work
+ * queued on the stream before it has run; the host goes on. Only pinned
+ * host memory is accepted (what gma writes), and only where the device says
+ * it can (CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS). */
+static CUresult stream_write_value(CUstream stream, CUdeviceptr addr, cuuint64_t value,
+                                   unsigned int flags) {
+  if (addr % 8 || (flags & ~(unsigned)CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (!fc.memops) return CUDA_ERROR_NOT_SUPPORTED;
+  fc_device_t *d;
+  CUresult r = stream_enter("cuStreamWriteValue64", stream, &d);
+  if (r != CUDA_SUCCESS) return r;
+  pthread_mutex_lock(&fc.mu);
+  bool pinned = host_is_pinned((const void *)(uintptr_t)addr, 8);
+  pthread_mutex_unlock(&fc.mu);
+  if (!pinned) {
+    r = CUDA_ERROR_INVALID_VALUE;
+  } else {
+    fc_op_t cop = {.kind = FC_OP_WRITE_VALUE,
+                   .u.write = {(uint64_t *)(uintptr_t)addr, (uint64_t)value}};
+    bool taken;
+    r = capture_ops("cuStreamWriteValue64", d, stream, &cop, 1, &taken);
+    if (!taken)
+      r = from_sim(d->sim->ops->stream_write_value(d->sim, (gma_stream_t)stream, (uintptr_t)addr,
+                                                   value),
+                   CUDA_ERROR_INVALID_HANDLE);
+  }
+  dev_exit(d);
+  return r;
+}
+
+CUresult CUDAAPI cuStreamWriteValue64(CUstream stream, CUdeviceptr addr, cuuint64_t value,
+                                      unsigned int flags) {
+  FC_BEGIN(cuStreamWriteValue64);
+  return stream_write_value(stream, addr, value, flags);
+}
+
 CUresult CUDAAPI cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N,
                                   CUstream hStream) {
   FC_BEGIN(cuMemsetD32Async);
@@ -3485,6 +3539,9 @@ static void run_kernel(void *arg) {
       case FC_OP_KERNEL: op->u.kernel.fn(op->u.kernel.arg); break;
       case FC_OP_COPY: copy_exec(&op->u.copy); break;
       case FC_OP_WAIT_VALUE: wait_value_exec(&op->u.wait); break;
+      case FC_OP_WRITE_VALUE:
+        __atomic_store_n(op->u.write.word, op->u.write.value, __ATOMIC_RELEASE);
+        break;
     }
   }
   free(run);
@@ -3612,6 +3669,11 @@ static CUresult CUDAAPI fc_stream_synchronize_ptsz(CUstream s) {
   FC_BEGIN(cuStreamSynchronize);
   return stream_synchronize(ptds(s));
 }
+static CUresult CUDAAPI fc_stream_write_value_ptsz(CUstream s, CUdeviceptr a, cuuint64_t v,
+                                                   unsigned int f) {
+  FC_BEGIN(cuStreamWriteValue64);
+  return stream_write_value(ptds(s), a, v, f);
+}
 static CUresult CUDAAPI fc_stream_query_ptsz(CUstream s) {
   FC_BEGIN(cuStreamQuery);
   return stream_query(ptds(s));
@@ -3687,7 +3749,8 @@ static int entry_min_version(int e) {
     case FC_cuGetProcAddress: return 11030;
     case FC_cuStreamGetId: return 12000;
     case FC_cuCtxCreate: return 12050; /* the _v4 signature */
-    case FC_cuStreamWaitValue32: return 11070; /* the _v2 entry point */
+    case FC_cuStreamWaitValue32:
+    case FC_cuStreamWriteValue64: return 11070; /* the _v2 entry points */
     case FC_cuStreamGetCtx: return 9020;
     case FC_cuGraphInstantiate: return 12000; /* the WithFlags signature the name has since 12.0 */
     case FC_cuStreamGetCaptureInfo: return 11030; /* v2 below 12030, v3 from it */
@@ -3732,6 +3795,7 @@ static void *entry_ptsz(int e) {
     case FC_cuStreamWaitEvent: return (void *)fc_stream_wait_event_ptsz;
     case FC_cuStreamGetId: return (void *)fc_stream_get_id_ptsz;
     case FC_cuStreamSynchronize: return (void *)fc_stream_synchronize_ptsz;
+    case FC_cuStreamWriteValue64: return (void *)fc_stream_write_value_ptsz;
     case FC_cuMemsetD32Async: return (void *)fc_memset_d32_async_ptsz;
     case FC_cuMemcpyDtoHAsync: return (void *)fc_memcpy_dtoh_async_ptsz;
     case FC_cuMemcpyHtoDAsync: return (void *)fc_memcpy_htod_async_ptsz;

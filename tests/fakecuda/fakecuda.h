@@ -20,6 +20,10 @@
  *                             cuMemCreate asking for an unsupported one gets
  *                             CUDA_ERROR_NOT_SUPPORTED); off: no virtual
  *                             memory management at all (the attribute says 0)
+ *   GMA_FAKECUDA_STREAM_MEM_OPS on (default) or off: whether the devices have
+ *                             64-bit stream memory operations
+ *                             (cuStreamWriteValue64; off: the attribute says
+ *                             0 and the call fails with NOT_SUPPORTED)
  *
  * Environment, read when the library is loaded:
  *   GMA_FAKECUDA_STRICT       the misuse checks that abort the process (see

@@ -574,12 +574,14 @@ static void settle(run_t *r, bool free_all) {
   /* The worker's timed trim may still be unmapping chunks it took out of the
    * pool (outside the lock): give it time to finish. */
   if (arena) return; /* the device holds the arena's segment until gma_destroy */
+  /* The page of epoch marks stays the allocator's until gma_destroy. */
+  uint64_t marks = gma__pool_of(g)->marks ? GMA__MARKS * sizeof(uint64_t) : 0;
   gma__sim_live_t l;
   gma__sim_live(r->dev, &l);
-  for (uint64_t t0 = now_ns(); (l.device_bytes || l.host_bytes) && now_ns() - t0 < HANG_NS;
+  for (uint64_t t0 = now_ns(); (l.device_bytes || l.host_bytes != marks) && now_ns() - t0 < HANG_NS;
        gma__sim_live(r->dev, &l))
     sleep_us(200);
-  if (l.device_bytes || l.host_bytes || l.streams) {
+  if (l.device_bytes || l.host_bytes != marks || l.streams) {
     print_live("device holds", &l);
     for (int k = 0; k < GMA__NKINDS; k++) {
       gma__region_t *rg = gma__vm_ranges(gma__pool_of(g)->src, k);

@@ -87,16 +87,19 @@ if(TARGET gma_fakecuda)
   endif()
   # The capture test with gma's capture check planted away: the strict fake
   # must stop the busy case (an epoch event recorded on a capturing stream,
-  # then queried). Forks a child, which must die by SIGABRT.
+  # then queried). Forks a child, which must die by SIGABRT. Without stream
+  # memory operations: an epoch mark's load would never ask the captured
+  # event; the check it proves (no close on a capturing stream) is the one
+  # both take.
   gma_test(NAME fakecuda_capture_planted INTERNAL SOURCES ${gma_gpu_dir}/test_gpu_capture.c
-    LABELS fakecuda ENV ${gma_fake_env})
+    LABELS fakecuda ENV ${gma_fake_env} GMA_FAKECUDA_STREAM_MEM_OPS=off)
   target_include_directories(fakecuda_capture_planted PRIVATE ${gma_gpu_dir})
   target_compile_definitions(fakecuda_capture_planted PRIVATE GMA_CAPTURE_PLANT=1)
   add_dependencies(fakecuda_capture_planted gma_fakecuda)
   # The same with the slow path's capture answer kept past its call: the
   # untold case must be stopped by the strict fake (a child, SIGABRT).
   gma_test(NAME fakecuda_capture_planted_stale INTERNAL SOURCES ${gma_gpu_dir}/test_gpu_capture.c
-    LABELS fakecuda ENV ${gma_fake_env})
+    LABELS fakecuda ENV ${gma_fake_env} GMA_FAKECUDA_STREAM_MEM_OPS=off)
   target_include_directories(fakecuda_capture_planted_stale PRIVATE ${gma_gpu_dir})
   target_compile_definitions(fakecuda_capture_planted_stale PRIVATE GMA_CAPTURE_PLANT=2)
   add_dependencies(fakecuda_capture_planted_stale gma_fakecuda)

@@ -143,8 +143,9 @@ static bool early(const char *conf, int who, bool second_user) {
 
 static void only_the_consumer(void) {
   CHECK(early(NULL, 1, false));           /* the consumer: yes (consumer_waits) */
-  CHECK(!early(NULL, 0, false));          /* the owner: its segment's FREE rest serves it
-                                             (owner_reclaims: when nothing FREE fits) */
+  CHECK(early(NULL, 0, false));           /* the owner: its own block back in stream
+                                             order once the consumer's gate passed,
+                                             with no wait (x is not the consumer's) */
   CHECK(!early(NULL, 2, false));          /* a stream that never used x */
   CHECK(!early(NULL, 1, true));           /* two users: not the consumer's alone */
   CHECK(!early("reuse:query", 1, false)); /* never a device-side wait */
