@@ -109,6 +109,9 @@ static struct {
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, unsigned, CUstream, void **, void **);
   capture_info_v2_t cuStreamGetCaptureInfo;
+  CUresult (*cuStreamBeginCapture)(CUstream, CUstreamCaptureMode);
+  CUresult (*cuStreamEndCapture)(CUstream, CUgraph *);
+  CUresult (*cuGraphDestroy)(CUgraph);
 } cu;
 
 static const char *err_name(CUresult r) {
@@ -153,7 +156,8 @@ static int load_driver(char *why, size_t len) {
       R(cuMemSetAccess) O(cuMemExportToShareableHandle) O(cuMemImportFromShareableHandle)
       O(cuIpcGetMemHandle) R(cuMemHostAlloc) R(cuMemFreeHost) R(cuMemHostGetDevicePointer)
       R(cuMemcpyDtoHAsync) R(cuMemcpyHtoDAsync) O(cuModuleLoadData) O(cuModuleGetFunction)
-      O(cuLaunchKernel) R(cuStreamGetCaptureInfo)
+      O(cuLaunchKernel) R(cuStreamGetCaptureInfo) O(cuStreamBeginCapture)
+      O(cuStreamEndCapture) O(cuGraphDestroy)
 #undef R
 #undef O
   };
@@ -461,6 +465,27 @@ static CUresult c_write64(void) {
 }
 static CUresult c_launch(void) { return spin(s1, 0); }
 
+/* What gma's epoch marks do while a stream it does not write to captures:
+ * one write on s1 while s2 captures in GLOBAL mode on this thread. Whether
+ * the write is allowed, whether the capture stays valid, and whether the
+ * word gets the value. */
+static void write_beside_capture(void *host) {
+  if (!cu.cuStreamBeginCapture || !cu.cuStreamEndCapture || !cu.cuGraphDestroy) {
+    add_row("cuStreamWriteValue64 beside a capture", 0, NULL, 0, "no capture entry points");
+    return;
+  }
+  CK(cu.cuStreamBeginCapture(s2, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CUresult w = cu.cuStreamWriteValue64(s1, counter_dev, ++counter_val, 0);
+  CUgraph graph = NULL;
+  CUresult e = cu.cuStreamEndCapture(s2, &graph);
+  if (graph) cu.cuGraphDestroy(graph);
+  CK(cu.cuCtxSynchronize());
+  add_row("cuStreamWriteValue64 beside a capture", 0, NULL, 0,
+          "write %s, capture %s, value %s (GLOBAL mode, same thread)", err_name(w),
+          e == CUDA_SUCCESS ? "valid" : err_name(e),
+          *(volatile uint64_t *)host == counter_val ? "landed" : "missing");
+}
+
 static void group_calls(void) {
   current_group = "calls";
   int n = quick ? 300 : 3000;
@@ -474,6 +499,12 @@ static void group_calls(void) {
   timed_row("cuStreamWaitEvent", n, c_wait);
   timed_row("cuEventCreate+cuEventDestroy", n, c_evpair);
   CK(cu.cuCtxSynchronize());
+  int memops = -1;
+  if (cu.cuDeviceGetAttribute(&memops, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, dev) !=
+      CUDA_SUCCESS)
+    memops = -1;
+  add_row("64-bit stream memory operations", 0, NULL, 0, "device attribute %d (gma's epoch marks)",
+          memops);
   void *host = NULL;
   if (cu.cuStreamWriteValue64 &&
       cu.cuMemHostAlloc(&host, 4096, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP) ==
@@ -483,6 +514,7 @@ static void group_calls(void) {
     CK(cu.cuCtxSynchronize());
     add_row("counter read after sync", 0, NULL, 0, "value %" PRIu64 " of %" PRIu64 " written",
             *(volatile uint64_t *)host, counter_val);
+    write_beside_capture(host);
   } else {
     add_row("cuStreamWriteValue64 (pinned counter)", 0, NULL, 0, "not available");
   }

@@ -42,7 +42,7 @@
   [GMA__SIM_COST_STREAM_QUERY] = {US(1.3), 0, 0, 0},                                 \
   [GMA__SIM_COST_STREAM_SYNCHRONIZE] = {US(1.3), 0, 0, 0},                           \
   [GMA__SIM_COST_DEVICE_SYNCHRONIZE] = {US(1.3), 0, 0, 0},                           \
-  [GMA__SIM_COST_STREAM_WRITE_VALUE] = {190, 0, 0, 0},                               \
+  [GMA__SIM_COST_STREAM_WRITE_VALUE] = {872, 0, 0, 0},                               \
   [GMA__SIM_COST_CTX_CURRENT] = {39, 0, 0, 0},                                       \
   [GMA__SIM_COST_LAUNCH] = {US(3.1), 0, 0, 0},                                       \
   [GMA__SIM_COST_POOL_ALLOC] = {286, 0, 0, 0},                                       \
