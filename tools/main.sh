@@ -21,8 +21,9 @@
 #     tools/gma-viz (PNG, SVG and HTML under build/release/pictures/; the PNG
 #     needs rsvg-convert, which tools/bootstrap.sh installs);
 #  4. runs the demo and the benchmarks (simulated device; gma-bench-scenarios:
-#     a training loop, a pipeline, a service and varying sequence lengths), then the GPU
-#     benchmarks, which say so and skip when there is no GPU;
+#     a training loop, a pipeline, a service and varying sequence lengths;
+#     gma-bench-costs: the GPU benchmark's scenarios with a GPU's call costs),
+#     then the GPU benchmarks, which say so and skip when there is no GPU;
 #  5. ends with a summary (tools/main_summary.py): gma against PyTorch on the
 #     traces' memory (this run's figures: peak reserved, and the capacity
 #     table of every trace: peak live, PyTorch's peak reserved, its policy's
@@ -166,6 +167,11 @@ echo
 # hand-off), medians of 5 runs, about 3 min; exits 3 if a simulated kernel
 # found a buffer overwritten while in use.
 ${lb[@]+"${lb[@]}"} "$out/bench/gma-bench-scenarios" --json "$out/bench_scenarios.json"
+echo
+# The GPU benchmark's ten scenarios with the h100 cost preset, against one
+# device allocation per request and a model of cudaMallocAsync's pool
+# (docs/gpu/cost-model.md), about 2 min.
+(cd "$out" && ${lb[@]+"${lb[@]}"} ./bench/gma-bench-costs --json "$out/bench_costs.json")
 cat <<'LEGEND'
 
 Legend of the benchmark tables (docs/benchmarks.md):
@@ -185,13 +191,14 @@ LEGEND
 echo
 echo "results (JSON): $out/replay.json (replays and smallest capacities), $out/torch_policy.json," \
      "$out/bench_alloc.json, $out/bench_hotpath.json," \
-     "$out/bench_worker.json, $out/bench_scenarios.json; pictures: $out/pictures/"
+     "$out/bench_worker.json, $out/bench_scenarios.json, $out/bench_costs.json;" \
+     "pictures: $out/pictures/"
 echo
 echo "=== GPU benchmarks (tools/bench_gpu.sh)"
 bash tools/bench_gpu.sh
 echo
 echo "=== summary: gma against PyTorch and the GPU allocators"
 python3 tools/main_summary.py --replay "$out/replay.json" --policy-model "$out/torch_policy.json" --hotpath "$out/bench_hotpath.json" \
-  --worker "$out/bench_worker.json" --gpu-results docs/gpu/RESULTS.md
+  --worker "$out/bench_worker.json" --costs "$out/bench_costs.json" --gpu-results docs/gpu/RESULTS.md
 echo
 echo "main.sh took $((SECONDS - start)) s"

@@ -167,6 +167,41 @@ def goals(hotpath, worker):
         print("   (no benchmark JSON found)")
 
 
+def costs(path):
+    """gma-bench-costs' goals (issue 37): gma's default against the other sides."""
+    if not path or not os.path.exists(path):
+        return
+    with open(path) as f:
+        rows = json.load(f).get("scenarios", [])
+    side = {(r["name"], r["side"]): r for r in rows}
+    print("\n   the GPU benchmark's scenarios on the simulated device (gma-bench-costs, h100 costs)")
+
+    def line(label, v, goal, ok):
+        print("   %-66s %8s  goal %-8s %s" % (label, v, goal, "MET" if ok else "MISSED"))
+    g, m = side.get(("memory_pressure", "gma")), side.get(("memory_pressure", "pool-model"))
+    d = side.get(("memory_pressure", "direct"))
+    if g and m:
+        r = g["ns_per_pair"] / m["ns_per_pair"]
+        line("memory pressure: time per allocation / pool model's", "%.2fx" % r, "<= 1.0x",
+             r <= 1.0 and (not d or g["failed_allocs"] <= d["failed_allocs"]))
+    g, m = side.get(("large_16_256MiB", "gma")), side.get(("large_16_256MiB", "pool-model"))
+    if g and m:
+        r = g["footprint_bytes"] / m["footprint_bytes"]
+        line("large 16-256 MiB: footprint / pool model's", "%.2fx" % r, "<= 1.1x", r <= 1.1)
+    g = side.get(("cross_stream", "gma"))
+    if g:
+        bound = 1.5 * g["peak_live_bytes"] + 20 * 2**20
+        line("cross-stream: footprint, MiB (1.5 x peak live + a 20 MiB segment)",
+             "%.0f" % (g["footprint_bytes"] / MiB), "<= %.0f" % (bound / MiB),
+             g["footprint_bytes"] <= bound)
+    worst = [r for r in rows if r["side"] == "gma"]
+    if worst:
+        p50 = max(r["driver_calls_p50"] for r in worst)
+        p99 = max(r["driver_calls_p99"] for r in worst)
+        line("driver calls per gma_alloc, worst scenario's p50 / p99", "%.0f / %.0f" % (p50, p99),
+             "1 / 4", p50 <= 1 and p99 <= 4)
+
+
 def gpu(path):
     print("\n3. on a GPU: gma against cudaMallocAsync, CUB and PyTorch (from %s)" % path)
     if not path or not os.path.exists(path):
@@ -225,11 +260,13 @@ def main():
     ap.add_argument("--policy-model", help="tools/torch-policy-model --json output")
     ap.add_argument("--hotpath")
     ap.add_argument("--worker")
+    ap.add_argument("--costs", help="gma-bench-costs --json output")
     ap.add_argument("--gpu-results")
     a = ap.parse_args()
     memory(a.replay)
     capacity(a.replay, a.policy_model)
     goals(a.hotpath, a.worker)
+    costs(a.costs)
     gpu(a.gpu_results)
     return 0
 

@@ -301,8 +301,8 @@ static void mark_gating(gma__stream_t *s, uint64_t epoch) {
 }
 
 /* Only the streams a pending block waits for are asked: a gate's epoch was
- * closed by the free (exact), so it is observed, and closed here only where
- * the free could not close it. The asking stream's own blocks need only
+ * closed by the free, so it is observed, and closed here only where the
+ * free could not close it. The asking stream's own blocks need only
  * their gates (gma__pending_poll), so its own open epoch is left alone;
  * another owner's epoch is closed and observed as a gate's is. */
 void gma__streams_settle_pending(gma__pool_t *p, const gma__stream_t *asking) {
