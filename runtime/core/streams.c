@@ -325,11 +325,11 @@ void gma__streams_settle_pending(gma__pool_t *p, const gma__stream_t *asking) {
   gma__pending_poll(p, asking);
 }
 
-/* Drains every stream's bins, closes each open epoch that holds frees, and
- * observes which epochs completed (never waits). */
-static void close_all(gma__pool_t *p) {
+/* Drains every stream's bins (with drain), closes each open epoch that
+ * holds frees, and observes which epochs completed (never waits). */
+static void close_all(gma__pool_t *p, bool drain) {
   for (gma__stream_t *s = p->stream_list; s; s = s->next_all) {
-    gma__stream_drain_bins(p, s);
+    if (drain) gma__stream_drain_bins(p, s);
     if (!gma__load_relaxed(&s->retired)) close_epoch(p, s);
     observe_epochs(p, s);
   }
@@ -339,22 +339,16 @@ static void close_all(gma__pool_t *p) {
  * stream's safe cached blocks are released: under reuse:none a pending block
  * whose gates passed goes back to its stream's cache, and a forced poll
  * (gma_empty_cache) must then release it in the same call. */
-void gma__streams_poll(gma__pool_t *p, bool force) {
-  close_all(p);
+static void settle_all(gma__pool_t *p, bool drain, bool force) {
+  close_all(p, drain);
   gma__pending_poll(p, NULL);
   if (!force && p->reuse == GMA_REUSE_NONE) return;
   for (gma__stream_t *s = p->stream_list; s; s = s->next_all) release_safe_cached(p, s);
 }
 
-void gma__streams_observe(gma__pool_t *p) {
-  for (gma__stream_t *s = p->stream_list; s; s = s->next_all) {
-    if (!gma__load_relaxed(&s->retired)) close_epoch(p, s);
-    observe_epochs(p, s);
-  }
-  gma__pending_poll(p, NULL);
-  if (p->reuse == GMA_REUSE_NONE) return;
-  for (gma__stream_t *s = p->stream_list; s; s = s->next_all) release_safe_cached(p, s);
-}
+void gma__streams_poll(gma__pool_t *p, bool force) { settle_all(p, true, force); }
+
+void gma__streams_observe(gma__pool_t *p) { settle_all(p, false, false); }
 
 void gma__streams_drain(gma__pool_t *p) {
   for (gma__stream_t *s = p->stream_list; s; s = s->next_all) gma__stream_drain_bins(p, s);
@@ -395,7 +389,7 @@ static void nap_us(uint64_t us) {
 }
 
 size_t gma__streams_wait_begin(gma__pool_t *p, gma__event_t *evs, size_t cap) {
-  close_all(p);
+  close_all(p, true);
   if (p->c.stream_cached == 0 && p->c.pending == 0) return 0; /* nothing is gated */
   size_t n = 0;
   for (gma__stream_t *s = p->stream_list; s && n < cap; s = s->next_all)
