@@ -38,18 +38,32 @@ static uint32_t marks_free(gma_t *g) {
   return n;
 }
 
-/* a's block x is used by u (gma_record_stream) and freed; u's work is done;
- * a asks for x's size again. */
+/* Streams a and u, and a 1 MiB block of a's that u uses (gma_record_stream). */
+static void *recorded_block(gma_t *g, gma_stream_t *a, gma_stream_t *u) {
+  void *x;
+  CHECK_OK(gma_stream_create(g, a));
+  CHECK_OK(gma_stream_create(g, u));
+  CHECK_OK(gma_alloc(g, 1 << 20, *a, &x));
+  CHECK_OK(gma_record_stream(g, x, *u));
+  return x;
+}
+
+/* Frees y, destroys a, u and g. */
+static void finish(gma_t *g, gma_stream_t a, gma_stream_t u, void *y) {
+  CHECK_OK(gma_free(g, y));
+  CHECK_OK(gma_stream_destroy(g, a));
+  CHECK_OK(gma_stream_destroy(g, u));
+  CHECK_OK(gma_destroy(g));
+}
+
+/* a's block x is used by u and freed; u's work is done; a asks for x's
+ * size again. */
 static void settles_without_queries(void) {
   gma_t *g = sim_allocator(NULL);
   gma__device_t *dev = gma__pool_of(g)->dev;
   gma__sim_fault(dev, GMA__SIM_NSITES, 0, GMA_OK); /* start counting */
   gma_stream_t a, u;
-  CHECK_OK(gma_stream_create(g, &a));
-  CHECK_OK(gma_stream_create(g, &u));
-  void *x, *y;
-  CHECK_OK(gma_alloc(g, 1 << 20, a, &x));
-  CHECK_OK(gma_record_stream(g, x, u));
+  void *x = recorded_block(g, &a, &u), *y;
   CHECK_OK(gma_free(g, x));
   CHECK_OK(gma_stream_synchronize(g, u));
   uint64_t q0 = calls(g, GMA__SIM_EVENT_QUERY);
@@ -58,10 +72,7 @@ static void settles_without_queries(void) {
   CHECK(calls(g, GMA__SIM_EVENT_QUERY) == q0);
   CHECK(calls(g, GMA__SIM_STREAM_WRITE_VALUE) > 0);
   CHECK(stats_of(g).pending_bytes == 0);
-  CHECK_OK(gma_free(g, y));
-  CHECK_OK(gma_stream_destroy(g, a));
-  CHECK_OK(gma_stream_destroy(g, u));
-  CHECK_OK(gma_destroy(g));
+  finish(g, a, u, y);
   printf("settled with no event query\n");
 }
 
@@ -89,10 +100,7 @@ static int held_consumer(unsigned flags, bool *same) {
   CHECK_OK(gma_stream_synchronize(g, a));
   atomic_store(&gate, 1);
   CHECK_OK(gma_stream_synchronize(g, u));
-  CHECK_OK(gma_free(g, y));
-  CHECK_OK(gma_stream_destroy(g, a));
-  CHECK_OK(gma_stream_destroy(g, u));
-  CHECK_OK(gma_destroy(g));
+  finish(g, a, u, y);
   return atomic_load(&corruptions);
 }
 
@@ -112,11 +120,7 @@ static void failed_write_falls_back(void) {
   gma_t *g = sim_allocator(NULL);
   gma__pool_t *p = gma__pool_of(g);
   gma_stream_t a, u;
-  CHECK_OK(gma_stream_create(g, &a));
-  CHECK_OK(gma_stream_create(g, &u));
-  void *x, *y;
-  CHECK_OK(gma_alloc(g, 1 << 20, a, &x));
-  CHECK_OK(gma_record_stream(g, x, u));
+  void *x = recorded_block(g, &a, &u), *y;
   pthread_mutex_lock(&p->lock);
   uint64_t errors = p->c.device_errors;
   pthread_mutex_unlock(&p->lock);
@@ -132,10 +136,7 @@ static void failed_write_falls_back(void) {
   CHECK_OK(gma_alloc(g, 1 << 20, a, &y));
   CHECK(y == x);
   CHECK(calls(g, GMA__SIM_EVENT_QUERY) > q0);
-  CHECK_OK(gma_free(g, y));
-  CHECK_OK(gma_stream_destroy(g, a));
-  CHECK_OK(gma_stream_destroy(g, u));
-  CHECK_OK(gma_destroy(g));
+  finish(g, a, u, y);
   printf("a failed mark write: the stream's events are queried instead\n");
 }
 
