@@ -350,7 +350,7 @@ static gma__block_t *pending_wait_fit(gma__pool_t *p, gma__stream_t *s, int kind
   return gma__cache_block(p, best);
 }
 
-/* Lock held, reuse:auto or wait, the pool about to grow for s: when
+/* Lock held, reuse:auto or wait, nothing known to be reusable fits s: when
  * s's own PENDING blocks of this kind (freed on s after gma_record_stream,
  * the other streams' work on them not yet seen to complete) hold at least
  * the request and at least the bytes allocated now, the host has run that
