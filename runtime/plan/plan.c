@@ -340,11 +340,15 @@ void gma__plan_stats(gma__planner_t *pl, gma_stats_t *st) {
   st->plan_state = gma__load_relaxed(&pl->state);
   st->plan_hits = pl->hits;
   st->plan_misses = pl->misses;
+  /* Every plan's unfolded counts, not only the active one's: a serve that
+   * claimed its block just before a drop counts its hit after the drop's
+   * fold, and that plan's next fold may be much later (try_release). */
+  for (gma__memplan_t *Q = pl->all; Q; Q = Q->next)
+    for (uint32_t i = 0; i < Q->nstreams; i++) {
+      st->plan_hits += gma__load_relaxed(&Q->streams[i].hits);
+      st->plan_misses += gma__load_relaxed(&Q->streams[i].misses);
+    }
   gma__memplan_t *P = gma__load_relaxed(&pl->active);
-  for (uint32_t i = 0; P && i < P->nstreams; i++) {
-    st->plan_hits += gma__load_relaxed(&P->streams[i].hits);
-    st->plan_misses += gma__load_relaxed(&P->streams[i].misses);
-  }
   st->plan_replans = pl->replans;
   st->plan_iterations = pl->iterations;
   if (P) {
