@@ -171,7 +171,7 @@ echo
 # The GPU benchmark's ten scenarios with the h100 cost preset, against one
 # device allocation per request and a model of cudaMallocAsync's pool
 # (docs/gpu/cost-model.md), about 2 min.
-(cd "$out" && ${lb[@]+"${lb[@]}"} ./bench/gma-bench-costs --json "$out/bench_costs.json")
+${lb[@]+"${lb[@]}"} "$out/bench/gma-bench-costs" --json "$out/bench_costs.json"
 cat <<'LEGEND'
 
 Legend of the benchmark tables (docs/benchmarks.md):

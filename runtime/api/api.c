@@ -258,12 +258,11 @@ static live_facts_t live_facts(gma_t *g, void *ptr) {
   if (found > 0 && r.base == ptr) {
     f = (live_facts_t){r.block_size, r.requested, (uintptr_t)r.stream};
   } else if (!found) { /* the pool's own block; an arena is no caller's allocation */
-    gma__block_t *b = gma__pagemap_get(&g->pool.pagemap, (uintptr_t)ptr);
-    if (b && b->addr == (uintptr_t)ptr && gma__load_relaxed(&b->state) == GMA__LIVE &&
-        !gma__load_relaxed(&b->arena))
-      f = (live_facts_t){b->size, gma__load_relaxed(&b->requested),
-                         b->stream ? (uintptr_t)b->stream->handle : 0};
-    else if (!b && g->cfg.fallback_host && gma__host_pointer_info(&g->host, &g->pool, ptr, &r) &&
+    gma_stream_t stream = NULL;
+    if (gma__pool_block_facts(&g->pool, ptr, &f.block, &f.requested, &stream))
+      f.stream = (uintptr_t)stream;
+    else if (!gma__pagemap_get(&g->pool.pagemap, (uintptr_t)ptr) && g->cfg.fallback_host &&
+             gma__host_pointer_info(&g->host, &g->pool, ptr, &r) &&
              r.kind == GMA_MEMORY_FALLBACK && r.base == ptr)
       f = (live_facts_t){r.block_size, r.requested, (uintptr_t)r.stream};
   }

@@ -40,6 +40,22 @@ bool gma__pool_live_info(gma__pool_t *p, const void *ptr, gma_pointer_info_t *r)
   return found;
 }
 
+bool gma__pool_block_facts(gma__pool_t *p, const void *ptr, uint64_t *size,
+                           uint64_t *requested, gma_stream_t *stream) {
+  bool found = false;
+  gma__lock(&p->lock, GMA__RANK_POOL);
+  gma__block_t *b = gma__pagemap_get(&p->pagemap, (uintptr_t)ptr);
+  if (b && b->addr == (uintptr_t)ptr && gma__load_relaxed(&b->state) == GMA__LIVE &&
+      !gma__load_relaxed(&b->arena)) {
+    *size = b->size;
+    *requested = gma__load_relaxed(&b->requested);
+    *stream = b->stream ? b->stream->handle : NULL;
+    found = true;
+  }
+  gma__unlock(&p->lock);
+  return found;
+}
+
 uint64_t gma__pool_reserved(gma__pool_t *p) {
   gma__lock(&p->lock, GMA__RANK_POOL);
   uint64_t reserved = p->c.reserved.current;

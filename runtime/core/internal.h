@@ -250,6 +250,11 @@ bool gma__pool_owns(gma__pool_t *p, const void *ptr);
 /* Fills kind, base, requested, block_size, stream and tag of *r from the
  * LIVE block containing ptr; false (r untouched) when there is none. */
 bool gma__pool_live_info(gma__pool_t *p, const void *ptr, gma_pointer_info_t *r);
+/* The size, bytes asked for and stream of the LIVE block that starts at
+ * ptr (an arena is none), under the lock: ptr may be a caller's stale
+ * pointer, whose block record a trim may be recycling meanwhile. */
+bool gma__pool_block_facts(gma__pool_t *p, const void *ptr, uint64_t *size,
+                           uint64_t *requested, gma_stream_t *stream);
 /* The worker's reads and notes: reserved bytes now; the pressure level it
  * reported; one wake-up. */
 uint64_t gma__pool_reserved(gma__pool_t *p);
