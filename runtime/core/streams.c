@@ -150,7 +150,6 @@ void gma__stream_mark_take(gma__pool_t *p, gma__stream_t *s) {
   uint32_t i = p->marks_free[--p->nmarks_free];
   s->mark = &p->marks[i];
   gma__store_relaxed(s->mark, 0); /* no device write is queued to it (see mark_give) */
-  s->mark_dev = p->marks_dev + i * sizeof(uint64_t);
   s->mark_written = 0;
 }
 
@@ -166,9 +165,10 @@ static void mark_give(gma__pool_t *p, gma__stream_t *s) {
  * it; without it (a failed write) s's events are queried from now on. */
 static void mark_write(gma__pool_t *p, gma__stream_t *s, uint64_t closing) {
   if (!s->mark) return;
+  uintptr_t dev_addr = p->marks_dev + (uintptr_t)(s->mark - p->marks) * sizeof(uint64_t);
   gma_status_t st = p->test_flags & GMA__TEST_MARK_EARLY
                         ? (gma__store_release(s->mark, closing), GMA_OK)
-                        : p->dev->ops->stream_write_value(p->dev, s->handle, s->mark_dev, closing);
+                        : p->dev->ops->stream_write_value(p->dev, s->handle, dev_addr, closing);
   if (st == GMA_OK) {
     s->mark_written = closing;
     return;

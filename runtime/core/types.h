@@ -179,7 +179,6 @@ typedef struct gma__stream {
    * the device writes the epoch that event closed into *mark, so every
    * event of an epoch <= *mark has completed. NULL: the events are queried. */
   _Atomic uint64_t *mark;
-  uintptr_t mark_dev;        /* its device address */
   uint64_t mark_written;     /* the epoch of the last write queued */
   gma__block_t *cached_tree[GMA__NKINDS];
   gma__block_t *fifo_head, *fifo_tail;
