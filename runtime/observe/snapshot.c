@@ -34,12 +34,9 @@ static void json_segment(gma_t *g, FILE *f, gma__segment_t *seg) {
   for (gma__block_t *b = seg->first; b; b = b->next) {
     uint8_t st = gma__load_relaxed(&b->state);
     uint64_t pl_live, pl_req;
-    if (st == GMA__LIVE && g->cfg.plan &&
-        gma__plan_snapshot(&g->plan, b->addr, NULL, &pl_live, &pl_req)) {
-      if (b != seg->first) fputc(',', f); /* a plan's arena: its blocks, not one */
-      gma__plan_snapshot(&g->plan, b->addr, f, &pl_live, &pl_req);
+    if (st == GMA__LIVE && g->cfg.plan && /* a plan's arena: its blocks, not one */
+        gma__plan_snapshot(&g->plan, b->addr, f, b == seg->first, &pl_live, &pl_req))
       continue;
-    }
     /* A FREE block belongs to no stream (its record may be stale). */
     uintptr_t stream = st != GMA__FREE && b->stream ? (uintptr_t)b->stream->handle : 0;
     char tag[GMA__TAG_JSON];
@@ -65,7 +62,7 @@ static void json_locked(void *arg) {
     for (gma__block_t *b = p->segs[i]->first; b; b = b->next)
       if (gma__load_relaxed(&b->state) == GMA__LIVE) {
         uint64_t pl_live, pl_req; /* a plan's arena: the planned blocks live in it */
-        bool arena = g->cfg.plan && gma__plan_snapshot(&g->plan, b->addr, NULL, &pl_live, &pl_req);
+        bool arena = g->cfg.plan && gma__plan_snapshot(&g->plan, b->addr, NULL, true, &pl_live, &pl_req);
         live += arena ? pl_live : b->size;
         requested += arena ? pl_req : gma__load_relaxed(&b->requested);
       }

@@ -139,11 +139,12 @@ bool gma__plan_set_tag(gma__planner_t *pl, void *ptr, uint8_t id);
 /* gma_snapshot_json: when addr is the start of a plan's arena (one live
  * block to the pool), writes the arena's blocks instead, when f is not
  * NULL: each live planned block, and each run no live planned block holds
- * now (state "planned"), as JSON objects separated by commas; *live and
- * *requested get the live planned bytes. False (nothing written) for any
- * other address. Read without the planner's lock: a moving target, as a
- * snapshot of bins is. */
-bool gma__plan_snapshot(gma__planner_t *pl, uintptr_t addr, FILE *f, uint64_t *live,
+ * now (state "planned"), as JSON objects separated by commas (one before
+ * the first too unless first); *live and *requested get the live planned
+ * bytes. False (nothing written) for any other address. Read without the
+ * planner's lock: a moving target, as a snapshot of bins is; the worker may
+ * unpublish the plan between two calls, so a caller asks once. */
+bool gma__plan_snapshot(gma__planner_t *pl, uintptr_t addr, FILE *f, bool first, uint64_t *live,
                         uint64_t *requested);
 
 /* The live reports: when addr is the start of a plan's arena, calls fn

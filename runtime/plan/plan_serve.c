@@ -333,11 +333,17 @@ bool gma__plan_set_tag(gma__planner_t *pl, void *ptr, uint8_t id) {
   return true;
 }
 
-bool gma__plan_each_live(gma__planner_t *pl, uintptr_t addr,
+/* The plan whose arena starts at addr, or NULL. The worker may unpublish
+ * it at any moment (a drop, a release), so a caller looks it up once. */
+static gma__memplan_t *plan_at(gma__planner_t *pl, uintptr_t addr) {
+  gma__memplan_t *P = plan_of(pl, addr);
+  return P && P->base == addr ? P : NULL;
+}
+
+/* Calls fn for each live block of plan P, in address order. */
+static void each_live_in(gma__planner_t *pl, gma__memplan_t *P,
                          bool (*fn)(void *arg, const gma_allocation_info_t *info, uint64_t born),
                          void *arg) {
-  gma__memplan_t *P = plan_of(pl, addr);
-  if (!P || P->base != addr) return false;
   for (uint32_t c = 0; c < P->ncells;) {
     uint32_t o = gma__load_acquire(&P->cells[c].owner);
     const slot_t *sl = o ? &P->slots[o - 1] : NULL;
@@ -354,7 +360,14 @@ bool gma__plan_each_live(gma__planner_t *pl, uintptr_t addr,
     if (!fn(arg, &info, gma__load_relaxed(&sl->born_ns))) break;
     c = sl->c1;
   }
-  return true;
+}
+
+bool gma__plan_each_live(gma__planner_t *pl, uintptr_t addr,
+                         bool (*fn)(void *arg, const gma_allocation_info_t *info, uint64_t born),
+                         void *arg) {
+  gma__memplan_t *P = plan_at(pl, addr);
+  if (P) each_live_in(pl, P, fn, arg);
+  return P != NULL;
 }
 
 /* gma__plan_snapshot's walk over the live planned blocks, in address
@@ -395,11 +408,13 @@ static bool snap_block(void *arg, const gma_allocation_info_t *info, uint64_t bo
   return true;
 }
 
-bool gma__plan_snapshot(gma__planner_t *pl, uintptr_t addr, FILE *f, uint64_t *live,
+bool gma__plan_snapshot(gma__planner_t *pl, uintptr_t addr, FILE *f, bool first, uint64_t *live,
                         uint64_t *requested) {
-  snap_walk_t w = {.f = f, .at = addr, .first = true};
-  if (!gma__plan_each_live(pl, addr, snap_block, &w)) return false;
-  snap_run(&w, addr + plan_of(pl, addr)->arena);
+  snap_walk_t w = {.f = f, .at = addr, .first = first};
+  gma__memplan_t *P = plan_at(pl, addr);
+  if (!P) return false;
+  each_live_in(pl, P, snap_block, &w);
+  snap_run(&w, addr + P->arena);
   *live = w.live, *requested = w.requested;
   return true;
 }
