@@ -243,12 +243,16 @@ static gma__block_t *other_kind_fit(gma__pool_t *p, int kind, uint64_t size) {
   return gma__treap_best_fit(p->free_tree[kind == GMA__SMALL ? GMA__LARGE : GMA__SMALL], size);
 }
 
-/* Lock held. The small pool would grow: a FREE block of the large pool
- * serves a small request instead when what it leaves is less than a small
- * segment. A hole that small serves few large requests, and growing would
- * reserve a whole small segment (a chunk, growable) beside it. (The block
- * stays in its large segment: freed, it goes back to the large trees.) */
+/* Lock held. The small pool of ordinary segments would grow: a FREE block
+ * of the large pool serves a small request instead when what it leaves is
+ * less than a small segment. A hole that small serves few large requests,
+ * and growing would reserve a whole small segment beside it. (The block
+ * stays in its large segment: freed, it goes back to the large trees.) Not
+ * with growable segments: there the small pool grows by a chunk as small
+ * as one segment while it is small, and a small block in a large hole
+ * keeps the large chunk under it mapped and its neighbours from merging. */
 static gma__block_t *small_in_large_hole(gma__pool_t *p, int kind, uint64_t size) {
+  if (p->growable) return NULL;
   gma__block_t *b = kind == GMA__SMALL ? other_kind_fit(p, kind, size) : NULL;
   return b && b->size - size < p->segment_size[GMA__SMALL] ? b : NULL;
 }
@@ -256,7 +260,7 @@ static gma__block_t *small_in_large_hole(gma__pool_t *p, int kind, uint64_t size
 /* Lock held. A block of at least size bytes for s: the stream's cache or the
  * free pool (after settling pending blocks, then after observing completed
  * epochs, then after a poll that drains the bins), a device-side wait under
- * reuse:wait, a small hole of the large pool, or a new segment. *level says which hit counter it
+ * reuse:wait, a small hole of the large pool (ordinary segments), or a new segment. *level says which hit counter it
  * is; nothing is counted here. GMA_ERR_OOM leaves the message to the caller. */
 /* A graph pool's chunk (GMA__ALLOC_CAPTURE): FREE memory only, never a
  * block cached on the stream (see the flag). */

@@ -16,7 +16,11 @@
  * shortfall maps the kind's minimum chunk instead (chunk[kind]: the large
  * kind's segment size, 20 MiB by default, as PyTorch's expandable segments
  * map for their large pool; four small segments, 8 MiB, for the small
- * kind, whose blocks are at most 1 MiB), so many growths share one map. Near the memory limit a chunk would strand
+ * kind, whose blocks are at most 1 MiB), so many growths share one map.
+ * While a kind has mapped less than CHUNK_SHARE of those chunks, its
+ * minimum chunk is a quarter of what it has mapped, at least one segment:
+ * a program with a few small tensors maps 2 MiB for them, not 8. Near the
+ * memory limit a chunk would strand
  * memory the other kind may need: a minimum chunk larger than a sixteenth of
  * what the limit still allows (NEAR_LIMIT_DIV) maps just the shortfall.
  * The pool offers the segment ends it could extend (gma__tail_t); the plan
@@ -49,14 +53,19 @@
 /* A minimum chunk larger than 1/NEAR_LIMIT_DIV of what the memory limit
  * still allows maps just the shortfall. */
 #define NEAR_LIMIT_DIV 16u
-/* The small kind's minimum chunk, in small segments. */
+/* The small kind's minimum chunk, once its pool is large, in small
+ * segments. */
 #define SMALL_CHUNK_SEGMENTS 4u
+/* A kind's minimum chunk is at most 1/CHUNK_SHARE of what it has mapped
+ * (but at least one segment). */
+#define CHUNK_SHARE 4u
 
 /* The growable source: what source.h's base needs, plus the ranges. */
 typedef struct vm_source {
   gma__source_t base;
   uint64_t limit;                       /* the pool's memory limit */
   uint64_t chunk[GMA__NKINDS];          /* each kind's minimum chunk (granular) */
+  uint64_t first[GMA__NKINDS];          /* ... while little is mapped: one segment */
   gma__region_t *region[GMA__NKINDS];   /* each kind's ranges (a list) */
 } vm_source_t;
 
@@ -240,6 +249,7 @@ gma_status_t gma__vm_source_new(gma__device_t *dev, gma__trace_t *_Atomic const 
   v->limit = limit;
   v->chunk[GMA__SMALL] = gma__round_up(segment_size[GMA__SMALL] * SMALL_CHUNK_SEGMENTS, gran);
   v->chunk[GMA__LARGE] = gma__round_up(segment_size[GMA__LARGE], gran);
+  for (int k = 0; k < GMA__NKINDS; k++) v->first[k] = gma__round_up(segment_size[k], gran);
   /* Each kind may grow to the whole limit and its address space fragments
    * as chunks come and go, so each reserves several times the limit
    * (address space is cheap; memory is mapped on demand), and more later
@@ -296,13 +306,25 @@ static bool vm_plan(gma__source_t *s, const gma__grow_req_t *req, gma__plan_t *p
   return false;
 }
 
+/* The kind's minimum chunk now: one segment while the kind has little
+ * mapped, growing with what it has (1/CHUNK_SHARE of it) up to chunk[kind],
+ * so a small pool stays small and a large one maps few chunks. */
+static uint64_t least_chunk(const vm_source_t *v, int kind, uint64_t gran) {
+  uint64_t mapped = 0;
+  for (const gma__region_t *r = v->region[kind]; r; r = r->next) mapped += r->mapped;
+  uint64_t least = mapped / CHUNK_SHARE / gran * gran;
+  if (least < v->first[kind]) least = v->first[kind];
+  return least < v->chunk[kind] ? least : v->chunk[kind];
+}
+
 /* How much a growth that needs pl->need bytes maps: the kind's minimum
  * chunk when that is more, unless it would take more than 1/NEAR_LIMIT_DIV
  * of what the memory limit still allows; never more than the room at the
  * spot. */
 static uint64_t chunk_size(const vm_source_t *v, const gma__grow_req_t *req,
                            const gma__plan_t *pl) {
-  uint64_t least = v->chunk[req->kind], g = ((const gma__region_t *)pl->range)->gran;
+  uint64_t g = ((const gma__region_t *)pl->range)->gran;
+  uint64_t least = least_chunk(v, req->kind, g);
   if (least <= pl->need || least > req->left / NEAR_LIMIT_DIV) return pl->need;
   if (least > pl->room) least = pl->room / g * g;
   return least > pl->need ? least : pl->need;

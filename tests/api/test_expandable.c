@@ -179,10 +179,11 @@ static void free_chunks_go_back_at_oom(void) {
 }
 
 /* With the default sizes a growth maps at least the kind's minimum chunk:
- * large_segment_size (20 MiB) for the large kind, four small segments
- * (8 MiB) for the small one, so many growths share a map; near the limit
- * (a chunk more than 1/16 of what is left) a growth maps only what it
- * lacks. */
+ * large_segment_size (20 MiB) for the large kind; for the small one a
+ * quarter of what it has mapped, from one small segment (2 MiB) up to four
+ * (8 MiB), so many growths share a map and a few small tensors map 2 MiB;
+ * near the limit (a chunk more than 1/16 of what is left) a growth maps
+ * only what it lacks. */
 static void minimum_chunks(void) {
   gma_t *g = sim_allocator("expandable_segments:true,worker:off,sim_capacity:1G");
   void *p[7];
@@ -195,12 +196,12 @@ static void minimum_chunks(void) {
   CHECK((char *)p[6] == (char *)p[5] + 3 * MiB); /* across the chunk boundary */
   void *tiny = alloc_on(g, 512, NULL);
   s = stats_of(g);
-  CHECK(s.num_device_allocs == 3 && s.reserved.current == 48 * MiB);
+  CHECK(s.num_device_allocs == 3 && s.reserved.current == 42 * MiB);
   /* More than a chunk: the 19 free MiB after p[6] and just the 82 MiB it
    * lacks, in four pieces of at least the minimum chunk. */
   void *big = alloc_on(g, 100 * MiB, NULL);
   s = stats_of(g);
-  CHECK(s.num_device_allocs == 7 && s.reserved.current == 130 * MiB);
+  CHECK(s.num_device_allocs == 7 && s.reserved.current == 124 * MiB);
   CHECK((char *)big == (char *)p[6] + 3 * MiB);
   CHECK_OK(gma_free(g, big));
   CHECK_OK(gma_free(g, tiny));
@@ -211,14 +212,35 @@ static void minimum_chunks(void) {
    * their shortfall, and the workload fits to the granule. */
   g = sim_allocator("expandable_segments:true,worker:off,sim_capacity:64M");
   for (int i = 0; i < 7; i++) p[i] = alloc_on(g, 3 * MiB, NULL);
-  /* 21 MiB in granules; the 512 bytes take the 1 MiB free at the large
-   * pool's end (less than a small segment would be left) instead of a
-   * small chunk. */
+  /* 21 MiB in granules; the 512 bytes get a small chunk of their own, not
+   * the 1 MiB free at the large pool's end (a small block there would pin
+   * the large chunk under it). */
   tiny = alloc_on(g, 512, NULL);
   s = stats_of(g);
-  CHECK(s.reserved.current == 22 * MiB && (char *)tiny == (char *)p[6] + 3 * MiB);
+  CHECK(s.reserved.current == 24 * MiB && s.num_device_allocs == 8);
+  CHECK((char *)tiny != (char *)p[6] + 3 * MiB);
   CHECK_OK(gma_free(g, tiny));
   for (int i = 0; i < 7; i++) CHECK_OK(gma_free(g, p[i]));
+  CHECK_OK(gma_destroy(g));
+
+  /* The small kind's chunk grows with it: 2 MiB while it holds less than
+   * 16 MiB (a quarter of that is two granules), then 4, 6, 8 and no more. */
+  g = sim_allocator("expandable_segments:true,worker:off,sim_capacity:1G");
+  void *q[60];
+  const uint64_t maps_at[] = {2, 4, 6, 8, 10, 12, 14, 16, 20, 24, 30, 36, 44, 52, 60};
+  size_t k = 0;
+  uint64_t reserved = 0;
+  for (size_t i = 0; i < 60; i++) {
+    q[i] = alloc_on(g, 1 * MiB, NULL); /* the small pool's largest request */
+    s = stats_of(g);
+    if (s.reserved.current == reserved) continue;
+    reserved = s.reserved.current; /* a growth: the next size in maps_at */
+    CHECK(k < sizeof maps_at / sizeof maps_at[0] && reserved == maps_at[k] * MiB &&
+          s.num_device_allocs == k + 1);
+    k++;
+  }
+  CHECK(k == sizeof maps_at / sizeof maps_at[0]);
+  for (size_t i = 0; i < 60; i++) CHECK_OK(gma_free(g, q[i]));
   CHECK_OK(gma_destroy(g));
 }
 
