@@ -5,8 +5,9 @@
  * A three-level radix over address bits 9..47 (blocks start on 512-byte
  * boundaries): 4096 top entries -> 4096-entry middles -> 32768-entry leaves.
  * Levels are created on demand and freed only at destroy, so a reader never
- * follows a dangling pointer; leaves are calloc'd, so the pages of a leaf cost
- * memory only where block starts are written (8 bytes per block start).
+ * follows a dangling pointer; they come from mmap'd slabs, so the pages of a
+ * leaf cost memory only where block starts are written (8 bytes per block
+ * start).
  *
  * Threads: gma__pagemap_set runs under the pool lock (one writer);
  * gma__pagemap_get from any thread, wait-free. */
@@ -35,6 +36,11 @@ typedef struct gma__pm_mid {
 
 typedef struct gma__pagemap {
   _Atomic(gma__pm_mid_t *) top[1u << GMA__PM_TOP_BITS];
+  /* Where new levels come from (writer only, under the pool lock): the
+   * newest slab and its unused bytes; each slab's first page links the
+   * previous one, for gma__pagemap_free. */
+  unsigned char *slab;
+  size_t slab_used;
 } gma__pagemap_t;
 
 /* The block starting at addr, or NULL. Pairs its acquire loads with the
