@@ -13,6 +13,8 @@
  *     all work queued on the device, as cuMemFree and cuMemHostAlloc do;
  *   - an event recorded behind queued work completes event_latency_ns after
  *     that work has run (on an idle stream it is complete at once);
+ *   - a stream waiting on an event resumes as soon as the event completes,
+ *     as a GPU's does, not after a thread wake-up (sim_stream.c polls);
  *   - driver calls from different threads serialize on one process-wide
  *     lock, held for the call's cost (not for a free's wait).
  * Every figure and its source is in docs/gpu/cost-model.md; the presets

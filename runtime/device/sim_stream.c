@@ -18,7 +18,10 @@
  *
  * A stream thread holds no lock while it runs an op, so a kernel may call
  * into the device. */
+#include <sched.h>
+
 #include "device/sim_internal.h"
+#include "base/clock.h"
 #include "base/lock.h"
 
 static _Thread_local sim_ptds_entry_t ptds_cache[SIM_PTDS_CACHE];
@@ -30,6 +33,25 @@ static _Thread_local const struct sim_stream *sim_self;
 /* ---------------------------------------------------------------------------
  * Streams
  * ------------------------------------------------------------------------- */
+/* Under a cost preset, how long a WAIT polls its mark before it blocks. */
+#define WAIT_POLL_NS 200000u
+
+/* Caller holds ev_mu. A GPU resumes a stream that waits on an event within
+ * a microsecond or two of the record; a stream thread woken through ev_cv
+ * may take tens of microseconds to run again when the machine's cores are
+ * busy with other streams' kernels, and a bounded lead (memory reused
+ * behind device-side waits) would pay that at every wait. So, under a
+ * preset, the waiting stream first looks again and again, giving its core
+ * away between looks, for up to WAIT_POLL_NS. */
+static void poll_mark(sim_device_t *dev, const sim_mark_t *m) {
+  uint64_t t0 = gma__now_ns();
+  while (!m->done && gma__now_ns() - t0 < WAIT_POLL_NS) {
+    gma__unlock(&dev->ev_mu);
+    sched_yield();
+    gma__lock(&dev->ev_mu, GMA__RANK_SIM_EVENTS);
+  }
+}
+
 /* Runs one op on the stream's thread. */
 static void op_run(sim_device_t *dev, sim_op_t *op) {
   if (op->kind == SIM_OP_KERNEL) {
@@ -50,6 +72,7 @@ static void op_run(sim_device_t *dev, sim_op_t *op) {
   } else {
     /* No cycle can block this forever: the RECORD of this mark was queued
      * before this WAIT, so by induction on queueing time it eventually runs. */
+    if (dev->costs) poll_mark(dev, op->mark);
     while (!op->mark->done) pthread_cond_wait(&dev->ev_cv, &dev->ev_mu);
   }
   gma__sim_mark_unref(op->mark);
