@@ -260,8 +260,9 @@ static gma__block_t *small_in_large_hole(gma__pool_t *p, int kind, uint64_t size
 /* Lock held. A block of at least size bytes for s: the stream's cache or the
  * free pool (after settling pending blocks, then after observing completed
  * epochs, then after a poll that drains the bins), a device-side wait under
- * reuse:wait, a small hole of the large pool (ordinary segments), or a new segment. *level says which hit counter it
- * is; nothing is counted here. GMA_ERR_OOM leaves the message to the caller. */
+ * reuse:wait, a small hole of the large pool (ordinary segments), or a new
+ * segment. *level says which hit counter it is; nothing is counted here.
+ * GMA_ERR_OOM leaves the message to the caller. */
 /* A graph pool's chunk (GMA__ALLOC_CAPTURE): FREE memory only, never a
  * block cached on the stream (see the flag). */
 static gma__block_t *find_fit_in(gma__pool_t *p, gma__stream_t *s, int kind, uint64_t size,
@@ -474,7 +475,8 @@ static gma_status_t grow_or_other(gma__pool_t *p, gma__stream_t *s, int kind, ui
 /* Lock held, no fit found yet: searches again after making what it can
  * reusable, cheapest first: what completed device work freed, the bins
  * left alone (they serve the hot path); then, while the pool holds less
- * than half the device, a small request in a small hole of the large pool;
+ * than half the device, a small request in a small hole of the large pool
+ * (ordinary segments);
  * only then every stream's bins drained (no device call), and then, before
  * the pool grows, every stream's epochs closed and observed. A training loop's
  * small misses would otherwise drain the bins at every step. Above half,
