@@ -73,8 +73,9 @@
  * paths race with nothing. Before the sweep, batch_undo_keeps_cached checks
  * its first finding deterministically.
  *
- * Usage: test_fault_sweep [--cap N] [--verbose] [CONFIG SITE K [oom]]
- * (CONFIG SITE K: one run, e.g. "growable vm_map 34 oom", as a failure
+ * Usage: test_fault_sweep [--cap N] [--config NAME] [--verbose] [CONFIG SITE K [oom]]
+ * (--config: sweep one configuration, as CTest runs them, side by side;
+ * CONFIG SITE K: one run, e.g. "growable vm_map 34 oom", as a failure
  * prints it); FAULT_SWEEP_CONF=key:value,... adds configuration, e.g. a trace. */
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -796,12 +797,16 @@ static bool allocating(int site) {
 
 int main(int argc, char **argv) {
   uint64_t cap = 40;
+  const config_t *only = NULL; /* --config: this configuration alone */
   int argi = 1;
   for (; argi < argc && argv[argi][0] == '-'; argi++) {
     if (strcmp(argv[argi], "--verbose") == 0) verbose = true;
     else if (strcmp(argv[argi], "--cap") == 0 && argi + 1 < argc)
       cap = strtoull(argv[++argi], NULL, 10);
-    else fail("usage: test_fault_sweep [--cap N] [--verbose] [CONFIG SITE K [oom]]");
+    else if (strcmp(argv[argi], "--config") == 0 && argi + 1 < argc) {
+      if (!(only = config_named(argv[++argi]))) fail("unknown config '%s'", argv[argi]);
+    } else
+      fail("usage: test_fault_sweep [--cap N] [--config NAME] [--verbose] [CONFIG SITE K [oom]]");
   }
   if (cap == 0) cap = 1;
   if (argc - argi >= 3) { /* one run, to reproduce a failure */
@@ -816,15 +821,18 @@ int main(int argc, char **argv) {
   }
 
   uint64_t t0 = now_ns();
-  batch_undo_keeps_cached();
+  if (!only || only == &configs[0]) batch_undo_keeps_cached();
   /* Totals per site over every configuration and both statuses. */
   uint64_t faults[GMA__SIM_NSITES] = {0}, outs[GMA__SIM_NSITES][NOUT];
   uint64_t calls_total[GMA__SIM_NSITES] = {0};
   memset(outs, 0, sizeof outs);
   uint64_t runs = 0, destroy_runs = 0, destroy_faults[GMA__SIM_NSITES] = {0};
   uint64_t destroy_calls[GMA__SIM_NSITES] = {0};
+  size_t nswept = 0;
   for (size_t ci = 0; ci < NCONFIGS; ci++) {
     const config_t *cfg = &configs[ci];
+    if (only && cfg != only) continue;
+    nswept++;
     uint64_t counts[GMA__SIM_NSITES];
     run_one(cfg, GMA__SIM_MEM_ALLOC, 0, GMA_ERR_DEVICE, counts);
     runs++;
@@ -858,7 +866,7 @@ int main(int argc, char **argv) {
   }
 
   printf("fault sweep: %llu runs of the workload (%zu configurations), %llu of gma_destroy, "
-         "%.1f s\n", (unsigned long long)runs, NCONFIGS, (unsigned long long)destroy_runs,
+         "%.1f s\n", (unsigned long long)runs, nswept, (unsigned long long)destroy_runs,
          (double)(now_ns() - t0) / 1e9);
   printf("%-19s %6s %6s %6s %8s %6s %6s | %13s %13s\n", "site", "calls", "faults", "clear",
          "absorbed", "later", "missed", "destroy calls", "destroy fault");
