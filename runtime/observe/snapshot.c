@@ -62,7 +62,8 @@ static void json_locked(void *arg) {
     for (gma__block_t *b = p->segs[i]->first; b; b = b->next)
       if (gma__load_relaxed(&b->state) == GMA__LIVE) {
         uint64_t pl_live, pl_req; /* a plan's arena: the planned blocks live in it */
-        bool arena = g->cfg.plan && gma__plan_snapshot(&g->plan, b->addr, NULL, true, &pl_live, &pl_req);
+        bool arena =
+            g->cfg.plan && gma__plan_snapshot(&g->plan, b->addr, NULL, true, &pl_live, &pl_req);
         live += arena ? pl_live : b->size;
         requested += arena ? pl_req : gma__load_relaxed(&b->requested);
       }

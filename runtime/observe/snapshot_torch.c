@@ -29,7 +29,8 @@ static const char *torch_state(uint8_t st) {
  * requested bytes are its planned blocks'. */
 static uint64_t block_requested(gma_t *g, gma__block_t *b) {
   uint64_t pl_live, pl_req;
-  if (g->cfg.plan && gma__plan_snapshot(&g->plan, b->addr, NULL, true, &pl_live, &pl_req)) return pl_req;
+  if (g->cfg.plan && gma__plan_snapshot(&g->plan, b->addr, NULL, true, &pl_live, &pl_req))
+    return pl_req;
   return gma__load_relaxed(&b->requested);
 }
 

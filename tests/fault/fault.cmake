@@ -1,9 +1,9 @@
 # The fault-injection sweep (tests/fault/test_fault_sweep.c): every device
 # call site fails in turn under a representative workload; label "fault", in
 # the default suite (ctest -L fault), one test per configuration
-# (fault_sweep_default, _growable, _fallback, _planned) so that CTest runs
-# them beside other tests: a sweep mostly waits for simulated device work
-# and the worker. The Debug build (full validation after every pool
+# (fault_sweep: the default; fault_sweep_growable, _fallback, _planned), so
+# that CTest runs them beside other tests: a sweep mostly waits for
+# simulated device work and the worker. The Debug build (full validation after every pool
 # operation) fails up to 40 calls of each site; the sanitizer builds, 3-10x
 # slower, up to 12 spread over each site's range: every site still fails
 # early, in the middle and late under ASan and TSan.
