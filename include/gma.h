@@ -800,6 +800,17 @@ typedef struct gma_stats {
    * count the ranges (virtual address space, no memory). */
   uint64_t address_ranges;         /* address ranges reserved */
   uint64_t address_reserved_bytes; /* their virtual bytes */
+  /* The handle pool (growable segments): when an allocation finds no room,
+   * gma unmaps free chunks from between live blocks and keeps their
+   * physical memory, which the next growth maps at the address it needs.
+   * Kept memory is the device's but in no segment: not in reserved; gma's
+   * physical memory is reserved + kept_bytes. A trim, pressure or
+   * gma_empty_cache frees it. */
+  uint64_t kept_bytes;        /* physical memory kept, mapped nowhere */
+  uint64_t kept_chunks;       /* its chunks */
+  uint64_t num_device_remaps; /* of num_device_allocs: kept chunks mapped again (no new memory) */
+  uint64_t num_device_keeps;  /* of num_device_frees: unmaps that kept the physical memory */
+  uint64_t num_kept_frees;    /* kept chunks given back to the device (bytes_trimmed counts them) */
 } gma_stats_t;
 
 #if defined(__cplusplus) && __cplusplus < 202002L

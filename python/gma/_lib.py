@@ -182,6 +182,11 @@ class Stats(ctypes.Structure):
         ("graph_captures", u64),
         ("address_ranges", u64),
         ("address_reserved_bytes", u64),
+        ("kept_bytes", u64),
+        ("kept_chunks", u64),
+        ("num_device_remaps", u64),
+        ("num_device_keeps", u64),
+        ("num_kept_frees", u64),
     ]
 
 

@@ -326,8 +326,13 @@ void gma__segs_finish(gma__pool_t *p, gma__span_t *x);
 struct gma__release;
 size_t gma__segs_pick(gma__pool_t *p, const struct gma__release *rel, gma__trim_budget_t *bud,
                       gma__span_t **out, size_t *n_idle);
-/* Gives back every releasable free chunk now, under the lock (the OOM retry). */
+/* Unmaps every releasable free chunk now, under the lock (the OOM retry),
+ * keeping its physical memory in the source's handle pool where the device
+ * can (else freeing it). */
 void gma__segs_release_free(gma__pool_t *p);
+/* Frees the source's kept chunks (the handle pool) on the device, under the
+ * lock (a release does not wait for device work); the bytes freed. */
+uint64_t gma__segs_free_kept(gma__pool_t *p);
 /* Checks the source's ranges against the growable segments. */
 bool gma__segs_is_valid(gma__pool_t *p);
 

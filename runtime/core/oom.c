@@ -114,10 +114,11 @@ gma_status_t gma__oom_error(gma__pool_t *p, uint64_t size, size_t requested,
              "fragmentation: %" PRIu64 " bytes are free in the pool, but the largest free "
              "block is %" PRIu64 " bytes and only %" PRIu64 " more can be reserved; %s",
              p->c.free, largest, room,
-             p->growable ? "the free pieces lie between live blocks, in chunks that go back "
-                           "to the device only whole: a smaller minimum chunk (large_segment, "
-                           "small_segment) lets more of them go back, or free or shrink "
-                           "long-lived allocations"
+             p->growable ? "the free pieces lie between live blocks, and memory goes back to "
+                           "the device only in whole chunks (near the limit, single granules): "
+                           "free or shrink long-lived allocations, or set a smaller minimum "
+                           "chunk (large_segment, small_segment) for what is mapped while "
+                           "memory is plentiful"
                          : "expandable_segments:true lets free chunks coalesce");
   else
     snprintf(cause, sizeof cause,

@@ -66,7 +66,7 @@ gma_status_t gma__pool_init(gma__pool_t *p, gma__device_t *dev, const gma_config
 void gma__pool_tick_clock(gma__pool_t *p) { gma__store_relaxed(&p->clock_ns, gma__now_ns()); }
 
 uint64_t gma__pool_room(const gma__pool_t *p) {
-  uint64_t held = p->c.reserved.current + p->leaving;
+  uint64_t held = p->c.reserved.current + p->leaving + p->src->kept_bytes;
   return p->limit > held ? (p->limit - held) / GMA__ROUND * GMA__ROUND : 0;
 }
 

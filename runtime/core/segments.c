@@ -180,9 +180,12 @@ bool gma__segs_detach(gma__pool_t *p, gma__block_t *b, uint64_t want, gma__span_
 
 void gma__segs_finish(gma__pool_t *p, gma__span_t *x) {
   gma__source_t *s = p->src;
+  uint64_t kept = s->kept_bytes;
   s->ops->settle(s, x);
   p->c.device_frees += x->calls;
-  p->c.bytes_trimmed += x->done;
+  kept = s->kept_bytes - kept; /* what the handle pool took: still the device's */
+  p->c.device_keeps += kept ? x->calls : 0;
+  p->c.bytes_trimmed += x->done - kept;
   if (x->done == x->size) return;
   /* The device refused: the rest is still mapped memory; use it again. If
    * even that fails (no host memory), it stays taken: unusable but never
@@ -195,9 +198,10 @@ void gma__segs_finish(gma__pool_t *p, gma__span_t *x) {
 
 /* Takes the first FREE block of a growable segment at or after segs[*i]
  * that has releasable memory out of the pool, gives that back now (under
- * the lock) and settles it; the bytes that went back, and *refused when the
- * device refused some. Returns 0 with *i at nsegs when there was none. */
-static uint64_t give_back_one(gma__pool_t *p, size_t *i, bool *refused) {
+ * the lock; with keep, into the source's handle pool) and settles it; the
+ * bytes that went back, and *refused when the device refused some. Returns
+ * 0 with *i at nsegs when there was none. */
+static uint64_t give_back_one(gma__pool_t *p, size_t *i, bool keep, bool *refused) {
   while (*i < p->nsegs) {
     gma__segment_t *seg = p->segs[*i];
     gma__block_t *b = seg->range ? seg->first : NULL;
@@ -206,6 +210,7 @@ static uint64_t give_back_one(gma__pool_t *p, size_t *i, bool *refused) {
     /* A detach changes the segment table: the caller looks at the same
      * index again. */
     if (b && gma__segs_detach(p, b, 0, &x)) {
+      x.keep = keep;
       p->src->ops->give_back(p->src, &x);
       uint64_t done = x.done, size = x.size;
       gma__segs_finish(p, &x);
@@ -217,9 +222,19 @@ static uint64_t give_back_one(gma__pool_t *p, size_t *i, bool *refused) {
   return 0;
 }
 
+/* Every free chunk goes, not just what the request lacks: a later growth
+ * maps the kept ones wherever it needs them, and on the sixteen traces
+ * stopping at the request's size needed up to 1% more memory. */
 void gma__segs_release_free(gma__pool_t *p) {
   bool refused = false;
-  for (size_t i = 0; i < p->nsegs && !refused;) give_back_one(p, &i, &refused);
+  for (size_t i = 0; i < p->nsegs && !refused;) give_back_one(p, &i, true, &refused);
+}
+
+uint64_t gma__segs_free_kept(gma__pool_t *p) {
+  gma__source_t *s = p->src;
+  if (!s->kept_chunks) return 0;
+  uint64_t calls;
+  return s->ops->free_kept(s, &calls); /* counted by the source (kept_frees) */
 }
 
 /* ---- Growth -----------------------------------------------------------------------*/
@@ -277,6 +292,7 @@ static gma_status_t grow_once(gma__pool_t *p, const gma__grow_req_t *req, gma__p
     return st;
   }
   p->c.device_allocs += g->calls;
+  p->c.device_remaps += g->remaps;
   GMA__TRACE(p, GMA__TR_SEGMENT_MAP, g->addr, g->size, 0, 0, 0, 0, 0);
   return GMA_OK;
 }
@@ -288,7 +304,9 @@ static gma_status_t grow_for(gma__pool_t *p, int kind, uint64_t size, uint64_t h
   gma__plan_t pl;
   collect_tails(p, kind, size, home, own, &req);
   s->ops->plan(s, &req, &pl); /* no room: grow reserves another range */
-  req.left = gma__pool_room(p); /* a trim's bytes still on the device count as held */
+  /* A trim's bytes still on the device count as held; the handle pool's
+   * are the growth's to map. */
+  req.left = gma__pool_room(p) + s->kept_bytes;
   if (pl.need > req.left)
     return gma__set_error(GMA_ERR_OOM, "memory_limit of %" PRIu64 " bytes reached", p->limit);
   gma__grown_t g;

@@ -184,7 +184,7 @@ void gma__pool_stats(gma__pool_t *p, gma_stats_t *out) {
   st.num_epoch_events = c->epoch_events;
   st.num_batches = c->batches;
   st.num_batches_split = c->batches_split;
-  st.bytes_trimmed = c->bytes_trimmed;
+  st.bytes_trimmed = c->bytes_trimmed + p->src->kept_freed_bytes;
   st.trims_explicit = c->trims_explicit;
   st.trims_timed = c->trims_timed;
   st.trims_idle = c->trims_idle;
@@ -196,6 +196,11 @@ void gma__pool_stats(gma__pool_t *p, gma_stats_t *out) {
   st.fragmentation = fragmentation(p);
   st.address_ranges = p->src->ranges;
   st.address_reserved_bytes = p->src->range_bytes;
+  st.kept_bytes = p->src->kept_bytes;
+  st.kept_chunks = p->src->kept_chunks;
+  st.num_device_remaps = c->device_remaps;
+  st.num_device_keeps = c->device_keeps;
+  st.num_kept_frees = p->src->kept_frees;
   gma__unlock(&p->lock);
   /* Copy only what the caller's (possibly older, smaller) struct holds. */
   size_t n = out->size < sizeof st ? out->size : sizeof st;

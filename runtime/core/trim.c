@@ -125,8 +125,9 @@ void gma__release_whole(gma__pool_t *p, gma__segment_t *seg) {
   give_back_unlocked(p, &x, 1);
 }
 
-/* The OOM retry's release for growth of need bytes: growable ranges give
- * back their free chunks; ordinary segments only what is missing
+/* The OOM retry's release for growth of need bytes: growable ranges unmap
+ * their free chunks into the handle pool, which the retry's growth maps
+ * where it needs them; ordinary segments give back only what is missing
  * (release_for). True when the lock was dropped meanwhile. */
 bool gma__release_free_segments(gma__pool_t *p, uint64_t need) {
   if (p->growable) gma__segs_release_free(p);
@@ -212,6 +213,8 @@ gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r) {
   gma__lock(&p->lock, GMA__RANK_POOL);
   gma__streams_poll(p, true);
   gma__stats_sample(p);
+  /* The handle pool first: kept chunks are memory no segment uses. */
+  uint64_t kept = p->growable ? gma__segs_free_kept(p) : 0;
   /* Detach the chosen free segments under the lock; give them back after
    * unlocking, so a slow device free (cuMemFree synchronizes) never holds up
    * other callers. First those idle too long, then until at most keep bytes
@@ -231,7 +234,7 @@ gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r) {
   GMA__VALIDATE(p);
   gma__unlock(&p->lock);
   gma_status_t st = GMA_OK;
-  uint64_t freed = 0, freed_idle = 0;
+  uint64_t freed = kept, freed_idle = 0;
   for (size_t i = 0; i < nr; i++) {
     p->src->ops->give_back(p->src, &spans[i]);
     if (spans[i].done < spans[i].size) st = GMA_ERR_DEVICE; /* message kept */

@@ -218,6 +218,7 @@ typedef struct gma__counters {
   gma_stat_t allocated, requested, active, cached; /* peaks sampled, see stats.c */
   uint64_t stream_cached, pending, free;
   uint64_t device_allocs, device_frees, ooms, oom_retries, oom_waits;
+  uint64_t device_remaps, device_keeps; /* of those: kept chunks mapped / unmapped and kept */
   uint64_t hits_stream, hits_pool, hits_device;
   uint64_t cross_stream_waits, epoch_events;
   uint64_t batches, batches_split, bytes_trimmed, trims_explicit;

@@ -484,6 +484,37 @@ static gma_status_t cuda_vm_release_now(gma__device_t *d, uintptr_t addr, uint64
   return GMA_OK;
 }
 
+/* Releases physical memory h in the device's context. */
+static CUresult release_handle(cuda_device_t *dev, uint64_t h) {
+  bool pushed;
+  CUresult r = ctx_enter(dev, &pushed);
+  if (r == CUDA_SUCCESS) r = gma__cuda_drv.cuMemRelease((CUmemGenericAllocationHandle)h);
+  ctx_leave(pushed);
+  return r;
+}
+
+/* Maps physical memory h at addr and makes it read-write for the device;
+ * a failed access grant unmaps it again. */
+static gma_status_t map_access(cuda_device_t *dev, uintptr_t addr, uint64_t size,
+                               CUmemGenericAllocationHandle h) {
+  bool pushed;
+  const char *what = "cuMemMap";
+  CUresult r = ctx_enter(dev, &pushed);
+  if (r == CUDA_SUCCESS) r = gma__cuda_drv.cuMemMap((CUdeviceptr)addr, (size_t)size, 0, h, 0);
+  if (r == CUDA_SUCCESS) {
+    CUmemAccessDesc access;
+    memset(&access, 0, sizeof access);
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = dev->ordinal;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    what = "cuMemSetAccess";
+    r = gma__cuda_drv.cuMemSetAccess((CUdeviceptr)addr, (size_t)size, &access, 1);
+    if (r != CUDA_SUCCESS) gma__cuda_drv.cuMemUnmap((CUdeviceptr)addr, (size_t)size);
+  }
+  ctx_leave(pushed);
+  return r == CUDA_SUCCESS ? GMA_OK : gma__cuda_fail(r, what);
+}
+
 /* Create, map, grant access; each failure undoes the steps before it. */
 static gma_status_t cuda_vm_map_now(gma__device_t *d, uintptr_t addr, uint64_t size,
                                 uint64_t *handle) {
@@ -505,25 +536,10 @@ static gma_status_t cuda_vm_map_now(gma__device_t *d, uintptr_t addr, uint64_t s
   }
   ctx_leave(pushed_c);
   if (rc != CUDA_SUCCESS) return gma__cuda_fail(rc, "cuMemCreate");
-  bool pushed;
-  const char *what = "cuMemMap";
-  CUresult r = ctx_enter(dev, &pushed);
-  if (r == CUDA_SUCCESS) r = gma__cuda_drv.cuMemMap((CUdeviceptr)addr, (size_t)size, 0, h, 0);
-  if (r == CUDA_SUCCESS) {
-    CUmemAccessDesc access;
-    memset(&access, 0, sizeof access);
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = dev->ordinal;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    what = "cuMemSetAccess";
-    r = gma__cuda_drv.cuMemSetAccess((CUdeviceptr)addr, (size_t)size, &access, 1);
-    if (r != CUDA_SUCCESS) gma__cuda_drv.cuMemUnmap((CUdeviceptr)addr, (size_t)size);
-  }
-  if (r != CUDA_SUCCESS) gma__cuda_drv.cuMemRelease(h);
-  ctx_leave(pushed);
-  if (r != CUDA_SUCCESS) return gma__cuda_fail(r, what);
-  *handle = (uint64_t)h;
-  return GMA_OK;
+  gma_status_t st = map_access(dev, addr, size, h);
+  if (st == GMA_OK) *handle = (uint64_t)h;
+  else release_handle(dev, (uint64_t)h);
+  return st;
 }
 
 /* Unmapping is not stream-ordered; the pool unmaps only FREE memory, whose
@@ -535,16 +551,28 @@ static gma_status_t cuda_vm_unmap_now(gma__device_t *d, uintptr_t addr, uint64_t
   /* Unmapped now: the range must count as given back whatever happens
    * next, or gma would hand out addresses that are no longer mapped. A
    * physical allocation the driver will not release is leaked (and said). */
-  bool pushed;
-  CUresult r = ctx_enter(dev, &pushed);
-  if (r == CUDA_SUCCESS) {
-    r = gma__cuda_drv.cuMemRelease((CUmemGenericAllocationHandle)handle);
-    ctx_leave(pushed);
-  }
+  CUresult r = release_handle(dev, handle);
   if (r != CUDA_SUCCESS)
     fprintf(stderr, "gma: cuMemRelease of a chunk at %p failed after its unmap (error %d); "
                     "its physical memory stays allocated\n", (void *)addr, (int)r);
   return GMA_OK;
+}
+
+/* The handle pool's: unmap keeping the handle, map a kept one, release one. */
+static gma_status_t cuda_vm_unmap_keep_now(gma__device_t *d, uintptr_t addr, uint64_t size,
+                                       uint64_t handle) {
+  (void)handle;
+  CU_CALL(cuda_of(d), "cuMemUnmap", gma__cuda_drv.cuMemUnmap((CUdeviceptr)addr, (size_t)size));
+  return GMA_OK;
+}
+static gma_status_t cuda_vm_map_kept_now(gma__device_t *d, uintptr_t addr, uint64_t size,
+                                     uint64_t handle) {
+  return map_access(cuda_of(d), addr, size, (CUmemGenericAllocationHandle)handle);
+}
+static gma_status_t cuda_vm_free_kept_now(gma__device_t *d, uint64_t handle, uint64_t size) {
+  (void)size;
+  CUresult r = release_handle(cuda_of(d), handle);
+  return r == CUDA_SUCCESS ? GMA_OK : gma__cuda_fail(r, "cuMemRelease");
 }
 
 /* ---- Pinned host memory ---------------------------------------------------------- */
@@ -617,6 +645,9 @@ CUDA_RELAXED(cuda_vm_reserve, (gma__device_t *d, uint64_t size, uintptr_t *out),
 CUDA_RELAXED(cuda_vm_release, (gma__device_t *d, uintptr_t addr, uint64_t size), (d, addr, size))
 CUDA_RELAXED(cuda_vm_map, (gma__device_t *d, uintptr_t addr, uint64_t size, uint64_t *handle), (d, addr, size, handle))
 CUDA_RELAXED(cuda_vm_unmap, (gma__device_t *d, uintptr_t addr, uint64_t size, uint64_t handle), (d, addr, size, handle))
+CUDA_RELAXED(cuda_vm_unmap_keep, (gma__device_t *d, uintptr_t addr, uint64_t size, uint64_t handle), (d, addr, size, handle))
+CUDA_RELAXED(cuda_vm_map_kept, (gma__device_t *d, uintptr_t addr, uint64_t size, uint64_t handle), (d, addr, size, handle))
+CUDA_RELAXED(cuda_vm_free_kept, (gma__device_t *d, uint64_t handle, uint64_t size), (d, handle, size))
 CUDA_RELAXED(cuda_host_alloc, (gma__device_t *d, uint64_t size, void **host, uintptr_t *dev_addr), (d, size, host, dev_addr))
 CUDA_RELAXED(cuda_host_free, (gma__device_t *d, void *host, uint64_t size), (d, host, size))
 
@@ -669,6 +700,9 @@ static void cuda_forget(gma__device_t *d) { free(cuda_of(d)); }
     .vm_release = cuda_vm_release, \
     .vm_map = cuda_vm_map, \
     .vm_unmap = cuda_vm_unmap, \
+    .vm_unmap_keep = cuda_vm_unmap_keep, \
+    .vm_map_kept = cuda_vm_map_kept, \
+    .vm_free_kept = cuda_vm_free_kept, \
     .host_alloc = cuda_host_alloc, \
     .host_free = cuda_host_free, \
     .sim_launch = NULL, \

@@ -103,12 +103,25 @@ typedef struct gma__device_ops {
    * vm_unmap: unmaps exactly a range that one vm_map mapped and frees its
    *   physical memory. Not stream-ordered: the caller makes sure no device
    *   work still uses the range.
-   * vm_release: gives a whole reservation back; nothing in it may be mapped. */
+   * vm_release: gives a whole reservation back; nothing in it may be mapped.
+   * The kept-memory calls (all three NULL on a backend without them; each may
+   * be, like vm_unmap, a call the device does not stream-order):
+   * vm_unmap_keep: unmaps exactly a range that one vm_map or vm_map_kept
+   *   mapped, and keeps its physical memory (still the device's, still
+   *   counted against its memory) under the same handle.
+   * vm_map_kept: maps the kept memory handle, all size bytes of it, at addr
+   *   (inside a reservation, not mapped), readable and writable by the
+   *   device; no new memory.
+   * vm_free_kept: frees kept memory that is mapped nowhere. */
   gma_status_t (*vm_granularity)(gma__device_t *dev, uint64_t *bytes);
   gma_status_t (*vm_reserve)(gma__device_t *dev, uint64_t size, uintptr_t *out);
   gma_status_t (*vm_release)(gma__device_t *dev, uintptr_t addr, uint64_t size);
   gma_status_t (*vm_map)(gma__device_t *dev, uintptr_t addr, uint64_t size, uint64_t *handle);
   gma_status_t (*vm_unmap)(gma__device_t *dev, uintptr_t addr, uint64_t size, uint64_t handle);
+  gma_status_t (*vm_unmap_keep)(gma__device_t *dev, uintptr_t addr, uint64_t size,
+                                uint64_t handle);
+  gma_status_t (*vm_map_kept)(gma__device_t *dev, uintptr_t addr, uint64_t size, uint64_t handle);
+  gma_status_t (*vm_free_kept)(gma__device_t *dev, uint64_t handle, uint64_t size);
 
   /* Pinned host memory, mapped for the device: *host is its host address,
    * *dev_addr the device's (the same value on CUDA with unified addressing
@@ -169,8 +182,9 @@ gma_status_t gma__sim_create(const gma_config_t *config, gma__device_t **out);
   X(STREAM_SYNCHRONIZE, stream_synchronize) X(DEVICE_SYNCHRONIZE, device_synchronize)         \
   X(STREAM_WRITE_VALUE, stream_write_value)                                                   \
   X(VM_GRANULARITY, vm_granularity) X(VM_RESERVE, vm_reserve) X(VM_RELEASE, vm_release)       \
-  X(VM_MAP, vm_map) X(VM_UNMAP, vm_unmap) X(HOST_ALLOC, host_alloc) X(HOST_FREE, host_free)   \
-  X(SIM_LAUNCH, sim_launch)
+  X(VM_MAP, vm_map) X(VM_UNMAP, vm_unmap) X(VM_UNMAP_KEEP, vm_unmap_keep)                    \
+  X(VM_MAP_KEPT, vm_map_kept) X(VM_FREE_KEPT, vm_free_kept)                                   \
+  X(HOST_ALLOC, host_alloc) X(HOST_FREE, host_free) X(SIM_LAUNCH, sim_launch)
 typedef enum gma__sim_site {
 #define GMA__SIM_SITE_ENUM_(NAME, name) GMA__SIM_##NAME,
   GMA__SIM_SITES(GMA__SIM_SITE_ENUM_)
@@ -178,7 +192,7 @@ typedef enum gma__sim_site {
   GMA__SIM_NSITES
 } gma__sim_site_t;
 typedef struct gma__sim_live {
-  uint64_t device_bytes; /* mem_alloc and vm_map memory not freed */
+  uint64_t device_bytes; /* mem_alloc and vm_map memory not freed (kept memory too) */
   uint64_t host_bytes;   /* host_alloc memory not freed */
   uint64_t reservations, events, streams; /* vm_reserve ranges; events; user streams */
 } gma__sim_live_t;

@@ -285,6 +285,9 @@ static gma_status_t sim_stream_capture(gma__device_t *d, gma_stream_t stream, bo
     .vm_release = gma__sim_vm_release, \
     .vm_map = gma__sim_vm_map, \
     .vm_unmap = gma__sim_vm_unmap, \
+    .vm_unmap_keep = gma__sim_vm_unmap_keep, \
+    .vm_map_kept = gma__sim_vm_map_kept, \
+    .vm_free_kept = gma__sim_vm_free_kept, \
     .host_alloc = gma__sim_host_alloc, \
     .host_free = gma__sim_host_free, \
     .sim_launch = gma__sim_launch, \
@@ -328,7 +331,8 @@ gma_status_t gma__sim_create(const gma_config_t *config, gma__device_t **out) {
   pthread_mutex_init(&dev->ev_mu, NULL);
   pthread_cond_init(&dev->ev_cv, NULL);
   bool ok = gma__sim_table_init(&dev->allocs) && gma__sim_table_init(&dev->ptds) && gma__sim_table_init(&dev->events) &&
-            gma__sim_table_init(&dev->reserves) && gma__sim_table_init(&dev->hosts);
+            gma__sim_table_init(&dev->reserves) && gma__sim_table_init(&dev->hosts) &&
+            gma__sim_table_init(&dev->kept);
   if (ok) dev->legacy = gma__sim_stream_new(dev);
   if (!ok || !dev->legacy) {
     sim_destroy(&dev->base);

@@ -27,6 +27,9 @@
   [GMA__SIM_COST_VM_RELEASE] = {US(1.0), 0, 0, 0},                                   \
   [GMA__SIM_COST_VM_MAP] = {US(35), 40.0, US(420), 1.0},                             \
   [GMA__SIM_COST_VM_UNMAP] = {US(22), 280.0, US(30), 3.0},                           \
+  [GMA__SIM_COST_VM_UNMAP_KEEP] = {US(14), 12.0, US(55), 1.0},                       \
+  [GMA__SIM_COST_VM_MAP_KEPT] = {US(20), 36.0, US(82), 1.0},                         \
+  [GMA__SIM_COST_VM_FREE_KEPT] = {US(9), 267.0, 0, 3.0},                             \
   [GMA__SIM_COST_HOST_ALLOC] = {US(300), 350000.0, 0, 0},                            \
   [GMA__SIM_COST_HOST_FREE] = {US(200), 90000.0, 0, 0},                              \
   [GMA__SIM_COST_EVENT_CREATE] = {110, 0, 0, 0},                                     \

@@ -69,6 +69,7 @@ typedef struct sim_alloc {
   sim_link_t link;
   uint64_t size;
   bool vm;
+  uint64_t handle; /* vm: the handle of the physical memory mapped here */
 } sim_alloc_t;
 
 /* One reserved address range (vm_reserve); link.key is its base.
@@ -201,10 +202,14 @@ struct sim_device {
   _Atomic uint64_t site_calls[GMA__SIM_NSITES]; /* tickets, relaxed */
   _Atomic uint64_t site_nth[GMA__SIM_NSITES];   /* 0: not armed */
   _Atomic int site_status[GMA__SIM_NSITES];
-  /* Invariant: used = sum of sizes in allocs + reserving <= capacity;
-   * host_bytes = sum of sizes in hosts (host memory is not capacity). */
+  /* Invariant: used = sum of sizes in allocs and kept + reserving <=
+   * capacity; host_bytes = sum of sizes in hosts (host memory is not
+   * capacity); a handle names one physical allocation, mapped (in allocs)
+   * or kept, never both. */
   pthread_mutex_t mem_mu;
   sim_table_t allocs; /* mem_mu */
+  sim_table_t kept;   /* mem_mu: unmapped physical memory (vm_unmap_keep) by handle */
+  uint64_t next_handle; /* mem_mu: the last handle handed out */
   sim_table_t reserves; /* mem_mu: sim_reserve_t by base */
   sim_table_t hosts;  /* mem_mu: host_alloc memory (sim_alloc_t) by address */
   uint64_t used;      /* mem_mu */
@@ -244,6 +249,11 @@ gma_status_t gma__sim_vm_reserve(gma__device_t *d, uint64_t size, uintptr_t *out
 gma_status_t gma__sim_vm_release(gma__device_t *d, uintptr_t addr, uint64_t size);
 gma_status_t gma__sim_vm_map(gma__device_t *d, uintptr_t addr, uint64_t size, uint64_t *handle);
 gma_status_t gma__sim_vm_unmap(gma__device_t *d, uintptr_t addr, uint64_t size, uint64_t handle);
+gma_status_t gma__sim_vm_unmap_keep(gma__device_t *d, uintptr_t addr, uint64_t size,
+                                    uint64_t handle);
+gma_status_t gma__sim_vm_map_kept(gma__device_t *d, uintptr_t addr, uint64_t size,
+                                  uint64_t handle);
+gma_status_t gma__sim_vm_free_kept(gma__device_t *d, uint64_t handle, uint64_t size);
 gma_status_t gma__sim_host_alloc(gma__device_t *d, uint64_t size, void **host, uintptr_t *dev_addr);
 gma_status_t gma__sim_host_free(gma__device_t *d, void *host, uint64_t size);
 void gma__sim_release_memory(sim_device_t *dev);

@@ -25,7 +25,12 @@ static bool mem_is_valid(const sim_device_t *dev) {
       sum += ((const sim_alloc_t *)l)->size;
     }
   }
-  return sum + dev->reserving == dev->used && n == dev->allocs.count && dev->used <= dev->capacity;
+  size_t k = 0;
+  for (size_t i = 0; i <= dev->kept.mask; i++)
+    for (const sim_link_t *l = dev->kept.buckets[i]; l; l = l->next, k++)
+      sum += ((const sim_alloc_t *)l)->size;
+  return sum + dev->reserving == dev->used && n == dev->allocs.count && k == dev->kept.count &&
+         dev->used <= dev->capacity;
 }
 #define SIM_MEM_CHECK(dev) assert(mem_is_valid(dev))
 #else
@@ -281,6 +286,7 @@ gma_status_t gma__sim_vm_map(gma__device_t *d, uintptr_t addr, uint64_t size, ui
       a->link.key = addr;
       a->size = size;
       a->vm = true;
+      a->handle = ++dev->next_handle;
       gma__sim_table_insert(&dev->allocs, &a->link);
     }
   }
@@ -301,8 +307,22 @@ gma_status_t gma__sim_vm_map(gma__device_t *d, uintptr_t addr, uint64_t size, ui
                           (unsigned long long)size, (unsigned long long)used,
                           (unsigned long long)dev->capacity);
   }
-  *handle = addr; /* the mapping's own address names its physical memory */
+  *handle = a->handle;
   return GMA_OK;
+}
+
+/* Takes vm mapping a out of allocs and its reservation and puts PROT_NONE
+ * back over it, which drops its pages; mem_mu held (see vm_map). */
+static void unmap_locked(sim_device_t *dev, sim_alloc_t *a) {
+  uintptr_t addr = a->link.key;
+  sim_reserve_t *r = reserve_of(dev, addr, a->size);
+  SIM_ASSERT(r);
+  memset(r->mapped + (addr - r->link.key) / SIM_VM_GRANULARITY, 0,
+         (size_t)(a->size / SIM_VM_GRANULARITY));
+  r->nmapped -= a->size / SIM_VM_GRANULARITY;
+  gma__sim_table_remove(&dev->allocs, addr);
+  mmap((void *)addr, (size_t)a->size, PROT_NONE,
+       MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 }
 
 /* Any thread. Blocks for the configured free latency. */
@@ -314,18 +334,10 @@ gma_status_t gma__sim_vm_unmap(gma__device_t *d, uintptr_t addr, uint64_t size, 
   if (fst != GMA_OK) return fst;
   gma__lock(&dev->mem_mu, GMA__RANK_SIM_MEM);
   sim_alloc_t *a = (sim_alloc_t *)gma__sim_table_find(&dev->allocs, addr);
-  bool ok = a && a->vm && a->size == size && handle == addr;
+  bool ok = a && a->vm && a->size == size && a->handle == handle;
   if (ok) {
-    sim_reserve_t *r = reserve_of(dev, addr, size);
-    SIM_ASSERT(r);
-    memset(r->mapped + (addr - r->link.key) / SIM_VM_GRANULARITY, 0,
-           (size_t)(size / SIM_VM_GRANULARITY));
-    r->nmapped -= size / SIM_VM_GRANULARITY;
-    gma__sim_table_remove(&dev->allocs, addr);
+    unmap_locked(dev, a);
     dev->used -= size;
-    /* PROT_NONE again, pages dropped; still under mem_mu (see vm_map). */
-    mmap((void *)addr, (size_t)size, PROT_NONE,
-         MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   }
   SIM_MEM_CHECK(dev);
   gma__unlock(&dev->mem_mu);
@@ -335,6 +347,101 @@ gma_status_t gma__sim_vm_unmap(gma__device_t *d, uintptr_t addr, uint64_t size, 
                           "earlier mapping",
                           (unsigned long long)addr, (unsigned long long)size);
   free(a);
+  return GMA_OK;
+}
+
+/* Any thread. Unmaps exactly one mapping and keeps its physical memory, still
+ * counted as used, under its handle for vm_map_kept or vm_free_kept. The
+ * contents are not kept (a GPU's are, but gma never relies on them). */
+gma_status_t gma__sim_vm_unmap_keep(gma__device_t *d, uintptr_t addr, uint64_t size,
+                                    uint64_t handle) {
+  sim_device_t *dev = sim_of(d);
+  sim_pay_mem(dev, GMA__SIM_COST_VM_UNMAP_KEEP, size, 0);
+  gma_status_t fst = gma__sim_site_fault(dev, GMA__SIM_VM_UNMAP_KEEP);
+  if (fst != GMA_OK) return fst;
+  gma__lock(&dev->mem_mu, GMA__RANK_SIM_MEM);
+  sim_alloc_t *a = (sim_alloc_t *)gma__sim_table_find(&dev->allocs, addr);
+  bool ok = a && a->vm && a->size == size && a->handle == handle;
+  if (ok) {
+    unmap_locked(dev, a);
+    a->link.key = handle;
+    gma__sim_table_insert(&dev->kept, &a->link);
+  }
+  SIM_MEM_CHECK(dev);
+  gma__unlock(&dev->mem_mu);
+  if (!ok)
+    return gma__set_error(GMA_ERR_DEVICE,
+                          "the simulated device cannot unmap 0x%llx (%llu bytes) and keep its "
+                          "memory: not exactly one earlier mapping of that handle",
+                          (unsigned long long)addr, (unsigned long long)size);
+  return GMA_OK;
+}
+
+/* Any thread. Maps the kept physical memory named handle, all size bytes of
+ * it, at addr (inside a reservation, not mapped); no new memory. */
+gma_status_t gma__sim_vm_map_kept(gma__device_t *d, uintptr_t addr, uint64_t size,
+                                  uint64_t handle) {
+  sim_device_t *dev = sim_of(d);
+  sim_pay_mem(dev, GMA__SIM_COST_VM_MAP_KEPT, size, 0);
+  gma_status_t fst = gma__sim_site_fault(dev, GMA__SIM_VM_MAP_KEPT);
+  if (fst != GMA_OK) return fst;
+  if (!vm_aligned(addr) || !vm_aligned(size) || size == 0)
+    return gma__set_error(GMA_ERR_INVALID_SIZE,
+                          "the simulated device cannot map %llu bytes at 0x%llx: not aligned to its "
+                          "granularity",
+                          (unsigned long long)size, (unsigned long long)addr);
+  gma__lock(&dev->mem_mu, GMA__RANK_SIM_MEM);
+  sim_alloc_t *k = (sim_alloc_t *)gma__sim_table_find(&dev->kept, handle);
+  sim_reserve_t *r = k && k->size == size ? reserve_of(dev, addr, size) : NULL;
+  uint64_t g0 = r ? (addr - r->link.key) / SIM_VM_GRANULARITY : 0, n = size / SIM_VM_GRANULARITY;
+  bool free_range = r != NULL;
+  for (uint64_t i = 0; free_range && i < n; i++) free_range = !r->mapped[g0 + i];
+  bool mapped = free_range && mmap((void *)addr, (size_t)size, PROT_READ | PROT_WRITE,
+                                   MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
+                                   0) != MAP_FAILED;
+  if (mapped) {
+    gma__sim_table_remove(&dev->kept, handle);
+    memset(r->mapped + g0, 1, (size_t)n);
+    r->nmapped += n;
+    k->link.key = addr;
+    gma__sim_table_insert(&dev->allocs, &k->link);
+  }
+  SIM_MEM_CHECK(dev);
+  gma__unlock(&dev->mem_mu);
+  if (!mapped)
+    return gma__set_error(GMA_ERR_DEVICE,
+                          "the simulated device cannot map kept memory 0x%llx (%llu bytes) at "
+                          "0x%llx: %s",
+                          (unsigned long long)handle, (unsigned long long)size,
+                          (unsigned long long)addr,
+                          !k ? "no such kept handle"
+                          : k->size != size ? "its size differs"
+                          : !free_range ? "the range is not a free part of a reservation"
+                                        : "the host refused the pages");
+  return GMA_OK;
+}
+
+/* Any thread. Frees kept physical memory (not mapped anywhere). */
+gma_status_t gma__sim_vm_free_kept(gma__device_t *d, uint64_t handle, uint64_t size) {
+  sim_device_t *dev = sim_of(d);
+  sim_pay_mem(dev, GMA__SIM_COST_VM_FREE_KEPT, size, 0);
+  gma_status_t fst = gma__sim_site_fault(dev, GMA__SIM_VM_FREE_KEPT);
+  if (fst != GMA_OK) return fst;
+  gma__lock(&dev->mem_mu, GMA__RANK_SIM_MEM);
+  sim_alloc_t *k = (sim_alloc_t *)gma__sim_table_find(&dev->kept, handle);
+  bool ok = k && k->size == size;
+  if (ok) {
+    gma__sim_table_remove(&dev->kept, handle);
+    dev->used -= size;
+  }
+  SIM_MEM_CHECK(dev);
+  gma__unlock(&dev->mem_mu);
+  if (!ok)
+    return gma__set_error(GMA_ERR_DEVICE,
+                          "the simulated device cannot free kept memory 0x%llx (%llu bytes): %s",
+                          (unsigned long long)handle, (unsigned long long)size,
+                          k ? "its size differs" : "no such kept handle");
+  free(k);
   return GMA_OK;
 }
 
@@ -416,7 +523,9 @@ void gma__sim_release_memory(sim_device_t *dev) {
     munmap((void *)l->key, (size_t)((sim_alloc_t *)l)->size);
     free(l);
   }
+  while ((l = gma__sim_table_pop(&dev->kept))) free(l); /* no pages: not mapped */
   free(dev->allocs.buckets);
+  free(dev->kept.buckets);
   free(dev->reserves.buckets);
   free(dev->hosts.buckets);
 }

@@ -13,6 +13,11 @@
  *     memory into the adjacent segment), and only whole chunks go back, so
  *     the pool asks which part of a free range can be given back.
  *
+ * Memory the OOM retry takes out of holes can be kept instead (span.keep):
+ * unmapped, its physical chunks held in the source's handle pool, which
+ * the next growth maps first, at any address; a trim or gma_empty_cache
+ * frees them (free_kept).
+ *
  * A range's memory goes back in three steps, so the device call happens
  * outside the pool lock: take (lock held: the source marks it leaving),
  * give_back (no lock: the device calls), settle (lock held: the source
@@ -78,7 +83,8 @@ typedef struct gma__grown {
   uintptr_t addr;
   uint64_t size;
   const void *range;
-  uint64_t calls; /* device allocations or maps it made */
+  uint64_t calls;  /* device allocations or maps it made */
+  uint64_t remaps; /* of those, maps of kept chunks (no new memory) */
 } gma__grown_t;
 
 /* Memory on its way back to the device. */
@@ -87,6 +93,7 @@ typedef struct gma__span {
   int kind;       /* the pool's: the kind of the segment it came from */
   uintptr_t addr;
   uint64_t size;
+  bool keep;      /* the pool's: keep the physical memory for the next growth (growable) */
   uint64_t done;  /* give_back: bytes from the front that went back */
   size_t calls;   /* give_back: device frees or unmaps that succeeded */
   void *priv;     /* the source's own copies (what give_back needs without the lock) */
@@ -129,6 +136,10 @@ typedef struct gma__source_ops {
   /* At destroy, after every segment was dropped: gives back all the rest and
    * frees s. */
   void (*fini)(gma__source_t *s);
+  /* Gives every kept chunk (a span given back with keep) back to the device;
+   * its bytes, *calls the device frees. What the device refuses stays kept.
+   * NULL: the source never keeps memory. */
+  uint64_t (*free_kept)(gma__source_t *s, uint64_t *calls);
 } gma__source_ops_t;
 
 /* What every source starts with. trace is the pool's trace slot: sources
@@ -138,6 +149,13 @@ struct gma__source {
   gma__device_t *dev;
   gma__trace_t *_Atomic const *trace;
   uint64_t ranges, range_bytes; /* address ranges reserved, their bytes (growable) */
+  /* The handle pool (growable, on a device that can keep memory): physical
+   * chunks unmapped from holes by a span given back with keep, held for
+   * the next growth, which maps them before it creates any; not in any
+   * segment, so not in the pool's reserved bytes, but the device's memory
+   * all the same: the pool counts kept_bytes against its limit. */
+  uint64_t kept_bytes, kept_chunks;
+  uint64_t kept_frees, kept_freed_bytes; /* kept chunks freed (device calls), their bytes: ever */
 };
 
 /* source_plain.c: ordinary segments; NULL without host memory. */

@@ -9,10 +9,11 @@
  * Chunk sizes. A growth maps the request's shortfall (what the FREE tail of
  * the segment it extends lacks, or the whole request for a fresh run),
  * rounded to the granularity, in up to GROWTH_PIECES vm_maps of equal
- * size, none smaller than the kind's minimum chunk or 1/128 of the memory
- * limit (pieces_of): a 1 GiB tensor costs at most 51 maps, not 512 (and one
- * on an 80 GiB device), and when a later, smaller block takes part of its
- * place, the free rest spans whole chunks that can go back. A smaller
+ * size, none smaller than the granularity or 1/256 of what the memory limit
+ * still allows (pieces_of): a 1 GiB tensor costs at most 64 maps, not 512
+ * (and 3 on an empty 80 GiB device), and when a later, smaller block takes
+ * part of its place, the free rest spans whole chunks that can go back. A
+ * smaller
  * shortfall maps the kind's minimum chunk instead (chunk[kind]: the large
  * kind's segment size, 20 MiB by default, as PyTorch's expandable segments
  * map for their large pool; four small segments, 8 MiB, for the small
@@ -67,6 +68,11 @@ typedef struct vm_source {
   uint64_t chunk[GMA__NKINDS];          /* each kind's minimum chunk (granular) */
   uint64_t first[GMA__NKINDS];          /* ... while little is mapped: one segment */
   gma__region_t *region[GMA__NKINDS];   /* each kind's ranges (a list) */
+  /* The handle pool: kept chunks (addr 0), base.kept_chunks of them, of
+   * base.kept_bytes; room for kept_cap (take reserves it, so settle cannot
+   * fail). */
+  gma__chunk_t *kept;
+  size_t kept_cap;
 } vm_source_t;
 
 static const gma__source_ops_t vm_ops;
@@ -200,9 +206,14 @@ static uint64_t range_size(const vm_source_t *v, uint64_t gran) {
   return gma__round_up(size, gran);
 }
 
+static uint64_t vm_free_kept(gma__source_t *s, uint64_t *calls);
+
 static void vm_fini(gma__source_t *s) {
   vm_source_t *v = vm_of(s);
   gma__device_t *dev = s->dev;
+  uint64_t calls;
+  vm_free_kept(s, &calls);
+  free(v->kept);
   for (int k = 0; k < GMA__NKINDS; k++) {
     while (v->region[k]) {
       gma__region_t *r = v->region[k];
@@ -330,19 +341,21 @@ static uint64_t chunk_size(const vm_source_t *v, const gma__grow_req_t *req,
   return least > pl->need ? least : pl->need;
 }
 
-/* How many equal chunks a growth of size bytes is mapped in: so that memory
- * a later free leaves in the middle of a large growth spans whole chunks
- * and can go back, up to GROWTH_PIECES, none smaller than the kind's
- * minimum chunk or 1/PIECE_LIMIT_DIV of the memory limit. What a chunk
- * partly in use strands matters only against the limit, and each map costs
- * a device call (tens of us, hundreds beside running work): on an 80 GiB
- * device a 1 GiB growth is one map, in a 4 GiB pool 32 (at most 51 maps
- * per GiB with the default 20 MiB chunk). */
+/* How many equal chunks a growth of size bytes is mapped in, when the
+ * memory limit still allows left more bytes: so that memory a later free
+ * leaves in the middle of a growth spans whole chunks and can go back, up
+ * to GROWTH_PIECES, none smaller than the granularity or 1/PIECE_LEFT_DIV
+ * of left. A chunk partly in use strands its free part, which matters only
+ * as the limit comes near, and each map costs a device call (tens of us,
+ * hundreds beside running work): with 80 GiB left a piece is 320 MiB (a
+ * 1 GiB tensor is 3 maps, a 20 MiB minimum chunk one); with 1 GiB left, 4
+ * MiB; in the last 512 MiB, one granule, so an OOM can give back any
+ * granule-aligned run of free chunks. */
 #define GROWTH_PIECES 64u
-#define PIECE_LIMIT_DIV 128u
-static uint64_t pieces_of(const vm_source_t *v, int kind, uint64_t size) {
-  uint64_t least = v->chunk[kind];
-  if (v->limit / PIECE_LIMIT_DIV > least) least = v->limit / PIECE_LIMIT_DIV;
+#define PIECE_LEFT_DIV 256u
+static uint64_t pieces_of(uint64_t gran, uint64_t size, uint64_t left) {
+  uint64_t least = left / PIECE_LEFT_DIV / gran * gran;
+  if (least < gran) least = gran;
   uint64_t n = size / least;
   return n < 1 ? 1 : n > GROWTH_PIECES ? GROWTH_PIECES : n;
 }
@@ -392,12 +405,52 @@ static gma_status_t map_pieces(gma__source_t *s, gma__region_t *r, uintptr_t add
   return GMA_OK;
 }
 
+/* Maps kept chunks at addr, one after another, the largest that fits in
+ * what is left of size bytes first; the bytes they cover. A kept chunk the
+ * device will not map stays kept, and the growth goes on with new memory. */
+static uint64_t map_kept(gma__source_t *s, gma__region_t *r, uintptr_t addr, uint64_t size,
+                         gma__grown_t *out) {
+  vm_source_t *v = vm_of(s);
+  uint64_t done = 0;
+  while (s->kept_chunks && chunks_reserve(r)) {
+    size_t best = SIZE_MAX;
+    for (size_t i = 0; i < s->kept_chunks; i++)
+      if (v->kept[i].size <= size - done && (best == SIZE_MAX || v->kept[i].size > v->kept[best].size))
+        best = i;
+    if (best == SIZE_MAX) break;
+    gma__chunk_t k = v->kept[best];
+    if (s->dev->ops->vm_map_kept(s->dev, addr + done, k.size, k.handle) != GMA_OK) break;
+    v->kept[best] = v->kept[--s->kept_chunks];
+    s->kept_bytes -= k.size;
+    chunks_insert(r, addr + done, k.size, k.handle);
+    done += k.size;
+    out->calls++;
+    out->remaps++;
+  }
+  return done;
+}
+
+/* Maps size bytes of new memory at addr in pieces_of chunks. Before a
+ * growth of several chunks the device is asked for its free memory, so
+ * that one it cannot hold is refused before any map (a map failing part
+ * way unmaps the pieces before it, under the pool lock). */
+static gma_status_t map_new(gma__source_t *s, gma__region_t *r, uintptr_t addr, uint64_t size,
+                            uint64_t left, gma__grown_t *out) {
+  uint64_t n = pieces_of(r->gran, size, left), dev_free = 0, dev_total = 0;
+  if (n > 1 && s->dev->ops->mem_info(s->dev, &dev_free, &dev_total) == GMA_OK && dev_free < size)
+    return gma__set_error(GMA_ERR_OOM,
+                          "the device has %" PRIu64 " bytes free; a growth of %" PRIu64
+                          " bytes does not fit",
+                          dev_free, size);
+  return map_pieces(s, r, addr, size, n, out);
+}
+
 /* Maps a growth where pl says (reserving another range first when pl
- * found no room): chunk_size bytes, or pl->need with req->least, in
- * pieces_of chunks. Before a growth of several chunks the device is asked
- * for its free memory, so that one it cannot hold is refused before any
- * map (a map failing part way unmaps the pieces before it, under the pool
- * lock). */
+ * found no room): chunk_size bytes, or pl->need with req->least; kept
+ * chunks first (map_kept), then new memory for the rest. Kept chunks too
+ * large for what is left hold memory the new chunks may need: when those
+ * do not fit, the kept ones go back to the device and the new ones are
+ * tried again. All or nothing. */
 static gma_status_t vm_grow(gma__source_t *s, const gma__grow_req_t *req, gma__plan_t *pl,
                             gma__grown_t *out) {
   vm_source_t *v = vm_of(s);
@@ -413,13 +466,16 @@ static gma_status_t vm_grow(gma__source_t *s, const gma__grow_req_t *req, gma__p
   gma__region_t *r = (gma__region_t *)pl->range;
   uint64_t size = req->least ? pl->need : chunk_size(v, req, pl);
   *out = (gma__grown_t){.addr = pl->addr, .size = size, .range = r};
-  uint64_t n = pieces_of(v, req->kind, size), dev_free = 0, dev_total = 0;
-  if (n > 1 && s->dev->ops->mem_info(s->dev, &dev_free, &dev_total) == GMA_OK && dev_free < size)
-    return gma__set_error(GMA_ERR_OOM,
-                          "the device has %" PRIu64 " bytes free; a growth of %" PRIu64
-                          " bytes does not fit",
-                          dev_free, size);
-  return map_pieces(s, r, pl->addr, size, n, out);
+  uint64_t done = map_kept(s, r, pl->addr, size, out);
+  if (done == size) return GMA_OK;
+  gma_status_t st = map_new(s, r, pl->addr + done, size - done, req->left, out);
+  if (st == GMA_ERR_OOM && s->kept_chunks) {
+    uint64_t calls;
+    vm_free_kept(s, &calls);
+    st = map_new(s, r, pl->addr + done, size - done, req->left, out);
+  }
+  if (st != GMA_OK) unmap_pieces(s, r, pl->addr, done, st);
+  return st;
 }
 
 /* The pool could not take the chunks just mapped: unmap them again, or,
@@ -433,10 +489,18 @@ static void vm_ungrow(gma__source_t *s, const gma__grown_t *g) {
 
 static bool vm_take(gma__source_t *s, const void *range, uintptr_t addr, uint64_t size,
                     gma__span_t *out) {
-  (void)s;
+  vm_source_t *v = vm_of(s);
   gma__region_t *r = (gma__region_t *)range;
   size_t ci = chunk_lb(r, addr), cj = ci;
   while (cj < r->nchunks && r->chunks[cj].addr < addr + size) cj++;
+  /* Room in the handle pool for every chunk, should the pool keep them. */
+  if (s->kept_chunks + (cj - ci) > v->kept_cap) {
+    size_t cap = (s->kept_chunks + (cj - ci)) * 2;
+    gma__chunk_t *k = realloc(v->kept, cap * sizeof *k);
+    if (!k) return false;
+    v->kept = k;
+    v->kept_cap = cap;
+  }
   gma__chunk_t *copy = malloc((cj - ci) * sizeof *copy);
   if (!copy) return false;
   for (size_t i = ci; i < cj; i++) r->chunks[i].busy = 1;
@@ -447,20 +511,34 @@ static bool vm_take(gma__source_t *s, const void *range, uintptr_t addr, uint64_
   return true;
 }
 
+/* Unmaps the taken chunks, front first; with x->keep (and a device that can)
+ * their physical memory stays, marked busy 2 in the copies for settle. */
 static void vm_give_back(gma__source_t *s, gma__span_t *x) {
-  const gma__chunk_t *chunks = x->priv;
+  gma__chunk_t *chunks = x->priv;
+  const gma__device_ops_t *ops = s->dev->ops;
+  bool keep = x->keep && ops->vm_unmap_keep;
   x->done = 0;
   x->calls = 0;
   for (size_t i = 0; i < x->npriv; i++) {
-    const gma__chunk_t *c = &chunks[i];
-    if (s->dev->ops->vm_unmap(s->dev, c->addr, c->size, c->handle) != GMA_OK) break;
+    gma__chunk_t *c = &chunks[i];
+    gma_status_t st = keep ? ops->vm_unmap_keep(s->dev, c->addr, c->size, c->handle)
+                           : ops->vm_unmap(s->dev, c->addr, c->size, c->handle);
+    if (st != GMA_OK) break;
+    c->busy = keep ? 2 : 1;
     x->done += c->size;
     x->calls++;
   }
 }
 
 static void vm_settle(gma__source_t *s, gma__span_t *x) {
+  vm_source_t *v = vm_of(s);
   gma__region_t *r = (gma__region_t *)x->range;
+  const gma__chunk_t *copies = x->priv;
+  for (size_t k = 0; k < x->calls; k++) /* take made room for them */
+    if (copies[k].busy == 2) {
+      v->kept[s->kept_chunks++] = (gma__chunk_t){.size = copies[k].size, .handle = copies[k].handle};
+      s->kept_bytes += copies[k].size;
+    }
   size_t i = chunk_lb(r, x->addr);
   chunks_remove(r, i, x->calls);
   r->mapped -= x->done;
@@ -481,6 +559,28 @@ static void vm_reuse(gma__source_t *s, const void *range, uintptr_t addr, uint64
 
 static void vm_drop(gma__source_t *s, const void *range, uintptr_t addr, uint64_t size) {
   (void)s, (void)range, (void)addr, (void)size; /* vm_fini unmaps every chunk */
+}
+
+/* Frees every kept chunk the device will free; the rest stay kept. */
+static uint64_t vm_free_kept(gma__source_t *s, uint64_t *calls) {
+  vm_source_t *v = vm_of(s);
+  uint64_t freed = 0;
+  size_t left = 0;
+  *calls = 0;
+  for (size_t i = 0; i < s->kept_chunks; i++) {
+    gma__chunk_t k = v->kept[i];
+    if (s->dev->ops->vm_free_kept(s->dev, k.handle, k.size) == GMA_OK) {
+      freed += k.size;
+      (*calls)++;
+    } else {
+      v->kept[left++] = k;
+    }
+  }
+  s->kept_chunks = left;
+  s->kept_bytes -= freed;
+  s->kept_frees += *calls;
+  s->kept_freed_bytes += freed;
+  return freed;
 }
 
 /* ---- Checks -----------------------------------------------------------------------*/
@@ -532,6 +632,10 @@ bool gma__vm_check(const gma__source_t *s, const gma__seg_view_t *v, size_t n) {
       }
     }
   }
+  uint64_t kept = 0;
+  for (size_t i = 0; i < s->kept_chunks; i++) kept += vs->kept[i].size;
+  if (kept != s->kept_bytes || s->kept_chunks > vs->kept_cap)
+    return invalid("the handle pool's bytes differ from its chunks", 0);
   /* Every growable segment belongs to one of its kind's ranges. */
   for (size_t j = 0; j < n; j++) {
     const gma__region_t *r = vs->region[v[j].kind < GMA__NKINDS ? v[j].kind : 0];
@@ -552,4 +656,5 @@ static const gma__source_ops_t vm_ops = {
     .reuse = vm_reuse,
     .drop = vm_drop,
     .fini = vm_fini,
+    .free_kept = vm_free_kept,
 };

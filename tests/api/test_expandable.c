@@ -25,7 +25,7 @@ static gma_t *expandable(const char *extra) {
   bool own_capacity = extra && strstr(extra, "sim_capacity:");
   bool own_chunk = extra && strstr(extra, "large_segment:");
   snprintf(conf, sizeof conf, "expandable_segments:true,worker:off%s%s%s%s",
-           own_capacity ? "" : ",sim_capacity:1G", own_chunk ? "" : ",large_segment:2M",
+           own_capacity ? "" : ",sim_capacity:32G", own_chunk ? "" : ",large_segment:2M",
            extra ? "," : "", extra ? extra : "");
   return sim_allocator(conf);
 }
@@ -183,9 +183,9 @@ static void free_chunks_go_back_at_oom(void) {
  * quarter of what it has mapped, from one small segment (2 MiB) up to four
  * (8 MiB), so many growths share a map and a few small tensors map 2 MiB;
  * near the limit (a chunk more than 1/16 of what is left) a growth maps
- * only what it lacks. */
+ * only what it lacks. Under a 32 GiB limit every growth here is one map. */
 static void minimum_chunks(void) {
-  gma_t *g = sim_allocator("expandable_segments:true,worker:off,sim_capacity:1G");
+  gma_t *g = sim_allocator("expandable_segments:true,worker:off,sim_capacity:32G");
   void *p[7];
   for (int i = 0; i < 6; i++) p[i] = alloc_on(g, 3 * MiB, NULL);
   gma_stats_t s = stats_of(g);
@@ -198,10 +198,10 @@ static void minimum_chunks(void) {
   s = stats_of(g);
   CHECK(s.num_device_allocs == 3 && s.reserved.current == 42 * MiB);
   /* More than a chunk: the 19 free MiB after p[6] and just the 82 MiB it
-   * lacks, in four pieces of at least the minimum chunk. */
+   * lacks, in one map (a piece is at least 1/256 of the 32 GiB left). */
   void *big = alloc_on(g, 100 * MiB, NULL);
   s = stats_of(g);
-  CHECK(s.num_device_allocs == 7 && s.reserved.current == 124 * MiB);
+  CHECK(s.num_device_allocs == 4 && s.reserved.current == 124 * MiB);
   CHECK((char *)big == (char *)p[6] + 3 * MiB);
   CHECK_OK(gma_free(g, big));
   CHECK_OK(gma_free(g, tiny));
@@ -209,7 +209,8 @@ static void minimum_chunks(void) {
   CHECK_OK(gma_destroy(g));
 
   /* 64 MiB device: 20 MiB is more than 1/16 of what is left, so growths map
-   * their shortfall, and the workload fits to the granule. */
+   * their shortfall, one map per granule (1/256 of what is left is less), and
+   * the workload fits to the granule. */
   g = sim_allocator("expandable_segments:true,worker:off,sim_capacity:64M");
   for (int i = 0; i < 7; i++) p[i] = alloc_on(g, 3 * MiB, NULL);
   /* 21 MiB in granules; the 512 bytes get a small chunk of their own, not
@@ -217,7 +218,7 @@ static void minimum_chunks(void) {
    * the large chunk under it). */
   tiny = alloc_on(g, 512, NULL);
   s = stats_of(g);
-  CHECK(s.reserved.current == 24 * MiB && s.num_device_allocs == 8);
+  CHECK(s.reserved.current == 24 * MiB && s.num_device_allocs == 12);
   CHECK((char *)tiny != (char *)p[6] + 3 * MiB);
   CHECK_OK(gma_free(g, tiny));
   for (int i = 0; i < 7; i++) CHECK_OK(gma_free(g, p[i]));
@@ -225,7 +226,7 @@ static void minimum_chunks(void) {
 
   /* The small kind's chunk grows with it: 2 MiB while it holds less than
    * 16 MiB (a quarter of that is two granules), then 4, 6, 8 and no more. */
-  g = sim_allocator("expandable_segments:true,worker:off,sim_capacity:1G");
+  g = sim_allocator("expandable_segments:true,worker:off,sim_capacity:32G");
   void *q[60];
   const uint64_t maps_at[] = {2, 4, 6, 8, 10, 12, 14, 16, 20, 24, 30, 36, 44, 52, 60};
   size_t k = 0;
@@ -364,10 +365,11 @@ static void trim_keeps_partly_used_chunks(void) {
   CHECK_OK(gma_destroy(g));
 }
 
-/* A large request is a few map calls (none under the minimum chunk, here
- * 64 MiB), not one per granule; one under two pieces' worth is one map. */
+/* A large request is a few map calls (none under 1/256 of what the limit
+ * still allows, here 64 MiB), not one per granule; one under two pieces'
+ * worth is one map. */
 static void large_request_few_maps(void) {
-  gma_t *g = expandable("sim_capacity:2G,large_segment:64M");
+  gma_t *g = expandable("sim_capacity:16G,large_segment:64M");
   void *p = NULL;
   CHECK_OK(gma_alloc(g, 700 * MiB + 123, NULL, &p));
   gma_stats_t s = stats_of(g);

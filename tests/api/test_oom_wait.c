@@ -168,19 +168,33 @@ static void fragmentation_message(void) {
     if (i != 1 && i != 4) CHECK_OK(gma_free(g, p[i]));
   CHECK_OK(gma_destroy(g));
 
-  /* Growable segments coalesce already: the advice is not to turn them on,
-   * but smaller chunks. Near the limit each growth maps what it lacks, so
-   * 3 MiB blocks lie across 2 MiB-granular chunks; the freed ones leave
-   * pieces whose chunks still hold live neighbours. */
+  /* Growable segments coalesce already: the advice is not to turn them on.
+   * Near the limit each growth maps what it lacks, one granule (2 MiB) per
+   * chunk, so 1.5 MiB blocks lie across chunks; a freed one leaves a piece
+   * that holds no whole chunk, so none of it can go back. */
   g = sim_allocator_ordinary("memory_limit:40M,worker:off,expandable_segments:true,sim_capacity:1G");
-  void *r[13];
-  for (int i = 0; i < 13; i++) CHECK_OK(gma_alloc(g, 3 * MiB, NULL, &r[i]));
-  for (int i = 1; i < 13; i += 3) CHECK_OK(gma_free(g, r[i]));
+  void *r[26];
+  for (int i = 0; i < 26; i++) CHECK_OK(gma_alloc(g, 3 * MiB / 2, NULL, &r[i]));
+  for (int i = 1; i < 26; i += 3) CHECK_OK(gma_free(g, r[i]));
   CHECK_OK(gma_stream_synchronize(g, NULL));
   CHECK_ST(gma_alloc(g, 8 * MiB, NULL, &q), GMA_ERR_OOM);
   CHECK(strstr(gma_last_error(), "fragmentation") != NULL);
+  CHECK(strstr(gma_last_error(), "largest free block is 1572864") != NULL);
   CHECK(strstr(gma_last_error(), "expandable_segments:true") == NULL);
   CHECK(strstr(gma_last_error(), "smaller minimum chunk") != NULL);
+  for (int i = 0; i < 26; i++)
+    if (i % 3 != 1) CHECK_OK(gma_free(g, r[i]));
+  CHECK_OK(gma_destroy(g));
+
+  /* With 3 MiB blocks each freed one holds a whole chunk: those go back and
+   * an 8 MiB request takes them at a new address. */
+  g = sim_allocator_ordinary("memory_limit:40M,worker:off,expandable_segments:true,sim_capacity:1G");
+  for (int i = 0; i < 13; i++) CHECK_OK(gma_alloc(g, 3 * MiB, NULL, &r[i]));
+  for (int i = 1; i < 13; i += 3) CHECK_OK(gma_free(g, r[i]));
+  CHECK_OK(gma_stream_synchronize(g, NULL));
+  CHECK_OK(gma_alloc(g, 8 * MiB, NULL, &q));
+  CHECK(stats_of(g).reserved.current <= 40 * MiB);
+  CHECK_OK(gma_free(g, q));
   for (int i = 0; i < 13; i++)
     if (i % 3 != 1) CHECK_OK(gma_free(g, r[i]));
   CHECK_OK(gma_destroy(g));

@@ -474,6 +474,7 @@ typedef struct fc_range {
   bool map;            /* made by cuMemMap */
   bool access;         /* map: cuMemSetAccess made it read-write for its device */
   fc_handle_t *h;      /* map: the handle mapped here */
+  uint64_t simh;       /* map: the sim's handle of the mapping's memory */
 } fc_range_t;
 
 /* A VMM reservation. The sim's reservation may be larger, when the asked
@@ -3088,7 +3089,8 @@ CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
     r = from_sim(d->sim->ops->vm_map(d->sim, (uintptr_t)ptr, size, &simh),
                  CUDA_ERROR_INVALID_VALUE);
   if (r == CUDA_SUCCESS) {
-    fc_range_t rec = {.addr = (uintptr_t)ptr, .size = size, .dev = di, .map = true, .h = h};
+    fc_range_t rec = {.addr = (uintptr_t)ptr, .size = size, .dev = di, .map = true, .h = h,
+                      .simh = simh};
     pthread_mutex_lock(&fc.mu);
     bool ok = vec_insert(&fc.ranges, &rec);
     if (ok) h->mapped_at = (uintptr_t)ptr;
@@ -3151,8 +3153,7 @@ CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
   }
   pthread_mutex_unlock(&fc.mu);
   for (size_t k = 0; k < n && gone; k++) {
-    /* The sim names a mapping's memory by its address. */
-    if (d->sim->ops->vm_unmap(d->sim, gone[k].addr, gone[k].size, gone[k].addr) != GMA_OK) {
+    if (d->sim->ops->vm_unmap(d->sim, gone[k].addr, gone[k].size, gone[k].simh) != GMA_OK) {
       fprintf(stderr, "fakecuda: cuMemUnmap(0x%llx): the simulated device refused it\n",
               (unsigned long long)gone[k].addr);
       r = CUDA_ERROR_UNKNOWN;

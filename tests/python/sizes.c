@@ -72,6 +72,8 @@ int main(void) {
   F(gma_stats_t, graph_pools); F(gma_stats_t, graph_pool_bytes);
   F(gma_stats_t, graph_pool_cached_bytes); F(gma_stats_t, graph_captures);
   F(gma_stats_t, address_ranges); F(gma_stats_t, address_reserved_bytes);
+  F(gma_stats_t, kept_bytes); F(gma_stats_t, kept_chunks); F(gma_stats_t, num_device_remaps);
+  F(gma_stats_t, num_device_keeps); F(gma_stats_t, num_kept_frees);
   end();
   BEGIN(gma_transformer_t);
   F(gma_transformer_t, size); F(gma_transformer_t, hidden); F(gma_transformer_t, intermediate);

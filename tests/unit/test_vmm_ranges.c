@@ -20,11 +20,11 @@ static bool in_range(const gma__region_t *r, const void *ptr, uint64_t size) {
   return a >= r->base && a + size <= r->base + r->size;
 }
 
-/* A large growth maps equal chunks of at least the minimum chunk (20 MiB)
- * and 1/128 of the memory limit, so a smaller block that later takes its
- * place leaves whole chunks free that go back; a growth whose third map
- * fails unmaps the two before it and leaves nothing. Under a limit 4x
- * larger, the same growth maps a quarter as many chunks. */
+/* A large growth maps equal chunks of at least 1/256 of what the memory
+ * limit still allows, so a smaller block that later takes its place leaves
+ * whole chunks free that go back; a growth whose third map fails unmaps
+ * the two before it and leaves nothing. Under a limit 4x larger, the same
+ * growth maps a quarter as many chunks. */
 static void growth_in_pieces(void) {
   gma_t *g = sim_allocator("expandable_segments:true,worker:off,sim_capacity:4G");
   gma__pool_t *p = gma__pool_of(g);
@@ -44,13 +44,13 @@ static void growth_in_pieces(void) {
   CHECK_OK(gma_stream_synchronize(g, NULL));
   CHECK_OK(gma_empty_cache(g));
   s0 = stats_of(g);
-  CHECK_OK(gma_alloc(g, 1024 * MiB, NULL, &a)); /* 32 chunks of 4 GiB / 128 */
+  CHECK_OK(gma_alloc(g, 1024 * MiB, NULL, &a)); /* 64 chunks of 4 GiB / 256 */
   s1 = stats_of(g);
-  CHECK(s1.num_device_allocs - s0.num_device_allocs == 32 && r->nchunks == 32);
+  CHECK(s1.num_device_allocs - s0.num_device_allocs == 64 && r->nchunks == 64);
   CHECK_OK(gma_free(g, a));
   CHECK_OK(gma_stream_synchronize(g, NULL));
-  CHECK_OK(gma_alloc(g, 384 * MiB, NULL, &b)); /* the first twelve chunks */
-  CHECK_OK(gma_trim(g, 0));                    /* the other twenty go back */
+  CHECK_OK(gma_alloc(g, 384 * MiB, NULL, &b)); /* the first 24 chunks */
+  CHECK_OK(gma_trim(g, 0));                    /* the other 40 go back */
   gma_stats_t s2 = stats_of(g);
   CHECK(s2.reserved.current == 384 * MiB && r->mapped == 384 * MiB);
   pthread_mutex_lock(&p->lock);
@@ -62,11 +62,11 @@ static void growth_in_pieces(void) {
   CHECK(live.device_bytes == 0);
   g = sim_allocator("expandable_segments:true,worker:off,sim_capacity:16G");
   s0 = stats_of(g);
-  CHECK_OK(gma_alloc(g, 1024 * MiB, NULL, &a)); /* chunks of 16 GiB / 128 */
-  CHECK(stats_of(g).num_device_allocs - s0.num_device_allocs == 8);
+  CHECK_OK(gma_alloc(g, 1024 * MiB, NULL, &a)); /* chunks of 16 GiB / 256 */
+  CHECK(stats_of(g).num_device_allocs - s0.num_device_allocs == 16);
   CHECK_OK(gma_free(g, a));
   CHECK_OK(gma_destroy(g));
-  printf("growth in pieces: 32 maps for 1 GiB under a 4 GiB limit, 8 under 16 GiB; 640 MiB "
+  printf("growth in pieces: 64 maps for 1 GiB under a 4 GiB limit, 16 under 16 GiB; 640 MiB "
          "went back under a 384 MiB block\n");
 }
 
@@ -88,8 +88,9 @@ static void short_device_maps_nothing(void) {
          " MiB\n", tried, live.device_bytes / MiB);
   CHECK(tried == 0 && live.device_bytes == 512 * MiB);
   CHECK_OK(p->dev->ops->mem_free(p->dev, outside, 512 * MiB));
-  CHECK_OK(gma_alloc(g, 768 * MiB, NULL, &a)); /* now it fits: 768 / 64 = 12 chunks */
-  CHECK(stats_of(g).num_device_allocs == 12);
+  /* Now it fits: pieces of 1 GiB / 256 would be 192, so 64 (the most) of 12 MiB. */
+  CHECK_OK(gma_alloc(g, 768 * MiB, NULL, &a));
+  CHECK(stats_of(g).num_device_allocs == 64);
   CHECK_OK(gma_free(g, a));
   CHECK_OK(gma_destroy(g));
 }
@@ -153,7 +154,8 @@ int main(void) {
   CHECK_OK(gma_free(g, a));
   CHECK_OK(gma_stream_synchronize(g, NULL));
   CHECK_OK(gma_trim(g, 0)); /* a 4 MiB hole at the range's start */
-  /* 6 MiB fits no run of the first range: a second range, one map. */
+  /* 6 MiB fits no run of the first range: a second range. Each growth here
+   * maps one granule per call (1/256 of a 256 MiB limit is less). */
   CHECK_OK(gma_alloc(g, 6 * MiB, NULL, &c));
   gma_stats_t s;
   s = stats_of(g);
@@ -161,7 +163,7 @@ int main(void) {
   CHECK(r->next->size >= 4 * 256 * MiB);
   CHECK(s.address_ranges == 3 &&
         s.address_reserved_bytes == s0.address_reserved_bytes + r->next->size);
-  CHECK(s.num_device_allocs == 3 && s.reserved.current == 10 * MiB);
+  CHECK(s.num_device_allocs == 7 && s.reserved.current == 10 * MiB);
   memset(c, 1, 6 * MiB);
   /* A request that fits the hole goes back to the first range. */
   CHECK_OK(gma_alloc(g, 3 * MiB, NULL, &d));
@@ -176,7 +178,7 @@ int main(void) {
   CHECK_OK(gma_stream_synchronize(g, NULL));
   CHECK_OK(gma_empty_cache(g));
   s = stats_of(g);
-  CHECK(s.reserved.current == 0 && s.num_device_frees == 4);
+  CHECK(s.reserved.current == 0 && s.num_device_frees == 9 && s.num_device_allocs == 9);
   pthread_mutex_lock(&p->lock);
   r->size = real;
   pthread_mutex_unlock(&p->lock);
