@@ -1014,9 +1014,10 @@ GMA_API gma_status_t gma_live_report(gma_t *g, size_t rows, char *buf, size_t le
 GMA_API gma_status_t gma_trace_start(gma_t *g, const char *path);
 /* Writes what is buffered and closes the trace; GMA_OK when none runs. */
 GMA_API gma_status_t gma_trace_stop(gma_t *g);
-/* Writes g's segments and blocks (address, size, state, stream, requested
- * size, tag) as JSON to path, taken under the pool lock (a consistent
- * picture). GMA_ERR_INVALID_ARGUMENT if the file cannot be created or
+/* Writes g's segments (and a growable one's address range id) and blocks
+ * (address, size, state, stream, requested size, tag), and the handle
+ * pool's kept bytes, as JSON to path, taken under the pool lock (a
+ * consistent picture). GMA_ERR_INVALID_ARGUMENT if the file cannot be created or
  * written. Any thread. */
 GMA_API gma_status_t gma_snapshot_json(gma_t *g, const char *path);
 

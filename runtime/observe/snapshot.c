@@ -69,15 +69,18 @@ static void json_locked(void *arg) {
       }
   fprintf(f,
           "{\"version\":1,\"device\":\"%s\",\"reserved\":%" PRIu64 ",\"allocated\":%" PRIu64
-          ",\"requested\":%" PRIu64 ",\"segments\":[",
-          g->dev->name, p->c.reserved.current, live, requested);
+          ",\"requested\":%" PRIu64 ",\"kept\":%" PRIu64 ",\"segments\":[",
+          g->dev->name, p->c.reserved.current, live, requested, p->src->kept_bytes);
   for (size_t i = 0; i < p->nsegs; i++) {
     gma__segment_t *seg = p->segs[i];
+    /* A growable segment names its address range (an id, 0 for none):
+     * between two segments of one range the addresses are unmapped. */
+    uintptr_t range = (uintptr_t)seg->range;
     fprintf(f,
             "%s\n{\"address\":\"0x%" PRIxPTR "\",\"size\":%" PRIu64
-            ",\"pool\":\"%s\",\"growable\":%s,\"blocks\":[",
+            ",\"pool\":\"%s\",\"growable\":%s,\"range\":\"0x%" PRIxPTR "\",\"blocks\":[",
             i ? "," : "", seg->base, seg->size, seg->kind == GMA__SMALL ? "small" : "large",
-            seg->range ? "true" : "false");
+            seg->range ? "true" : "false", range);
     json_segment(g, f, seg);
     fputs("]}", f);
   }

@@ -393,6 +393,32 @@ class VizTest(unittest.TestCase):
         self.assertIsNone(self.by_id(root, "series-allocated"))
         self.assertIsNotNone(self.by_id(root, "snapshot-totals"))
 
+    def test_unmapped_holes(self):
+        # Three growable segments of one range with gaps between them, one of
+        # another range right after: two holes, marked between the first
+        # three only; the kept bytes are in the totals.
+        base, segs = 0x7f0000000000, []
+        for i, (off, rng) in enumerate(((0, "0x1"), (6 * MIB, "0x1"), (16 * MIB, "0x1"),
+                                        (20 * MIB, "0x2"))):
+            segs.append({"address": hex(base + off), "size": 4 * MIB, "pool": "large",
+                         "growable": True, "range": rng,
+                         "blocks": [{"address": hex(base + off), "size": 4 * MIB,
+                                     "state": "live", "stream": "0x0", "requested": 4 * MIB}]})
+        snap = write(self.path("h.json"), json.dumps({"version": 1, "device": "sim",
+                                                      "kept": 2 * MIB, "segments": segs}))
+        self.ok("--snapshot", snap, "--svg", self.path("o.svg"))
+        root = self.svg("o.svg")
+        holes = [el for el in root.iter() if el.get("class") == "hole"]
+        titles = ["".join(h.itertext()) for h in holes]
+        self.assertEqual(sorted(t for t in titles if t),
+                         ["unmapped hole · 2.00 MiB of address space, no memory",
+                          "unmapped hole · 6.00 MiB of address space, no memory"])
+        self.assertEqual(len(holes), 3)  # and the legend's
+        all_text = texts(root)
+        self.assertTrue(any(t.endswith("· 2 unmapped holes") for t in all_text), all_text)
+        self.assertIn("kept (unmapped, held for the next growth) 2.00 MiB",
+                      "".join(self.by_id(root, "snapshot-totals").itertext()))
+
     def test_bad_input(self):
         out = self.path("o.svg")
         missing = write(self.path("m.csv"), "Event,Time,Allocated,Reserved\n0,0,1,1\n")
