@@ -213,8 +213,10 @@ gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r) {
   gma__lock(&p->lock, GMA__RANK_POOL);
   gma__streams_poll(p, true);
   gma__stats_sample(p);
-  /* The handle pool first: kept chunks are memory no segment uses. */
+  /* The handle pool first: kept chunks are memory no segment uses; what
+   * the device refuses stays kept (the trim says so). */
   uint64_t kept = p->growable ? gma__segs_free_kept(p) : 0;
+  bool kept_refused = p->src->kept_chunks > 0;
   /* Detach the chosen free segments under the lock; give them back after
    * unlocking, so a slow device free (cuMemFree synchronizes) never holds up
    * other callers. First those idle too long, then until at most keep bytes
@@ -233,7 +235,7 @@ gma_status_t gma__pool_release(gma__pool_t *p, const gma__release_t *r) {
   p->leaving += leaving + ordinary;
   GMA__VALIDATE(p);
   gma__unlock(&p->lock);
-  gma_status_t st = GMA_OK;
+  gma_status_t st = kept_refused ? GMA_ERR_DEVICE : GMA_OK; /* message kept */
   uint64_t freed = kept, freed_idle = 0;
   for (size_t i = 0; i < nr; i++) {
     p->src->ops->give_back(p->src, &spans[i]);

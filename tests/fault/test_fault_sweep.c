@@ -445,6 +445,9 @@ static void workload(run_t *r, bool free_at_end) {
       step(r, "gma_stream_synchronize", gma_stream_synchronize(g, s2), GMA_OK); /* no order */
   }
   if (big) release(r, big);
+  /* Growable: the OOM retry unmapped free chunks into the handle pool; a
+   * trim frees them (vm_free_kept). */
+  step(r, "gma_trim(0)", gma_trim(g, 0), GMA_OK);
 
   /* The OOM wait: a block of two thirds of what is not live, freed on s1
    * while a kernel there still uses it, is the only memory a second such
