@@ -768,15 +768,15 @@ static void result_from_stats(replay_result_t *r, const gma_stats_t *s, bool gro
   r->peak_reserved = s->reserved.peak;
   r->device_allocs = s->num_device_allocs;
   r->device_frees = s->num_device_frees;
-  /* Reserved bytes are the bytes backed by device memory, and under growable
-   * ranges each device allocation or free is one chunk's map (which creates
-   * it) or unmap (replay.h, replay_result_t). */
+  /* Reserved bytes are the bytes mapped; under growable ranges each device
+   * allocation or free is one chunk's map (a create too, unless the chunk
+   * was kept) or unmap (replay.h, replay_result_t). */
   r->mapped_peak = s->reserved.peak;
   r->growable = growable;
   if (growable) {
     r->vm_maps = s->num_device_allocs;
     r->vm_unmaps = s->num_device_frees;
-    r->vm_creates = s->num_device_allocs;
+    r->vm_creates = s->num_device_allocs - s->num_device_remaps;
   }
   r->hits_bin = s->hits_bin;
   r->hits_stream = s->hits_stream;

@@ -137,15 +137,16 @@ typedef struct replay_result {
   uint64_t recorded_peak_reserved;   /* from the trace's segment rows; 0 if none */
   double fragmentation_at_peak;      /* gma's fragmentation at the sample of peak reserved */
   uint64_t device_allocs, device_frees;
-  /* Physical memory. gma's reserved bytes are the bytes backed by device
-   * memory (ordinary segments, or the chunks mapped into growable ranges;
-   * address space reserved but not mapped is not counted), so mapped_peak is
-   * gma's reserved.peak. The vm_* counts are the growable ranges' successful
-   * device calls, read from gma_stats: vm_maps the chunks mapped
+  /* Physical memory. gma's reserved bytes are the bytes mapped (ordinary
+   * segments, or the chunks mapped into growable ranges; address space
+   * reserved but not mapped is not counted), so mapped_peak is gma's
+   * reserved.peak; kept chunks (the handle pool, held unmapped during an
+   * OOM retry) are not in it. The vm_* counts are the growable ranges'
+   * successful device calls, read from gma_stats: vm_maps the chunks mapped
    * (num_device_allocs), vm_unmaps those unmapped (num_device_frees), and
-   * vm_creates the physical chunks created, one per map (the device's vm_map
-   * creates the memory it maps). With ordinary segments (growable 0) the three
-   * are 0: their device calls are device_allocs and device_frees. */
+   * vm_creates the physical chunks created (the maps less those of kept
+   * chunks, num_device_remaps). With ordinary segments (growable 0) the
+   * three are 0: their device calls are device_allocs and device_frees. */
   uint64_t mapped_peak;
   uint64_t vm_maps, vm_unmaps, vm_creates;
   int growable;                      /* the configuration had expandable_segments:true */
