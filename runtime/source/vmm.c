@@ -9,11 +9,10 @@
  * Chunk sizes. A growth maps the request's shortfall (what the FREE tail of
  * the segment it extends lacks, or the whole request for a fresh run),
  * rounded to the granularity, in up to GROWTH_PIECES vm_maps of equal
- * size, none smaller than the granularity or 1/256 of what the memory limit
- * still allows (pieces_of): a 1 GiB tensor costs at most 64 maps, not 512
- * (and 3 on an empty 80 GiB device), and when a later, smaller block takes
- * part of its place, the free rest spans whole chunks that can go back. A
- * smaller
+ * size, none smaller than the granularity or 1/256 of the memory limit
+ * (pieces_of): a 1 GiB tensor costs at most 64 maps, not 512 (and 3 on an
+ * 80 GiB device), and when a later, smaller block takes part of its place,
+ * the free rest spans whole chunks that can go back. A smaller
  * shortfall maps the kind's minimum chunk instead (chunk[kind]: the large
  * kind's segment size, 20 MiB by default, as PyTorch's expandable segments
  * map for their large pool; four small segments, 8 MiB, for the small
@@ -341,20 +340,22 @@ static uint64_t chunk_size(const vm_source_t *v, const gma__grow_req_t *req,
   return least > pl->need ? least : pl->need;
 }
 
-/* How many equal chunks a growth of size bytes is mapped in, when the
- * memory limit still allows left more bytes: so that memory a later free
- * leaves in the middle of a growth spans whole chunks and can go back, up
- * to GROWTH_PIECES, none smaller than the granularity or 1/PIECE_LEFT_DIV
- * of left. A chunk partly in use strands its free part, which matters only
- * as the limit comes near, and each map costs a device call (tens of us,
- * hundreds beside running work): with 80 GiB left a piece is 320 MiB (a
- * 1 GiB tensor is 3 maps, a 20 MiB minimum chunk one); with 1 GiB left, 4
- * MiB; in the last 512 MiB, one granule, so an OOM can give back any
- * granule-aligned run of free chunks. */
+/* How many equal chunks a growth of size bytes is mapped in: so that memory
+ * a later free leaves in the middle of a growth spans whole chunks and can
+ * go back, up to GROWTH_PIECES, none smaller than the granularity or
+ * 1/PIECE_LIMIT_DIV of the memory limit. A chunk partly in use strands at
+ * most its free part, so a hole strands less than 0.4% of the limit; each
+ * map costs a device call (tens of us, hundreds beside running work), so a
+ * growth of 1% of the limit is two maps: on an 80 GiB device a 1 GiB growth
+ * is three maps of 320 MiB, and a 20 MiB minimum chunk one; under a 1 GiB
+ * limit a 20 MiB chunk is five maps of 4 MiB, which an OOM can give back
+ * one by one. (1/256 of what the limit still allows instead needed 0.2% less
+ * memory on the sixteen traces, but a 1 GiB growth near a full 80 GiB
+ * device took 41 maps.) */
 #define GROWTH_PIECES 64u
-#define PIECE_LEFT_DIV 256u
-static uint64_t pieces_of(uint64_t gran, uint64_t size, uint64_t left) {
-  uint64_t least = left / PIECE_LEFT_DIV / gran * gran;
+#define PIECE_LIMIT_DIV 256u
+static uint64_t pieces_of(uint64_t gran, uint64_t size, uint64_t limit) {
+  uint64_t least = limit / PIECE_LIMIT_DIV / gran * gran;
   if (least < gran) least = gran;
   uint64_t n = size / least;
   return n < 1 ? 1 : n > GROWTH_PIECES ? GROWTH_PIECES : n;
@@ -431,13 +432,15 @@ static uint64_t map_kept(gma__source_t *s, gma__region_t *r, uintptr_t addr, uin
 }
 
 /* Maps size bytes of new memory at addr in pieces_of chunks. Before a
- * growth of several chunks the device is asked for its free memory, so
- * that one it cannot hold is refused before any map (a map failing part
- * way unmaps the pieces before it, under the pool lock). */
+ * growth of more than CHECKED_PIECES chunks the device is asked for its
+ * free memory, so that one it cannot hold is refused before any map (a map
+ * failing part way unmaps the pieces before it, under the pool lock). */
+#define CHECKED_PIECES 3u
 static gma_status_t map_new(gma__source_t *s, gma__region_t *r, uintptr_t addr, uint64_t size,
-                            uint64_t left, gma__grown_t *out) {
-  uint64_t n = pieces_of(r->gran, size, left), dev_free = 0, dev_total = 0;
-  if (n > 1 && s->dev->ops->mem_info(s->dev, &dev_free, &dev_total) == GMA_OK && dev_free < size)
+                            gma__grown_t *out) {
+  uint64_t n = pieces_of(r->gran, size, vm_of(s)->limit), dev_free = 0, dev_total = 0;
+  if (n > CHECKED_PIECES && s->dev->ops->mem_info(s->dev, &dev_free, &dev_total) == GMA_OK &&
+      dev_free < size)
     return gma__set_error(GMA_ERR_OOM,
                           "the device has %" PRIu64 " bytes free; a growth of %" PRIu64
                           " bytes does not fit",
@@ -468,11 +471,11 @@ static gma_status_t vm_grow(gma__source_t *s, const gma__grow_req_t *req, gma__p
   *out = (gma__grown_t){.addr = pl->addr, .size = size, .range = r};
   uint64_t done = map_kept(s, r, pl->addr, size, out);
   if (done == size) return GMA_OK;
-  gma_status_t st = map_new(s, r, pl->addr + done, size - done, req->left, out);
+  gma_status_t st = map_new(s, r, pl->addr + done, size - done, out);
   if (st == GMA_ERR_OOM && s->kept_chunks) {
     uint64_t calls;
     vm_free_kept(s, &calls);
-    st = map_new(s, r, pl->addr + done, size - done, req->left, out);
+    st = map_new(s, r, pl->addr + done, size - done, out);
   }
   if (st != GMA_OK) unmap_pieces(s, r, pl->addr, done, st);
   return st;

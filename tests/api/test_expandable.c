@@ -198,7 +198,7 @@ static void minimum_chunks(void) {
   s = stats_of(g);
   CHECK(s.num_device_allocs == 3 && s.reserved.current == 42 * MiB);
   /* More than a chunk: the 19 free MiB after p[6] and just the 82 MiB it
-   * lacks, in one map (a piece is at least 1/256 of the 32 GiB left). */
+   * lacks, in one map (a piece is at least 1/256 of the 32 GiB limit). */
   void *big = alloc_on(g, 100 * MiB, NULL);
   s = stats_of(g);
   CHECK(s.num_device_allocs == 4 && s.reserved.current == 124 * MiB);
@@ -209,7 +209,7 @@ static void minimum_chunks(void) {
   CHECK_OK(gma_destroy(g));
 
   /* 64 MiB device: 20 MiB is more than 1/16 of what is left, so growths map
-   * their shortfall, one map per granule (1/256 of what is left is less), and
+   * their shortfall, one map per granule (1/256 of the limit is less), and
    * the workload fits to the granule. */
   g = sim_allocator("expandable_segments:true,worker:off,sim_capacity:64M");
   for (int i = 0; i < 7; i++) p[i] = alloc_on(g, 3 * MiB, NULL);
@@ -365,8 +365,8 @@ static void trim_keeps_partly_used_chunks(void) {
   CHECK_OK(gma_destroy(g));
 }
 
-/* A large request is a few map calls (none under 1/256 of what the limit
- * still allows, here 64 MiB), not one per granule; one under two pieces'
+/* A large request is a few map calls (none under 1/256 of the limit, here
+ * 64 MiB), not one per granule; one under two pieces'
  * worth is one map. */
 static void large_request_few_maps(void) {
   gma_t *g = expandable("sim_capacity:16G,large_segment:64M");

@@ -342,8 +342,8 @@ static void scenario_growable(void) {
   drain(g);
   CHECK(fc_used(0) == 0);
 
-  /* A large request is a few physical chunks (none under 1/256 of what the
-   * limit still allows: 32 MiB of the 8 GiB device), each one cuMemCreate,
+  /* A large request is a few physical chunks (none under 1/256 of the
+   * limit: 32 MiB of the 8 GiB device), each one cuMemCreate,
    * one cuMemMap and one cuMemSetAccess for its whole run (not one per
    * granule), and each goes back with one cuMemUnmap. */
   unsigned long long cr = fc_calls("cuMemCreate"), mp = fc_calls("cuMemMap"),

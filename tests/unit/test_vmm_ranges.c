@@ -20,8 +20,8 @@ static bool in_range(const gma__region_t *r, const void *ptr, uint64_t size) {
   return a >= r->base && a + size <= r->base + r->size;
 }
 
-/* A large growth maps equal chunks of at least 1/256 of what the memory
- * limit still allows, so a smaller block that later takes its place leaves
+/* A large growth maps equal chunks of at least 1/256 of the memory limit,
+ * so a smaller block that later takes its place leaves
  * whole chunks free that go back; a growth whose third map fails unmaps
  * the two before it and leaves nothing. Under a limit 4x larger, the same
  * growth maps a quarter as many chunks. */
