@@ -325,56 +325,52 @@ static void unmap_locked(sim_device_t *dev, sim_alloc_t *a) {
        MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 }
 
+/* Unmaps exactly one mapping of handle at addr; its physical memory is
+ * freed, or with keep kept under the handle (still counted as used) for
+ * vm_map_kept or vm_free_kept. The contents are not kept (a GPU's are, but
+ * gma never relies on them). */
+static gma_status_t unmap_one(sim_device_t *dev, uintptr_t addr, uint64_t size, uint64_t handle,
+                              bool keep) {
+  gma__lock(&dev->mem_mu, GMA__RANK_SIM_MEM);
+  sim_alloc_t *a = (sim_alloc_t *)gma__sim_table_find(&dev->allocs, addr);
+  bool ok = a && a->vm && a->size == size && a->handle == handle;
+  if (ok) {
+    unmap_locked(dev, a);
+    if (keep) {
+      a->link.key = handle;
+      gma__sim_table_insert(&dev->kept, &a->link);
+    } else {
+      dev->used -= size;
+    }
+  }
+  SIM_MEM_CHECK(dev);
+  gma__unlock(&dev->mem_mu);
+  if (!ok)
+    return gma__set_error(GMA_ERR_DEVICE,
+                          "the simulated device cannot unmap 0x%llx (%llu bytes)%s: not exactly "
+                          "one earlier mapping of that handle",
+                          (unsigned long long)addr, (unsigned long long)size,
+                          keep ? " and keep its memory" : "");
+  if (!keep) free(a);
+  return GMA_OK;
+}
+
 /* Any thread. Blocks for the configured free latency. */
 gma_status_t gma__sim_vm_unmap(gma__device_t *d, uintptr_t addr, uint64_t size, uint64_t handle) {
   sim_device_t *dev = sim_of(d);
   gma__sim_spin_ns(dev->free_ns);
   sim_pay_mem(dev, GMA__SIM_COST_VM_UNMAP, size, 0);
   gma_status_t fst = gma__sim_site_fault(dev, GMA__SIM_VM_UNMAP);
-  if (fst != GMA_OK) return fst;
-  gma__lock(&dev->mem_mu, GMA__RANK_SIM_MEM);
-  sim_alloc_t *a = (sim_alloc_t *)gma__sim_table_find(&dev->allocs, addr);
-  bool ok = a && a->vm && a->size == size && a->handle == handle;
-  if (ok) {
-    unmap_locked(dev, a);
-    dev->used -= size;
-  }
-  SIM_MEM_CHECK(dev);
-  gma__unlock(&dev->mem_mu);
-  if (!ok)
-    return gma__set_error(GMA_ERR_DEVICE,
-                          "the simulated device cannot unmap 0x%llx (%llu bytes): not exactly one "
-                          "earlier mapping",
-                          (unsigned long long)addr, (unsigned long long)size);
-  free(a);
-  return GMA_OK;
+  return fst != GMA_OK ? fst : unmap_one(dev, addr, size, handle, false);
 }
 
-/* Any thread. Unmaps exactly one mapping and keeps its physical memory, still
- * counted as used, under its handle for vm_map_kept or vm_free_kept. The
- * contents are not kept (a GPU's are, but gma never relies on them). */
+/* Any thread. */
 gma_status_t gma__sim_vm_unmap_keep(gma__device_t *d, uintptr_t addr, uint64_t size,
                                     uint64_t handle) {
   sim_device_t *dev = sim_of(d);
   sim_pay_mem(dev, GMA__SIM_COST_VM_UNMAP_KEEP, size, 0);
   gma_status_t fst = gma__sim_site_fault(dev, GMA__SIM_VM_UNMAP_KEEP);
-  if (fst != GMA_OK) return fst;
-  gma__lock(&dev->mem_mu, GMA__RANK_SIM_MEM);
-  sim_alloc_t *a = (sim_alloc_t *)gma__sim_table_find(&dev->allocs, addr);
-  bool ok = a && a->vm && a->size == size && a->handle == handle;
-  if (ok) {
-    unmap_locked(dev, a);
-    a->link.key = handle;
-    gma__sim_table_insert(&dev->kept, &a->link);
-  }
-  SIM_MEM_CHECK(dev);
-  gma__unlock(&dev->mem_mu);
-  if (!ok)
-    return gma__set_error(GMA_ERR_DEVICE,
-                          "the simulated device cannot unmap 0x%llx (%llu bytes) and keep its "
-                          "memory: not exactly one earlier mapping of that handle",
-                          (unsigned long long)addr, (unsigned long long)size);
-  return GMA_OK;
+  return fst != GMA_OK ? fst : unmap_one(dev, addr, size, handle, true);
 }
 
 /* Any thread. Maps the kept physical memory named handle, all size bytes of

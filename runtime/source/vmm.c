@@ -477,7 +477,12 @@ static gma_status_t vm_grow(gma__source_t *s, const gma__grow_req_t *req, gma__p
     vm_free_kept(s, &calls);
     st = map_new(s, r, pl->addr + done, size - done, out);
   }
-  if (st != GMA_OK) unmap_pieces(s, r, pl->addr, done, st);
+  if (st != GMA_OK) { /* the kept chunks mapped here go back to the device */
+    uint64_t mapped = r->mapped, n = r->nchunks;
+    unmap_pieces(s, r, pl->addr, done, st);
+    s->kept_frees += n - r->nchunks;
+    s->kept_freed_bytes += mapped - r->mapped;
+  }
   return st;
 }
 

@@ -715,6 +715,7 @@ static bool run_destroy(const config_t *cfg, gma__sim_site_t site, uint64_t j,
         ok = l.host_bytes == 0 && l.reservations == 0 && l.events == 0 && l.streams == 0;
         break;
       case GMA__SIM_VM_UNMAP: /* the chunk, and so its reservation */
+      case GMA__SIM_VM_FREE_KEPT: /* a kept chunk */
         ok = l.device_bytes <= largest_chunk && l.reservations <= 1 && l.host_bytes == 0 &&
              l.events == 0 && l.streams == 0;
         break;
