@@ -28,7 +28,11 @@
  *
  * Giving back. The device can only unmap what one vm_map mapped, so only
  * whole chunks go back: releasable says which chunks lie wholly inside a
- * free range the pool offers; a chunk partly in use stays mapped.
+ * free range the pool offers; a chunk partly in use stays mapped. A span
+ * given back with keep (the OOM retry) keeps its chunks' physical memory
+ * in the handle pool (kept[]): the next growth maps kept chunks first, at
+ * its own address (map_kept), and frees those too large for it when new
+ * chunks do not fit beside them; free_kept (a trim) frees them all.
  *
  * Address space. The first range of a kind is RANGE_MULT times the memory
  * limit; when no range has an unmapped run for a growth, another is
@@ -415,9 +419,10 @@ static uint64_t map_kept(gma__source_t *s, gma__region_t *r, uintptr_t addr, uin
   uint64_t done = 0;
   while (s->kept_chunks && chunks_reserve(r)) {
     size_t best = SIZE_MAX;
-    for (size_t i = 0; i < s->kept_chunks; i++)
-      if (v->kept[i].size <= size - done && (best == SIZE_MAX || v->kept[i].size > v->kept[best].size))
-        best = i;
+    for (size_t i = 0; i < s->kept_chunks; i++) {
+      uint64_t k = v->kept[i].size;
+      if (k <= size - done && (best == SIZE_MAX || k > v->kept[best].size)) best = i;
+    }
     if (best == SIZE_MAX) break;
     gma__chunk_t k = v->kept[best];
     if (s->dev->ops->vm_map_kept(s->dev, addr + done, k.size, k.handle) != GMA_OK) break;
@@ -544,7 +549,8 @@ static void vm_settle(gma__source_t *s, gma__span_t *x) {
   const gma__chunk_t *copies = x->priv;
   for (size_t k = 0; k < x->calls; k++) /* take made room for them */
     if (copies[k].busy == 2) {
-      v->kept[s->kept_chunks++] = (gma__chunk_t){.size = copies[k].size, .handle = copies[k].handle};
+      v->kept[s->kept_chunks++] =
+          (gma__chunk_t){.size = copies[k].size, .handle = copies[k].handle};
       s->kept_bytes += copies[k].size;
     }
   size_t i = chunk_lb(r, x->addr);

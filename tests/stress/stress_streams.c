@@ -484,6 +484,12 @@ int main(int argc, char **argv) {
   /* No call is in flight: the snapshot is exact. */
   uint64_t served = (uint64_t)ops - atomic_load(&sh.ooms);
   if (sh.oom_ok) printf("  gma_alloc GMA_ERR_OOM (--oom-ok): %llu\n", (unsigned long long)sh.ooms);
+  /* Every chunk the handle pool kept was mapped again, freed, or is kept. */
+  CHECK(s.num_device_keeps == s.num_device_remaps + s.num_kept_frees + s.kept_chunks);
+  if (s.num_device_keeps)
+    printf("  handle pool: %llu chunks unmapped and kept, %llu mapped again, %llu freed\n",
+           (unsigned long long)s.num_device_keeps, (unsigned long long)s.num_device_remaps,
+           (unsigned long long)s.num_kept_frees);
   CHECK(s.num_allocs == served && s.num_frees == served);
   CHECK(s.allocated.current == 0 && s.requested.current == 0);
   CHECK(s.reserved.current ==
