@@ -85,6 +85,7 @@ typedef struct gma__grown {
   const void *range;
   uint64_t calls;  /* device allocations or maps it made */
   uint64_t remaps; /* of those, maps of kept chunks (no new memory) */
+  uint64_t kept;   /* the source's: bytes of kept chunks at the front */
 } gma__grown_t;
 
 /* Memory on its way back to the device. */

@@ -436,6 +436,16 @@ static uint64_t map_kept(gma__source_t *s, gma__region_t *r, uintptr_t addr, uin
   return done;
 }
 
+/* Unmaps the kept chunks a growth mapped at [addr, addr + size) of r, which
+ * frees them (counted as kept chunks freed); failed as for unmap_pieces. */
+static void unmap_kept(gma__source_t *s, gma__region_t *r, uintptr_t addr, uint64_t size,
+                       gma_status_t failed) {
+  uint64_t mapped = r->mapped, n = r->nchunks;
+  unmap_pieces(s, r, addr, size, failed);
+  s->kept_frees += n - r->nchunks;
+  s->kept_freed_bytes += mapped - r->mapped;
+}
+
 /* Maps size bytes of new memory at addr in pieces_of chunks. Before a
  * growth of more than CHECKED_PIECES chunks the device is asked for its
  * free memory, so that one it cannot hold is refused before any map (a map
@@ -475,6 +485,7 @@ static gma_status_t vm_grow(gma__source_t *s, const gma__grow_req_t *req, gma__p
   uint64_t size = req->least ? pl->need : chunk_size(v, req, pl);
   *out = (gma__grown_t){.addr = pl->addr, .size = size, .range = r};
   uint64_t done = map_kept(s, r, pl->addr, size, out);
+  out->kept = done;
   if (done == size) return GMA_OK;
   gma_status_t st = map_new(s, r, pl->addr + done, size - done, out);
   if (st == GMA_ERR_OOM && s->kept_chunks) {
@@ -482,12 +493,7 @@ static gma_status_t vm_grow(gma__source_t *s, const gma__grow_req_t *req, gma__p
     vm_free_kept(s, &calls);
     st = map_new(s, r, pl->addr + done, size - done, out);
   }
-  if (st != GMA_OK) { /* the kept chunks mapped here go back to the device */
-    uint64_t mapped = r->mapped, n = r->nchunks;
-    unmap_pieces(s, r, pl->addr, done, st);
-    s->kept_frees += n - r->nchunks;
-    s->kept_freed_bytes += mapped - r->mapped;
-  }
+  if (st != GMA_OK) unmap_kept(s, r, pl->addr, done, st);
   return st;
 }
 
@@ -495,7 +501,8 @@ static gma_status_t vm_grow(gma__source_t *s, const gma__grow_req_t *req, gma__p
  * where the device refuses that, keep them busy (never handed out,
  * unmapped at fini). */
 static void vm_ungrow(gma__source_t *s, const gma__grown_t *g) {
-  unmap_pieces(s, (gma__region_t *)g->range, g->addr, g->size, GMA_OK);
+  unmap_kept(s, (gma__region_t *)g->range, g->addr, g->kept, GMA_OK);
+  unmap_pieces(s, (gma__region_t *)g->range, g->addr + g->kept, g->size - g->kept, GMA_OK);
 }
 
 /* ---- Giving back ------------------------------------------------------------------*/
