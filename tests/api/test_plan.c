@@ -419,13 +419,18 @@ static void small_step(iter_t *it, const size_t *sizes, int n) {
   for (int i = 0; i < n; i++) give(it, p[i]);
 }
 
+/* Runs small steps until one read of the stats finds the plan active (at
+ * most 20): one read, since an arena with an idle time can go back between
+ * two. */
 static void until_active_small(iter_t *it, const size_t *sizes, int n) {
-  for (int i = 0; i < 20 && stats_of(it->g).plan_state != 4; i++) {
+  int state = stats_of(it->g).plan_state;
+  for (int i = 0; i < 20 && state != 4; i++) {
     small_step(it, sizes, n);
     end_iteration(it);
-    if (stats_of(it->g).plan_state == 3) sleep_us(2000);
+    state = stats_of(it->g).plan_state;
+    if (state == 3) sleep_us(2000);
   }
-  CHECK(stats_of(it->g).plan_state == 4);
+  CHECK(state == 4);
 }
 
 typedef struct racer {
@@ -545,10 +550,12 @@ static void test_idle_arena(void) {
   CHECK(c.plan_state != 4 && c.plan_arena_bytes == 0 && c.reserved.current == 0);
   close_iter(&it);
 
-  it = (iter_t){.g = plan_allocator("idle_ms:50,trim_interval_ms:10")};
+  /* idle_ms well above a step's time under TSan on a loaded machine, so
+   * the arena does not go back between the steps that plan it. */
+  it = (iter_t){.g = plan_allocator("idle_ms:250,trim_interval_ms:10")};
   CHECK_OK(gma_stream_create(it.g, &it.s));
   until_active_small(&it, one, 1);
-  for (int i = 0; i < 200 && stats_of(it.g).plan_arena_bytes; i++) sleep_us(5000);
+  for (int i = 0; i < 1000 && stats_of(it.g).plan_arena_bytes; i++) sleep_us(5000);
   gma_stats_t d = stats_of(it.g);
   CHECK(d.plan_state != 4 && d.plan_arena_bytes == 0);
   close_iter(&it);
