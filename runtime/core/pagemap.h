@@ -2,12 +2,24 @@
  * of every segment (any state). It answers gma_free's "which block is this?"
  * without a lock.
  *
- * A three-level radix over address bits 9..47 (blocks start on 512-byte
- * boundaries): 4096 top entries -> 4096-entry middles -> 32768-entry leaves.
- * Levels are created on demand and freed only at destroy, so a reader never
- * follows a dangling pointer; they come from mmap'd slabs, so the pages of a
- * leaf cost memory only where block starts are written (8 bytes per block
- * start).
+ * A radix over address bits 9..47 (blocks start on 512-byte boundaries):
+ * 4096 top entries -> 4096-entry middles, one entry per 16 MiB region ->
+ * that region's leaf. A region's leaf starts sparse: the slot numbers and
+ * blocks of up to GMA__PM_SPARSE block starts, 320 bytes, which is all a
+ * region of large blocks ever needs. The start that finds it full turns the
+ * region dense: a 32768-slot leaf, one slot per 512 bytes, for regions of
+ * small blocks. Levels come from mmap'd slabs, one after another, so the
+ * host pages the map touches are about its bytes in use: a dense leaf's
+ * pages cost memory only where block starts are written, and sparse leaves
+ * share pages. (With dense leaves only, every large block started a host
+ * page of its own: a page fault, ~10 us on a virtual machine, per block
+ * start the first time.)
+ *
+ * Levels are never freed before destroy, and a sparse leaf that turned
+ * dense stays readable, so a reader never follows a dangling pointer. A
+ * reader may find a block just moved away from addr (a stale leaf, or a
+ * sparse pair reused in between): every caller checks the block's own
+ * address and state, as it must for a racing free anyway.
  *
  * Threads: gma__pagemap_set runs under the pool lock (one writer);
  * gma__pagemap_get from any thread, wait-free. */
@@ -25,13 +37,24 @@ struct gma__block;
 #define GMA__PM_TOP_BITS 12
 #define GMA__PM_MID_BITS 12
 #define GMA__PM_LEAF_BITS 15
+#define GMA__PM_SPARSE 32
 
 typedef struct gma__pm_leaf {
   _Atomic(struct gma__block *) slot[1u << GMA__PM_LEAF_BITS];
 } gma__pm_leaf_t;
 
+/* A sparse leaf: key[i] is 1 + the slot number of block[i]'s start, 0 for
+ * an unused pair. The writer stores a pair's block before its key and
+ * clears the block before the key. */
+typedef struct gma__pm_sparse {
+  _Atomic(uint16_t) key[GMA__PM_SPARSE];
+  _Atomic(struct gma__block *) block[GMA__PM_SPARSE];
+} gma__pm_sparse_t;
+
+/* A middle's entry: 0, a dense leaf, or a sparse leaf's address + 1. */
+#define GMA__PM_SPARSE_TAG ((uintptr_t)1)
 typedef struct gma__pm_mid {
-  _Atomic(gma__pm_leaf_t *) leaf[1u << GMA__PM_MID_BITS];
+  _Atomic(uintptr_t) leaf[1u << GMA__PM_MID_BITS];
 } gma__pm_mid_t;
 
 typedef struct gma__pagemap {
@@ -41,7 +64,22 @@ typedef struct gma__pagemap {
    * previous one, for gma__pagemap_free. */
   unsigned char *slab;
   size_t slab_used;
+  uint64_t dense_leaves, sparse_leaves; /* made so far (writer only; tests read them) */
 } gma__pagemap_t;
+
+/* Where slot's pair is looked for first: the writer puts it there when
+ * that pair is unused, else in the next unused one after it (wrapping). */
+static inline unsigned gma__pm_sparse_home(unsigned slot) {
+  return (slot ^ slot >> 5 ^ slot >> 10) % GMA__PM_SPARSE;
+}
+
+static inline struct gma__block *gma__pm_sparse_get(gma__pm_sparse_t *s, unsigned slot) {
+  for (unsigned n = 0, i = gma__pm_sparse_home(slot); n < GMA__PM_SPARSE;
+       n++, i = (i + 1) % GMA__PM_SPARSE)
+    if (gma__load_acquire(&s->key[i]) == slot + 1) /* pairs with the key's release store */
+      return gma__load_acquire(&s->block[i]);
+  return NULL;
+}
 
 /* The block starting at addr, or NULL. Pairs its acquire loads with the
  * release stores of gma__pagemap_set. */
@@ -49,9 +87,11 @@ static inline struct gma__block *gma__pagemap_get(gma__pagemap_t *pm, uintptr_t 
   if ((uint64_t)addr >> 48 || addr % 512) return NULL;
   gma__pm_mid_t *mid = gma__load_acquire(&pm->top[addr >> 36]);
   if (!mid) return NULL;
-  gma__pm_leaf_t *leaf = gma__load_acquire(&mid->leaf[(addr >> 24) & 0xfff]);
+  uintptr_t leaf = gma__load_acquire(&mid->leaf[(addr >> 24) & 0xfff]);
+  unsigned slot = (addr >> 9) & 0x7fff;
+  if (leaf & GMA__PM_SPARSE_TAG) return gma__pm_sparse_get((gma__pm_sparse_t *)(leaf - 1), slot);
   if (!leaf) return NULL;
-  return gma__load_acquire(&leaf->slot[(addr >> 9) & 0x7fff]);
+  return gma__load_acquire(&((gma__pm_leaf_t *)leaf)->slot[slot]);
 }
 
 /* Sets (or, with NULL, clears) the entry for addr; false when host memory for
