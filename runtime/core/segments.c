@@ -241,7 +241,9 @@ uint64_t gma__segs_free_kept(gma__pool_t *p) {
 
 /* The pool's offer to a growth of size bytes of kind for home: the growable
  * segments of kind and a matching home that end in free memory smaller
- * than size (which the source may extend), in segment order. Free memory at
+ * than size (offer: the source may extend them), in segment order, and
+ * the other segments of kind whose last block is not LIVE (idle ends a
+ * fresh run keeps clear of, gma__tail_t). Free memory at
  * a segment's end is its last block if FREE, plus the block before it (or
  * the last block itself) when that is cached on own: own may use its own
  * cached memory at once (stream order), so a growth for own extends it by
@@ -255,13 +257,16 @@ static void collect_tails(gma__pool_t *p, int kind, uint64_t size, uint64_t home
   size_t n = 0;
   for (size_t i = 0; i < p->nsegs; i++) {
     gma__segment_t *seg = p->segs[i];
-    if (!seg->range || seg->kind != kind || !homes_match(seg->home, home)) continue;
+    if (!seg->range || seg->kind != kind) continue;
     gma__block_t *last = seg->last;
     bool free_end = state_of(last) == GMA__FREE;
     gma__block_t *c = free_end ? last->prev : last;
     if (!own || !c || state_of(c) != GMA__CACHED || c->stream != own) c = NULL;
     uint64_t free = (free_end ? last->size : 0) + (c ? c->size : 0);
-    if (!free || free >= size) continue; /* nothing to extend, or a search's fit */
+    /* offered: free memory to extend, less than the request (a search
+     * serves a larger one) */
+    bool offer = homes_match(seg->home, home) && free && free < size;
+    if (!offer && state_of(last) == GMA__LIVE) continue;
     if (n == p->tails_cap) {
       size_t cap = p->tails_cap ? p->tails_cap * 2 : 16;
       gma__tail_t *t = realloc(p->tails, cap * sizeof *t);
@@ -271,7 +276,8 @@ static void collect_tails(gma__pool_t *p, int kind, uint64_t size, uint64_t home
       if (!t || !bs) break; /* without host memory: offer what fits (fresh runs still work) */
       p->tails_cap = cap;
     }
-    p->tails[n] = (gma__tail_t){.range = seg->range, .end = seg->base + seg->size, .free = free};
+    p->tails[n] = (gma__tail_t){
+        .range = seg->range, .end = seg->base + seg->size, .free = offer ? free : 0, .offer = offer};
     p->tail_blocks[n++] = c;
   }
   req->tails = p->tails;

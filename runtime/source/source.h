@@ -45,13 +45,17 @@ enum { GMA__SMALL = 0, GMA__LARGE = 1, GMA__NKINDS = 2 };
 
 typedef struct gma__source gma__source_t;
 
-/* A free end of a segment of a growable source: the pool's offer of where
- * a growth could extend (a segment of range that ends at end in a FREE
- * block of free bytes). */
+/* An idle end of a segment of a growable source: a segment of range that
+ * ends at end in memory nobody holds live. offer: the pool's offer of
+ * where this growth could extend (free bytes of FREE memory, or cached on
+ * the growing stream, end the segment); else a hint that the segment may
+ * want to extend later (its end is another stream's cache, pending, or
+ * free memory of another home), so a fresh run keeps clear of end. */
 typedef struct gma__tail {
   const void *range;
   uintptr_t end;
   uint64_t free;
+  bool offer;
 } gma__tail_t;
 
 /* What the pool asks a growth for. */
@@ -60,7 +64,7 @@ typedef struct gma__grow_req {
   uint64_t size;            /* ordinary: bytes to allocate; growable: the pool then needs a
                                FREE block this large */
   uint64_t left;            /* bytes the memory limit still allows */
-  const gma__tail_t *tails; /* growable: segments ending in FREE blocks smaller than size */
+  const gma__tail_t *tails; /* growable: segments with idle ends (gma__tail_t) */
   size_t ntails;
   bool least;               /* map only what the request needs (a retry after an OOM) */
 } gma__grow_req_t;

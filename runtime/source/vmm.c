@@ -37,7 +37,13 @@
  * Address space. The first range of a kind is RANGE_MULT times the memory
  * limit; when no range has an unmapped run for a growth, another is
  * reserved, so a request fails only when memory (the limit, the device) is
- * short, never for want of a hole in the address space.
+ * short, never for want of a hole in the address space. A fresh run goes
+ * to the first unmapped run that holds it, right behind the memory before
+ * (so the two merge into one segment), unless a segment ends there in
+ * memory nobody holds live (the pool's idle ends, gma__tail_t): then it
+ * starts halfway into the run, leaving that segment room to grow in place
+ * (another stream's cached or pending end, which this growth may not use,
+ * may be extended by its own stream later).
  *
  * Everything here runs under the pool lock except vm_give_back, which works
  * on copies of taken (busy) chunk records that no other thread touches. */
@@ -285,17 +291,26 @@ gma_status_t gma__vm_source_new(gma__device_t *dev, gma__trace_t *_Atomic const 
 
 /* ---- Growth -----------------------------------------------------------------------*/
 
+/* Does a segment of r with an idle end end at addr? */
+static bool idle_end(const gma__grow_req_t *req, const gma__region_t *r, uintptr_t addr) {
+  for (size_t i = 0; i < req->ntails; i++)
+    if (req->tails[i].range == r && req->tails[i].end == addr) return true;
+  return false;
+}
+
 /* Plans a growth for req->size bytes of req->kind; false when no range has
- * room. Prefers extending one of the pool's segment ends (req->tails: the
- * chunk merges with its FREE block, so fewer bytes need mapping; the largest
- * tail wins), else the first unmapped run that holds the request. */
+ * room. Prefers extending one of the segment ends the pool offers
+ * (req->tails with offer: the chunk merges with its free block, so fewer
+ * bytes need mapping; the one that needs least wins), else the first
+ * unmapped run that holds the request, starting halfway into it when it
+ * begins at an idle end. */
 static bool vm_plan(gma__source_t *s, const gma__grow_req_t *req, gma__plan_t *pl) {
   vm_source_t *v = vm_of(s);
   uint64_t g = v->region[req->kind]->gran, size = req->size;
   *pl = (gma__plan_t){.need = gma__round_up(size, g), .tail = -1};
   for (size_t i = 0; i < req->ntails; i++) {
     const gma__tail_t *t = &req->tails[i];
-    if (t->free >= size) continue; /* (the free tree would have served it) */
+    if (!t->offer) continue;
     uint64_t need = gma__round_up(size - t->free, g);
     if (pl->tail >= 0 && need >= pl->need) continue;
     uint64_t room = room_at(t->range, t->end);
@@ -309,9 +324,12 @@ static bool vm_plan(gma__source_t *s, const gma__grow_req_t *req, gma__plan_t *p
     for (size_t i = 0; i <= r->nchunks; i++) {
       uintptr_t end = i < r->nchunks ? r->chunks[i].addr : r->base + r->size;
       if (end - at >= pl->need) {
+        /* Right behind an idle end, the run starts halfway into the gap,
+         * so that segment can still grow in place. */
+        uint64_t slack = idle_end(req, r, at) ? (end - at - pl->need) / 2 / g * g : 0;
         pl->range = r;
-        pl->addr = at;
-        pl->room = end - at;
+        pl->addr = at + slack;
+        pl->room = end - at - slack;
         return true;
       }
       if (i < r->nchunks) at = r->chunks[i].addr + r->chunks[i].size;

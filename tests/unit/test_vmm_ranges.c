@@ -127,8 +127,36 @@ static void auto_falls_back(void) {
          "GMA_ERR_OOM");
 }
 
+/* A fresh run keeps clear of a segment end that another stream may still
+ * extend: s1's 30 MiB segment ends in its own freed block when s2's 40 MiB
+ * takes fresh memory, so s2's run starts halfway into the unmapped gap, and
+ * s1's later 50 MiB extends its segment by 20 MiB in place (90 MiB in all;
+ * with s2's run right behind s1's end, s1 needed 50 fresh: 120). */
+static void fresh_run_leaves_room(void) {
+  gma_t *g = sim_allocator("expandable_segments:true,worker:off,sim_capacity:4G");
+  gma_stream_t s1, s2;
+  CHECK_OK(gma_stream_create(g, &s1));
+  CHECK_OK(gma_stream_create(g, &s2));
+  void *a = NULL, *b = NULL, *c = NULL;
+  CHECK_OK(gma_alloc(g, 30 * MiB, s1, &a));
+  CHECK_OK(gma_free(g, a));
+  CHECK_OK(gma_alloc(g, 40 * MiB, s2, &b));
+  CHECK_OK(gma_alloc(g, 50 * MiB, s1, &c));
+  gma_stats_t s = stats_of(g);
+  printf("fresh run: s2's run %s s1's end; s1's 50 MiB at %s; reserved %" PRIu64 " MiB\n",
+         (uintptr_t)b == (uintptr_t)a + 30 * MiB ? "right at" : "away from",
+         c == a ? "its segment" : "fresh memory", s.reserved.current / MiB);
+  CHECK((uintptr_t)b != (uintptr_t)a + 30 * MiB && c == a && s.reserved.current == 90 * MiB);
+  CHECK_OK(gma_free(g, b));
+  CHECK_OK(gma_free(g, c));
+  CHECK_OK(gma_stream_destroy(g, s1));
+  CHECK_OK(gma_stream_destroy(g, s2));
+  CHECK_OK(gma_destroy(g));
+}
+
 int main(void) {
   growth_in_pieces();
+  fresh_run_leaves_room();
   auto_falls_back();
   short_device_maps_nothing();
   gma_t *plain = sim_allocator("expandable_segments:false"); /* ordinary: no ranges */
