@@ -355,7 +355,9 @@ static gma__block_t *pending_wait_fit(gma__pool_t *p, gma__stream_t *s, int kind
   return gma__cache_block(p, best);
 }
 
-/* Lock held, reuse:auto or wait, nothing known to be reusable fits s: when
+/* Lock held, reuse:auto or wait, nothing known to be reusable fits s: first
+ * the oldest of s's pending blocks that holds the request alone
+ * (reclaim_oldest_fit). Else, when
  * s's own PENDING blocks of this kind (freed on s after gma_record_stream,
  * the other streams' work on them not yet seen to complete) hold at least
  * the request and at least the bytes allocated now, the host has run that
@@ -382,7 +384,44 @@ static size_t gate_slot(const gma__gate_t *newest, size_t n, const gma__stream_t
   return j;
 }
 
+/* s's live bytes (allocated on s, not yet freed). */
+static uint64_t stream_live(const gma__stream_t *s) {
+  gma__tcount_t t;
+  memset(&t, 0, sizeof t);
+  gma__stats_sum(s, &t);
+  return gma__load_relaxed(&t.alloc_bytes) - gma__load_relaxed(&t.free_bytes);
+}
+
+/* The oldest-freed of s's own PENDING blocks of kind that holds size bytes
+ * alone, when they hold more than s has live (the host is a working set
+ * ahead of s's consumers), taken back behind waits on that block's gates
+ * only: they cover the consumers' work up to its free, long queued, not
+ * their newest, so the consumers keep running beside s. True when it came
+ * back. */
+static bool reclaim_oldest_fit(gma__pool_t *p, gma__stream_t *s, int kind, uint64_t size) {
+  uint64_t own = 0;
+  gma__block_t *fit = NULL;
+  for (gma__block_t *b = p->pending_head; b; b = b->qnext) /* newest first */
+    if (b->stream == s && b->seg->kind == kind) {
+      own += b->size;
+      if (b->size >= size) fit = b;
+    }
+  if (!fit || own < stream_live(s)) return false;
+  bool planted = p->test_flags & GMA__TEST_NO_CONSUMER_WAIT;
+  uint32_t n = gma__load_relaxed(&fit->ngates);
+  for (uint32_t i = 0; i < n; i++)
+    if (!planted && fit->gates[i].stream != s && !gma__gate_settle(p, &fit->gates[i], s, true))
+      return false;
+  gma__pending_unlink(p, fit);
+  gma__store_relaxed(&fit->ngates, 0);
+  fit->epoch = gma__load_relaxed(&s->epoch);
+  gma__cache_block(p, fit);
+  gma__store_relaxed(&s->dirty, true);
+  return true;
+}
+
 static bool reclaim_own_pending(gma__pool_t *p, gma__stream_t *s, int kind, uint64_t size) {
+  if (reclaim_oldest_fit(p, s, kind, size)) return true;
   uint64_t own = 0;
   gma__gate_t newest[RECLAIM_STREAMS]; /* per gating stream, its newest gated epoch */
   bool ok[RECLAIM_STREAMS];

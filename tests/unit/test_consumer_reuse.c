@@ -23,8 +23,11 @@
  *                       consumer's. The planted variant hands them back
  *                       without the wait, and the consumer's kernel must
  *                       see its pattern overwritten. Below the bound (more
- *                       live than pending) the owner grows and never waits,
- *                       and under reuse:auto and reuse:query it always does.
+ *                       live than pending) the owner grows and never waits;
+ *                       reuse:auto reclaims as reuse:wait does, reuse:query
+ *                       always grows. A request that one pending block
+ *                       holds takes the oldest freed alone, behind a wait
+ *                       on its own consumer only (planted: without it).
  *   wait_joins          under reuse:wait, a stream's request that only the
  *                       joint of another stream's cached block and the FREE
  *                       memory beside it holds takes that place instead of
@@ -254,11 +257,11 @@ static void home_segment_first(void) {
 /* a allocates 8 blocks of 4 MiB; held kernels on u (even blocks) and v
  * (odd ones) use each (recorded), and a frees them all, a poll after each
  * free closing u's and v's epochs, so the gates name 8 epochs of two
- * streams: 32 MiB pending, allocated `live` bytes on a. Then a asks for 16
- * MiB, which nothing FREE holds. Returns the corruptions seen;
+ * streams: 32 MiB pending, allocated `live` bytes on a. Then a asks for `want`
+ * bytes, which nothing FREE holds. Returns the corruptions seen;
  * *grew: whether that request made a device allocation; *waits: the
  * device-side waits it made; *first: whether it got the first block's place. */
-static int reclaim_run(const char *conf, unsigned flags, size_t live, bool *grew,
+static int reclaim_run(const char *conf, unsigned flags, size_t live, size_t want, bool *grew,
                        uint64_t *waits, bool *first) {
   gma_t *g = sim_allocator_ordinary(conf);
   gma__pool_of(g)->test_flags = flags;
@@ -271,6 +274,10 @@ static int reclaim_run(const char *conf, unsigned flags, size_t live, bool *grew
   if (live) CHECK_OK(gma_alloc(g, live, a, &held));
   pattern_kernel_t ku[8];
   for (int i = 0; i < 8; i++) CHECK_OK(gma_alloc(g, 4 * MiB, a, &x[i]));
+  /* A request smaller than the second segment's FREE 8 MiB takes that
+   * first: a live filler holds it. */
+  void *filler = NULL;
+  if (want < 8 * MiB) CHECK_OK(gma_alloc(g, 8 * MiB, a, &filler));
   for (int i = 0; i < 8; i++) {
     ku[i] = (pattern_kernel_t){x[i], 4 * MiB, (uint8_t)(0x10 + i), &gate, 0, &corruptions, 0};
     gma_stream_t user = i % 2 ? v : u;
@@ -283,13 +290,14 @@ static int reclaim_run(const char *conf, unsigned flags, size_t live, bool *grew
   pattern_kernel_wait_started(&ku[1]);
   gma_stats_t s0 = stats_of(g);
   CHECK(s0.pending_bytes == 32 * MiB);
-  alloc_counted(g, 16 * MiB, a, &y, grew, waits);
+  alloc_counted(g, want, a, &y, grew, waits);
   *first = y == x[0];
-  write_then_open(g, a, y, 16 * MiB, 0xEE, &gate, &corruptions);
+  write_then_open(g, a, y, want, 0xEE, &gate, &corruptions);
   CHECK_OK(gma_stream_synchronize(g, u));
   CHECK_OK(gma_stream_synchronize(g, v));
   CHECK_OK(gma_free(g, y));
   if (held) CHECK_OK(gma_free(g, held));
+  if (filler) CHECK_OK(gma_free(g, filler));
   CHECK_OK(gma_stream_destroy(g, a));
   CHECK_OK(gma_stream_destroy(g, u));
   CHECK_OK(gma_stream_destroy(g, v));
@@ -300,27 +308,40 @@ static int reclaim_run(const char *conf, unsigned flags, size_t live, bool *grew
 static void owner_reclaims(void) {
   bool grew, first;
   uint64_t waits;
-  int c = reclaim_run("reuse:wait", 0, 0, &grew, &waits, &first);
+  int c = reclaim_run("reuse:wait", 0, 0, 16 * MiB, &grew, &waits, &first);
   printf("host ahead: grew %d, waits %" PRIu64 ", first place %d, corruptions %d\n", grew, waits,
          first, c);
   CHECK(!grew && waits == 2 && first && c == 0); /* one wait per using stream */
-  c = reclaim_run("reuse:wait", GMA__TEST_NO_CONSUMER_WAIT, 0, &grew, &waits, &first);
+  c = reclaim_run("reuse:wait", GMA__TEST_NO_CONSUMER_WAIT, 0, 16 * MiB, &grew, &waits, &first);
   printf("planted (no wait): grew %d, first place %d, corruptions %d\n", grew, first, c);
   CHECK(!grew && first && c > 0);
   /* 40 MiB live on a, 32 MiB pending: a short lead; a grows, no wait. */
-  c = reclaim_run("reuse:wait", 0, 40 * MiB, &grew, &waits, &first);
+  c = reclaim_run("reuse:wait", 0, 40 * MiB, 16 * MiB, &grew, &waits, &first);
   printf("short lead: grew %d, waits %" PRIu64 ", corruptions %d\n", grew, waits, c);
   CHECK(grew && waits == 0 && !first && c == 0);
   /* reuse:auto (the default) reclaims as reuse:wait does; reuse:query
    * never makes the owner wait for its consumers: it grows. */
-  c = reclaim_run(NULL, 0, 0, &grew, &waits, &first);
+  c = reclaim_run(NULL, 0, 0, 16 * MiB, &grew, &waits, &first);
   printf("reuse:auto: grew %d, waits %" PRIu64 ", first place %d, corruptions %d\n", grew, waits,
          first, c);
   CHECK(!grew && waits == 2 && first && c == 0);
-  c = reclaim_run(NULL, GMA__TEST_NO_CONSUMER_WAIT, 0, &grew, &waits, &first);
+  c = reclaim_run(NULL, GMA__TEST_NO_CONSUMER_WAIT, 0, 16 * MiB, &grew, &waits, &first);
   CHECK(!grew && first && c > 0);
-  c = reclaim_run("reuse:query", 0, 0, &grew, &waits, &first);
+  c = reclaim_run("reuse:query", 0, 0, 16 * MiB, &grew, &waits, &first);
   CHECK(grew && waits == 0 && c == 0);
+  /* A request one pending block holds: the oldest freed (x[0]) comes back
+   * alone, behind a wait on its one consumer (u), not on v. */
+  c = reclaim_run(NULL, 0, 0, 4 * MiB, &grew, &waits, &first);
+  printf("oldest fit: grew %d, waits %" PRIu64 ", first place %d, corruptions %d\n", grew, waits,
+         first, c);
+  CHECK(!grew && waits == 1 && first && c == 0);
+  c = reclaim_run(NULL, GMA__TEST_NO_CONSUMER_WAIT, 0, 4 * MiB, &grew, &waits, &first);
+  printf("planted oldest fit (no wait): grew %d, first place %d, corruptions %d\n", grew, first,
+         c);
+  CHECK(!grew && first && c > 0);
+  /* More live on a than pending: a grows, no wait. */
+  c = reclaim_run(NULL, 0, 40 * MiB, 4 * MiB, &grew, &waits, &first);
+  CHECK(grew && waits == 0 && !first && c == 0);
 }
 
 /* a allocates 6 MiB x (a 20 MiB segment: 14 MiB FREE after x), a held
