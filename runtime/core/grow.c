@@ -384,7 +384,10 @@ static size_t gate_slot(const gma__gate_t *newest, size_t n, const gma__stream_t
   return j;
 }
 
-/* s's live bytes (allocated on s, not yet freed). */
+/* s's live bytes (allocated on s, not yet freed), both kinds. The
+ * per-thread counters are summed without their writers' lock: a free seen
+ * before its allocation wraps the difference to a huge value, which only
+ * keeps reclaim_oldest_fit from firing this once. */
 static uint64_t stream_live(const gma__stream_t *s) {
   gma__tcount_t t;
   memset(&t, 0, sizeof t);

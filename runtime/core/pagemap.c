@@ -11,6 +11,8 @@
 
 #include <sys/mman.h>
 
+#include "base/assert.h"
+
 #define PAGE ((size_t)4096)
 /* A slab: its link page, then levels. */
 #define SLAB_SIZE (PAGE + 64 * sizeof(gma__pm_leaf_t))
@@ -39,9 +41,11 @@ static bool make_dense(gma__pagemap_t *pm, _Atomic(uintptr_t) *e, gma__pm_sparse
 #ifdef GMA__PM_PLANTED_EARLY_DENSE /* tests/unit/test_pagemap.c: the bug it must catch */
   gma__store_release(e, (uintptr_t)d);
 #endif
-  for (unsigned i = 0; i < GMA__PM_SPARSE; i++)
-    gma__store_relaxed(&d->slot[gma__load_relaxed(&s->key[i]) - 1],
-                       gma__load_relaxed(&s->block[i]));
+  for (unsigned i = 0; i < GMA__PM_SPARSE; i++) {
+    unsigned k = gma__load_relaxed(&s->key[i]);
+    GMA__ASSERT(k != 0); /* called only when every pair is in use */
+    gma__store_relaxed(&d->slot[k - 1], gma__load_relaxed(&s->block[i]));
+  }
   gma__store_relaxed(&d->slot[slot], b);
   /* Release: the slots above are visible to a reader that finds d here
    * (get's acquire of the middle entry). */

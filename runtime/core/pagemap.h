@@ -17,9 +17,13 @@
  *
  * Levels are never freed before destroy, and a sparse leaf that turned
  * dense stays readable, so a reader never follows a dangling pointer. A
- * reader may find a block just moved away from addr (a stale leaf, or a
- * sparse pair reused in between): every caller checks the block's own
- * address and state, as it must for a racing free anyway.
+ * block that starts at addr since before the lookup (happens-before) is
+ * always found. A lookup racing with the removal of addr's entry may find
+ * NULL, that block, or (a sparse pair reused in between) another block of
+ * the region: gma_free's paths check the block's address and state, and
+ * the other callers (a graph pool's test, tags, pointer info) only take a
+ * wrong answer to an error path or a report of a pointer being freed
+ * meanwhile, which only a racing double free makes.
  *
  * Threads: gma__pagemap_set runs under the pool lock (one writer);
  * gma__pagemap_get from any thread, wait-free. */
