@@ -92,6 +92,7 @@ static uintptr_t kept_addr(uintptr_t r, int i) {
 typedef struct shared {
   gma__pagemap_t *pm;
   _Atomic(uintptr_t) ready; /* 1 + the newest region whose kept starts are set */
+  _Atomic(uintptr_t) fresh; /* a start the writer set after the kept ones, not cleared */
   atomic_int stop;
   atomic_long misses, looks;
 } shared_t;
@@ -100,6 +101,8 @@ static void *reader(void *arg) {
   shared_t *sh = arg;
   uint64_t seed = (uintptr_t)arg;
   while (!atomic_load(&sh->stop)) {
+    uintptr_t f = gma__load_acquire(&sh->fresh);
+    if (f && gma__pagemap_get(sh->pm, f) != fake(f)) atomic_fetch_add(&sh->misses, 1);
     uintptr_t n = gma__load_acquire(&sh->ready);
     if (!n) continue;
     /* the newest region, whose leaf is turning dense now, and an older one */
@@ -116,7 +119,9 @@ static void *reader(void *arg) {
 
 /* regions regions, each: its kept starts set and published, then 48
  * starts set in its first page (reusing pairs as 16 of them are cleared
- * on the way), which turns it dense. Returns the readers' misses. */
+ * on the way), which turns it dense; each of those that stays is
+ * published as it is set, and the reader must find it too. Returns the
+ * readers' misses. */
 static long churn(set_fn set, int regions) {
   shared_t sh = {.pm = map_new()};
   pthread_t th;
@@ -128,6 +133,7 @@ static long churn(set_fn set, int regions) {
       uintptr_t a = BASE + r * REGION + j * 512;
       CHECK(set(sh.pm, a, fake(a)));
       if (j % 3 == 0) CHECK(set(sh.pm, a - 512, NULL));
+      if ((j + 1) % 3) gma__store_release(&sh.fresh, a); /* one the next step keeps */
     }
   }
   atomic_store(&sh.stop, 1);
